@@ -1,0 +1,1 @@
+"""automq-py: a Kafka-compatible broker whose storage is S3Stream (see ``storage``)."""

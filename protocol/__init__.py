@@ -1,0 +1,1 @@
+"""Kafka wire codec, sans-I/O: bytes in, objects out, and back."""

@@ -1,0 +1,1 @@
+"""PySpark jobs over the stream store: compaction, retention, object GC."""

@@ -1,0 +1,8 @@
+"""S3Stream: a stream store over a write-ahead log, an in-memory LogCache and object storage.
+
+The layout follows AutoMQ's s3stream: ``stream_record_batch`` and ``object_format`` define the
+byte formats; ``object_writer``/``object_reader`` build and read objects; ``operator`` holds the
+object stores; ``metadata`` the stream/object/node metadata; ``wal`` the write-ahead log;
+``log_cache``, ``upload`` and ``s3_storage`` the write path; ``block_cache`` the cold read path;
+``stream`` the Stream API.
+"""
