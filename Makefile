@@ -18,7 +18,8 @@ $(STAMP): setup.cfg pyproject.toml
 venv: $(STAMP)  ## create .venv with the package and its test/dev extras
 
 run: $(STAMP)  ## start the broker on 127.0.0.1:9092 (embedded: file WAL, local object store, SQLite)
-	$(BIN)/automq-py serve
+	@if $(BIN)/automq-py serve --help >/dev/null 2>&1; then $(BIN)/automq-py serve; \
+	else echo "make run: the Kafka listener ('automq-py serve') is not built yet; see README 'Status'" >&2; exit 1; fi
 
 lint: $(STAMP)  ## ruff and mypy
 	$(BIN)/ruff check .

@@ -1,0 +1,5 @@
+import sys
+
+from automq_py.cli import main
+
+sys.exit(main())

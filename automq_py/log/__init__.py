@@ -1,0 +1,1 @@
+"""ElasticLog: a Kafka partition as a MetaStream plus data streams."""

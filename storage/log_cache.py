@@ -1,0 +1,153 @@
+"""LogCache: durable-but-not-yet-uploaded stream data in memory, and recent data for hot reads.
+
+Data arrives per stream in offset order after the WAL made it durable. It accumulates in the
+*active* block; an upload seals the active block (a new one starts) and, once the block's
+objects are committed, marks it uploaded. Uploaded blocks stay readable until the cache needs
+their room (oldest first). Every record is therefore either in the cache or committed to object
+storage, so a reader never sees a gap.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from dataclasses import dataclass, field
+
+from storage.stream_record_batch import StreamRecordBatch
+
+
+@dataclass(slots=True)
+class LogCacheBlock:
+    """Records of many streams, in per-stream offset order, plus the WAL span they came from."""
+
+    block_id: int
+    first_put_at: float = -1.0  # time.monotonic() of the first record, -1 while empty
+    records: dict[int, list[StreamRecordBatch]] = field(default_factory=dict)
+    size: int = 0
+    wal_start: int = -1  # smallest WAL offset of a record in the block
+    wal_end: int = -1  # WAL offset just past the block's last record
+    sealed: bool = False
+    uploaded: bool = False
+
+    def put(self, record: StreamRecordBatch, wal_offset: int, wal_next_offset: int) -> None:
+        records = self.records.setdefault(record.stream_id, [])
+        if records and records[-1].last_offset != record.base_offset:
+            raise ValueError(
+                f"stream {record.stream_id}: record at {record.base_offset} does not follow "
+                f"{records[-1].last_offset}"
+            )
+        records.append(record)
+        if self.first_put_at < 0:
+            self.first_put_at = time.monotonic()
+        self.size += record.size
+        if self.wal_start < 0 or wal_offset < self.wal_start:
+            self.wal_start = wal_offset
+        self.wal_end = max(self.wal_end, wal_next_offset)
+
+    def get(self, stream_id: int, start: int, end: int, max_bytes: int) -> list[StreamRecordBatch]:
+        """Records of ``stream_id`` overlapping ``[start, end)``, at most about ``max_bytes``."""
+        records = self.records.get(stream_id)
+        if not records or records[-1].last_offset <= start:
+            return []
+        i = bisect.bisect_right(records, start, key=_last_offset)
+        out: list[StreamRecordBatch] = []
+        size = 0
+        while i < len(records) and records[i].base_offset < end and size < max_bytes:
+            out.append(records[i])
+            size += records[i].size
+            i += 1
+        return out
+
+    def first_offset(self, stream_id: int) -> int | None:
+        records = self.records.get(stream_id)
+        return records[0].base_offset if records else None
+
+
+def _last_offset(r: StreamRecordBatch) -> int:
+    return r.last_offset
+
+
+class LogCache:
+    """Ordered blocks; the last one is active (receiving appends)."""
+
+    def __init__(self, max_size: int) -> None:
+        self.max_size = max_size
+        self._next_block_id = 0
+        self._blocks: list[LogCacheBlock] = [self._new_block()]
+
+    def _new_block(self) -> LogCacheBlock:
+        block = LogCacheBlock(self._next_block_id)
+        self._next_block_id += 1
+        return block
+
+    @property
+    def active(self) -> LogCacheBlock:
+        return self._blocks[-1]
+
+    @property
+    def size(self) -> int:
+        return sum(b.size for b in self._blocks)
+
+    @property
+    def unuploaded_size(self) -> int:
+        """Bytes that exist only in the WAL and here: what bounds memory use."""
+        return sum(b.size for b in self._blocks if not b.uploaded)
+
+    def put(self, record: StreamRecordBatch, wal_offset: int, wal_next_offset: int) -> None:
+        self.active.put(record, wal_offset, wal_next_offset)
+
+    def seal(self) -> LogCacheBlock | None:
+        """Seal the active block for upload and start a new one; None if it is empty."""
+        block = self.active
+        if not block.records:
+            return None
+        block.sealed = True
+        self._blocks.append(self._new_block())
+        return block
+
+    def sealed_blocks(self) -> list[LogCacheBlock]:
+        return [b for b in self._blocks if b.sealed and not b.uploaded]
+
+    def mark_uploaded(self, block: LogCacheBlock) -> None:
+        block.uploaded = True
+        self.evict()
+
+    def evict(self, keep: int | None = None) -> None:
+        """Drop uploaded blocks, oldest first, while the cache holds more than ``keep`` bytes."""
+        limit = self.max_size if keep is None else keep
+        while self.size > limit:
+            victim = next((b for b in self._blocks if b.uploaded), None)
+            if victim is None:
+                return
+            self._blocks.remove(victim)
+
+    def drop_uploaded(self) -> None:
+        """Forget every uploaded block, so reads of that data go to object storage."""
+        self._blocks = [b for b in self._blocks if not b.uploaded]
+
+    def wal_trim_offset(self, fallback: int) -> int:
+        """The WAL offset below which every record has been uploaded."""
+        pending = [b.wal_start for b in self._blocks if not b.uploaded and b.wal_start >= 0]
+        return min(pending) if pending else fallback
+
+    def get(self, stream_id: int, start: int, end: int, max_bytes: int) -> list[StreamRecordBatch]:
+        """Cached records of a stream from ``start`` on: a contiguous run, possibly empty.
+
+        The run starts at the record holding ``start`` when the cache has it, otherwise at the
+        stream's first cached record (the caller reads the part before it from object storage).
+        """
+        out: list[StreamRecordBatch] = []
+        size = 0
+        pos = start
+        for block in self._blocks:
+            if size >= max_bytes:
+                break
+            got = block.get(stream_id, pos, end, max_bytes - size)
+            if not got:
+                continue
+            if out and got[0].base_offset != out[-1].last_offset:
+                break
+            out.extend(got)
+            size += sum(r.size for r in got)
+            pos = got[-1].last_offset
+        return out

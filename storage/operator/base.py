@@ -1,0 +1,267 @@
+"""The object store interface (AutoMQ's ``S3Operator``), its errors, counters and part planners.
+
+Every store speaks in S3 terms: whole-object PUTs (multipart above ``part_size``), ranged GETs
+with an exclusive end, HEAD for the size, server-side ``compose`` from byte ranges of existing
+objects, batched deletes and prefix listing. The planners at the bottom (``plan_put_parts``,
+``plan_compose``) are pure so both stores share them and tests can check them without I/O.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Self
+
+# S3's limits on multipart uploads: every part but the last must be at least 5 MiB, a part
+# (also an UploadPartCopy range) at most 5 GiB, and an upload has at most 10,000 parts.
+MIN_PART_SIZE = 5 << 20
+MAX_PART_SIZE = 5 << 30
+MAX_PARTS = 10_000
+# DeleteObjects takes at most 1,000 keys per request; ListObjectsV2 returns at most 1,000.
+DELETE_BATCH = 1000
+LIST_PAGE = 1000
+
+Buffer = bytes | memoryview
+Data = Buffer | Sequence[Buffer]
+SourceRange = tuple[str, int, int]
+"""``(key, start, end)``: the bytes ``[start, end)`` of an existing object."""
+
+
+@dataclass(slots=True, frozen=True)
+class ObjectInfo:
+    """One listed object."""
+
+    key: str
+    size: int
+
+
+class ObjectNotFoundError(KeyError):
+    """The object does not exist."""
+
+    @property
+    def key(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+    def __str__(self) -> str:
+        return f"object not found: {self.key}"
+
+
+class ObjectStoreError(Exception):
+    """A request failed for good: not retryable, or still failing when the retry time ran out."""
+
+
+@dataclass(slots=True)
+class RequestStats:
+    """Requests issued per S3 request kind, and payload bytes moved."""
+
+    put: int = 0
+    multipart_create: int = 0
+    part: int = 0
+    part_copy: int = 0
+    multipart_complete: int = 0
+    get: int = 0
+    head: int = 0
+    delete: int = 0
+    list: int = 0
+    bytes_put: int = 0
+    bytes_get: int = 0
+
+    def snapshot(self) -> dict[str, int]:
+        """The counters as a plain dict (a copy: later requests do not change it)."""
+        return dataclasses.asdict(self)
+
+
+class ObjectStore(abc.ABC):
+    """An object store: S3, or a directory standing in for one."""
+
+    stats: RequestStats
+    part_size: int
+
+    @abc.abstractmethod
+    async def put(self, key: str, data: Data) -> None:
+        """Write ``data`` (a buffer or a list of buffers, concatenated) as the object ``key``.
+
+        Above ``part_size`` bytes this is a multipart upload of ``part_size`` parts; a failed
+        upload is aborted.
+        """
+
+    @abc.abstractmethod
+    async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        """Return the bytes ``[start, end)`` of ``key`` (``end=None``: to the end).
+
+        A range reaching past the end returns what exists, possibly nothing.
+        Raises ObjectNotFoundError if the object does not exist.
+        """
+
+    @abc.abstractmethod
+    async def size(self, key: str) -> int:
+        """Return the object's size in bytes; ObjectNotFoundError if it does not exist."""
+
+    @abc.abstractmethod
+    async def compose(self, key: str, sources: Sequence[SourceRange]) -> None:
+        """Write ``key`` as the concatenation of byte ranges ``(key, start, end)`` of objects.
+
+        Raises ObjectNotFoundError if a source is missing and ObjectStoreError if a range
+        reaches past its source's end.
+        """
+
+    @abc.abstractmethod
+    async def delete(self, keys: Sequence[str]) -> None:
+        """Delete the objects; keys that do not exist are ignored."""
+
+    @abc.abstractmethod
+    def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
+        """Yield every object whose key starts with ``prefix``, in key order."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release connections and threads; the store cannot be used afterwards."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+def as_buffers(data: Data) -> list[memoryview]:
+    """Normalise ``put``'s argument to a list of byte memoryviews (no copies)."""
+    if isinstance(data, bytes | bytearray | memoryview):
+        return [_byte_view(data)]
+    return [_byte_view(b) for b in data]
+
+
+def _byte_view(buffer: Buffer) -> memoryview:
+    view = memoryview(buffer)
+    # A view over e.g. an array of ints must be sliced in bytes, not items.
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def slice_buffers(buffers: Sequence[memoryview], start: int, end: int) -> list[memoryview]:
+    """The views covering bytes ``[start, end)`` of the buffers' concatenation."""
+    out: list[memoryview] = []
+    position = 0
+    for buffer in buffers:
+        buffer_end = position + len(buffer)
+        if buffer_end > start and position < end:
+            out.append(buffer[max(start - position, 0) : min(end, buffer_end) - position])
+        position = buffer_end
+        if position >= end:
+            break
+    return out
+
+
+def join(buffers: Sequence[memoryview]) -> bytes:
+    """One bytes object from the buffers, without a copy when there is a single bytes."""
+    if (
+        len(buffers) == 1
+        and isinstance(buffers[0].obj, bytes)
+        and len(buffers[0]) == len(buffers[0].obj)
+    ):
+        return buffers[0].obj
+    return b"".join(buffers)
+
+
+def plan_put_parts(total: int, part_size: int) -> list[tuple[int, int]]:
+    """The ``[start, end)`` ranges of a multipart upload of ``total`` bytes.
+
+    Parts are ``part_size`` bytes, the last one smaller; the part size grows if the object would
+    otherwise need more than S3's 10,000 parts.
+    """
+    if part_size <= 0:
+        raise ValueError(f"part size must be positive, got {part_size}")
+    size = max(part_size, -(-total // MAX_PARTS))
+    return [(start, min(start + size, total)) for start in range(0, total, size)]
+
+
+@dataclass(slots=True, frozen=True)
+class CopyPart:
+    """A part copied server side (UploadPartCopy) from a range of one source object."""
+
+    source: SourceRange
+
+
+@dataclass(slots=True, frozen=True)
+class UploadPart:
+    """A part whose bytes are downloaded from one or more source ranges and uploaded."""
+
+    sources: tuple[SourceRange, ...]
+
+    @property
+    def size(self) -> int:
+        return sum(end - start for _, start, end in self.sources)
+
+
+ComposePart = CopyPart | UploadPart
+
+
+def plan_compose(
+    sources: Sequence[SourceRange],
+    min_part_size: int = MIN_PART_SIZE,
+    max_part_size: int = MAX_PART_SIZE,
+) -> list[ComposePart]:
+    """Plan the multipart upload that concatenates ``sources``.
+
+    Ranges of at least ``min_part_size`` are copied server side; smaller ones are coalesced
+    with their neighbours into uploaded parts, borrowing the head of a following large range
+    when needed, so that every part but the last is at least ``min_part_size`` bytes. Copied
+    ranges above ``max_part_size`` are split. Empty ranges are dropped.
+    """
+    if not 0 < min_part_size <= max_part_size // 2:
+        raise ValueError(f"bad part size bounds: {min_part_size}, {max_part_size}")
+    check_sources(sources)
+    parts: list[ComposePart] = []
+    pending: list[SourceRange] = []
+    pending_size = 0
+
+    def copy(key: str, start: int, end: int) -> None:
+        # Equal pieces, each at most max_part_size and so at least max_part_size / 2.
+        count = -(-(end - start) // max_part_size)
+        step = -(-(end - start) // count)
+        for piece_start in range(start, end, step):
+            parts.append(CopyPart((key, piece_start, min(piece_start + step, end))))
+
+    for key, start, end in sources:
+        length = end - start
+        if length == 0:
+            continue
+        if not pending and length >= min_part_size:
+            copy(key, start, end)
+            continue
+        borrow = min_part_size - pending_size
+        if pending and length - borrow >= min_part_size:
+            # Top up the pending part with the head of this range and copy the rest.
+            pending.append((key, start, start + borrow))
+            parts.append(UploadPart(tuple(pending)))
+            pending, pending_size = [], 0
+            copy(key, start + borrow, end)
+            continue
+        pending.append((key, start, end))
+        pending_size += length
+        if pending_size >= min_part_size:
+            parts.append(UploadPart(tuple(pending)))
+            pending, pending_size = [], 0
+    if pending:
+        parts.append(UploadPart(tuple(pending)))
+    return parts
+
+
+def check_sources(sources: Sequence[SourceRange]) -> None:
+    """Raise ValueError for a malformed source range."""
+    for key, start, end in sources:
+        if start < 0 or end < start:
+            raise ValueError(f"bad source range [{start}, {end}) of {key!r}")
+
+
+def check_range(start: int, end: int | None) -> None:
+    """Raise ValueError for a malformed ``get`` range."""
+    if start < 0 or (end is not None and end < start):
+        raise ValueError(f"bad range [{start}, {end})")

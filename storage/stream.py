@@ -1,0 +1,155 @@
+"""The Stream API (AutoMQ's ``Stream``/``StreamClient``): create, open with an epoch, append,
+fetch, trim, close.
+
+A stream offset counts records: appending a Kafka record batch of ``n`` records advances the
+stream by ``n``. Opening a stream with a newer epoch fences any previous owner: its appends
+fail with :class:`StreamFencedError` and its uploads of the stream are refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from storage.errors import OffsetOutOfRangeError, StreamClosedError, StreamFencedError
+from storage.metadata.model import ErrorCode, MetadataError
+from storage.s3_storage import S3Storage
+from storage.stream_record_batch import StreamRecordBatch
+
+
+@dataclass(slots=True, frozen=True)
+class FetchResult:
+    batches: list[StreamRecordBatch]
+    start_offset: int  # the stream's start offset when fetched
+    confirmed_offset: int  # the stream's readable end when fetched
+
+
+class S3Stream:
+    def __init__(
+        self, storage: S3Storage, stream_id: int, epoch: int, start_offset: int, next_offset: int
+    ) -> None:
+        self.storage = storage
+        self.stream_id = stream_id
+        self.epoch = epoch
+        self.start_offset = start_offset
+        self.next_offset = next_offset
+        self.closed = False
+        storage.register_stream(stream_id, next_offset)
+
+    @property
+    def confirmed_offset(self) -> int:
+        """Offsets below this are durable and readable."""
+        return self.storage.confirmed_offset(self.stream_id)
+
+    def _check_writable(self) -> None:
+        if self.closed:
+            raise StreamClosedError(f"stream {self.stream_id} is closed")
+        meta = self.storage.metadata.stream(self.stream_id)
+        if meta is None or meta.epoch > self.epoch:
+            self.closed = True
+            raise StreamFencedError(
+                f"stream {self.stream_id}: epoch {self.epoch} is fenced by "
+                f"{'deletion' if meta is None else f'epoch {meta.epoch}'}"
+            )
+
+    async def append(self, payload: bytes | memoryview, count: int) -> int:
+        """Append one batch covering ``count`` offsets; return its base offset once durable."""
+        if count <= 0:
+            raise ValueError(f"count must be positive, got {count}")
+        self._check_writable()
+        base = self.next_offset
+        self.next_offset += count
+        try:
+            await self.storage.append(
+                StreamRecordBatch(self.stream_id, self.epoch, base, count, payload)
+            )
+        except BaseException:
+            # offsets after a failed append can no longer be trusted
+            self.closed = True
+            raise
+        return base
+
+    async def fetch(self, start: int, end: int = -1, max_bytes: int = 1 << 20) -> FetchResult:
+        """Batches from the one holding ``start`` towards ``end`` (-1: the confirmed end), about
+        ``max_bytes`` but at least one batch when any is available."""
+        confirmed = self.confirmed_offset
+        if start < self.start_offset or start > confirmed:
+            raise OffsetOutOfRangeError(
+                f"stream {self.stream_id}: offset {start} outside [{self.start_offset}, "
+                f"{confirmed}]"
+            )
+        stop = confirmed if end < 0 else min(end, confirmed)
+        batches = (
+            [] if start >= stop else await self.storage.read(self.stream_id, start, stop, max_bytes)
+        )
+        return FetchResult(batches, self.start_offset, confirmed)
+
+    async def trim(self, new_start_offset: int) -> None:
+        """Discard offsets below ``new_start_offset``; their objects are freed once unused."""
+        if new_start_offset <= self.start_offset:
+            return
+        if new_start_offset > self.confirmed_offset:
+            raise OffsetOutOfRangeError(
+                f"stream {self.stream_id}: cannot trim to {new_start_offset} past the end "
+                f"{self.confirmed_offset}"
+            )
+        meta = self.storage.metadata.stream(self.stream_id)
+        if meta is not None and new_start_offset > meta.end_offset:
+            await self.storage.force_upload()
+        await _fenced_as_error(
+            self.storage.metadata.trim_stream(
+                self.storage.node_id,
+                self.storage.node_epoch,
+                self.stream_id,
+                self.epoch,
+                new_start_offset,
+            )
+        )
+        self.start_offset = new_start_offset
+
+    async def close(self) -> None:
+        """Upload this stream's cached data and close it in the metadata."""
+        if self.closed:
+            return
+        self.closed = True
+        await self.storage.force_upload()
+        await _fenced_as_error(
+            self.storage.metadata.close_stream(
+                self.storage.node_id, self.storage.node_epoch, self.stream_id, self.epoch
+            )
+        )
+        self.storage.unregister_stream(self.stream_id)
+
+
+async def _fenced_as_error(op: object) -> None:
+    try:
+        await op  # type: ignore[misc]
+    except MetadataError as e:
+        if e.code is ErrorCode.STREAM_FENCED:
+            raise StreamFencedError(str(e)) from e
+        raise
+
+
+class StreamClient:
+    """Creates and opens streams on one node's S3Storage."""
+
+    def __init__(self, storage: S3Storage) -> None:
+        self.storage = storage
+
+    async def create_and_open(self, epoch: int = 0) -> S3Stream:
+        s = self.storage
+        stream_id = await s.metadata.create_stream(s.node_id, s.node_epoch)
+        return await self.open(stream_id, epoch)
+
+    async def open(self, stream_id: int, epoch: int) -> S3Stream:
+        """Open ``stream_id`` at ``epoch``; a newer epoch than the current one fences the owner."""
+        s = self.storage
+        if s.is_open_here(stream_id):
+            # a hand-off on this node: what the old epoch acknowledged goes first
+            await s.force_upload()
+        try:
+            meta = await s.metadata.open_stream(s.node_id, s.node_epoch, stream_id, epoch)
+        except MetadataError as e:
+            if e.code is ErrorCode.STREAM_FENCED:
+                raise StreamFencedError(str(e)) from e
+            raise
+        return S3Stream(s, stream_id, epoch, meta.start_offset, meta.end_offset)

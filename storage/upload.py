@@ -1,0 +1,46 @@
+"""Upload planning (pure): how a sealed LogCache block becomes objects.
+
+Per stream, a run of at least ``s3.stream.object.split.size`` bytes becomes its own Stream
+Object; every other run goes, in (streamId, offset) order, into one Stream Set Object. So one
+upload costs one PUT for all small streams together, plus one per large stream: the PUT count
+follows the bytes written, not the number of streams.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from storage.object_writer import BuiltObject, ObjectWriter
+from storage.stream_record_batch import StreamRecordBatch
+
+
+@dataclass(slots=True, frozen=True)
+class UploadPlan:
+    stream_set: list[list[StreamRecordBatch]]
+    stream_objects: list[list[StreamRecordBatch]]
+
+    @property
+    def object_count(self) -> int:
+        return len(self.stream_objects) + (1 if self.stream_set else 0)
+
+
+def plan_upload(records: dict[int, list[StreamRecordBatch]], split_size: int) -> UploadPlan:
+    stream_set: list[list[StreamRecordBatch]] = []
+    stream_objects: list[list[StreamRecordBatch]] = []
+    for stream_id in sorted(records):
+        run = records[stream_id]
+        if not run:
+            continue
+        if sum(r.size for r in run) >= split_size:
+            stream_objects.append(run)
+        else:
+            stream_set.append(run)
+    return UploadPlan(stream_set, stream_objects)
+
+
+def build_object(runs: list[list[StreamRecordBatch]], block_size: int) -> BuiltObject:
+    """Lay out runs (already in stream order) as one object."""
+    writer = ObjectWriter(block_size)
+    for run in runs:
+        writer.add_all(run)
+    return writer.finish()

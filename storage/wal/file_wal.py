@@ -1,0 +1,704 @@
+"""A durable write-ahead log in one preallocated file, written as a ring, with group commit.
+
+File layout::
+
+    [0, 8192)                    two header copies, 4 KiB slots (``storage.wal.header``)
+    [8192, 8192 + capacity)      the ring of records (``storage.wal.record``)
+
+Logical offsets grow forever; the record at logical offset ``o`` starts at file position
+``8192 + o % capacity``. Records never wrap: when one does not fit before the end of the lap the
+rest of the lap is skipped (with a padding header when at least 24 bytes are left), so the
+record starts at the next multiple of ``capacity``; the skipped bytes count in the offsets.
+
+The live log is ``[trim_offset, next_offset)``. A write never overwrites a byte at or after the
+trim offset: an append that would waits until ``trim()`` frees space. Each record header
+carries its own logical offset, so a record left over from an earlier lap (at the same file
+position, but ``capacity`` or more bytes lower) is rejected on read.
+
+Group commit: ``append()`` queues the record and waits; one writer task takes everything that
+queued up while the previous fsync ran, writes it with ``pwritev`` and calls ``fdatasync`` once
+for all of it (both in a worker thread), then acknowledges the records in offset order.
+
+Torn tails: at most ``window`` bytes (kept in the header) are ever written past the last
+fsync. After a crash, recovery stops at the first invalid record and zeroes the next ``window``
+bytes of free ring, so records that a crashed run wrote past the cut can never line up with the
+records appended after it and reappear on a later recovery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import errno
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from storage.wal import header as wal_header
+from storage.wal import record
+from storage.wal.errors import CorruptRecordError, WALError
+from storage.wal.header import HEADER_AREA_SIZE, SLOT_COUNT, SLOT_SIZE, WALHeader
+from storage.wal.record import HEADER_SIZE, Buffer
+
+logger = logging.getLogger(__name__)
+
+MIN_CAPACITY = 4096
+# Most bytes one batch may write past the last fsync. Larger batches amortise the fsync better;
+# the cost is that recovery after a crash zeroes this much of the free ring.
+DEFAULT_WINDOW = 8 * 1024 * 1024
+_WINDOW_GRANULE = 1024 * 1024
+_READ_CHUNK = 1024 * 1024
+_ZEROS = bytes(1024 * 1024)
+try:
+    _IOV_MAX = os.sysconf("SC_IOV_MAX")
+except (AttributeError, ValueError, OSError):  # pragma: no cover - not Linux
+    _IOV_MAX = 1024
+
+
+@dataclass(slots=True, frozen=True)
+class WALRecord:
+    """A record returned by recovery: its logical offset, the offset after it, and its body."""
+
+    offset: int
+    next_offset: int
+    body: memoryview | bytes
+
+
+@dataclass(slots=True, frozen=True)
+class WALAppendResult:
+    """Where an acknowledged (fsynced) record lies: ``[offset, next_offset)``."""
+
+    offset: int
+    next_offset: int
+
+
+@dataclass(slots=True, frozen=True)
+class WALStats:
+    """Counters since open: acknowledged appends, data fsyncs (one per batch), record bytes
+    written (headers and padding included) and header writes (each with its own fsync)."""
+
+    appends: int
+    fsyncs: int
+    bytes: int
+    header_writes: int
+
+
+@dataclass(slots=True)
+class _Pending:
+    parts: list[Buffer]
+    length: int
+    future: asyncio.Future[WALAppendResult]
+
+
+@dataclass(slots=True, frozen=True)
+class _Write:
+    """One item of a batch as laid out in the ring: a record, or padding up to ``lap_end``."""
+
+    offset: int
+    size: int
+    parts: list[Buffer] | None  # None: padding
+    lap_end: int = 0
+
+
+def _lap_end(offset: int, capacity: int) -> int:
+    return (offset // capacity + 1) * capacity
+
+
+def _place(cursor: int, size: int, capacity: int) -> tuple[int, int | None]:
+    """Where a record of ``size`` bytes goes when the log ends at ``cursor``.
+
+    Returns ``(start, padding_offset)``: ``start`` is ``cursor`` if the record fits before the
+    end of the lap, else the next lap start; ``padding_offset`` is where a padding header must
+    go (``None`` when nothing is skipped or fewer than 24 bytes are).
+    """
+    lap_end = _lap_end(cursor, capacity)
+    if cursor + size <= lap_end:
+        return cursor, None
+    return lap_end, (cursor if lap_end - cursor >= HEADER_SIZE else None)
+
+
+def _pwrite_all(fd: int, buffers: Sequence[Buffer], position: int) -> None:
+    """Write ``buffers`` contiguously at ``position``, across IOV_MAX limits and short writes."""
+    views = [memoryview(b).cast("B") for b in buffers]
+    views = [v for v in views if len(v)]
+    i = 0
+    while i < len(views):
+        written = os.pwritev(fd, views[i : i + _IOV_MAX], position)
+        if written <= 0:
+            raise OSError(errno.EIO, f"pwritev wrote nothing at position {position}")
+        position += written
+        while written:
+            n = len(views[i])
+            if written >= n:
+                written -= n
+                i += 1
+            else:
+                views[i] = views[i][written:]
+                written = 0
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _preallocate(fd: int, size: int) -> None:
+    # fallocate reserves the blocks so a full disk shows up now, not as a failed append later;
+    # some filesystems do not support it, where a sparse file is the best we can do.
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+        os.ftruncate(fd, size)
+
+
+def _create_file(path: str, capacity: int, node_id: int) -> None:
+    """Create the WAL file fully formed: built under a temporary name, then renamed, so a crash
+    during creation never leaves a file without a valid header."""
+    tmp = path + ".creating"
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        _preallocate(fd, HEADER_AREA_SIZE + capacity)
+        for generation in range(SLOT_COUNT):
+            empty = WALHeader(
+                generation=generation,
+                capacity=capacity,
+                trim_offset=0,
+                flushed_offset=0,
+                window=DEFAULT_WINDOW,
+                node_id=node_id,
+                shutdown_clean=True,
+            )
+            os.pwrite(fd, wal_header.encode(empty), empty.position)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    _fsync_dir(path)
+
+
+class _RingReader:
+    """Reads the ring for recovery in 1 MiB chunks rather than two syscalls per record."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._start = 0
+        self._chunk = b""
+
+    def read(self, position: int, n: int) -> memoryview:
+        """Up to ``n`` bytes at ``position`` (fewer only if the file is shorter)."""
+        if self._start <= position and position + n <= self._start + len(self._chunk):
+            begin = position - self._start
+            return memoryview(self._chunk)[begin : begin + n]
+        self._chunk = os.pread(self._fd, max(n, _READ_CHUNK), position)
+        self._start = position
+        return memoryview(self._chunk)[:n]
+
+
+class FileWAL:
+    """The write-ahead log in one file; see the module docstring for the layout.
+
+    Use: ``wal = await FileWAL.open(...)``; consume ``wal.recover()`` (replay what it yields);
+    then ``append()`` concurrently, ``trim()`` once data is uploaded, and ``close()``.
+    """
+
+    def __init__(self, path: str, fd: int, header: WALHeader, *, created: bool) -> None:
+        self._path = path
+        self._fd = fd
+        self._header = header
+        self._capacity = header.capacity
+        self._trim = header.trim_offset
+        self._next = header.trim_offset
+        self._window = header.window
+        # What the previous run left behind, for recovery to judge the tail by.
+        self._previous_clean = header.shutdown_clean
+        self._previous_flushed = header.flushed_offset
+        self._previous_window = header.window
+        # A new file has nothing to recover; an existing one must be recovered first so appends
+        # continue exactly where the valid log ends.
+        self._recovered = created
+        self._started = False
+        self._queue: collections.deque[_Pending] = collections.deque()
+        self._wake = asyncio.Event()
+        self._space_freed = asyncio.Event()
+        # One write+fsync at a time (record batch or header): an fsync error then belongs to
+        # the operation whose pages it covers, and nothing after it is trusted.
+        self._io_lock = asyncio.Lock()
+        self._writer: asyncio.Task[None] | None = None
+        self._failed: WALError | None = None
+        self._closing = False
+        self._closed = False
+        self._appends = 0
+        self._fsyncs = 0
+        self._bytes = 0
+        self._header_writes = 0
+
+    @classmethod
+    async def open(cls, path: str, capacity: int, *, node_id: int = 0) -> FileWAL:
+        """Open the WAL at ``path``, creating and preallocating it if it does not exist.
+
+        ``capacity`` is the ring size in bytes (``s3.wal.capacity``); it must match an existing
+        file's. A file owned by another node id is refused.
+        """
+        if capacity < MIN_CAPACITY:
+            raise WALError(f"s3.wal.capacity must be at least {MIN_CAPACITY} bytes, got {capacity}")
+        created = not os.path.exists(path)
+        if created:
+            await asyncio.to_thread(_create_file, path, capacity, node_id)
+        fd = os.open(path, os.O_RDWR)
+        try:
+            copies = [os.pread(fd, wal_header.ENCODED_SIZE, slot * SLOT_SIZE) for slot in (0, 1)]
+            found, problems = wal_header.choose(copies)
+            for problem in problems:
+                logger.warning(
+                    "WAL %s: header %s; using the copy with generation %d",
+                    path,
+                    problem,
+                    found.generation,
+                )
+            if found.capacity != capacity:
+                raise WALError(
+                    f"WAL file {path} has capacity {found.capacity} bytes but s3.wal.capacity is"
+                    f" {capacity}; the capacity of an existing WAL cannot change"
+                )
+            if found.node_id != node_id:
+                raise WALError(
+                    f"WAL file {path} belongs to node {found.node_id}, not node {node_id}"
+                )
+            size = os.fstat(fd).st_size
+            if size < HEADER_AREA_SIZE + capacity:
+                # Only reachable by truncating the file from outside; the missing tail reads as
+                # zeros, which recovery treats as the end of the log.
+                logger.warning(
+                    "WAL %s is %d bytes, expected %d; extending it",
+                    path,
+                    size,
+                    HEADER_AREA_SIZE + capacity,
+                )
+                _preallocate(fd, HEADER_AREA_SIZE + capacity)
+            wal = cls(path, fd, found, created=created)
+            # Mark the log unclean before anything is written, so a crash from here on is
+            # recognised as one on the next open.
+            await wal._write_header(shutdown_clean=False, window=max(found.window, DEFAULT_WINDOW))
+        except BaseException:
+            os.close(fd)
+            raise
+        wal._writer = asyncio.create_task(wal._run_writer(), name=f"wal-writer:{path}")
+        return wal
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def trim_offset(self) -> int:
+        """Everything before this offset may be overwritten; recovery starts here."""
+        return self._trim
+
+    @property
+    def next_offset(self) -> int:
+        """The end of the durable log (meaningful once recovery has run)."""
+        return self._next
+
+    @property
+    def stats(self) -> WALStats:
+        return WALStats(self._appends, self._fsyncs, self._bytes, self._header_writes)
+
+    # --- recovery -----------------------------------------------------------------------
+
+    def recover(self) -> Iterator[WALRecord]:
+        """Yield every valid record from the trim offset on, in order.
+
+        Stops at the first invalid record (bad magic, CRC or offset mismatch, length past the
+        ring): that is where the log ends and where appends continue. Must be consumed fully
+        before the first ``append``. Reads synchronously; bodies are views into read chunks.
+        """
+        self._check_open()
+        if self._started:
+            raise WALError("recover() must run before the first append")
+        reader = _RingReader(self._fd)
+        capacity = self._capacity
+        # A valid record never reaches past trim + capacity: it would have overwritten live data.
+        limit = self._trim + capacity
+        offset = self._trim
+        count = 0
+        normal_end = True
+        cut: CorruptRecordError | None = None
+        while True:
+            lap_end = _lap_end(offset, capacity)
+            if lap_end - offset < HEADER_SIZE:
+                if lap_end > limit:
+                    break
+                offset = lap_end  # the writer skips a lap tail too short for any header
+                continue
+            if offset + HEADER_SIZE > limit:
+                break
+            position = HEADER_AREA_SIZE + offset % capacity
+            raw = reader.read(position, HEADER_SIZE)
+            try:
+                head = record.decode_header(
+                    raw, offset, max_body_length=min(lap_end, limit) - offset - HEADER_SIZE
+                )
+                if head.is_padding:
+                    if head.next_offset != lap_end:
+                        raise CorruptRecordError(
+                            record.BAD_PADDING,
+                            f"padding at {offset} ends at {head.next_offset}, the lap at {lap_end}",
+                        )
+                    offset = lap_end
+                    continue
+                body = reader.read(position + HEADER_SIZE, head.body_length)
+                record.verify_body(head, body)
+            except CorruptRecordError as exc:
+                cut = exc
+                normal_end = self._is_normal_end(exc, raw, offset)
+                break
+            count += 1
+            yield WALRecord(offset, head.next_offset, body)
+            offset = head.next_offset
+        self._finish_recovery(offset, cut, normal_end, count)
+
+    def _is_normal_end(self, exc: CorruptRecordError, raw: memoryview, offset: int) -> bool:
+        """Whether recovery stopped where a log simply ends: never-written (zero) space, or a
+        record from an earlier lap. Anything else is a torn or corrupted record."""
+        if exc.reason == record.BAD_MAGIC and not any(raw):
+            return True
+        found = exc.found_offset
+        return (
+            exc.reason == record.OFFSET_MISMATCH
+            and found is not None
+            and found < offset
+            and (offset - found) % self._capacity == 0
+        )
+
+    def _finish_recovery(
+        self, end: int, cut: CorruptRecordError | None, normal_end: bool, count: int
+    ) -> None:
+        self._next = end
+        self._recovered = True
+        if self._previous_clean and end == self._previous_flushed:
+            logger.info(
+                "WAL %s: recovered %d records in [%d, %d) after a clean shutdown",
+                self._path,
+                count,
+                self._trim,
+                end,
+            )
+            return
+        # After a crash, or a clean log whose end went missing, bytes a previous run wrote past
+        # `end` may still hold records with matching offsets; zero them before appending.
+        wipe_end = min(
+            max(end, self._previous_flushed) + self._previous_window, self._trim + self._capacity
+        )
+        try:
+            self._zero(end, wipe_end)
+        except OSError as exc:
+            failure = WALError(f"WAL {self._path}: zeroing the tail after recovery failed: {exc}")
+            self._enter_failed(failure)
+            raise failure from exc
+        if cut is not None and not normal_end:
+            why = f"{cut.reason} ({cut})"
+        elif self._previous_clean:
+            why = f"the clean shutdown recorded the end at {self._previous_flushed}"
+        else:
+            why = None
+        if why is None:
+            logger.info(
+                "WAL %s: recovered %d records in [%d, %d) after an unclean shutdown; zeroed %d"
+                " bytes after the end",
+                self._path,
+                count,
+                self._trim,
+                end,
+                wipe_end - end,
+            )
+        else:
+            logger.warning(
+                "WAL %s: recovery cut the log at offset %d: %s; %d bytes from there on"
+                " discarded (zeroed); %d records recovered from offset %d",
+                self._path,
+                end,
+                why,
+                wipe_end - end,
+                count,
+                self._trim,
+            )
+
+    def _zero(self, start: int, end: int) -> None:
+        """Zero logical range ``[start, end)`` of the ring and fdatasync; runs once at startup,
+        so it is done inline rather than in a thread."""
+        offset = start
+        while offset < end:
+            stop = min(end, _lap_end(offset, self._capacity), offset + len(_ZEROS))
+            position = HEADER_AREA_SIZE + offset % self._capacity
+            _pwrite_all(self._fd, [memoryview(_ZEROS)[: stop - offset]], position)
+            offset = stop
+        if end > start:
+            os.fdatasync(self._fd)
+
+    # --- appends --------------------------------------------------------------------------
+
+    async def append(
+        self, body: bytes | bytearray | memoryview | Sequence[bytes | bytearray | memoryview]
+    ) -> WALAppendResult:
+        """Append one record (``body`` or the concatenation of its parts); returns once it is
+        fsynced. Waits while the ring is full until ``trim()`` frees space.
+
+        The buffers are written as given, not copied: do not mutate them until this returns.
+        Raises ``WALError`` when the record can never fit, or the WAL is closed or failed.
+        """
+        self._check_open()
+        if not self._recovered:
+            raise WALError("consume recover() before the first append")
+        if self._closing:
+            raise WALError(f"WAL {self._path} is closing")
+        parts = [body] if isinstance(body, bytes | bytearray | memoryview) else list(body)
+        length = sum(memoryview(part).nbytes for part in parts)
+        if record.record_size(length) > self._capacity:
+            raise WALError(
+                f"record of {record.record_size(length)} bytes (header included) is larger than"
+                f" the WAL capacity {self._capacity} (s3.wal.capacity)"
+            )
+        self._started = True
+        future: asyncio.Future[WALAppendResult] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Pending(parts, length, future))
+        self._wake.set()
+        # Cancelling the caller cancels the future: a record not yet taken into a batch is then
+        # dropped; one already being written still lands in the log, unacknowledged.
+        return await future
+
+    async def _run_writer(self) -> None:
+        try:
+            while True:
+                if self._failed is not None:
+                    return
+                if not self._queue:
+                    if self._closing:
+                        return
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                planned = await self._plan_batch()
+                if planned is None:
+                    self._fail_queued(
+                        WALError(f"WAL {self._path} closed while appends waited for ring space")
+                    )
+                    return
+                if planned[0]:  # empty when every queued append was cancelled
+                    await self._commit(*planned)
+        except BaseException as exc:
+            failure = exc if isinstance(exc, WALError) else WALError(f"WAL writer stopped: {exc!r}")
+            if failure is not exc:
+                failure.__cause__ = exc
+            self._enter_failed(failure)
+            if not isinstance(exc, Exception):
+                raise
+
+    async def _plan_batch(
+        self,
+    ) -> tuple[list[tuple[_Pending, int, int]], list[_Write]] | None:
+        """Take queued appends into one batch and give each its offset.
+
+        The batch ends at the queue end, at the window, or at a record the ring has no room for
+        yet; with an empty batch, that record waits here for ``trim()`` (backpressure). Returns
+        ``None`` if the WAL closes while waiting.
+        """
+        acked: list[tuple[_Pending, int, int]] = []
+        writes: list[_Write] = []
+        cursor = self._next
+        while self._queue:
+            pending = self._queue[0]
+            if pending.future.done():  # cancelled by its caller before being written
+                self._queue.popleft()
+                continue
+            size = record.record_size(pending.length)
+            start, padding = _place(cursor, size, self._capacity)
+            if start + size > self._trim + self._capacity:
+                if acked:
+                    break
+                if self._trim == cursor:
+                    # Nothing is live: the record is only blocked by the unused tail of the lap,
+                    # which no caller's trim can free; trim to the lap start ourselves.
+                    await self._write_header(trim_offset=start)
+                    continue
+                if self._closing:
+                    return None
+                self._space_freed.clear()
+                await self._space_freed.wait()
+                continue
+            if start + size - self._next > self._window:
+                if acked:
+                    break
+                # A single record wider than the window: widen it durably first, so recovery
+                # zeroes far enough should this write be torn.
+                grown = -(-(start + size - self._next) // _WINDOW_GRANULE) * _WINDOW_GRANULE
+                await self._write_header(window=grown)
+                continue
+            self._queue.popleft()
+            if padding is not None and padding >= self._trim:
+                writes.append(_Write(padding, HEADER_SIZE, None, start))
+            writes.append(_Write(start, size, pending.parts))
+            acked.append((pending, start, start + size))
+            cursor = start + size
+        return acked, writes
+
+    async def _commit(self, acked: list[tuple[_Pending, int, int]], writes: list[_Write]) -> None:
+        """Write and fsync one batch, then acknowledge its records in offset order."""
+        first, end = acked[0][1], acked[-1][2]
+        async with self._io_lock:
+            failure = self._failed
+            if failure is None:
+                try:
+                    await asyncio.to_thread(self._write_and_sync, writes)
+                except BaseException as exc:
+                    # Never retry after a failed fsync: the kernel may have dropped the dirty
+                    # pages, so a later "successful" fsync would acknowledge lost data.
+                    failure = WALError(
+                        f"WAL {self._path}: writing offsets [{first}, {end}) failed; the WAL"
+                        f" accepts no more appends: {exc!r}"
+                    )
+                    failure.__cause__ = exc
+                    if not isinstance(exc, Exception):
+                        self._fail_batch(acked, failure)
+                        raise
+        if failure is not None:
+            self._fail_batch(acked, failure)
+            self._enter_failed(failure)
+            return
+        self._next = end
+        self._fsyncs += 1
+        self._bytes += sum(write.size for write in writes)
+        self._appends += len(acked)
+        for pending, start, stop in acked:
+            if not pending.future.done():
+                pending.future.set_result(WALAppendResult(start, stop))
+
+    def _write_and_sync(self, writes: list[_Write]) -> None:
+        """Encode, write and fdatasync one batch (in a worker thread): one vectored write per
+        contiguous run of the ring, then a single fdatasync."""
+        runs: list[tuple[int, list[Buffer]]] = []
+        contiguous_at = -1
+        for write in writes:
+            position = HEADER_AREA_SIZE + write.offset % self._capacity
+            if write.parts is None:
+                buffers: list[Buffer] = [record.encode_padding(write.offset, write.lap_end)]
+            else:
+                buffers = record.encode(write.offset, write.parts)
+            if position == contiguous_at:
+                runs[-1][1].extend(buffers)
+            else:
+                runs.append((position, buffers))
+            # Padding is followed by a jump to the ring start, never by contiguous bytes.
+            contiguous_at = -1 if write.parts is None else position + write.size
+        for position, buffers in runs:
+            _pwrite_all(self._fd, buffers, position)
+        os.fdatasync(self._fd)
+
+    @staticmethod
+    def _fail_batch(acked: list[tuple[_Pending, int, int]], failure: WALError) -> None:
+        for pending, _, _ in acked:
+            if not pending.future.done():
+                pending.future.set_exception(failure)
+
+    def _enter_failed(self, failure: WALError) -> None:
+        if self._failed is None:
+            self._failed = failure
+            logger.error("WAL %s failed: %s", self._path, failure)
+        self._fail_queued(failure)
+        self._space_freed.set()
+        self._wake.set()
+
+    def _fail_queued(self, failure: WALError) -> None:
+        while self._queue:
+            pending = self._queue.popleft()
+            if not pending.future.done():
+                pending.future.set_exception(failure)
+
+    # --- trim, header, close --------------------------------------------------------------
+
+    async def trim(self, offset: int) -> None:
+        """Allow everything before ``offset`` to be overwritten, durably (the header is fsynced
+        before this returns). ``offset`` must be a record boundary at or before
+        ``next_offset``; a lower offset than the current trim offset is ignored."""
+        self._check_open()
+        if not self._recovered:
+            raise WALError("consume recover() before trimming")
+        if offset > self._next:
+            raise WALError(f"cannot trim to {offset}: the log ends at {self._next}")
+        if offset <= self._trim:
+            return
+        await self._write_header(trim_offset=offset)
+        self._space_freed.set()
+
+    async def _write_header(
+        self,
+        *,
+        trim_offset: int | None = None,
+        window: int | None = None,
+        shutdown_clean: bool = False,
+    ) -> None:
+        """Write the next header generation to its slot and fdatasync it; in-memory state
+        follows only once it is durable, so the writer never relies on an undurable trim."""
+        async with self._io_lock:
+            if self._closed:  # the descriptor may already belong to another file
+                raise WALError(f"WAL {self._path} is closed")
+            if self._failed is not None:
+                raise WALError(f"WAL {self._path} has failed") from self._failed
+            current = self._header
+            updated = dataclasses.replace(
+                current,
+                generation=current.generation + 1,
+                trim_offset=max(current.trim_offset, trim_offset or 0),
+                window=max(current.window, window or 0),
+                flushed_offset=self._next if self._recovered else current.flushed_offset,
+                shutdown_clean=shutdown_clean,
+            )
+            try:
+                await asyncio.to_thread(self._write_header_sync, updated)
+            except OSError as exc:
+                failure = WALError(f"WAL {self._path}: header write failed: {exc}")
+                failure.__cause__ = exc
+                self._enter_failed(failure)
+                raise failure from exc
+            self._header = updated
+            self._trim = updated.trim_offset
+            self._window = updated.window
+            self._header_writes += 1
+
+    def _write_header_sync(self, updated: WALHeader) -> None:
+        os.pwrite(self._fd, wal_header.encode(updated), updated.position)
+        os.fdatasync(self._fd)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise WALError(f"WAL {self._path} is closed")
+        if self._failed is not None:
+            raise WALError(
+                f"WAL {self._path} is in a failed state after an earlier write error"
+            ) from self._failed
+
+    async def close(self, *, clean: bool = True) -> None:
+        """Write and acknowledge the queued appends, then record the shutdown in the header.
+
+        Appends still waiting for ring space fail. ``clean=False`` leaves the header marked
+        unclean, as a crash would. A failed WAL just closes its file.
+        """
+        if self._closed or self._closing:
+            return
+        self._closing = True
+        self._wake.set()
+        self._space_freed.set()
+        try:
+            if self._writer is not None:
+                await self._writer
+            if self._failed is None and self._recovered:
+                await self._write_header(shutdown_clean=clean)
+        finally:
+            self._closed = True
+            os.close(self._fd)

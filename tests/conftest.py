@@ -1,0 +1,49 @@
+"""Shared fixtures: a real S3 server (SeaweedFS) for the session, and object stores on it."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from storage.operator import LocalObjectStore, S3ObjectStore
+from tests.support.seaweedfs import SeaweedFS
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
+    """One SeaweedFS for the whole session; a failure to start fails the tests using it."""
+    server = SeaweedFS(tmp_path_factory.mktemp("seaweedfs"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+async def s3_store(s3_server: SeaweedFS) -> AsyncIterator[tuple[S3ObjectStore, str]]:
+    """An S3ObjectStore on the session's server and a key prefix no other test uses."""
+    store = S3ObjectStore(
+        s3_server.bucket,
+        endpoint=s3_server.endpoint,
+        access_key=s3_server.access_key,
+        secret_key=s3_server.secret_key,
+        path_style=True,
+    )
+    try:
+        yield store, f"test-{uuid.uuid4().hex[:12]}/"
+    finally:
+        await store.close()
+
+
+@pytest.fixture
+async def local_store(tmp_path: Path) -> AsyncIterator[LocalObjectStore]:
+    """A LocalObjectStore in the test's temporary directory."""
+    store = LocalObjectStore(tmp_path / "objects")
+    try:
+        yield store
+    finally:
+        await store.close()

@@ -1,0 +1,226 @@
+"""The SQLite store: reload equals memory, one transaction per operation, URLs, KV."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from storage.metadata import records as rec
+from storage.metadata.manager import MetadataManager
+from storage.metadata.model import (
+    CommitRange,
+    CommitStreamObject,
+    ObjectState,
+)
+from storage.metadata.sqlite_store import SQLiteStore
+from storage.metadata.store import open_store, sqlite_path
+from storage.object_format import StreamOffsetRange
+from tests.storage.metadata.helpers import (
+    TTL_MS,
+    FakeClock,
+    open_new_stream,
+    write_so,
+    write_sso,
+)
+
+
+async def _build_everything(m: MetadataManager, clock: FakeClock) -> None:
+    """Leave at least one row of every kind, and rows that records changed and removed."""
+    e1 = await m.register_node(1)
+    e1 = await m.register_node(1)
+    e2 = await m.register_node(2)
+    a = await open_new_stream(m, 1, e1)
+    b = await open_new_stream(m, 1, e1)
+    c = await open_new_stream(m, 1, e1)
+    x = await write_sso(m, 1, e1, [(a, 0, 0, 10), (b, 0, 0, 10), (c, 0, 0, 3)])
+    y = await write_sso(m, 1, e1, [(a, 0, 10, 20)])
+    so = await write_so(m, 1, e1, a, 20, 30)
+    await m.open_stream(2, e2, a, 1)
+    await write_sso(m, 2, e2, [(a, 1, 30, 40)])
+    first = await m.prepare_object(2, TTL_MS)
+    await m.commit_stream_set_object(
+        1,
+        e1,
+        first,
+        0,
+        77,
+        [CommitRange(b, 0, 0, 10)],
+        [CommitStreamObject(first + 1, a, 10, 20, 66)],
+        [x, y],
+    )
+    await m.trim_stream(2, e2, a, 1, 25)  # moves a range's start, frees objects
+    d = await open_new_stream(m, 1, e1)
+    z = await write_sso(m, 1, e1, [(d, 0, 0, 10), (b, 0, 10, 15)])
+    await m.open_stream(2, e2, d, 1)
+    await write_sso(m, 2, e2, [(d, 1, 10, 20)])
+    await m.trim_stream(2, e2, d, 1, 10)  # removes a range, and d's range from SSO z
+    await m.close_stream(1, e1, c, 0)
+    await m.delete_stream(1, e1, c, 0)
+    await m.prepare_object(3, 10)
+    clock.now += 20
+    expired = await m.expire_prepared()
+    await m.mark_destroyed_done(expired[:1])
+    await m.commit_stream_object(await m.prepare_object(1, TTL_MS), a, 1, 25, 30, 5, [so])
+    await m.put_kv("p/1", b"\x00\x01")
+    await m.put_kv("p/2", b"two")
+    await m.put_kv("p/2", b"2")
+    await m.put_kv("gone", b"x")
+    await m.delete_kv("gone")
+    await m.prepare_object(1, TTL_MS)  # an upload in flight
+
+    states = {o.state for o in m.image.objects.values()}
+    assert states == set(ObjectState)
+    assert m.image.kv == {"p/1": b"\x00\x01", "p/2": b"2"}
+    assert [len(n.stream_set_objects) for n in m.image.nodes.values()] == [2, 2]
+    assert [sso.ranges for sso in m.image.nodes[1].stream_set_objects if sso.object_id == z] == [
+        (StreamOffsetRange(b, 10, 15),)
+    ]
+    assert [r.range_index for r in m.image.streams[a].ranges] == [0, 1]
+    assert [r.range_index for r in m.image.streams[d].ranges] == [1]
+
+
+async def test_reopened_file_equals_the_image(tmp_path: Path, clock: FakeClock) -> None:
+    url = f"sqlite:///{tmp_path}/meta.db"
+    m = await MetadataManager.open(url, clock=clock)
+    await _build_everything(m, clock)
+    before = m.image
+    await m.close()
+
+    again = await MetadataManager.open(url, clock=clock)
+    try:
+        assert again.image == before
+        # counters survive too: ids continue where they stopped
+        assert await again.prepare_object(1, TTL_MS) == max(before.objects) + 1
+        e = await again.register_node(1)
+        assert await again.create_stream(1, e) == max(before.streams) + 1
+    finally:
+        await again.close()
+
+
+async def test_durability_settings(tmp_path: Path) -> None:
+    store = await SQLiteStore.open(str(tmp_path / "meta.db"))
+    try:
+        conn = store._conn
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    finally:
+        await store.close()
+
+
+class FailingStore(SQLiteStore):
+    """Fails on the ``fail_at``-th statement of the next transactions (a crash mid-write)."""
+
+    fail_at: int | None = None
+    executed = 0
+
+    def _execute(self, cursor: sqlite3.Cursor, statement: str, params: tuple[Any, ...]) -> None:
+        self.executed += 1
+        if self.fail_at is not None and self.executed >= self.fail_at:
+            raise OSError("disk gone")
+        super()._execute(cursor, statement, params)
+
+
+async def test_a_transaction_is_all_or_nothing(tmp_path: Path, clock: FakeClock) -> None:
+    path = str(tmp_path / "meta.db")
+    store = await FailingStore.open(path)
+    m = await MetadataManager.from_store(store, clock)
+    e = await m.register_node(1)
+    a = await open_new_stream(m, 1, e)
+    b = await open_new_stream(m, 1, e)
+    first = await m.prepare_object(2, TTL_MS)
+    before = m.image
+    snapshot = {k: dict(v) for k, v in vars(before).items()}
+
+    store.executed = 0
+    store.fail_at = 4  # a commit writes a dozen statements: fail in the middle
+    with pytest.raises(OSError):
+        await m.commit_stream_set_object(
+            1,
+            e,
+            first,
+            first,
+            10,
+            [CommitRange(a, 0, 0, 10), CommitRange(b, 0, 0, 5)],
+            [CommitStreamObject(first + 1, a, 10, 20, 3)],
+        )
+    assert store.executed == 4
+    assert {k: dict(v) for k, v in vars(m.image).items()} == snapshot
+    assert await store.load() == m.image
+
+    # the store is still usable, and the retried commit goes through whole
+    store.fail_at = None
+    await m.commit_stream_set_object(
+        1,
+        e,
+        first,
+        first,
+        10,
+        [CommitRange(a, 0, 0, 10), CommitRange(b, 0, 0, 5)],
+        [CommitStreamObject(first + 1, a, 10, 20, 3)],
+    )
+    after = m.image
+    await m.close()
+    reopened = await open_store(f"sqlite:///{path}")
+    try:
+        assert await reopened.load() == after
+    finally:
+        await reopened.close()
+
+
+async def test_if_applying_fails_the_image_is_reloaded(manager: MetadataManager) -> None:
+    e = await manager.register_node(1)
+
+    def broken(records: object) -> None:
+        raise RuntimeError("bug")
+
+    manager.image.apply = broken  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        await manager.create_stream(1, e)
+    # the store committed the stream; the image came back from the store, with it
+    assert manager.stream(0) is not None
+    assert manager.image.counters[rec.STREAM_ID_COUNTER] == 1
+
+
+async def test_kv(manager: MetadataManager) -> None:
+    assert manager.get_kv("k") is None
+    await manager.put_kv("k", b"v1")
+    await manager.put_kv("k", b"v2")
+    assert manager.get_kv("k") == b"v2"
+    await manager.delete_kv("k")
+    await manager.delete_kv("k")
+    assert manager.get_kv("k") is None
+
+
+@pytest.mark.parametrize(
+    ("url", "path"),
+    [
+        ("sqlite:///abs/path.db", "/abs/path.db"),
+        ("sqlite:////abs/path.db", "/abs/path.db"),
+        ("sqlite:///./data/metadata.db", "./data/metadata.db"),
+        ("sqlite:///../up.db", "../up.db"),
+        ("sqlite://:memory:", ":memory:"),
+    ],
+)
+def test_sqlite_urls(url: str, path: str) -> None:
+    assert sqlite_path(url) == path
+
+
+@pytest.mark.parametrize(
+    "url", ["postgresql://db/meta", "sqlite://relative.db", "sqlite:///", "meta.db"]
+)
+async def test_unsupported_urls_are_named(url: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(repr(url))):
+        await MetadataManager.open(url)
+
+
+async def test_relative_path_is_created_under_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    m = await MetadataManager.open("sqlite:///./data/metadata.db")
+    await m.close()
+    assert (tmp_path / "data" / "metadata.db").exists()

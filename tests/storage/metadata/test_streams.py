@@ -1,0 +1,300 @@
+"""Nodes and the stream lifecycle: register, create, open (fencing), close, trim, delete."""
+
+from __future__ import annotations
+
+import pytest
+
+from storage.metadata.manager import MetadataManager
+from storage.metadata.model import (
+    CommitRange,
+    ErrorCode,
+    ObjectState,
+    RangeMetadata,
+    StreamState,
+)
+from storage.object_format import StreamOffsetRange
+from tests.storage.metadata.helpers import (
+    FakeClock,
+    assert_refused,
+    open_new_stream,
+    write_so,
+    write_sso,
+)
+
+# -- nodes -----------------------------------------------------------------------------------------
+
+
+async def test_register_node_starts_at_one_and_bumps_on_restart(manager: MetadataManager) -> None:
+    assert await manager.register_node(7) == 1
+    assert await manager.register_node(7) == 2
+    assert await manager.register_node(8) == 1
+    assert manager.image.nodes[7].epoch == 2
+    assert manager.image.nodes[7].failover is False
+
+
+async def test_register_node_rejects_negative_id(manager: MetadataManager) -> None:
+    with pytest.raises(ValueError):
+        await manager.register_node(-1)
+
+
+async def test_unknown_node_is_refused(manager: MetadataManager) -> None:
+    await assert_refused(manager, ErrorCode.NODE_EPOCH_NOT_EXIST, manager.create_stream(1, 1))
+
+
+async def test_restarted_node_fences_its_old_epoch(manager: MetadataManager) -> None:
+    old = await manager.register_node(1)
+    new = await manager.register_node(1)
+    await assert_refused(manager, ErrorCode.NODE_EPOCH_EXPIRED, manager.create_stream(1, old))
+    assert await manager.create_stream(1, new) == 0
+
+
+async def test_node_epoch_never_issued_is_refused(manager: MetadataManager) -> None:
+    epoch = await manager.register_node(1)
+    await assert_refused(
+        manager, ErrorCode.NODE_EPOCH_NOT_EXIST, manager.create_stream(1, epoch + 1)
+    )
+
+
+# -- create / open ---------------------------------------------------------------------------------
+
+
+async def test_create_stream_is_closed_at_init_epoch(manager: MetadataManager) -> None:
+    e = await manager.register_node(1)
+    assert await manager.create_stream(1, e) == 0
+    assert await manager.create_stream(1, e) == 1
+    s = manager.stream(1)
+    assert s is not None
+    assert (s.epoch, s.state, s.start_offset, s.end_offset) == (-1, StreamState.CLOSED, 0, 0)
+    assert s.ranges == () and s.stream_objects == ()
+
+
+async def test_first_open_creates_range_zero(manager: MetadataManager) -> None:
+    e = await manager.register_node(1)
+    sid = await manager.create_stream(1, e)
+    s = await manager.open_stream(1, e, sid, 0)
+    assert (s.epoch, s.state) == (0, StreamState.OPENED)
+    assert s.ranges == (RangeMetadata(sid, 0, 0, 0, 0, 1),)
+    assert manager.streams_opened_by(1) == [s]
+
+
+async def test_open_unknown_stream(manager: MetadataManager) -> None:
+    e = await manager.register_node(1)
+    await assert_refused(manager, ErrorCode.STREAM_NOT_EXIST, manager.open_stream(1, e, 42, 0))
+
+
+async def test_open_with_negative_epoch_is_a_caller_bug(manager: MetadataManager) -> None:
+    e = await manager.register_node(1)
+    sid = await manager.create_stream(1, e)
+    with pytest.raises(ValueError):
+        await manager.open_stream(1, e, sid, -1)
+
+
+async def test_open_with_older_epoch_is_fenced(manager: MetadataManager) -> None:
+    e = await manager.register_node(1)
+    sid = await open_new_stream(manager, 1, e, epoch=3)
+    await assert_refused(manager, ErrorCode.STREAM_FENCED, manager.open_stream(1, e, sid, 2))
+
+
+async def test_reopen_same_epoch_same_node_is_idempotent(manager: MetadataManager) -> None:
+    e = await manager.register_node(1)
+    sid = await open_new_stream(manager, 1, e)
+    before = manager.stream(sid)
+    assert await manager.open_stream(1, e, sid, 0) == before
+
+
+async def test_same_epoch_from_another_node_is_fenced(manager: MetadataManager) -> None:
+    e1 = await manager.register_node(1)
+    e2 = await manager.register_node(2)
+    sid = await open_new_stream(manager, 1, e1)
+    await assert_refused(manager, ErrorCode.STREAM_FENCED, manager.open_stream(2, e2, sid, 0))
+
+
+async def test_reopen_after_close_with_same_epoch_keeps_the_range(
+    manager: MetadataManager,
+) -> None:
+    e = await manager.register_node(1)
+    sid = await open_new_stream(manager, 1, e)
+    await write_sso(manager, 1, e, [(sid, 0, 0, 10)])
+    await manager.close_stream(1, e, sid, 0)
+    s = await manager.open_stream(1, e, sid, 0)
+    assert s.state is StreamState.OPENED
+    assert s.ranges == (RangeMetadata(sid, 0, 0, 0, 10, 1),)
+
+
+async def test_newer_epoch_takes_over_an_open_stream_and_fences_the_owner(
+    manager: MetadataManager,
+) -> None:
+    e1 = await manager.register_node(1)
+    e2 = await manager.register_node(2)
+    sid = await open_new_stream(manager, 1, e1)
+    await write_sso(manager, 1, e1, [(sid, 0, 0, 10)])
+
+    s = await manager.open_stream(2, e2, sid, 1)
+
+    assert (s.epoch, s.state, s.end_offset) == (1, StreamState.OPENED, 10)
+    assert s.ranges == (RangeMetadata(sid, 0, 0, 0, 10, 1), RangeMetadata(sid, 1, 1, 10, 10, 2))
+    assert manager.streams_opened_by(1) == []
+    assert manager.streams_opened_by(2) == [s]
+    # the old owner can no longer write, close or trim
+    object_id = await manager.prepare_object(1, 1000)
+    await assert_refused(
+        manager,
+        ErrorCode.STREAM_FENCED,
+        manager.commit_stream_set_object(
+            1, e1, object_id, object_id, 10, [CommitRange(sid, 0, 10, 20)], []
+        ),
+    )
+    await assert_refused(manager, ErrorCode.STREAM_FENCED, manager.close_stream(1, e1, sid, 0))
+    await assert_refused(manager, ErrorCode.STREAM_FENCED, manager.trim_stream(1, e1, sid, 0, 5))
+
+
+# -- close -----------------------------------------------------------------------------------------
+
+
+async def test_close_by_owner_and_again(manager: MetadataManager) -> None:
+    e = await manager.register_node(1)
+    sid = await open_new_stream(manager, 1, e)
+    await manager.close_stream(1, e, sid, 0)
+    s = manager.stream(sid)
+    assert s is not None and s.state is StreamState.CLOSED
+    await manager.close_stream(1, e, sid, 0)
+    assert manager.stream(sid) == s
+
+
+async def test_close_refusals(manager: MetadataManager) -> None:
+    e1 = await manager.register_node(1)
+    e2 = await manager.register_node(2)
+    sid = await open_new_stream(manager, 1, e1, epoch=1)
+    await assert_refused(manager, ErrorCode.STREAM_FENCED, manager.close_stream(1, e1, sid, 0))
+    await assert_refused(manager, ErrorCode.STREAM_INNER_ERROR, manager.close_stream(1, e1, sid, 2))
+    await assert_refused(manager, ErrorCode.STREAM_FENCED, manager.close_stream(2, e2, sid, 1))
+    await assert_refused(manager, ErrorCode.STREAM_NOT_EXIST, manager.close_stream(1, e1, 99, 0))
+    await assert_refused(
+        manager, ErrorCode.NODE_EPOCH_EXPIRED, manager.close_stream(1, e1 - 1, sid, 1)
+    )
+
+
+# -- trim ------------------------------------------------------------------------------------------
+
+
+async def test_trim_frees_objects_wholly_below(manager: MetadataManager, clock: FakeClock) -> None:
+    e1 = await manager.register_node(1)
+    e2 = await manager.register_node(2)
+    sid = await open_new_stream(manager, 1, e1)
+    other = await open_new_stream(manager, 1, e1)
+    shared = await write_sso(manager, 1, e1, [(sid, 0, 0, 10), (other, 0, 0, 5)])
+    so = await write_so(manager, 1, e1, sid, 10, 20)
+    await manager.open_stream(2, e2, sid, 1)
+    alone = await write_sso(manager, 2, e2, [(sid, 1, 20, 30)])
+    tail = await write_sso(manager, 2, e2, [(sid, 1, 30, 40)])
+    clock.now += 5
+
+    await manager.trim_stream(2, e2, sid, 1, 30)
+
+    s = manager.stream(sid)
+    assert s is not None
+    assert (s.start_offset, s.end_offset) == (30, 40)
+    assert s.ranges == (RangeMetadata(sid, 1, 1, 30, 40, 2),)
+    assert s.stream_objects == ()
+    objects = manager.image.objects
+    assert objects[so].state is ObjectState.MARK_DESTROYED
+    assert objects[so].mark_destroyed_ms == clock.now
+    # the shared SSO loses this stream's range but keeps the other stream's
+    assert objects[shared].state is ObjectState.COMMITTED
+    n1 = manager.image.nodes[1]
+    assert [x.ranges for x in n1.stream_set_objects] == [(StreamOffsetRange(other, 0, 5),)]
+    # an SSO left empty is removed and freed; the one still needed stays
+    assert objects[alone].state is ObjectState.MARK_DESTROYED
+    assert [x.object_id for x in manager.image.nodes[2].stream_set_objects] == [tail]
+    assert objects[tail].state is ObjectState.COMMITTED
+
+
+async def test_trim_inside_a_range_and_an_object_keeps_them(manager: MetadataManager) -> None:
+    e = await manager.register_node(1)
+    sid = await open_new_stream(manager, 1, e)
+    sso = await write_sso(manager, 1, e, [(sid, 0, 0, 10)])
+    so = await write_so(manager, 1, e, sid, 10, 20)
+    await manager.trim_stream(1, e, sid, 0, 15)
+    s = manager.stream(sid)
+    assert s is not None and s.start_offset == 15
+    assert s.ranges == (RangeMetadata(sid, 0, 0, 15, 20, 1),)
+    assert [x.object_id for x in s.stream_objects] == [so]
+    assert manager.image.objects[sso].state is ObjectState.MARK_DESTROYED
+    assert manager.get_objects(sid, 15, -1, 10)[0].object_id == so
+
+
+async def test_trim_to_the_end_keeps_an_empty_current_range(manager: MetadataManager) -> None:
+    e1 = await manager.register_node(1)
+    e2 = await manager.register_node(2)
+    sid = await open_new_stream(manager, 1, e1)
+    await write_sso(manager, 1, e1, [(sid, 0, 0, 10)])
+    await manager.open_stream(2, e2, sid, 1)
+    await write_sso(manager, 2, e2, [(sid, 1, 10, 20)])
+    await manager.trim_stream(2, e2, sid, 1, 20)
+    s = manager.stream(sid)
+    assert s is not None
+    assert s.ranges == (RangeMetadata(sid, 1, 1, 20, 20, 2),)
+    assert manager.image.nodes[1].stream_set_objects == ()
+    assert manager.image.nodes[2].stream_set_objects == ()
+    # the next writer continues at the end
+    await write_sso(manager, 2, e2, [(sid, 1, 20, 25)])
+
+
+async def test_trim_below_or_at_start_is_a_no_op(manager: MetadataManager) -> None:
+    e = await manager.register_node(1)
+    sid = await open_new_stream(manager, 1, e)
+    await write_sso(manager, 1, e, [(sid, 0, 0, 10)])
+    await manager.trim_stream(1, e, sid, 0, 5)
+    before = manager.stream(sid)
+    await manager.trim_stream(1, e, sid, 0, 5)
+    await manager.trim_stream(1, e, sid, 0, 2)
+    assert manager.stream(sid) == before
+
+
+async def test_trim_refusals(manager: MetadataManager) -> None:
+    e1 = await manager.register_node(1)
+    e2 = await manager.register_node(2)
+    sid = await open_new_stream(manager, 1, e1, epoch=1)
+    await write_sso(manager, 1, e1, [(sid, 1, 0, 10)])
+    await assert_refused(
+        manager, ErrorCode.OFFSET_NOT_MATCHED, manager.trim_stream(1, e1, sid, 1, 11)
+    )
+    await assert_refused(manager, ErrorCode.STREAM_FENCED, manager.trim_stream(1, e1, sid, 0, 5))
+    await assert_refused(
+        manager, ErrorCode.STREAM_INNER_ERROR, manager.trim_stream(1, e1, sid, 2, 5)
+    )
+    await assert_refused(manager, ErrorCode.STREAM_FENCED, manager.trim_stream(2, e2, sid, 1, 5))
+    await assert_refused(manager, ErrorCode.STREAM_NOT_EXIST, manager.trim_stream(1, e1, 9, 1, 5))
+    await manager.close_stream(1, e1, sid, 1)
+    await assert_refused(
+        manager, ErrorCode.STREAM_NOT_OPENED, manager.trim_stream(1, e1, sid, 1, 5)
+    )
+
+
+# -- delete ----------------------------------------------------------------------------------------
+
+
+async def test_delete_frees_the_stream_objects_and_leaves_the_ssos(
+    manager: MetadataManager,
+) -> None:
+    e = await manager.register_node(1)
+    sid = await open_new_stream(manager, 1, e)
+    other = await open_new_stream(manager, 1, e)
+    shared = await write_sso(manager, 1, e, [(sid, 0, 0, 10), (other, 0, 0, 5)])
+    alone = await write_sso(manager, 1, e, [(sid, 0, 10, 20)])
+    so = await write_so(manager, 1, e, sid, 20, 30)
+    await assert_refused(manager, ErrorCode.STREAM_NOT_CLOSED, manager.delete_stream(1, e, sid, 0))
+    await manager.close_stream(1, e, sid, 0)
+    await assert_refused(manager, ErrorCode.STREAM_FENCED, manager.delete_stream(1, e, sid, -1))
+
+    await manager.delete_stream(1, e, sid, 0)
+
+    assert manager.stream(sid) is None
+    objects = manager.image.objects
+    assert objects[so].state is ObjectState.MARK_DESTROYED
+    assert objects[alone].state is ObjectState.MARK_DESTROYED
+    assert objects[shared].state is ObjectState.COMMITTED
+    (left,) = manager.image.nodes[1].stream_set_objects
+    assert left.ranges == (StreamOffsetRange(other, 0, 5),)
+    # deleting again is fine
+    await manager.delete_stream(1, e, sid, 0)

@@ -1,0 +1,60 @@
+"""Upload planning and the LogCache (pure logic)."""
+
+from __future__ import annotations
+
+from storage.log_cache import LogCache
+from storage.stream_record_batch import StreamRecordBatch
+from storage.upload import plan_upload
+
+
+def run(stream: int, n: int, size: int, start: int = 0) -> list[StreamRecordBatch]:
+    return [StreamRecordBatch(stream, 0, start + i, 1, b"x" * (size - 33)) for i in range(n)]
+
+
+def test_large_streams_become_stream_objects_and_the_rest_one_stream_set_object() -> None:
+    records = {7: run(7, 10, 100), 3: run(3, 100, 100), 5: run(5, 2, 100)}
+    plan = plan_upload(records, split_size=5000)
+    assert [r[0].stream_id for r in plan.stream_objects] == [3]
+    assert [r[0].stream_id for r in plan.stream_set] == [5, 7]
+    assert plan.object_count == 2
+
+
+def test_object_count_does_not_grow_with_stream_count() -> None:
+    few = plan_upload({s: run(s, 100, 1000) for s in range(10)}, split_size=8 << 20)
+    many = plan_upload({s: run(s, 1, 1000) for s in range(1000)}, split_size=8 << 20)
+    assert few.object_count == many.object_count == 1
+
+
+def test_log_cache_reads_across_blocks_and_reports_the_wal_trim_point() -> None:
+    cache = LogCache(max_size=10_000)
+    for i, b in enumerate(run(1, 4, 100)):
+        cache.put(b, i * 200, i * 200 + 150)
+    sealed = cache.seal()
+    assert sealed is not None
+    for i, b in enumerate(run(1, 4, 100, start=4)):
+        cache.put(b, 800 + i * 200, 800 + i * 200 + 150)
+    got = cache.get(1, 2, 100, 10_000)
+    assert [b.base_offset for b in got] == [2, 3, 4, 5, 6, 7]
+    assert [b.base_offset for b in cache.get(1, 2, 100, 150)] == [2, 3]
+    assert cache.get(1, 8, 100, 10_000) == []
+    assert cache.wal_trim_offset(fallback=-1) == 0
+    cache.mark_uploaded(sealed)
+    assert cache.wal_trim_offset(fallback=-1) == 800
+    cache.drop_uploaded()
+    got = cache.get(1, 0, 100, 10_000)
+    assert got[0].base_offset == 4  # the caller reads 0..4 from object storage
+
+
+def test_log_cache_evicts_only_uploaded_blocks() -> None:
+    cache = LogCache(max_size=500)
+    for b in run(1, 4, 100):
+        cache.put(b, 0, 1)
+    first = cache.seal()
+    for b in run(1, 4, 100, start=4):
+        cache.put(b, 1, 2)
+    assert cache.size == 800  # over the limit, but nothing is uploaded yet: keep it all
+    cache.evict()
+    assert cache.size == 800
+    assert first is not None
+    cache.mark_uploaded(first)
+    assert cache.size == 400 and cache.unuploaded_size == 400

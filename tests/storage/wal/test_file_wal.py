@@ -1,0 +1,475 @@
+"""FileWAL: appends, group commit, recovery, the ring, backpressure and damaged files."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import random
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from storage.wal import CorruptWALError, FileWAL, WALAppendResult, WALError, WALRecord
+from storage.wal import header as wal_header
+from storage.wal.header import HEADER_AREA_SIZE, SLOT_SIZE
+from storage.wal.record import HEADER_SIZE
+
+CAPACITY = 64 * 1024
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def recovered(wal: FileWAL) -> list[tuple[int, bytes]]:
+    return [(r.offset, bytes(r.body)) for r in wal.recover()]
+
+
+async def reopen(path: Path, capacity: int = CAPACITY) -> tuple[FileWAL, list[tuple[int, bytes]]]:
+    wal = await FileWAL.open(str(path), capacity)
+    return wal, recovered(wal)
+
+
+def ring_position(offset: int, capacity: int = CAPACITY) -> int:
+    return HEADER_AREA_SIZE + offset % capacity
+
+
+def patch_file(path: Path, position: int, data: bytes) -> None:
+    with open(path, "r+b") as f:
+        f.seek(position)
+        f.write(data)
+
+
+def flip_byte(path: Path, position: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(position)
+        byte = f.read(1)
+        f.seek(position)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def read_header(path: Path) -> wal_header.WALHeader:
+    raw = path.read_bytes()
+    found, _ = wal_header.choose([raw[0:SLOT_SIZE], raw[SLOT_SIZE : 2 * SLOT_SIZE]])
+    return found
+
+
+async def test_append_then_recover_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "wal"
+    wal = await FileWAL.open(str(path), CAPACITY)
+    first = await wal.append(b"hello")
+    second = await wal.append([b"multi ", memoryview(b"part"), bytearray(b" body")])
+    empty = await wal.append(b"")
+    assert first == WALAppendResult(0, HEADER_SIZE + 5)
+    assert second.offset == first.next_offset
+    assert empty.next_offset == empty.offset + HEADER_SIZE
+    assert wal.next_offset == empty.next_offset
+    await wal.close()
+
+    wal = await FileWAL.open(str(path), CAPACITY)
+    records = list(wal.recover())
+    assert [bytes(r.body) for r in records] == [b"hello", b"multi part body", b""]
+    assert records[1] == WALRecord(second.offset, second.next_offset, records[1].body)
+    assert wal.next_offset == empty.next_offset
+    await wal.close()
+
+
+async def test_concurrent_appends_share_fsyncs(tmp_path: Path) -> None:
+    wal = await FileWAL.open(str(tmp_path / "wal"), CAPACITY)
+    results = await asyncio.gather(*(wal.append(i.to_bytes(4, "big") * 10) for i in range(100)))
+    stats = wal.stats
+    assert stats.appends == 100
+    assert stats.fsyncs <= 5  # typically 1: all 100 queue before the writer runs
+    assert stats.bytes == 100 * (HEADER_SIZE + 40)
+    # acknowledged in submission order, back to back
+    assert [r.offset for r in results] == [i * (HEADER_SIZE + 40) for i in range(100)]
+    await wal.close()
+
+
+async def test_appends_arriving_during_an_fsync_form_the_next_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wal = await FileWAL.open(str(tmp_path / "wal"), CAPACITY)
+    in_fsync = threading.Event()
+    release = threading.Event()
+    real_fdatasync = os.fdatasync
+
+    def slow_fdatasync(fd: int) -> None:
+        in_fsync.set()
+        release.wait(5)
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", slow_fdatasync)
+    first = asyncio.create_task(wal.append(b"first"))
+    await asyncio.to_thread(in_fsync.wait, 5)
+    rest = [asyncio.create_task(wal.append(b"x" * i)) for i in range(50)]
+    await asyncio.sleep(0.01)
+    assert not first.done() and not any(t.done() for t in rest)
+    release.set()
+    await asyncio.gather(first, *rest)
+    assert wal.stats.fsyncs == 2
+    assert wal.stats.appends == 51
+    await wal.close()
+
+
+async def test_recovery_returns_exactly_the_records_past_the_trim_point(tmp_path: Path) -> None:
+    path = tmp_path / "wal"
+    wal = await FileWAL.open(str(path), CAPACITY)
+    results = [await wal.append(f"record {i}".encode()) for i in range(20)]
+    await wal.trim(results[12].offset)
+    await wal.trim(results[5].offset)  # trims never move back
+    assert wal.trim_offset == results[12].offset
+    await wal.close()
+
+    wal, records = await reopen(path)
+    assert wal.trim_offset == results[12].offset
+    assert records == [(r.offset, f"record {i}".encode()) for i, r in enumerate(results)][12:]
+    await wal.close()
+
+
+async def test_trim_past_the_end_is_refused(tmp_path: Path) -> None:
+    wal = await FileWAL.open(str(tmp_path / "wal"), CAPACITY)
+    result = await wal.append(b"abc")
+    with pytest.raises(WALError, match="the log ends at"):
+        await wal.trim(result.next_offset + 1)
+    await wal.close()
+
+
+async def test_wrap_around_over_many_laps_never_returns_a_stale_record(tmp_path: Path) -> None:
+    capacity = 16 * 1024
+    path = tmp_path / "wal"
+    rng = random.Random(42)
+    wal = await FileWAL.open(str(path), capacity)
+    live: list[tuple[int, int, bytes]] = []  # (offset, next_offset, body) of acknowledged records
+    for round_ in range(300):
+        # At most ~6 KiB per round on top of at most a third of the ring live, so the round
+        # always fits: this test is about laps, not backpressure.
+        bodies = [rng.randbytes(rng.randint(0, 1500)) for _ in range(rng.randint(1, 4))]
+        for body, result in zip(
+            bodies, await asyncio.gather(*(wal.append(b) for b in bodies)), strict=True
+        ):
+            live.append((result.offset, result.next_offset, body))
+        # keep at most a third of the ring live, trimming at a record boundary
+        while live[-1][1] - live[0][0] > capacity // 3:
+            live.pop(0)
+        await wal.trim(live[0][0])
+        if round_ % 6 == 5:
+            await wal.close(clean=rng.random() < 0.5)
+            wal, records = await reopen(path, capacity)
+            assert records == [(offset, body) for offset, _, body in live]
+    assert wal.next_offset > 20 * capacity  # many laps
+    await wal.close()
+
+
+async def test_a_record_that_does_not_fit_the_lap_starts_the_next_one(tmp_path: Path) -> None:
+    capacity = 8192
+    path = tmp_path / "wal"
+    wal = await FileWAL.open(str(path), capacity)
+    a1 = await wal.append(b"a" * 1000)
+    # leave 10 bytes at the end of the lap: too few for a header, so skipped implicitly
+    a2 = await wal.append(b"a" * (capacity - 10 - a1.next_offset - HEADER_SIZE))
+    await wal.trim(a2.offset)
+    b = await wal.append(b"b" * 1000)
+    assert b.offset == capacity
+    await wal.close(clean=False)
+    wal, records = await reopen(path, capacity)
+    assert [offset for offset, _ in records] == [a2.offset, b.offset]
+
+    # leave 500 bytes: the skip is marked with a padding header
+    await wal.trim(b.offset)
+    c = await wal.append(b"c" * (2 * capacity - 500 - b.next_offset - HEADER_SIZE))
+    await wal.trim(c.offset)
+    d = await wal.append(b"d" * 600)
+    assert (c.next_offset, d.offset) == (2 * capacity - 500, 2 * capacity)
+    await wal.close(clean=False)
+    wal, records = await reopen(path, capacity)
+    assert [offset for offset, _ in records] == [c.offset, d.offset]
+    await wal.close()
+
+
+async def test_a_record_needing_the_whole_ring_is_written_once_everything_is_trimmed(
+    tmp_path: Path,
+) -> None:
+    capacity = 4096
+    path = tmp_path / "wal"
+    wal = await FileWAL.open(str(path), capacity)
+    small = await wal.append(b"s" * 1000)
+    await wal.trim(small.next_offset)
+    big = await asyncio.wait_for(wal.append(b"B" * (capacity - HEADER_SIZE)), 5)
+    assert big == WALAppendResult(capacity, 2 * capacity)
+    await wal.close(clean=False)
+    wal, records = await reopen(path, capacity)
+    assert records == [(capacity, b"B" * (capacity - HEADER_SIZE))]
+    await wal.close()
+
+
+async def test_a_record_larger_than_the_capacity_fails_at_once(tmp_path: Path) -> None:
+    wal = await FileWAL.open(str(tmp_path / "wal"), 4096)
+    with pytest.raises(WALError, match="larger than the WAL capacity"):
+        await wal.append(b"x" * 4096)
+    assert (await wal.append(b"fine")).offset == 0
+    await wal.close()
+
+
+async def test_a_full_ring_blocks_appends_until_trim(tmp_path: Path) -> None:
+    capacity = 8192
+    path = tmp_path / "wal"
+    wal = await FileWAL.open(str(path), capacity)
+    body = b"r" * (1024 - HEADER_SIZE)
+    written = [await wal.append(body) for _ in range(8)]  # exactly fills the ring
+    blocked = asyncio.create_task(wal.append(b"n" * 100))
+    await asyncio.sleep(0.05)
+    assert not blocked.done()
+    await wal.trim(written[0].offset)  # no-op: frees nothing
+    await asyncio.sleep(0.02)
+    assert not blocked.done()
+    await wal.trim(written[1].offset)  # frees the first record
+    result = await asyncio.wait_for(blocked, 5)
+    assert result.offset == capacity
+    await wal.close(clean=False)
+    wal, records = await reopen(path, capacity)
+    assert records == [(w.offset, body) for w in written[1:]] + [(capacity, b"n" * 100)]
+    await wal.close()
+
+
+async def test_close_fails_appends_still_waiting_for_space(tmp_path: Path) -> None:
+    wal = await FileWAL.open(str(tmp_path / "wal"), 4096)
+    await wal.append(b"x" * (4096 - HEADER_SIZE))
+    blocked = asyncio.create_task(wal.append(b"y"))
+    await asyncio.sleep(0.02)
+    await asyncio.wait_for(wal.close(), 5)
+    with pytest.raises(WALError, match="waited for ring space"):
+        await blocked
+    with pytest.raises(WALError, match="closed"):
+        await wal.append(b"z")
+
+
+CorruptFile = Callable[[Path, list[WALAppendResult]], None]
+
+
+def flip_last_body_byte(path: Path, results: list[WALAppendResult]) -> None:
+    flip_byte(path, ring_position(results[-1].next_offset - 1))
+
+
+def truncate_mid_record(path: Path, results: list[WALAppendResult]) -> None:
+    os.truncate(path, ring_position(results[-1].offset) + HEADER_SIZE + 7)
+
+
+def zero_last_header(path: Path, results: list[WALAppendResult]) -> None:
+    patch_file(path, ring_position(results[-1].offset), bytes(HEADER_SIZE))
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "reason"),
+    [
+        (flip_last_body_byte, "body CRC mismatch"),
+        (truncate_mid_record, "body CRC mismatch"),
+    ],
+)
+async def test_a_torn_last_record_is_cut_and_appends_continue_there(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, corrupt: CorruptFile, reason: str
+) -> None:
+    path = tmp_path / "wal"
+    wal = await FileWAL.open(str(path), CAPACITY)
+    results = [await wal.append(f"body number {i}".encode() * 20) for i in range(10)]
+    await wal.close()
+    corrupt(path, results)
+
+    with caplog.at_level(logging.WARNING, logger="storage.wal.file_wal"):
+        wal, records = await reopen(path)
+    assert [offset for offset, _ in records] == [r.offset for r in results[:9]]
+    assert "recovery cut the log at offset" in caplog.text and reason in caplog.text
+    assert "bytes from there on discarded" in caplog.text
+    assert wal.next_offset == results[9].offset
+    after = await wal.append(b"after the cut")
+    assert after.offset == results[9].offset
+    await wal.close()
+
+    wal, records = await reopen(path)
+    assert records[-1] == (after.offset, b"after the cut") and len(records) == 10
+    await wal.close()
+
+
+async def test_a_zeroed_last_record_after_a_crash_is_the_end_of_the_log(tmp_path: Path) -> None:
+    path = tmp_path / "wal"
+    wal = await FileWAL.open(str(path), CAPACITY)
+    results = [await wal.append(b"x" * 100) for _ in range(5)]
+    await wal.close(clean=False)
+    zero_last_header(path, results)
+    wal, records = await reopen(path)
+    assert len(records) == 4 and wal.next_offset == results[4].offset
+    await wal.close()
+
+
+async def test_garbage_after_the_last_record_is_ignored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "wal"
+    wal = await FileWAL.open(str(path), CAPACITY)
+    results = [await wal.append(b"payload" * i) for i in range(10)]
+    await wal.close(clean=False)
+    patch_file(path, ring_position(results[-1].next_offset), random.Random(1).randbytes(5000))
+
+    with caplog.at_level(logging.WARNING, logger="storage.wal.file_wal"):
+        wal, records = await reopen(path)
+    assert records == [(r.offset, b"payload" * i) for i, r in enumerate(results)]
+    assert "bad magic" in caplog.text
+    appended = await wal.append(b"next")
+    assert appended.offset == results[-1].next_offset
+    await wal.close()
+    wal, records = await reopen(path)
+    assert len(records) == 11 and records[-1] == (appended.offset, b"next")
+    await wal.close()
+
+
+async def test_records_written_past_a_cut_never_reappear(tmp_path: Path) -> None:
+    path = tmp_path / "wal"
+    wal = await FileWAL.open(str(path), CAPACITY)
+    a, b, c, _ = [await wal.append(bytes([i]) * 100) for i in range(4)]
+    await wal.close(clean=False)
+    flip_byte(path, ring_position(b.offset) + HEADER_SIZE + 50)  # b torn; c and d intact
+
+    wal, records = await reopen(path)
+    assert records == [(a.offset, bytes([0]) * 100)]
+    # same size as b: without zeroing past the cut, c would line up right after it
+    e = await wal.append(b"E" * 100)
+    assert e == WALAppendResult(b.offset, c.offset)
+    await wal.close(clean=False)
+
+    wal, records = await reopen(path)
+    assert records == [(a.offset, bytes([0]) * 100), (e.offset, b"E" * 100)]
+    await wal.close()
+
+
+async def test_one_damaged_header_copy_falls_back_to_the_other(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "wal"
+    wal = await FileWAL.open(str(path), CAPACITY)
+    results = [await wal.append(b"data" * i) for i in range(1, 6)]
+    await wal.trim(results[1].offset)
+    await wal.close()
+    newest = read_header(path)
+
+    # A write of the newest copy torn part-way: its slot fails its CRC.
+    patch_file(path, newest.position + 8, b"\xee" * 20)
+    with caplog.at_level(logging.WARNING, logger="storage.wal.file_wal"):
+        wal, records = await reopen(path)
+    assert "CRC mismatch" in caplog.text
+    assert [offset for offset, _ in records] == [r.offset for r in results[1:]]
+    await wal.close()
+
+    # The other copy zeroed: the newest (rewritten since) still carries the log.
+    patch_file(path, (read_header(path).slot ^ 1) * SLOT_SIZE, bytes(SLOT_SIZE))
+    wal, records = await reopen(path)
+    assert [offset for offset, _ in records] == [r.offset for r in results[1:]]
+    await wal.close()
+
+
+async def test_both_header_copies_damaged_is_a_corrupt_wal(tmp_path: Path) -> None:
+    path = tmp_path / "wal"
+    wal = await FileWAL.open(str(path), CAPACITY)
+    await wal.close()
+    patch_file(path, 0, bytes(2 * SLOT_SIZE))
+    with pytest.raises(CorruptWALError, match="no valid WAL header copy"):
+        await FileWAL.open(str(path), CAPACITY)
+
+
+async def test_a_capacity_mismatch_names_the_property(tmp_path: Path) -> None:
+    path = tmp_path / "wal"
+    wal = await FileWAL.open(str(path), CAPACITY)
+    await wal.close()
+    with pytest.raises(WALError, match=r"s3\.wal\.capacity") as caught:
+        await FileWAL.open(str(path), 2 * CAPACITY)
+    assert str(CAPACITY) in str(caught.value) and str(2 * CAPACITY) in str(caught.value)
+
+
+async def test_another_nodes_wal_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "wal"
+    wal = await FileWAL.open(str(path), CAPACITY, node_id=1)
+    await wal.close()
+    with pytest.raises(WALError, match="belongs to node 1"):
+        await FileWAL.open(str(path), CAPACITY, node_id=2)
+
+
+async def test_an_existing_wal_must_be_recovered_before_appending(tmp_path: Path) -> None:
+    path = tmp_path / "wal"
+    wal = await FileWAL.open(str(path), CAPACITY)
+    await wal.append(b"one")
+    with pytest.raises(WALError, match="before the first append"):
+        list(wal.recover())
+    await wal.close()
+    wal = await FileWAL.open(str(path), CAPACITY)
+    with pytest.raises(WALError, match="recover"):
+        await wal.append(b"two")
+    assert recovered(wal) == [(0, b"one")]
+    assert (await wal.append(b"two")).offset == HEADER_SIZE + 3
+    await wal.close()
+
+
+async def test_a_failed_fsync_fails_the_batch_and_every_later_append(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wal = await FileWAL.open(str(tmp_path / "wal"), CAPACITY)
+    await wal.append(b"durable")
+
+    def failing_fdatasync(fd: int) -> None:
+        raise OSError(errno.EIO, "injected I/O error")
+
+    monkeypatch.setattr(os, "fdatasync", failing_fdatasync)
+    batch = await asyncio.gather(*(wal.append(b"lost") for _ in range(5)), return_exceptions=True)
+    assert all(isinstance(r, WALError) and "injected" in str(r) for r in batch)
+    monkeypatch.undo()  # the disk is fine again, but the WAL must not trust it
+    with pytest.raises(WALError, match="failed state"):
+        await wal.append(b"later")
+    with pytest.raises(WALError, match="failed state"):
+        await wal.trim(0)
+    assert wal.stats.appends == 1
+    await asyncio.wait_for(wal.close(), 5)
+
+
+async def test_a_failed_write_is_never_acknowledged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wal = await FileWAL.open(str(tmp_path / "wal"), CAPACITY)
+
+    def failing_pwritev(fd: int, buffers: object, offset: int) -> int:
+        raise OSError(errno.ENOSPC, "injected no space")
+
+    monkeypatch.setattr(os, "pwritev", failing_pwritev)
+    with pytest.raises(WALError, match="injected no space"):
+        await wal.append(b"x")
+    monkeypatch.undo()
+    with pytest.raises(WALError):
+        await wal.append(b"y")
+    await wal.close()
+
+
+async def test_a_record_wider_than_the_window_widens_it_durably(tmp_path: Path) -> None:
+    from storage.wal.file_wal import DEFAULT_WINDOW
+
+    path = tmp_path / "wal"
+    capacity = 2 * DEFAULT_WINDOW
+    wal = await FileWAL.open(str(path), capacity)
+    body = os.urandom(DEFAULT_WINDOW + 1000)
+    await wal.append(body)
+    assert read_header(path).window > DEFAULT_WINDOW
+    await wal.close(clean=False)
+    wal, records = await reopen(path, capacity)
+    assert records == [(0, body)]
+    await wal.close()
+
+
+async def test_an_append_cancelled_before_it_is_written_is_dropped(tmp_path: Path) -> None:
+    wal = await FileWAL.open(str(tmp_path / "wal"), 4096)
+    full = await wal.append(b"x" * (4096 - HEADER_SIZE))
+    cancelled = asyncio.create_task(wal.append(b"never written"))
+    await asyncio.sleep(0.02)  # waiting for ring space
+    cancelled.cancel()
+    await wal.trim(full.next_offset)
+    later = await asyncio.wait_for(wal.append(b"written"), 5)
+    assert later.offset == full.next_offset
+    assert cancelled.cancelled()
+    await wal.close()

@@ -1,0 +1,1 @@
+"""Helpers for the tests: real servers started as subprocesses."""
