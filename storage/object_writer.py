@@ -3,7 +3,8 @@
 Batches are added in (streamId, offset) order. Each stream's batches are cut into data blocks
 of about ``block_size`` bytes: a block closes once it reaches the size, when the stream changes,
 or when offsets stop being contiguous. ``finish()`` appends the index block and footer and
-returns the object as a list of buffers, ready for a PUT or a multipart upload.
+returns the object as a list of buffers (the payloads themselves, uncopied), ready for a PUT or
+a multipart upload.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from storage.stream_record_batch import StreamRecordBatch
 class BuiltObject:
     """An object's bytes (as buffers) and what it holds."""
 
-    parts: list[bytes]
+    parts: list[bytes | memoryview]  # headers and payloads, not copied
     size: int
     index: list[DataBlockIndex]
 
@@ -36,10 +37,10 @@ class ObjectWriter:
         if block_size <= 0:
             raise ValueError(f"block size must be positive, got {block_size}")
         self._block_size = block_size
-        self._parts: list[bytes] = []
+        self._parts: list[bytes | memoryview] = []
         self._index: list[DataBlockIndex] = []
         self._position = 0
-        self._block: list[bytes] = []
+        self._block: list[bytes | memoryview] = []
         self._block_bytes = 0
         self._block_stream = -1
         self._block_start = 0
@@ -61,7 +62,7 @@ class ObjectWriter:
             self._block_stream = batch.stream_id
             self._block_start = batch.base_offset
         self._block.append(stream_record_batch.encode_header(batch))
-        self._block.append(bytes(batch.payload))
+        self._block.append(batch.payload)
         self._block_bytes += batch.size
         self._block_end = batch.last_offset
         if self._block_bytes >= self._block_size:
@@ -80,7 +81,8 @@ class ObjectWriter:
     def _close_block(self) -> None:
         count = len(self._block) // 2
         header = object_format.encode_block_header(count, self._block_bytes)
-        self._parts.append(header + b"".join(self._block))
+        self._parts.append(header)
+        self._parts.extend(self._block)
         size = object_format.BLOCK_HEADER_SIZE + self._block_bytes
         self._index.append(
             DataBlockIndex(

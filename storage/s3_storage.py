@@ -39,6 +39,17 @@ from storage.wal import FileWAL
 log = logging.getLogger("automq.storage")
 
 WAL_FILE = "wal.log"
+UPLOADS_IN_FLIGHT = 2  # blocks being written to object storage at once (commits stay ordered)
+
+
+@dataclass(slots=True, frozen=True)
+class _Staged:
+    """Objects written for one block, ready to commit."""
+
+    sso_id: int
+    sso_size: int
+    ranges: list[CommitRange]
+    stream_objects: list[CommitStreamObject]
 
 
 @dataclass(slots=True)
@@ -81,6 +92,8 @@ class S3Storage:
         self._changed = asyncio.Condition()  # uploads finished / cache room freed
         self._force_upto = -1  # seal and upload every block up to this block id
         self._uploader: asyncio.Task[None] | None = None
+        self._upload_tasks: dict[int, asyncio.Task[None]] = {}
+        self._upload_slots = asyncio.Semaphore(UPLOADS_IN_FLIGHT)
         self._closing = False
         self._failed: BaseException | None = None
 
@@ -138,26 +151,26 @@ class S3Storage:
         if self._failed is None:
             with contextlib.suppress(StreamClosedError):
                 await self.force_upload()
-        self._closing = True
-        self._upload_wanted.set()
-        if self._uploader is not None:
-            self._uploader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._uploader
+        await self._stop_uploads()
         await self.wal.close(clean=self._failed is None)
         if self._owns_store:
             await self.store.close()
         if self._owns_metadata:
             await self.metadata.close()
 
+    async def _stop_uploads(self) -> None:
+        self._closing = True
+        tasks = [t for t in (self._uploader, *self._upload_tasks.values()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
     async def abort(self) -> None:
         """Stop at once without uploading, as a crash would: the WAL keeps the data for the
         next start's recovery."""
-        self._closing = True
-        if self._uploader is not None:
-            self._uploader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._uploader
+        await self._stop_uploads()
         await self.wal.close(clean=False)
         if self._owns_store:
             await self.store.close()
@@ -204,7 +217,7 @@ class S3Storage:
         log.info("WAL recovery: %d records replayed, %d to upload", replayed, kept)
         block = self.cache.seal()
         if block is not None:
-            await self._upload_block(block)
+            await self._upload_in_order(block, None, asyncio.get_running_loop().create_future())
         await self.wal.trim(self.wal.next_offset)
 
     # -- streams ---------------------------------------------------------------------------------
@@ -265,8 +278,9 @@ class S3Storage:
             record, offset, next_offset = state.pending.pop(state.confirmed)
             self.cache.put(record, offset, next_offset)
             state.confirmed = record.last_offset
-        active = self.cache.active
-        if active.size >= self.config.wal_upload_threshold:
+        if self.cache.active.size >= self.config.wal_upload_threshold:
+            # seal now, so objects stay near the threshold however busy the uploads are
+            self.cache.seal()
             self._upload_wanted.set()
 
     async def force_upload(self) -> None:
@@ -293,89 +307,126 @@ class S3Storage:
         return sealed[-1].block_id if sealed else -1
 
     async def _upload_loop(self) -> None:
+        """Start one upload task per sealed block; each commits after the one before it."""
         interval = self.config.wal_upload_interval_ms / 1000
+        previous: asyncio.Future[None] | None = None
         while not self._closing:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._upload_wanted.wait(), timeout=min(interval, 1.0))
             self._upload_wanted.clear()
             active = self.cache.active
-            if active.records and (
-                active.size >= self.config.wal_upload_threshold
-                or time.monotonic() - active.first_put_at >= interval
-            ):
+            if active.records and time.monotonic() - active.first_put_at >= interval:
                 self.cache.seal()
             for block in self.cache.sealed_blocks():
-                await self._upload_with_retry(block)
-
-    async def _upload_with_retry(self, block: LogCacheBlock) -> None:
-        delay = 0.5
-        while True:
-            try:
-                await self._upload_block(block)
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                log.warning(
-                    "upload of cache block %d (%d bytes) failed, retrying in %.1fs: %s",
-                    block.block_id,
-                    block.size,
-                    delay,
-                    e,
+                if block.block_id in self._upload_tasks:
+                    continue
+                committed = asyncio.get_running_loop().create_future()
+                self._upload_tasks[block.block_id] = asyncio.create_task(
+                    self._upload_in_order(block, previous, committed),
+                    name=f"s3storage-upload-{block.block_id}",
                 )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 10.0)
+                previous = committed
 
-    async def _upload_block(self, block: LogCacheBlock) -> None:
-        """Upload one sealed block as objects, commit them, trim the WAL behind them."""
-        while True:
-            plan = plan_upload(block.records, self.config.stream_object_split_size)
-            if plan.object_count == 0:
-                break
-            first_id = await self.metadata.prepare_object(
-                plan.object_count, self.config.object_prepare_ttl_ms
+    async def _upload_in_order(
+        self,
+        block: LogCacheBlock,
+        previous: asyncio.Future[None] | None,
+        committed: asyncio.Future[None],
+    ) -> None:
+        """Upload ``block`` (concurrently with others), commit it after ``previous`` committed,
+        then trim the WAL; retried until it succeeds, as S3 outages are waited out."""
+        delay = 0.5
+        try:
+            while True:
+                try:
+                    async with self._upload_slots:
+                        staged = await self._stage(block)
+                    if previous is not None:
+                        await previous  # commits (and WAL trims) follow the WAL's order
+                    if await self._commit(block, staged):
+                        break
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:
+                    log.warning(
+                        "upload of cache block %d (%d bytes) failed, retrying in %.1fs: %s",
+                        block.block_id,
+                        block.size,
+                        delay,
+                        e,
+                    )
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 10.0)
+            self.uploads += 1
+            self.cache.mark_uploaded(block)
+            await self.wal.trim(self.cache.wal_trim_offset(fallback=block.wal_end))
+            committed.set_result(None)
+        except BaseException:
+            committed.cancel()  # later blocks must not commit before this one
+            raise
+        finally:
+            self._upload_tasks.pop(block.block_id, None)
+            async with self._changed:
+                self._changed.notify_all()
+
+    async def _stage(self, block: LogCacheBlock) -> _Staged | None:
+        """Reserve object ids, build the objects and PUT them; None if there is nothing."""
+        plan = plan_upload(block.records, self.config.stream_object_split_size)
+        if plan.object_count == 0:
+            return None
+        first_id = await self.metadata.prepare_object(
+            plan.object_count, self.config.object_prepare_ttl_ms
+        )
+        ids = iter(range(first_id, first_id + plan.object_count))
+        sso_id = next(ids) if plan.stream_set else -1
+        so_ids = [next(ids) for _ in plan.stream_objects]
+        block_size = self.config.object_block_size
+        # building walks every batch: keep that off the event loop
+        sso, sos = await asyncio.to_thread(
+            lambda: (
+                build_object(plan.stream_set, block_size),
+                [build_object([run], block_size) for run in plan.stream_objects],
             )
-            ids = iter(range(first_id, first_id + plan.object_count))
-            sso_id = next(ids) if plan.stream_set else -1
-            sso = build_object(plan.stream_set, self.config.object_block_size)
-            so_ids = [next(ids) for _ in plan.stream_objects]
-            sos = [
-                build_object([run], self.config.object_block_size) for run in plan.stream_objects
-            ]
-            puts = [self._put(oid, built) for oid, built in zip(so_ids, sos, strict=True)]
-            if sso_id >= 0:
-                puts.append(self._put(sso_id, sso))
-            await asyncio.gather(*puts)
-            ranges = [
+        )
+        puts = [self._put(oid, built) for oid, built in zip(so_ids, sos, strict=True)]
+        if sso_id >= 0:
+            puts.append(self._put(sso_id, sso))
+        await asyncio.gather(*puts)
+        return _Staged(
+            sso_id=sso_id,
+            sso_size=sso.size if sso_id >= 0 else 0,
+            ranges=[
                 CommitRange(run[0].stream_id, _epoch(run), run[0].base_offset, run[-1].last_offset)
                 for run in plan.stream_set
-            ]
-            stream_objects = [
+            ],
+            stream_objects=[
                 CommitStreamObject(
                     oid, run[0].stream_id, run[0].base_offset, run[-1].last_offset, built.size
                 )
                 for oid, run, built in zip(so_ids, plan.stream_objects, sos, strict=True)
-            ]
-            try:
-                await self.metadata.commit_stream_set_object(
-                    self.node_id,
-                    self.node_epoch,
-                    sso_id,
-                    sso_id,
-                    sso.size if sso_id >= 0 else 0,
-                    ranges,
-                    stream_objects,
-                )
-                break
-            except MetadataError as e:
-                if e.code is not ErrorCode.STREAM_FENCED or not self._drop_fenced(block):
-                    raise
-                # the objects just written stay PREPARED and expire; upload the rest again
-        self.uploads += 1
-        self.cache.mark_uploaded(block)
-        await self.wal.trim(self.cache.wal_trim_offset(fallback=block.wal_end))
-        async with self._changed:
-            self._changed.notify_all()
+            ],
+        )
+
+    async def _commit(self, block: LogCacheBlock, staged: _Staged | None) -> bool:
+        """Commit staged objects; False when fenced streams were dropped and it must be redone
+        (the objects just written stay PREPARED and expire)."""
+        if staged is None:
+            return True
+        try:
+            await self.metadata.commit_stream_set_object(
+                self.node_id,
+                self.node_epoch,
+                staged.sso_id,
+                staged.sso_id,
+                staged.sso_size,
+                staged.ranges,
+                staged.stream_objects,
+            )
+        except MetadataError as e:
+            if e.code is ErrorCode.STREAM_FENCED and self._drop_fenced(block):
+                return False
+            raise
+        return True
 
     def _drop_fenced(self, block: LogCacheBlock) -> bool:
         """Remove from ``block`` the streams that a newer epoch or another node now owns."""

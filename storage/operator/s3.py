@@ -235,7 +235,12 @@ class S3ObjectStore(ObjectStore):
                 raise ObjectStoreError(f"{self!r} is closed")
             if self._client is None:
                 config = AioConfig(
-                    s3={"addressing_style": "path" if self._path_style else "virtual"},
+                    s3={
+                        "addressing_style": "path" if self._path_style else "virtual",
+                        # a SHA-256 of every part would run on the event loop; integrity
+                        # comes from TLS on real endpoints and from our own CRCs
+                        "payload_signing_enabled": False,
+                    },
                     # total_max_attempts=1 turns botocore's retries off in every retry mode
                     # (its "max_attempts": 1 would still retry once in legacy mode).
                     retries={"total_max_attempts": 1},

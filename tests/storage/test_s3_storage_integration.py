@@ -179,3 +179,46 @@ async def test_s3_outage_stalls_uploads_then_they_complete(tmp_path: Path) -> No
             await storage.close()
     finally:
         server.stop()
+
+
+async def test_inspect_reads_an_object_from_the_bucket(
+    s3_server: SeaweedFS, make_storage: StorageFactory
+) -> None:
+    from automq_py.log import meta_stream_record
+    from automq_py.log.meta_stream_record import MetaKeyValue
+    from tests.protocol.test_record_batch import make_batch
+
+    storage = await make_storage(s3_server.url())
+    client = StreamClient(storage)
+    meta, log = await client.create_and_open(), await client.create_and_open()
+    kv = MetaKeyValue("PARTITION", b'{"s":0,"c":0,"r":0,"cs":false}')
+    await meta.append(meta_stream_record.encode(kv), 1)
+    await log.append(make_batch(0), 15)
+    await storage.force_upload()
+    (obj,) = storage.metadata.get_objects(log.stream_id, 0, -1, 1)
+    key = object_key(storage.config.namespace, obj.object_id)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "automq_py",
+            "inspect",
+            "--store",
+            s3_server.url(),
+            key,
+            "--records",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[2].startswith(f"streamId={meta.stream_id}, startOffset=0, endOffset=1, ")
+    assert lines[3].startswith(f"streamId={log.stream_id}, startOffset=0, endOffset=15, ")
+    assert lines[4] == (
+        f"objectId={obj.object_id}, ranges=[{meta.stream_id}:0-1, {log.stream_id}:0-15, ]"
+    )
+    assert 'key=PARTITION, value={"s":0,"c":0,"r":0,"cs":false}' in out.stdout
+    assert "producerId=7002, producerEpoch=0, baseSequence=5400" in out.stdout
