@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from storage.stream_record_batch import StreamRecordBatch
@@ -28,6 +29,7 @@ class LogCacheBlock:
     wal_end: int = -1  # WAL offset just past the block's last record
     sealed: bool = False
     uploaded: bool = False
+    order_id: int = -1  # the SSO order id, fixed at the first upload attempt
 
     def put(self, record: StreamRecordBatch, wal_offset: int, wal_next_offset: int) -> None:
         records = self.records.setdefault(record.stream_id, [])
@@ -73,7 +75,10 @@ class LogCache:
     def __init__(self, max_size: int) -> None:
         self.max_size = max_size
         self._next_block_id = 0
-        self._blocks: list[LogCacheBlock] = [self._new_block()]
+        self._blocks: deque[LogCacheBlock] = deque([self._new_block()])
+        # running totals: append checks them on every call
+        self.size = 0
+        self.unuploaded_size = 0
 
     def _new_block(self) -> LogCacheBlock:
         block = LogCacheBlock(self._next_block_id)
@@ -84,17 +89,10 @@ class LogCache:
     def active(self) -> LogCacheBlock:
         return self._blocks[-1]
 
-    @property
-    def size(self) -> int:
-        return sum(b.size for b in self._blocks)
-
-    @property
-    def unuploaded_size(self) -> int:
-        """Bytes that exist only in the WAL and here: what bounds memory use."""
-        return sum(b.size for b in self._blocks if not b.uploaded)
-
     def put(self, record: StreamRecordBatch, wal_offset: int, wal_next_offset: int) -> None:
         self.active.put(record, wal_offset, wal_next_offset)
+        self.size += record.size
+        self.unuploaded_size += record.size  # bytes only in the WAL and here: bounds memory
 
     def seal(self) -> LogCacheBlock | None:
         """Seal the active block for upload and start a new one; None if it is empty."""
@@ -110,20 +108,31 @@ class LogCache:
 
     def mark_uploaded(self, block: LogCacheBlock) -> None:
         block.uploaded = True
+        self.unuploaded_size -= block.size
         self.evict()
 
     def evict(self, keep: int | None = None) -> None:
         """Drop uploaded blocks, oldest first, while the cache holds more than ``keep`` bytes."""
         limit = self.max_size if keep is None else keep
-        while self.size > limit:
-            victim = next((b for b in self._blocks if b.uploaded), None)
-            if victim is None:
-                return
-            self._blocks.remove(victim)
+        # blocks are uploaded in order, so uploaded ones are at the front
+        while self.size > limit and self._blocks[0].uploaded:
+            self.size -= self._blocks.popleft().size
 
     def drop_uploaded(self) -> None:
         """Forget every uploaded block, so reads of that data go to object storage."""
-        self._blocks = [b for b in self._blocks if not b.uploaded]
+        self.evict(keep=0)
+
+    def discard_stream(self, stream_id: int) -> None:
+        """Forget a stream's records that are not uploaded (the node lost the stream)."""
+        for block in self._blocks:
+            if block.uploaded:
+                continue
+            records = block.records.pop(stream_id, None)
+            if records:
+                dropped = sum(r.size for r in records)
+                block.size -= dropped
+                self.size -= dropped
+                self.unuploaded_size -= dropped
 
     def wal_trim_offset(self, fallback: int) -> int:
         """The WAL offset below which every record has been uploaded."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from storage import object_format
 from storage.block_cache import BlockCache
@@ -32,36 +32,37 @@ class ObjectReader:
         namespace: str,
         block_cache: BlockCache,
         *,
-        index_cache_entries: int = 8192,
+        index_cache_entries: int = 1 << 20,
     ) -> None:
         self.store = store
         self.namespace = namespace
         self.block_cache = block_cache
         self._indexes: OrderedDict[int, list[DataBlockIndex]] = OrderedDict()
-        self._index_cache_entries = index_cache_entries
-        self._inflight: dict[tuple[int, ...], asyncio.Future[object]] = {}
+        self._index_cache_entries = index_cache_entries  # index entries, summed over objects
+        self._index_entries = 0
+        self._inflight: dict[tuple[int, ...], asyncio.Future[Any]] = {}
 
     def key(self, object_id: int) -> str:
         return object_format.object_key(self.namespace, object_id)
 
     async def _once(self, key: tuple[int, ...], make: Callable[[], Awaitable[T]]) -> T:
-        """Share one in-flight request among concurrent callers asking for the same thing."""
-        fut = self._inflight.get(key)
-        if fut is not None:
-            return await fut  # type: ignore[return-value]
-        fut = asyncio.get_running_loop().create_future()
-        self._inflight[key] = fut
-        try:
-            result = await make()
-        except BaseException as e:
-            fut.set_exception(e)
-            fut.exception()  # mark retrieved: waiters may be none
-            raise
-        else:
-            fut.set_result(result)
-            return result
-        finally:
+        """Share one in-flight request among concurrent callers asking for the same thing.
+
+        The request runs as its own task and callers wait on it shielded, so a cancelled
+        caller (a fetch that timed out) cancels neither the request nor the other callers.
+        """
+        task = self._inflight.get(key)
+        if task is None:
+            task = asyncio.ensure_future(make())
+            self._inflight[key] = task
+            task.add_done_callback(lambda t: self._forget_inflight(key, t))
+        return await asyncio.shield(task)
+
+    def _forget_inflight(self, key: tuple[int, ...], task: asyncio.Future[Any]) -> None:
+        if self._inflight.get(key) is task:
             del self._inflight[key]
+        if not task.cancelled():
+            task.exception()  # seen: every caller may have gone
 
     async def index(self, object_id: int, object_size: int) -> list[DataBlockIndex]:
         cached = self._indexes.get(object_id)
@@ -69,9 +70,11 @@ class ObjectReader:
             self._indexes.move_to_end(object_id)
             return cached
         index = await self._once((object_id,), lambda: self._load_index(object_id, object_size))
-        self._indexes[object_id] = index
-        while len(self._indexes) > self._index_cache_entries:
-            self._indexes.popitem(last=False)
+        if object_id not in self._indexes:
+            self._indexes[object_id] = index
+            self._index_entries += len(index)
+        while self._index_entries > self._index_cache_entries and len(self._indexes) > 1:
+            self._index_entries -= len(self._indexes.popitem(last=False)[1])
         return index
 
     async def _load_index(self, object_id: int, object_size: int) -> list[DataBlockIndex]:
@@ -202,10 +205,11 @@ class ObjectReader:
         return out
 
     def forget(self, object_id: int) -> None:
-        self._indexes.pop(object_id, None)
+        self._index_entries -= len(self._indexes.pop(object_id, []))
 
     def forget_all(self) -> None:
         self._indexes.clear()
+        self._index_entries = 0
 
 
 def _adjacent_runs(blocks: list[DataBlockIndex]) -> list[list[DataBlockIndex]]:

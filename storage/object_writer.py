@@ -3,8 +3,7 @@
 Batches are added in (streamId, offset) order. Each stream's batches are cut into data blocks
 of about ``block_size`` bytes: a block closes once it reaches the size, when the stream changes,
 or when offsets stop being contiguous. ``finish()`` appends the index block and footer and
-returns the object as a list of buffers (the payloads themselves, uncopied), ready for a PUT or
-a multipart upload.
+returns the object as a list of buffers, one per block, ready for a PUT or a multipart upload.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from storage.stream_record_batch import StreamRecordBatch
 class BuiltObject:
     """An object's bytes (as buffers) and what it holds."""
 
-    parts: list[bytes | memoryview]  # headers and payloads, not copied
+    parts: list[bytes]  # one per data block, then the index and footer
     size: int
     index: list[DataBlockIndex]
 
@@ -37,7 +36,7 @@ class ObjectWriter:
         if block_size <= 0:
             raise ValueError(f"block size must be positive, got {block_size}")
         self._block_size = block_size
-        self._parts: list[bytes | memoryview] = []
+        self._parts: list[bytes] = []
         self._index: list[DataBlockIndex] = []
         self._position = 0
         self._block: list[bytes | memoryview] = []
@@ -81,8 +80,8 @@ class ObjectWriter:
     def _close_block(self) -> None:
         count = len(self._block) // 2
         header = object_format.encode_block_header(count, self._block_bytes)
-        self._parts.append(header)
-        self._parts.extend(self._block)
+        # one buffer per block: a list of millions of small buffers is slow to slice into parts
+        self._parts.append(header + b"".join(self._block))
         size = object_format.BLOCK_HEADER_SIZE + self._block_bytes
         self._index.append(
             DataBlockIndex(

@@ -1,10 +1,11 @@
 """S3Storage: the write path (WAL + LogCache + upload) and the read path (cache, then objects).
 
-Write: a StreamRecordBatch goes to the WAL; once fsynced it enters the LogCache and the append
-is acknowledged. When the cache's active block passes ``s3.wal.upload.threshold`` (or
-``s3.wal.upload.interval.ms`` passes) it is sealed and uploaded as one Stream Set Object plus a
-Stream Object per large stream, committed to the metadata in one operation, and the WAL is
-trimmed behind it. Uploads run one at a time, in order, retrying until they succeed.
+Write: a StreamRecordBatch goes to the WAL; once fsynced and once every earlier offset of its
+stream is too, it enters the LogCache and the append is acknowledged. When the cache's active
+block passes ``s3.wal.upload.threshold`` (or ``s3.wal.upload.interval.ms`` passes) it is sealed
+and uploaded as one Stream Set Object plus a Stream Object per large stream. Up to
+``UPLOADS_IN_FLIGHT`` blocks are written to object storage at once; their metadata commits, and
+the WAL trims behind them, happen strictly in block order.
 
 Start: everything in the WAL after its trim point is replayed and uploaded before the storage
 serves, so a crash loses nothing that was acknowledged.
@@ -18,7 +19,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from storage import stream_record_batch
 from storage.block_cache import BlockCache
@@ -26,7 +27,13 @@ from storage.config import S3StreamConfig
 from storage.errors import StreamClosedError
 from storage.log_cache import LogCache, LogCacheBlock
 from storage.metadata.manager import MetadataManager
-from storage.metadata.model import CommitRange, CommitStreamObject, ErrorCode, MetadataError
+from storage.metadata.model import (
+    CommitRange,
+    CommitStreamObject,
+    ErrorCode,
+    MetadataError,
+    StreamState,
+)
 from storage.object_format import object_key
 from storage.object_reader import ObjectReader
 from storage.object_writer import BuiltObject
@@ -40,6 +47,29 @@ log = logging.getLogger("automq.storage")
 
 WAL_FILE = "wal.log"
 UPLOADS_IN_FLIGHT = 2  # blocks being written to object storage at once (commits stay ordered)
+CLOSE_FLUSH_TIMEOUT_S = 60.0
+# a commit refused for these streams drops their data from the upload instead of retrying
+_UNWRITABLE = (ErrorCode.STREAM_FENCED, ErrorCode.STREAM_NOT_OPENED, ErrorCode.STREAM_NOT_EXIST)
+
+
+@dataclass(slots=True)
+class _Durable:
+    """An append whose WAL write is fsynced, waiting for the offsets before it."""
+
+    batch: StreamRecordBatch
+    wal_offset: int
+    wal_next: int
+    done: asyncio.Future[None]
+
+
+@dataclass(slots=True)
+class _StreamState:
+    """What the write path tracks for a stream opened on this node, at one epoch."""
+
+    epoch: int
+    confirmed: int  # every offset below is durable and readable
+    waiting: dict[int, _Durable] = field(default_factory=dict)  # by base offset
+    inflight: set[asyncio.Future[None]] = field(default_factory=set)
 
 
 @dataclass(slots=True, frozen=True)
@@ -50,14 +80,6 @@ class _Staged:
     sso_size: int
     ranges: list[CommitRange]
     stream_objects: list[CommitStreamObject]
-
-
-@dataclass(slots=True)
-class _StreamState:
-    """What the write path tracks per open stream on this node."""
-
-    confirmed: int  # every offset below is durable and readable
-    pending: dict[int, tuple[StreamRecordBatch, int, int]]  # acked out of order, by base offset
 
 
 class S3Storage:
@@ -89,11 +111,11 @@ class S3Storage:
         self._streams: dict[int, _StreamState] = {}
         self._last_cold_read_end: dict[int, int] = {}
         self._upload_wanted = asyncio.Event()
-        self._changed = asyncio.Condition()  # uploads finished / cache room freed
-        self._force_upto = -1  # seal and upload every block up to this block id
+        self._changed = asyncio.Event()  # replaced on every notification: see _notify
         self._uploader: asyncio.Task[None] | None = None
         self._upload_tasks: dict[int, asyncio.Task[None]] = {}
         self._upload_slots = asyncio.Semaphore(UPLOADS_IN_FLIGHT)
+        self._writes: set[asyncio.Task[None]] = set()
         self._closing = False
         self._failed: BaseException | None = None
 
@@ -144,67 +166,123 @@ class S3Storage:
         )
         return storage
 
-    async def close(self) -> None:
-        """Upload everything still in the cache, trim the WAL, and release resources."""
+    async def close(self, flush_timeout: float = CLOSE_FLUSH_TIMEOUT_S) -> None:
+        """Upload everything still in the cache, trim the WAL, and release resources.
+
+        If the upload cannot finish within ``flush_timeout`` seconds (object storage down),
+        the data stays in the WAL and the next start uploads it.
+        """
         if self._closing:
             return
+        clean = False
         if self._failed is None:
-            with contextlib.suppress(StreamClosedError):
-                await self.force_upload()
-        await self._stop_uploads()
-        await self.wal.close(clean=self._failed is None)
-        if self._owns_store:
-            await self.store.close()
-        if self._owns_metadata:
-            await self.metadata.close()
+            try:
+                await asyncio.wait_for(self.force_upload(), flush_timeout)
+                clean = True
+            except (TimeoutError, StreamClosedError) as e:
+                log.warning("close: cached data stays in the WAL for the next start (%r)", e)
+        await self._stop()
+        await self.wal.close(clean=clean and self._failed is None)
+        await self._release()
 
-    async def _stop_uploads(self) -> None:
+    async def abort(self) -> None:
+        """Stop at once without uploading, as a crash would: the WAL keeps the data for the
+        next start's recovery."""
+        if self._closing:
+            return
+        await self._stop()
+        await self.wal.close(clean=False)
+        await self._release()
+
+    async def _stop(self) -> None:
         self._closing = True
+        self._notify()
         tasks = [t for t in (self._uploader, *self._upload_tasks.values()) if t is not None]
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self._fail_waiting(StreamClosedError("storage is closed"))
 
-    async def abort(self) -> None:
-        """Stop at once without uploading, as a crash would: the WAL keeps the data for the
-        next start's recovery."""
-        await self._stop_uploads()
-        await self.wal.close(clean=False)
+    async def _release(self) -> None:
         if self._owns_store:
             await self.store.close()
         if self._owns_metadata:
             await self.metadata.close()
 
+    def _notify(self) -> None:
+        """Wake everything waiting for a change (uploads done, room freed, failure, close)."""
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _wait_until(self, ready: object) -> None:
+        """Wait until ``ready()`` holds; StreamClosedError if the storage fails or closes."""
+        while not ready():  # type: ignore[operator]
+            if self._failed is not None:
+                raise StreamClosedError(f"storage failed: {self._failed}")
+            if self._closing:
+                raise StreamClosedError("storage is closing")
+            await self._changed.wait()
+
+    def _fail(self, error: BaseException) -> None:
+        """Stop accepting writes: an error the write path cannot get past (WAL, metadata)."""
+        if self._failed is None:
+            self._failed = error
+            log.critical("S3Storage failed; no more appends are accepted: %s", error)
+        self._fail_waiting(StreamClosedError(f"storage failed: {error}"))
+        self._notify()
+
+    def _fail_waiting(self, error: StreamClosedError) -> None:
+        for state in self._streams.values():
+            for done in state.inflight:
+                if not done.done():
+                    done.set_exception(error)
+            state.waiting.clear()
+            state.inflight.clear()
+
     # -- recovery --------------------------------------------------------------------------------
 
     async def _recover(self) -> None:
-        """Replay the WAL past its trim point into the cache, upload it, then trim the WAL."""
-        runs: dict[int, list[tuple[StreamRecordBatch, int, int]]] = {}
+        """Replay the WAL past its trim point into the cache, upload it, then trim the WAL.
+
+        Per stream, the last WAL record written at an offset wins (an earlier one may be an
+        unacknowledged write that a later epoch replaced), records of older epochs than the
+        stream's are dropped, and streams this node no longer owns are skipped.
+        """
+        runs: dict[int, dict[int, tuple[StreamRecordBatch, int, int]]] = {}
         replayed = 0
         for rec in self.wal.recover():
             batch, _ = stream_record_batch.decode(rec.body)
             batch = StreamRecordBatch(
                 batch.stream_id, batch.epoch, batch.base_offset, batch.count, bytes(batch.payload)
             )
-            runs.setdefault(batch.stream_id, []).append((batch, rec.offset, rec.next_offset))
+            runs.setdefault(batch.stream_id, {})[batch.base_offset] = (
+                batch,
+                rec.offset,
+                rec.next_offset,
+            )
             replayed += 1
         if not runs:
             return
         kept = 0
-        for stream_id, entries in sorted(runs.items()):
+        for stream_id, by_offset in sorted(runs.items()):
             meta = self.metadata.stream(stream_id)
-            if meta is None:
-                log.warning("WAL recovery: stream %d no longer exists; dropping it", stream_id)
+            if meta is None or meta.state != StreamState.OPENED or meta.owner != self.node_id:
+                log.warning(
+                    "WAL recovery: stream %d is %s; dropping its records",
+                    stream_id,
+                    "deleted" if meta is None else "closed or owned by another node",
+                )
                 continue
             expected = meta.end_offset
-            for batch, wal_offset, wal_next in sorted(entries, key=lambda e: e[0].base_offset):
-                if batch.last_offset <= expected:
-                    continue  # uploaded before the crash
+            for base in sorted(by_offset):
+                batch, wal_offset, wal_next = by_offset[base]
+                if batch.last_offset <= expected or batch.epoch < meta.epoch:
+                    continue  # uploaded before the crash, or superseded by a newer epoch
                 if batch.base_offset != expected:
                     log.error(
-                        "WAL recovery: stream %d has a gap at %d (record starts at %d); "
+                        "WAL recovery: stream %d has a gap at %d (next record starts at %d); "
                         "dropping its records from there on",
                         stream_id,
                         expected,
@@ -214,24 +292,34 @@ class S3Storage:
                 self.cache.put(batch, wal_offset, wal_next)
                 expected = batch.last_offset
                 kept += 1
+                if self.cache.active.size >= self.config.wal_upload_threshold:
+                    self.cache.seal()
         log.info("WAL recovery: %d records replayed, %d to upload", replayed, kept)
-        block = self.cache.seal()
-        if block is not None:
-            await self._upload_in_order(block, None, asyncio.get_running_loop().create_future())
+        self.cache.seal()
+        previous: asyncio.Future[None] | None = None
+        for block in self.cache.sealed_blocks():
+            committed = asyncio.get_running_loop().create_future()
+            await self._upload_in_order(block, previous, committed)
+            previous = committed
+        if self._failed is not None:
+            raise StreamClosedError(f"WAL recovery failed: {self._failed}")
         await self.wal.trim(self.wal.next_offset)
 
     # -- streams ---------------------------------------------------------------------------------
 
-    def register_stream(self, stream_id: int, confirmed: int) -> None:
-        """Track a stream opened on this node, whose next offset is ``confirmed``."""
-        self._streams[stream_id] = _StreamState(confirmed, {})
+    def register_stream(self, stream_id: int, epoch: int, confirmed: int) -> None:
+        """Track a stream opened on this node at ``epoch``, whose next offset is ``confirmed``."""
+        self._streams[stream_id] = _StreamState(epoch, confirmed)
 
     def is_open_here(self, stream_id: int) -> bool:
         return stream_id in self._streams
 
-    def unregister_stream(self, stream_id: int) -> None:
-        self._streams.pop(stream_id, None)
-        self._last_cold_read_end.pop(stream_id, None)
+    def unregister_stream(self, stream_id: int, epoch: int | None = None) -> None:
+        """Stop tracking the stream (only its registration at ``epoch``, when given)."""
+        state = self._streams.get(stream_id)
+        if state is not None and (epoch is None or state.epoch == epoch):
+            del self._streams[stream_id]
+            self._last_cold_read_end.pop(stream_id, None)
 
     def confirmed_offset(self, stream_id: int) -> int:
         state = self._streams.get(stream_id)
@@ -240,77 +328,94 @@ class S3Storage:
         meta = self.metadata.stream(stream_id)
         return meta.end_offset if meta is not None else 0
 
+    async def drain(self, stream_id: int) -> None:
+        """Wait for the stream's appends in flight to be acknowledged or fail."""
+        state = self._streams.get(stream_id)
+        if state is not None and state.inflight:
+            await asyncio.gather(*state.inflight, return_exceptions=True)
+
     # -- write path ------------------------------------------------------------------------------
 
+    async def wait_for_room(self) -> None:
+        """Backpressure: wait while data not yet in object storage fills ``s3.wal.cache.size``.
+
+        Callers wait *before* taking an offset, so appends reach the WAL in offset order.
+        """
+        limit = self.config.wal_cache_size
+        if self.cache.unuploaded_size >= limit:
+            self._upload_wanted.set()
+            await self._wait_until(lambda: self.cache.unuploaded_size < limit)
+
     async def append(self, batch: StreamRecordBatch) -> None:
-        """Make ``batch`` durable in the WAL, then readable; returns once it is durable."""
+        """Make ``batch`` durable; return once it and every earlier offset of its stream are.
+
+        The WAL write is started before this first yields, so calls made in offset order reach
+        the WAL in that order; cancelling the caller does not cancel a write whose offset is
+        taken.
+        """
         if self._failed is not None:
             raise StreamClosedError(f"storage failed: {self._failed}")
-        if self.cache.unuploaded_size >= self.config.wal_cache_size:
-            await self._wait_for_cache_room()
+        if self._closing:
+            raise StreamClosedError("storage is closing")
+        state = self._streams.get(batch.stream_id)
+        if state is None or state.epoch != batch.epoch:
+            raise StreamClosedError(f"stream {batch.stream_id} is not open at epoch {batch.epoch}")
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.add_done_callback(_retrieve)
+        state.inflight.add(done)
+        task = asyncio.create_task(self._write(state, batch, done))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+        await asyncio.shield(done)
+
+    async def _write(
+        self, state: _StreamState, batch: StreamRecordBatch, done: asyncio.Future[None]
+    ) -> None:
         header = stream_record_batch.encode_header(batch)
         try:
             result = await self.wal.append([header, batch.payload])
         except Exception as e:
-            self._failed = e
-            raise
-        self._confirm(batch, result.offset, result.next_offset)
-
-    async def _wait_for_cache_room(self) -> None:
-        # Backpressure: data not yet in object storage is bounded by s3.wal.cache.size.
-        self._upload_wanted.set()
-        async with self._changed:
-            await self._changed.wait_for(
-                lambda: (
-                    self.cache.unuploaded_size < self.config.wal_cache_size
-                    or self._failed is not None
-                )
-            )
-
-    def _confirm(self, batch: StreamRecordBatch, wal_offset: int, wal_next: int) -> None:
-        # WAL acks arrive in order, but put records into the cache strictly in offset order even
-        # if they did not (a sequencer, as AutoMQ's callback sequencer).
-        state = self._streams.get(batch.stream_id)
-        if state is None:
-            state = self._streams[batch.stream_id] = _StreamState(batch.base_offset, {})
-        state.pending[batch.base_offset] = (batch, wal_offset, wal_next)
-        while state.confirmed in state.pending:
-            record, offset, next_offset = state.pending.pop(state.confirmed)
-            self.cache.put(record, offset, next_offset)
-            state.confirmed = record.last_offset
+            self._fail(e)
+            return
+        if done.done():  # failed meanwhile
+            return
+        state.waiting[batch.base_offset] = _Durable(batch, result.offset, result.next_offset, done)
+        while state.confirmed in state.waiting:
+            durable = state.waiting.pop(state.confirmed)
+            self.cache.put(durable.batch, durable.wal_offset, durable.wal_next)
+            state.confirmed = durable.batch.last_offset
+            state.inflight.discard(durable.done)
+            durable.done.set_result(None)
         if self.cache.active.size >= self.config.wal_upload_threshold:
             # seal now, so objects stay near the threshold however busy the uploads are
             self.cache.seal()
             self._upload_wanted.set()
 
+    def _wal_trim_point(self, fallback: int) -> int:
+        """The WAL offset below which every durable record is in object storage."""
+        point = self.cache.wal_trim_offset(fallback)
+        for state in self._streams.values():
+            for durable in state.waiting.values():
+                point = min(point, durable.wal_offset)
+        return point
+
     async def force_upload(self) -> None:
         """Seal the cache now and return once everything appended so far is in object storage."""
         block = self.cache.seal()
-        target = block.block_id if block is not None else self._last_sealed_id()
+        sealed = self.cache.sealed_blocks()
+        target = block.block_id if block is not None else (sealed[-1].block_id if sealed else -1)
         if target < 0:
             return
-        self._force_upto = max(self._force_upto, target)
         self._upload_wanted.set()
-        async with self._changed:
-            await self._changed.wait_for(
-                lambda: (
-                    all(b.block_id > target for b in self.cache.sealed_blocks())
-                    or self._failed is not None
-                    or self._closing
-                )
-            )
-        if self._failed is not None:
-            raise StreamClosedError(f"storage failed: {self._failed}")
+        await self._wait_until(lambda: all(b.block_id > target for b in self.cache.sealed_blocks()))
 
-    def _last_sealed_id(self) -> int:
-        sealed = self.cache.sealed_blocks()
-        return sealed[-1].block_id if sealed else -1
+    # -- upload ----------------------------------------------------------------------------------
 
     async def _upload_loop(self) -> None:
         """Start one upload task per sealed block; each commits after the one before it."""
         interval = self.config.wal_upload_interval_ms / 1000
         previous: asyncio.Future[None] | None = None
-        while not self._closing:
+        while not self._closing and self._failed is None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._upload_wanted.wait(), timeout=min(interval, 1.0))
             self._upload_wanted.clear()
@@ -318,9 +423,10 @@ class S3Storage:
             if active.records and time.monotonic() - active.first_put_at >= interval:
                 self.cache.seal()
             for block in self.cache.sealed_blocks():
-                if block.block_id in self._upload_tasks:
+                if block.block_id in self._upload_tasks or self._failed is not None:
                     continue
                 committed = asyncio.get_running_loop().create_future()
+                committed.add_done_callback(_retrieve)
                 self._upload_tasks[block.block_id] = asyncio.create_task(
                     self._upload_in_order(block, previous, committed),
                     name=f"s3storage-upload-{block.block_id}",
@@ -334,18 +440,33 @@ class S3Storage:
         committed: asyncio.Future[None],
     ) -> None:
         """Upload ``block`` (concurrently with others), commit it after ``previous`` committed,
-        then trim the WAL; retried until it succeeds, as S3 outages are waited out."""
+        then trim the WAL. Object storage errors are retried until they pass (an outage stalls
+        uploads); a metadata refusal either drops the refused streams or fails the storage."""
         delay = 0.5
         try:
+            staged: _Staged | None = None
             while True:
                 try:
-                    async with self._upload_slots:
-                        staged = await self._stage(block)
+                    if staged is None:
+                        async with self._upload_slots:
+                            staged = await self._stage(block)
                     if previous is not None:
                         await previous  # commits (and WAL trims) follow the WAL's order
-                    if await self._commit(block, staged):
+                    # finish a started metadata transaction even if the task is cancelled
+                    commit = asyncio.ensure_future(self._commit(block, staged))
+                    try:
+                        outcome = await asyncio.shield(commit)
+                    except asyncio.CancelledError:
+                        with contextlib.suppress(BaseException):
+                            await commit
+                        raise
+                    if outcome == "done":
                         break
+                    staged = None  # streams were dropped: build the objects again
                 except asyncio.CancelledError:
+                    raise
+                except MetadataError as e:
+                    self._fail(e)
                     raise
                 except Exception as e:
                     log.warning(
@@ -359,15 +480,18 @@ class S3Storage:
                     delay = min(delay * 2, 10.0)
             self.uploads += 1
             self.cache.mark_uploaded(block)
-            await self.wal.trim(self.cache.wal_trim_offset(fallback=block.wal_end))
+            try:
+                await self.wal.trim(self._wal_trim_point(fallback=block.wal_end))
+            except Exception as e:
+                self._fail(e)
+                raise
             committed.set_result(None)
         except BaseException:
             committed.cancel()  # later blocks must not commit before this one
             raise
         finally:
             self._upload_tasks.pop(block.block_id, None)
-            async with self._changed:
-                self._changed.notify_all()
+            self._notify()
 
     async def _stage(self, block: LogCacheBlock) -> _Staged | None:
         """Reserve object ids, build the objects and PUT them; None if there is nothing."""
@@ -377,11 +501,13 @@ class S3Storage:
         first_id = await self.metadata.prepare_object(
             plan.object_count, self.config.object_prepare_ttl_ms
         )
+        if block.order_id < 0:
+            block.order_id = first_id  # kept across retries: SSO order follows data order
         ids = iter(range(first_id, first_id + plan.object_count))
         sso_id = next(ids) if plan.stream_set else -1
         so_ids = [next(ids) for _ in plan.stream_objects]
         block_size = self.config.object_block_size
-        # building walks every batch: keep that off the event loop
+        # building walks and copies every batch: keep that off the event loop
         sso, sos = await asyncio.to_thread(
             lambda: (
                 build_object(plan.stream_set, block_size),
@@ -407,41 +533,59 @@ class S3Storage:
             ],
         )
 
-    async def _commit(self, block: LogCacheBlock, staged: _Staged | None) -> bool:
-        """Commit staged objects; False when fenced streams were dropped and it must be redone
-        (the objects just written stay PREPARED and expire)."""
+    async def _commit(self, block: LogCacheBlock, staged: _Staged | None) -> str:
+        """Commit staged objects: "done", or "redo" when refused streams were dropped from
+        ``block`` (the objects just written stay PREPARED and expire). Other metadata refusals
+        raise; transient errors raise too and the same objects are committed again."""
         if staged is None:
-            return True
+            return "done"
         try:
             await self.metadata.commit_stream_set_object(
                 self.node_id,
                 self.node_epoch,
                 staged.sso_id,
-                staged.sso_id,
+                block.order_id,
                 staged.sso_size,
                 staged.ranges,
                 staged.stream_objects,
             )
         except MetadataError as e:
-            if e.code is ErrorCode.STREAM_FENCED and self._drop_fenced(block):
-                return False
+            if e.code in _UNWRITABLE and self._drop_unwritable(block):
+                return "redo"
+            if e.code is ErrorCode.OFFSET_NOT_MATCHED and self._already_committed(staged):
+                return "done"  # an earlier attempt's transaction went through
             raise
+        return "done"
+
+    def _already_committed(self, staged: _Staged) -> bool:
+        ends = [(r.stream_id, r.end_offset) for r in staged.ranges] + [
+            (o.stream_id, o.end_offset) for o in staged.stream_objects
+        ]
+        for stream_id, end in ends:
+            meta = self.metadata.stream(stream_id)
+            if meta is None or meta.end_offset < end:
+                return False
         return True
 
-    def _drop_fenced(self, block: LogCacheBlock) -> bool:
-        """Remove from ``block`` the streams that a newer epoch or another node now owns."""
+    def _drop_unwritable(self, block: LogCacheBlock) -> bool:
+        """Drop from every unuploaded block the streams this node may no longer write: deleted,
+        closed, or opened at a newer epoch or on another node."""
         dropped = []
         for stream_id, run in list(block.records.items()):
             meta = self.metadata.stream(stream_id)
-            owner = meta.ranges[-1].node_id if meta is not None and meta.ranges else None
-            if meta is None or meta.epoch > _epoch(run) or owner != self.node_id:
+            if (
+                meta is None
+                or meta.state != StreamState.OPENED
+                or meta.epoch > _epoch(run)
+                or meta.owner != self.node_id
+            ):
                 dropped.append(stream_id)
-                del block.records[stream_id]
-                self.unregister_stream(stream_id)
+                self.cache.discard_stream(stream_id)
+                self.unregister_stream(stream_id, _epoch(run))
         for stream_id in dropped:
             log.error(
-                "stream %d is fenced by a newer owner: its records from this node were not "
-                "uploaded",
+                "stream %d: this node's unuploaded records were refused (fenced, closed or "
+                "deleted) and dropped",
                 stream_id,
             )
         return bool(dropped)
@@ -517,3 +661,9 @@ class S3Storage:
 
 def _epoch(run: Sequence[StreamRecordBatch]) -> int:
     return max(r.epoch for r in run)
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    """Mark a future's exception as seen: its caller may have been cancelled."""
+    if not future.cancelled():
+        future.exception()

@@ -8,6 +8,8 @@ fail with :class:`StreamFencedError` and its uploads of the stream are refused.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from storage.errors import OffsetOutOfRangeError, StreamClosedError, StreamFencedError
@@ -33,7 +35,7 @@ class S3Stream:
         self.start_offset = start_offset
         self.next_offset = next_offset
         self.closed = False
-        storage.register_stream(stream_id, next_offset)
+        storage.register_stream(stream_id, epoch, next_offset)
 
     @property
     def confirmed_offset(self) -> int:
@@ -43,6 +45,9 @@ class S3Stream:
     def _check_writable(self) -> None:
         if self.closed:
             raise StreamClosedError(f"stream {self.stream_id} is closed")
+        self._check_not_fenced()
+
+    def _check_not_fenced(self) -> None:
         meta = self.storage.metadata.stream(self.stream_id)
         if meta is None or meta.epoch > self.epoch:
             self.closed = True
@@ -56,12 +61,17 @@ class S3Stream:
         if count <= 0:
             raise ValueError(f"count must be positive, got {count}")
         self._check_writable()
+        await self.storage.wait_for_room()
+        self._check_writable()
+        # from here to the WAL write nothing yields, so offsets reach the WAL in order
         base = self.next_offset
         self.next_offset += count
         try:
             await self.storage.append(
                 StreamRecordBatch(self.stream_id, self.epoch, base, count, payload)
             )
+        except asyncio.CancelledError:
+            raise  # the write goes on: the offset stays taken
         except BaseException:
             # offsets after a failed append can no longer be trusted
             self.closed = True
@@ -71,6 +81,7 @@ class S3Stream:
     async def fetch(self, start: int, end: int = -1, max_bytes: int = 1 << 20) -> FetchResult:
         """Batches from the one holding ``start`` towards ``end`` (-1: the confirmed end), about
         ``max_bytes`` but at least one batch when any is available."""
+        self._check_not_fenced()  # a fenced owner's cache may hold offsets the new owner reused
         confirmed = self.confirmed_offset
         if start < self.start_offset or start > confirmed:
             raise OffsetOutOfRangeError(
@@ -111,18 +122,19 @@ class S3Stream:
         if self.closed:
             return
         self.closed = True
+        await self.storage.drain(self.stream_id)
         await self.storage.force_upload()
         await _fenced_as_error(
             self.storage.metadata.close_stream(
                 self.storage.node_id, self.storage.node_epoch, self.stream_id, self.epoch
             )
         )
-        self.storage.unregister_stream(self.stream_id)
+        self.storage.unregister_stream(self.stream_id, self.epoch)
 
 
-async def _fenced_as_error(op: object) -> None:
+async def _fenced_as_error(op: Awaitable[None]) -> None:
     try:
-        await op  # type: ignore[misc]
+        await op
     except MetadataError as e:
         if e.code is ErrorCode.STREAM_FENCED:
             raise StreamFencedError(str(e)) from e
@@ -145,6 +157,7 @@ class StreamClient:
         s = self.storage
         if s.is_open_here(stream_id):
             # a hand-off on this node: what the old epoch acknowledged goes first
+            await s.drain(stream_id)
             await s.force_upload()
         try:
             meta = await s.metadata.open_stream(s.node_id, s.node_epoch, stream_id, epoch)
