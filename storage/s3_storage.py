@@ -41,7 +41,7 @@ from storage.operator import open_object_store
 from storage.operator.base import ObjectStore
 from storage.stream_record_batch import StreamRecordBatch
 from storage.upload import build_object, plan_upload
-from storage.wal import FileWAL
+from storage.wal import FileWAL, WALAppendResult, WALError
 
 log = logging.getLogger("automq.storage")
 
@@ -115,7 +115,6 @@ class S3Storage:
         self._uploader: asyncio.Task[None] | None = None
         self._upload_tasks: dict[int, asyncio.Task[None]] = {}
         self._upload_slots = asyncio.Semaphore(UPLOADS_IN_FLIGHT)
-        self._writes: set[asyncio.Task[None]] = set()
         self._closing = False
         self._failed: BaseException | None = None
 
@@ -362,30 +361,39 @@ class S3Storage:
             raise StreamClosedError(f"stream {batch.stream_id} is not open at epoch {batch.epoch}")
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         done.add_done_callback(_retrieve)
-        state.inflight.add(done)
-        task = asyncio.create_task(self._write(state, batch, done))
-        self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
-        await asyncio.shield(done)
-
-    async def _write(
-        self, state: _StreamState, batch: StreamRecordBatch, done: asyncio.Future[None]
-    ) -> None:
         header = stream_record_batch.encode_header(batch)
         try:
-            result = await self.wal.append([header, batch.payload])
+            durable = self.wal.submit([header, batch.payload])
         except Exception as e:
             self._fail(e)
+            raise StreamClosedError(f"storage failed: {e}") from e
+        state.inflight.add(done)
+        durable.add_done_callback(lambda f: self._on_durable(state, batch, done, f))
+        # the caller may be cancelled; the write, whose offset is taken, goes on
+        await asyncio.shield(done)
+
+    def _on_durable(
+        self,
+        state: _StreamState,
+        batch: StreamRecordBatch,
+        done: asyncio.Future[None],
+        durable: asyncio.Future[WALAppendResult],
+    ) -> None:
+        """The WAL write of ``batch`` finished: confirm it, and every write it held back, in
+        offset order; they enter the cache and their appends return."""
+        if durable.cancelled() or durable.exception() is not None:
+            self._fail(durable.exception() or WALError("WAL write was cancelled"))
             return
         if done.done():  # failed meanwhile
             return
+        result = durable.result()
         state.waiting[batch.base_offset] = _Durable(batch, result.offset, result.next_offset, done)
         while state.confirmed in state.waiting:
-            durable = state.waiting.pop(state.confirmed)
-            self.cache.put(durable.batch, durable.wal_offset, durable.wal_next)
-            state.confirmed = durable.batch.last_offset
-            state.inflight.discard(durable.done)
-            durable.done.set_result(None)
+            record = state.waiting.pop(state.confirmed)
+            self.cache.put(record.batch, record.wal_offset, record.wal_next)
+            state.confirmed = record.batch.last_offset
+            state.inflight.discard(record.done)
+            record.done.set_result(None)
         if self.cache.active.size >= self.config.wal_upload_threshold:
             # seal now, so objects stay near the threshold however busy the uploads are
             self.cache.seal()

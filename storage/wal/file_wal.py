@@ -453,6 +453,18 @@ class FileWAL:
         The buffers are written as given, not copied: do not mutate them until this returns.
         Raises ``WALError`` when the record can never fit, or the WAL is closed or failed.
         """
+        # Cancelling the caller cancels the future: a record not yet taken into a batch is then
+        # dropped; one already being written still lands in the log, unacknowledged.
+        return await self.submit(body)
+
+    def submit(
+        self, body: bytes | bytearray | memoryview | Sequence[bytes | bytearray | memoryview]
+    ) -> asyncio.Future[WALAppendResult]:
+        """Queue one record now and return the future of its durable append (as ``append``).
+
+        Records are queued in call order. Without a coroutine per record this is the cheap
+        path for callers that chain completion callbacks.
+        """
         self._check_open()
         if not self._recovered:
             raise WALError("consume recover() before the first append")
@@ -469,9 +481,7 @@ class FileWAL:
         future: asyncio.Future[WALAppendResult] = asyncio.get_running_loop().create_future()
         self._queue.append(_Pending(parts, length, future))
         self._wake.set()
-        # Cancelling the caller cancels the future: a record not yet taken into a batch is then
-        # dropped; one already being written still lands in the log, unacknowledged.
-        return await future
+        return future
 
     async def _run_writer(self) -> None:
         try:
