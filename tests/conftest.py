@@ -7,9 +7,16 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from storage.operator import LocalObjectStore, S3ObjectStore
 from tests.support.seaweedfs import SeaweedFS
+
+# CI machines are small and shared: time limits per example would make fuzz tests flaky.
+settings.register_profile(
+    "automq", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
+)
+settings.load_profile("automq")
 
 
 @pytest.fixture(scope="session")
