@@ -18,7 +18,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from storage import stream_record_batch
@@ -215,9 +215,9 @@ class S3Storage:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    async def _wait_until(self, ready: object) -> None:
+    async def _wait_until(self, ready: Callable[[], bool]) -> None:
         """Wait until ``ready()`` holds; StreamClosedError if the storage fails or closes."""
-        while not ready():  # type: ignore[operator]
+        while not ready():
             if self._failed is not None:
                 raise StreamClosedError(f"storage failed: {self._failed}")
             if self._closing:
