@@ -25,6 +25,7 @@ PARTITION = "PARTITION"
 LOG = "LOG"
 LEADER_EPOCH_CHECKPOINT = "LEADER_EPOCH_CHECKPOINT"
 PRODUCER_SNAPSHOTS = "PRODUCER_SNAPSHOTS"
+PRODUCER_SNAPSHOT_KEY_PREFIX = "PRODUCER_SNAPSHOT_"  # + offset: one snapshot per key in AutoMQ
 KNOWN_KEYS = (PARTITION, LOG, LEADER_EPOCH_CHECKPOINT, PRODUCER_SNAPSHOTS)
 
 
@@ -34,16 +35,20 @@ class InvalidMetaRecordError(ValueError):
 
 @dataclass(slots=True, frozen=True)
 class MetaKeyValue:
+    """One MetaStream record: ``key`` now has ``value``."""
+
     key: str
     value: bytes
 
 
 def encode(record: MetaKeyValue) -> bytes:
+    """The record's bytes: the payload of one MetaStream append (count 1)."""
     key = record.key.encode()
     return _HEAD.pack(MAGIC, len(key)) + key + record.value
 
 
 def decode(buf: bytes | memoryview) -> MetaKeyValue:
+    """Parse one record; :class:`InvalidMetaRecordError` if ``buf`` is not one."""
     if len(buf) < _HEAD.size:
         raise InvalidMetaRecordError("MetaStream record shorter than its 5-byte header")
     magic, key_len = _HEAD.unpack_from(buf, 0)

@@ -1,0 +1,509 @@
+"""ElasticLog: a Kafka partition as a MetaStream plus data streams (AutoMQ's ``ElasticLog``).
+
+The metadata KV maps ``<namespace>/<topicId>/<partition>`` to the MetaStream id (an 8-byte
+big-endian long). The MetaStream holds ``PARTITION`` (log start offset, clean shutdown flag),
+``LOG`` (stream ids and segments, see :mod:`automq_py.log.elastic_log_meta`) and
+``LEADER_EPOCH_CHECKPOINT``. The segments are slices of the ``log`` (record batches) and ``tim``
+(time index) streams; ``txn`` stays -1 until transactions need it.
+
+Every stream is opened at the partition's epoch, so opening the log on a new owner fences the
+old one. ``LOG`` is written when a segment is created, rolled or dropped and on close; the
+active segment reaches the log stream's end, so batches acknowledged after the last ``LOG``
+write are still part of the log after a crash. An unclean stop (``PARTITION`` ``cs`` false) is
+repaired on open by re-scanning the active segment.
+
+Appends run one at a time: each waits until its batch is durable (the WAL groups the writes of
+many partitions), so the log end offset is also the high watermark on a single node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import dataclasses
+import logging
+import struct
+import time
+from collections.abc import Callable
+
+from automq_py.log import meta_stream_record as keys
+from automq_py.log.elastic_log_meta import (
+    LOG_STREAM,
+    NO_STREAM,
+    NO_TIMESTAMP,
+    TIME_STREAM,
+    TXN_STREAM,
+    ElasticLogMeta,
+    ElasticPartitionMeta,
+    ElasticStreamSegmentMeta,
+)
+from automq_py.log.elastic_log_segment import ElasticLogSegment
+from automq_py.log.leader_epoch_cache import LeaderEpochCache
+from automq_py.log.log_config import LogConfig
+from automq_py.log.meta_stream import MetaStream
+from automq_py.log.meta_stream_record import LeaderEpochCheckpoint
+from automq_py.log.time_index import SegmentTimeIndex
+from storage.errors import OffsetOutOfRangeError, StreamClosedError
+from storage.metadata.manager import MetadataManager
+from storage.stream import S3Stream, StreamClient
+
+log = logging.getLogger(__name__)
+
+STREAM_ID = struct.Struct(">q")
+
+
+class LogOffsetOutOfRangeError(OffsetOutOfRangeError):
+    """An offset outside ``[log_start_offset, log_end_offset]``: Kafka's OFFSET_OUT_OF_RANGE."""
+
+    def __init__(self, offset: int, log_start_offset: int, log_end_offset: int) -> None:
+        super().__init__(
+            f"offset {offset} is outside the log [{log_start_offset}, {log_end_offset}]"
+        )
+        self.offset = offset
+        self.log_start_offset = log_start_offset
+        self.log_end_offset = log_end_offset
+
+
+class CorruptLogMetaError(RuntimeError):
+    """The MetaStream's records do not describe a usable log."""
+
+
+def meta_stream_key(namespace: str, topic_id: str, partition: int) -> str:
+    """The metadata KV key holding a partition's MetaStream id."""
+    return f"{namespace}/{topic_id}/{partition}"
+
+
+def _wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class ElasticLog:
+    """One partition's log. Build it with :meth:`open`."""
+
+    def __init__(
+        self,
+        *,
+        client: StreamClient,
+        meta_stream: MetaStream,
+        streams: dict[str, S3Stream],
+        stream_map: dict[str, int],
+        segments: list[ElasticLogSegment],
+        partition_meta: ElasticPartitionMeta,
+        leader_epochs: LeaderEpochCache,
+        config: LogConfig,
+        epoch: int,
+        clock: Callable[[], int],
+    ) -> None:
+        self.client = client
+        self.meta_stream = meta_stream
+        self.config = config
+        self.epoch = epoch
+        self._streams = streams
+        self._stream_map = stream_map
+        self._segments = segments
+        self._partition_meta = partition_meta
+        self._leader_epochs = leader_epochs
+        self._clock = clock
+        self._lock = asyncio.Lock()  # appends, rolls, meta writes: one at a time
+        self._closed = False
+
+    # -- open ------------------------------------------------------------------------------------
+
+    @classmethod
+    async def open(
+        cls,
+        client: StreamClient,
+        metadata: MetadataManager,
+        namespace: str,
+        topic_id: str,
+        partition: int,
+        epoch: int,
+        config: LogConfig,
+        *,
+        clock: Callable[[], int] | None = None,
+    ) -> ElasticLog:
+        """Open (or create) the partition's log at ``epoch``, fencing any previous owner."""
+        clock = clock or _wall_clock_ms
+        key = meta_stream_key(namespace, topic_id, partition)
+        raw = metadata.get_kv(key)
+        if raw is None:
+            stream = await client.create_and_open(epoch)
+            # the KV first: a retry after a crash reuses this MetaStream instead of leaking it
+            await metadata.put_kv(key, STREAM_ID.pack(stream.stream_id))
+        else:
+            if len(raw) != STREAM_ID.size:
+                raise CorruptLogMetaError(f"KV {key!r} holds {len(raw)} bytes, not an 8-byte id")
+            (stream_id,) = STREAM_ID.unpack(raw)
+            stream = await client.open(stream_id, epoch)
+        meta_stream = MetaStream(stream)
+        await meta_stream.replay()
+        if meta_stream.get(keys.LOG) is None:
+            return await cls._create(client, meta_stream, epoch, config, clock)
+        return await cls._load(client, meta_stream, epoch, config, clock)
+
+    @classmethod
+    async def _create(
+        cls,
+        client: StreamClient,
+        meta_stream: MetaStream,
+        epoch: int,
+        config: LogConfig,
+        clock: Callable[[], int],
+    ) -> ElasticLog:
+        log_stream = await client.create_and_open(epoch)
+        time_stream = await client.create_and_open(epoch)
+        streams = {LOG_STREAM: log_stream, TIME_STREAM: time_stream}
+        stream_map = {
+            LOG_STREAM: log_stream.stream_id,
+            TIME_STREAM: time_stream.stream_id,
+            TXN_STREAM: NO_STREAM,
+        }
+        first = ElasticStreamSegmentMeta.new_active(
+            0, clock(), log_stream.next_offset, time_stream.next_offset, 0
+        )
+        elastic_log = cls(
+            client=client,
+            meta_stream=meta_stream,
+            streams=streams,
+            stream_map=stream_map,
+            segments=[],
+            partition_meta=ElasticPartitionMeta(),
+            leader_epochs=LeaderEpochCache(),
+            config=config,
+            epoch=epoch,
+            clock=clock,
+        )
+        elastic_log._segments.append(elastic_log._segment(first))
+        # the records AutoMQ writes for a new partition, in its order
+        await meta_stream.put(keys.PARTITION, elastic_log._partition_meta.encode())
+        await elastic_log._persist_log_meta()
+        await elastic_log._persist_leader_epochs()
+        log.info("created log with MetaStream %d, streams %s", meta_stream.stream_id, stream_map)
+        return elastic_log
+
+    @classmethod
+    async def _load(
+        cls,
+        client: StreamClient,
+        meta_stream: MetaStream,
+        epoch: int,
+        config: LogConfig,
+        clock: Callable[[], int],
+    ) -> ElasticLog:
+        log_meta = ElasticLogMeta.decode(meta_stream.get(keys.LOG) or b"")
+        raw_partition = meta_stream.get(keys.PARTITION)
+        partition_meta = (
+            ElasticPartitionMeta.decode(raw_partition) if raw_partition else ElasticPartitionMeta()
+        )
+        raw_epochs = meta_stream.get(keys.LEADER_EPOCH_CHECKPOINT)
+        epochs = LeaderEpochCache(
+            LeaderEpochCheckpoint.decode(raw_epochs).entries if raw_epochs else ()
+        )
+        if not log_meta.segment_metas:
+            raise CorruptLogMetaError(f"MetaStream {meta_stream.stream_id}: LOG has no segments")
+        streams = {
+            name: await client.open(stream_id, epoch)
+            for name, stream_id in log_meta.stream_map.items()
+            if stream_id != NO_STREAM
+        }
+        elastic_log = cls(
+            client=client,
+            meta_stream=meta_stream,
+            streams=streams,
+            stream_map=dict(log_meta.stream_map),
+            segments=[],
+            partition_meta=partition_meta,
+            leader_epochs=epochs,
+            config=config,
+            epoch=epoch,
+            clock=clock,
+        )
+        elastic_log._segments.extend(elastic_log._segment(m) for m in log_meta.segment_metas)
+        first_base = elastic_log._segments[0].base_offset
+        if partition_meta.start_offset < first_base:
+            elastic_log._partition_meta = dataclasses.replace(
+                partition_meta, start_offset=first_base
+            )
+        if not partition_meta.cleaned_shutdown:
+            await elastic_log._recover()
+        # from now on a crash must be noticed on the next open
+        elastic_log._partition_meta = dataclasses.replace(
+            elastic_log._partition_meta, cleaned_shutdown=False
+        )
+        await meta_stream.put(keys.PARTITION, elastic_log._partition_meta.encode())
+        log.info(
+            "opened log with MetaStream %d at epoch %d: [%d, %d), %d segments%s",
+            meta_stream.stream_id,
+            epoch,
+            elastic_log.log_start_offset,
+            elastic_log.log_end_offset,
+            len(elastic_log._segments),
+            "" if partition_meta.cleaned_shutdown else ", recovered after an unclean stop",
+        )
+        return elastic_log
+
+    def _segment(self, meta: ElasticStreamSegmentMeta) -> ElasticLogSegment:
+        log_name = LOG_STREAM + meta.stream_suffix
+        time_name = TIME_STREAM + meta.stream_suffix
+        if log_name not in self._streams or time_name not in self._streams:
+            raise CorruptLogMetaError(
+                f"segment {meta.base_offset} needs streams {log_name!r} and {time_name!r}, "
+                f"the stream map has {self._stream_map}"
+            )
+        time_index = SegmentTimeIndex(
+            self._streams[time_name],
+            meta.base_offset,
+            meta.time,
+            meta.time_index_last_entry,
+            index_interval_bytes=self.config.index_interval_bytes,
+            max_entries=self.config.max_time_index_entries,
+        )
+        return ElasticLogSegment(meta, self._streams[log_name], time_index)
+
+    async def _recover(self) -> None:
+        """After an unclean stop: rebuild the active segment's state from its batches."""
+        active = self._segments[-1]
+        if active.log_stream.confirmed_offset < active.log_slice.start:
+            raise CorruptLogMetaError(
+                f"log stream {active.log_stream.stream_id} ends at "
+                f"{active.log_stream.confirmed_offset}, before the active segment's slice "
+                f"{active.log_slice}"
+            )
+        changed = False
+        for epoch, offset in await active.recover():
+            latest = self._leader_epochs.latest_epoch
+            if latest is None or epoch > latest:
+                changed |= self._leader_epochs.assign(epoch, offset)
+        if changed:
+            await self._persist_leader_epochs()
+
+    # -- state -----------------------------------------------------------------------------------
+
+    @property
+    def meta_stream_id(self) -> int:
+        return self.meta_stream.stream_id
+
+    @property
+    def stream_map(self) -> dict[str, int]:
+        """Stream name (``log``, ``tim``, ``txn``...) -> stream id, -1 when not created."""
+        return dict(self._stream_map)
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._partition_meta.start_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        """The next offset to append at; every offset below is durable."""
+        return self._segments[-1].next_offset
+
+    @property
+    def high_watermark(self) -> int:
+        """On a single node every durable offset is committed: the log end offset."""
+        return self.log_end_offset
+
+    @property
+    def segments(self) -> list[ElasticStreamSegmentMeta]:
+        """The segments as ``LOG`` would record them now, in offset order."""
+        return [s.meta() for s in self._segments]
+
+    @property
+    def leader_epoch_cache(self) -> LeaderEpochCache:
+        return self._leader_epochs
+
+    @property
+    def size_in_bytes(self) -> int:
+        return sum(s.size for s in self._segments)
+
+    # -- write -----------------------------------------------------------------------------------
+
+    async def append(
+        self,
+        batch: bytes | memoryview,
+        *,
+        base_offset: int,
+        record_count: int,
+        max_timestamp: int,
+        first_timestamp: int,
+    ) -> None:
+        """Append one Kafka record batch whose header already says ``base_offset`` (which must
+        be :attr:`log_end_offset`); durable when this returns. Rolls the active segment first
+        when ``segment.bytes``, ``segment.ms`` or its time index says so.
+
+        ``first_timestamp`` (the batch's base timestamp) is accepted for symmetry with
+        Kafka's append info; rolling and indexing use ``max_timestamp``, as Kafka does.
+        """
+        if record_count <= 0:
+            raise ValueError(f"record_count must be positive, got {record_count}")
+        del first_timestamp
+        async with self._lock:
+            self._check_open()
+            if base_offset != self.log_end_offset:
+                raise ValueError(
+                    f"batch base offset {base_offset} is not the log end offset "
+                    f"{self.log_end_offset}"
+                )
+            now = self._clock()
+            last_offset = base_offset + record_count - 1
+            if self._segments[-1].should_roll(
+                self.config, len(batch), last_offset, max_timestamp, now
+            ):
+                await self._roll(now)
+            await self._segments[-1].append(batch, base_offset, record_count, max_timestamp, now)
+
+    async def roll(self) -> None:
+        """Start a new active segment now (if the current one holds anything)."""
+        async with self._lock:
+            self._check_open()
+            if self._segments[-1].size > 0:
+                await self._roll(self._clock())
+
+    async def _roll(self, now: int) -> None:
+        old = self._segments[-1]
+        await old.seal(self._txn_next_offset())
+        meta = ElasticStreamSegmentMeta.new_active(
+            old.next_offset,
+            now,
+            self._streams[LOG_STREAM].next_offset,
+            self._streams[TIME_STREAM].next_offset,
+            self._txn_next_offset(),
+        )
+        self._segments.append(self._segment(meta))
+        await self._persist_log_meta()
+        log.debug("rolled segment %d at offset %d", old.base_offset, meta.base_offset)
+
+    def _txn_next_offset(self) -> int:
+        txn = self._streams.get(TXN_STREAM)
+        return txn.next_offset if txn is not None else 0
+
+    async def truncate_start(self, new_start: int) -> None:
+        """Move the log start offset to ``new_start`` (DeleteRecords, retention): offsets
+        below it can no longer be read; whole segments below it are dropped and the streams
+        trimmed to what the remaining segments use."""
+        async with self._lock:
+            self._check_open()
+            if new_start <= self.log_start_offset:
+                return
+            if new_start > self.log_end_offset:
+                raise LogOffsetOutOfRangeError(
+                    new_start, self.log_start_offset, self.log_end_offset
+                )
+            # the start offset first: once it is durable nothing below it is read again
+            self._partition_meta = dataclasses.replace(self._partition_meta, start_offset=new_start)
+            await self.meta_stream.put(keys.PARTITION, self._partition_meta.encode())
+            keep = [s for s in self._segments if s.is_active or s.next_offset > new_start]
+            dropped = len(self._segments) - len(keep)
+            if dropped:
+                self._segments = keep
+                await self._persist_log_meta()
+            if self._leader_epochs.truncate_from_start(new_start):
+                await self._persist_leader_epochs()
+            await self._trim_streams()
+            log.debug("log start moved to %d, %d segments dropped", new_start, dropped)
+
+    async def _trim_streams(self) -> None:
+        """Trim each data stream to the first slice a remaining segment uses."""
+        starts: dict[str, int] = {}
+        for s in self._segments:
+            for name, start in (
+                (LOG_STREAM + s.stream_suffix, s.log_slice.start),
+                (TIME_STREAM + s.stream_suffix, s.time_index.slice_start),
+            ):
+                starts[name] = min(starts.get(name, start), start)
+        for name, start in starts.items():
+            await self._streams[name].trim(start)
+
+    async def assign_leader_epoch(self, epoch: int, start_offset: int) -> None:
+        """Record that leader ``epoch`` starts at ``start_offset`` (LEADER_EPOCH_CHECKPOINT)."""
+        async with self._lock:
+            self._check_open()
+            if self._leader_epochs.assign(epoch, start_offset):
+                await self._persist_leader_epochs()
+
+    async def close(self) -> None:
+        """Index the active segment's max timestamp, write ``LOG`` and ``PARTITION`` with
+        ``cs`` true (the next open trusts them), then close every stream."""
+        async with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            active = self._segments[-1]
+            await active.time_index.maybe_append(active.time_index.max_so_far)
+            await self._persist_log_meta()
+            self._partition_meta = dataclasses.replace(
+                self._partition_meta, recover_offset=self.log_end_offset, cleaned_shutdown=True
+            )
+            await self.meta_stream.put(keys.PARTITION, self._partition_meta.encode())
+            await self.meta_stream.close()
+            for stream in self._streams.values():
+                await stream.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StreamClosedError("the log is closed")
+
+    async def _persist_log_meta(self) -> None:
+        meta = ElasticLogMeta(dict(self._stream_map), tuple(s.meta() for s in self._segments))
+        await self.meta_stream.put(keys.LOG, meta.encode())
+
+    async def _persist_leader_epochs(self) -> None:
+        await self.meta_stream.put(
+            keys.LEADER_EPOCH_CHECKPOINT, self._leader_epochs.checkpoint().encode()
+        )
+
+    # -- read ------------------------------------------------------------------------------------
+
+    async def read(
+        self, offset: int, max_bytes: int, *, max_offset: int | None = None
+    ) -> list[memoryview]:
+        """Kafka record batches from the one holding ``offset``: whole batches up to
+        ``max_bytes``, at least one when any is available, none starting at or after
+        ``max_offset``. Raises :class:`LogOffsetOutOfRangeError` outside
+        ``[log_start_offset, log_end_offset]``."""
+        start, end = self.log_start_offset, self.log_end_offset
+        if offset < start or offset > end:
+            raise LogOffsetOutOfRangeError(offset, start, end)
+        segments = self._segments  # a roll replaces nothing in place: a stable snapshot
+        i = max(bisect.bisect_right([s.base_offset for s in segments], offset) - 1, 0)
+        out: list[memoryview] = []
+        total = 0
+        while i < len(segments):
+            segment = segments[i]
+            views, pos = await segment.read(offset, max_bytes - total, max_offset, not out)
+            out.extend(views)
+            total += sum(len(v) for v in views)
+            if pos < segment.next_offset or total >= max_bytes:
+                break  # the budget or max_offset ended the read inside this segment
+            offset = pos
+            i += 1
+        return out
+
+    async def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
+        """``(offset, max timestamp)`` of the first batch whose max timestamp is >=
+        ``timestamp`` (ListOffsets by time); None past the end. The offset is the batch's
+        base offset (or the log start inside the first batch): a caller that decodes records
+        can step to the exact record."""
+        start = self.log_start_offset
+        for segment in list(self._segments):
+            if segment.max_timestamp >= timestamp and segment.next_offset > start:
+                found = await segment.find_offset_by_timestamp(timestamp, start)
+                if found is not None:
+                    return found
+        return None
+
+    async def max_timestamp_offset(self) -> tuple[int, int]:
+        """``(offset, timestamp)`` of the batch holding the largest timestamp (ListOffsets
+        MAX_TIMESTAMP), the first such batch on ties; ``(-1, -1)`` for an empty log. The offset
+        is the batch's base offset, as in :meth:`offset_for_timestamp`."""
+        best: ElasticLogSegment | None = None
+        for segment in self._segments:
+            if segment.max_timestamp > (best.max_timestamp if best else NO_TIMESTAMP):
+                best = segment
+        if best is None:
+            return -1, NO_TIMESTAMP
+        max_so_far = best.time_index.max_so_far
+        start = self.log_start_offset
+        view = await best.batch_holding(max(max_so_far.offset, start))
+        if view is None:
+            return -1, NO_TIMESTAMP
+        return max(view.header.base_offset, start), max_so_far.timestamp

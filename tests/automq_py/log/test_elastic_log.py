@@ -1,0 +1,268 @@
+"""ElasticLog over a real S3Storage: layout in the MetaStream, append/read across rolls,
+reopen after a clean close and after a crash, truncation and fencing."""
+
+from __future__ import annotations
+
+import itertools
+import struct
+from pathlib import Path
+
+import pytest
+
+from automq_py.log import meta_stream_record as keys
+from automq_py.log.elastic_log import ElasticLog, LogOffsetOutOfRangeError, meta_stream_key
+from automq_py.log.elastic_log_meta import ElasticLogMeta, ElasticPartitionMeta
+from automq_py.log.meta_stream import MetaStream
+from automq_py.log.meta_stream_record import LeaderEpochCheckpoint
+from protocol.record_batch import parse_header
+from storage.errors import StreamFencedError
+from storage.stream import StreamClient
+from tests.automq_py.log.conftest import (
+    NAMESPACE,
+    TOPIC_ID,
+    StorageFactory,
+    append_batches,
+    kafka_batch,
+    open_log,
+    start_storage,
+)
+
+T0 = 1712451146370
+
+
+async def read_everything(log: ElasticLog, start: int = 0, max_bytes: int = 1000) -> list[bytes]:
+    out: list[bytes] = []
+    pos = start
+    while pos < log.log_end_offset:
+        views = await log.read(pos, max_bytes)
+        assert views, f"no progress at {pos}"
+        for v in views:
+            out.append(bytes(v))
+            h = parse_header(v)
+            pos = h.last_offset + 1
+    return out
+
+
+async def test_a_new_partition_writes_what_automq_writes(make_storage: StorageFactory) -> None:
+    storage = await make_storage()
+    log = await open_log(storage, clock=lambda: 1712450996411)
+    raw = storage.metadata.get_kv(meta_stream_key(NAMESPACE, TOPIC_ID, 0))
+    assert raw is not None and len(raw) == 8
+    assert struct.unpack(">q", raw)[0] == log.meta_stream_id
+    # the MetaStream's records, in AutoMQ's order (seed 000)
+    records = []
+    stream = log.meta_stream.stream
+    result = await stream.fetch(0, -1, 1 << 20)
+    for batch in result.batches:
+        records.append(keys.decode(batch.payload))
+    assert [r.key for r in records] == [keys.PARTITION, keys.LOG, keys.LEADER_EPOCH_CHECKPOINT]
+    assert records[0].value == b'{"s":0,"c":0,"r":0,"cs":false}'
+    log_id, tim_id = log.stream_map["log"], log.stream_map["tim"]
+    assert records[1].value == (
+        b'{"streamMap":{"log":%d,"tim":%d,"txn":-1},"segmentMetas":[{"bo":0,"ct":1712450996411,'
+        b'"lmt":0,"s":"","lsz":0,"ls":{"s":0,"e":-1},"ts":{"s":0,"e":-1},"txs":{"s":0,"e":-1},'
+        b'"fbt":0,"tle":{"t":-1,"o":0}}]}' % (log_id, tim_id)
+    )
+    assert str(LeaderEpochCheckpoint.decode(records[2].value)) == (
+        "ElasticLeaderEpochCheckpointMeta{version=0, entries=[]}"
+    )
+    await log.assign_leader_epoch(0, 0)
+    assert log.leader_epoch_cache.entries == ((0, 0),)
+    assert (log.log_start_offset, log.log_end_offset, log.high_watermark) == (0, 0, 0)
+    assert await log.read(0, 1000) == []
+    assert await log.offset_for_timestamp(0) is None
+    assert await log.max_timestamp_offset() == (-1, -1)
+    await log.close()
+
+
+async def test_append_and_read_across_segment_rolls(make_storage: StorageFactory) -> None:
+    storage = await make_storage()
+    log = await open_log(storage, segment_bytes=1000, index_interval_bytes=300)
+    batches = await append_batches(log, [T0 + i for i in range(40)], count=3, size=100)
+    assert log.log_end_offset == 120
+    segments = log.segments
+    assert len(segments) == 7  # six batches of 161 bytes fit in 1000
+    assert [s.base_offset for s in segments] == [18 * i for i in range(7)]
+    for prev, nxt in itertools.pairwise(segments):
+        assert prev.log.end == nxt.log.start == nxt.base_offset
+        assert prev.time.end == nxt.time.start and prev.time.end % 12 == 0
+        assert prev.log_size == 6 * 161 and prev.first_batch_timestamp == T0 + prev.base_offset // 3
+        # a sealed segment's last index entry is its largest timestamp
+        assert prev.time_index_last_entry.timestamp == T0 + nxt.base_offset // 3 - 1
+    assert segments[-1].log.end == -1 and segments[-1].log_size == 4 * 161
+    # the LOG record describes the same segments
+    logged = ElasticLogMeta.decode(log.meta_stream.get(keys.LOG) or b"")
+    assert [s.base_offset for s in logged.segment_metas] == [s.base_offset for s in segments]
+    # read at every offset: the first batch holds it
+    for offset in range(120):
+        views = await log.read(offset, 1)
+        assert len(views) == 1 and bytes(views[0]) == batches[offset // 3]
+    assert await read_everything(log, max_bytes=500) == batches
+    # max_bytes is honoured across segments, whole batches only
+    views = await log.read(10, 161 * 10)
+    assert [bytes(v) for v in views] == batches[3:13]
+    views = await log.read(10, 161 * 10, max_offset=21)
+    assert [bytes(v) for v in views] == batches[3:7]
+    assert await log.read(120, 1000) == []
+    with pytest.raises(LogOffsetOutOfRangeError):
+        await log.read(121, 1000)
+    with pytest.raises(ValueError, match="log end offset"):
+        await log.append(
+            batches[0], base_offset=0, record_count=3, max_timestamp=0, first_timestamp=0
+        )
+    await log.close()
+
+
+async def test_segment_ms_rolls_on_record_time(make_storage: StorageFactory) -> None:
+    storage = await make_storage()
+    log = await open_log(storage, segment_ms=1000)
+    await append_batches(log, [T0, T0 + 500, T0 + 1001, T0 + 1500, T0 + 2002])
+    assert [s.base_offset for s in log.segments] == [0, 6, 12]
+    assert [s.first_batch_timestamp for s in log.segments] == [T0, T0 + 1001, T0 + 2002]
+    await log.close()
+
+
+async def test_timestamps_and_max_timestamp(make_storage: StorageFactory) -> None:
+    storage = await make_storage()
+    log = await open_log(storage, segment_bytes=700, index_interval_bytes=0)
+    timestamps = [T0 + t for t in (5, 3, 9, 9, 20, 1, 15, 30, 2, 30)]
+    await append_batches(log, timestamps)
+    assert len(log.segments) > 2
+    assert await log.offset_for_timestamp(T0) == (0, T0 + 5)
+    assert await log.offset_for_timestamp(T0 + 6) == (6, T0 + 9)
+    assert await log.offset_for_timestamp(T0 + 10) == (12, T0 + 20)
+    assert await log.offset_for_timestamp(T0 + 21) == (21, T0 + 30)
+    assert await log.offset_for_timestamp(T0 + 31) is None
+    assert await log.max_timestamp_offset() == (21, T0 + 30)
+    await log.close()
+
+
+async def test_reopen_after_close_gives_the_same_log(make_storage: StorageFactory) -> None:
+    storage = await make_storage()
+    log = await open_log(storage, segment_bytes=1000, index_interval_bytes=200)
+    await log.assign_leader_epoch(0, 0)
+    batches = await append_batches(log, [T0 + i * 10 for i in range(20)])
+    found = await log.offset_for_timestamp(T0 + 95)
+    await log.close()
+    segments = log.segments  # close indexed the active segment's largest timestamp
+    assert segments[-1].time_index_last_entry.timestamp == T0 + 190
+    partition = ElasticPartitionMeta.decode(log.meta_stream.get(keys.PARTITION) or b"")
+    assert partition.cleaned_shutdown and partition.recover_offset == 60
+
+    reopened = await open_log(storage, epoch=1, segment_bytes=1000, index_interval_bytes=200)
+    assert reopened.log_end_offset == 60 and reopened.segments == segments
+    assert reopened.leader_epoch_cache.entries == ((0, 0),)
+    assert await read_everything(reopened) == batches
+    assert await reopened.offset_for_timestamp(T0 + 95) == found == (30, T0 + 100)
+    more = await append_batches(reopened, [T0 + 1000 + i for i in range(10)])
+    assert await read_everything(reopened) == batches + more
+    await reopened.close()
+
+
+async def test_reopen_after_a_crash_recovers_acknowledged_batches(tmp_path: Path) -> None:
+    storage = await start_storage(tmp_path)
+    log = await open_log(storage, segment_bytes=1000, index_interval_bytes=200)
+    await log.assign_leader_epoch(0, 0)
+    batches = await append_batches(log, [T0 + i * 10 for i in range(20)])
+    expected_segments = [
+        (s.base_offset, s.log, s.log_size, s.first_batch_timestamp) for s in log.segments
+    ]
+    expected_times = [await log.offset_for_timestamp(T0 + t) for t in range(0, 200, 7)]
+    await storage.abort()  # no close(): the last batches exist only in the WAL
+
+    storage = await start_storage(tmp_path)
+    try:
+        reopened = await open_log(storage, epoch=1, segment_bytes=1000, index_interval_bytes=200)
+        assert reopened.log_end_offset == 60
+        assert [
+            (s.base_offset, s.log, s.log_size, s.first_batch_timestamp) for s in reopened.segments
+        ] == expected_segments
+        storage.drop_cache()
+        assert await read_everything(reopened) == batches
+        assert [await reopened.offset_for_timestamp(T0 + t) for t in range(0, 200, 7)] == (
+            expected_times
+        )
+        assert await reopened.max_timestamp_offset() == (57, T0 + 190)
+        await append_batches(reopened, [T0 + 500])
+        assert reopened.log_end_offset == 63
+        await reopened.close()
+    finally:
+        await storage.close()
+
+
+async def test_truncate_start_drops_whole_segments(make_storage: StorageFactory) -> None:
+    storage = await make_storage()
+    log = await open_log(storage, segment_bytes=700)
+    await log.assign_leader_epoch(0, 0)
+    await log.assign_leader_epoch(1, 9)
+    batches = await append_batches(log, [T0 + i for i in range(12)])
+    bases = [s.base_offset for s in log.segments]
+    assert bases == [0, 12, 24]
+    await log.truncate_start(13)
+    assert log.log_start_offset == 13
+    assert [s.base_offset for s in log.segments] == [12, 24]
+    assert log.leader_epoch_cache.entries == ((1, 13),)
+    log_stream = log.meta_stream.stream.storage.metadata.stream(log.stream_map["log"])
+    assert log_stream is not None and log_stream.start_offset == 12
+    with pytest.raises(LogOffsetOutOfRangeError):
+        await log.read(12, 1000)
+    views = await log.read(13, 1)
+    assert bytes(views[0]) == batches[4]  # the batch [12, 15) holds 13
+    assert await log.offset_for_timestamp(0) == (13, T0 + 4)
+    with pytest.raises(LogOffsetOutOfRangeError):
+        await log.truncate_start(37)
+    await log.truncate_start(36)  # the active segment stays, empty to read
+    assert [s.base_offset for s in log.segments] == [24]
+    assert await log.read(36, 1000) == []
+    await log.close()
+    reopened = await open_log(storage, epoch=1, segment_bytes=700)
+    assert (reopened.log_start_offset, reopened.log_end_offset) == (36, 36)
+    await reopened.close()
+
+
+async def test_a_higher_epoch_fences_the_first_owner(make_storage: StorageFactory) -> None:
+    storage = await make_storage()
+    first = await open_log(storage, epoch=0)
+    await append_batches(first, [T0])
+    second = await open_log(storage, epoch=1)
+    assert second.log_end_offset == 3
+    with pytest.raises(StreamFencedError):
+        await append_batches(first, [T0 + 1])
+    await append_batches(second, [T0 + 2])
+    assert second.log_end_offset == 6
+    await second.close()
+
+
+async def test_partitions_have_their_own_meta_streams(make_storage: StorageFactory) -> None:
+    storage = await make_storage()
+    a = await open_log(storage, partition=0)
+    b = await open_log(storage, partition=1)
+    assert a.meta_stream_id != b.meta_stream_id
+    await append_batches(a, [T0])
+    assert b.log_end_offset == 0
+    await a.close()
+    await b.close()
+
+
+async def test_a_meta_stream_without_log_is_initialised(make_storage: StorageFactory) -> None:
+    # a crash between storing the KV and writing LOG leaves an empty MetaStream
+    storage = await make_storage()
+    client = StreamClient(storage)
+    stream = await client.create_and_open()
+    key = meta_stream_key(NAMESPACE, TOPIC_ID, 0)
+    await storage.metadata.put_kv(key, struct.pack(">q", stream.stream_id))
+    log = await open_log(storage)
+    assert log.meta_stream_id == stream.stream_id
+    await append_batches(log, [T0])
+    await log.close()
+    replayed = await MetaStream(await client.open(stream.stream_id, 0)).replay()
+    assert set(replayed) == {keys.PARTITION, keys.LOG, keys.LEADER_EPOCH_CHECKPOINT}
+
+
+async def test_kafka_batch_helper_builds_valid_batches() -> None:
+    from protocol.record_batch import crc_is_valid
+
+    data = kafka_batch(30, 3, T0 + 7)
+    h = parse_header(data)
+    assert (h.base_offset, h.records_count, h.max_timestamp) == (30, 3, T0 + 7)
+    assert crc_is_valid(data, h)

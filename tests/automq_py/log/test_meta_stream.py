@@ -1,0 +1,62 @@
+"""MetaStream: key-value replay and compaction over a real stream."""
+
+from __future__ import annotations
+
+from automq_py.log import meta_stream_record
+from automq_py.log.meta_stream import MetaStream
+from automq_py.log.meta_stream_record import MetaKeyValue
+from storage.stream import StreamClient
+from tests.automq_py.log.conftest import StorageFactory
+
+
+async def test_replay_keeps_the_last_value_per_key(make_storage: StorageFactory) -> None:
+    storage = await make_storage()
+    client = StreamClient(storage)
+    stream = await client.create_and_open()
+    meta = MetaStream(stream)
+    await meta.put("PARTITION", b"a")
+    await meta.put("LOG", b"b")
+    await meta.put("PARTITION", b"c")
+    assert meta.get("PARTITION") == b"c" and meta.get("missing") is None
+    assert meta.superseded_records == 1
+    # a record written by AutoMQ in another way: raw bytes, then garbage that is skipped
+    await stream.append(meta_stream_record.encode(MetaKeyValue("LEADER_EPOCH_CHECKPOINT", b"")), 1)
+    await stream.append(b"\x07not a record", 1)
+    replayed = MetaStream(stream)
+    assert await replayed.replay() == {
+        "PARTITION": b"c",
+        "LOG": b"b",
+        "LEADER_EPOCH_CHECKPOINT": b"",
+    }
+    assert replayed.superseded_records == 1
+
+
+async def test_compaction_trims_superseded_records(make_storage: StorageFactory) -> None:
+    storage = await make_storage()
+    client = StreamClient(storage)
+    stream = await client.create_and_open()
+    meta = MetaStream(stream, compaction_threshold=10)
+    await meta.put("A", b"first")
+    for i in range(12):
+        await meta.put("B", str(i).encode())
+    # B10 (offset 11) was the tenth superseded record: the copies of A and B start at 12
+    assert stream.start_offset == 12
+    assert meta.superseded_records == 1  # B11 replaced B10's copy
+    await meta.put("A", b"last")
+    await meta.compact()
+    assert stream.start_offset == 16 and stream.next_offset == 18
+    again = MetaStream(await client.open(stream.stream_id, 1))
+    assert await again.replay() == {"A": b"last", "B": b"11"}
+    assert again.superseded_records == 0
+
+
+async def test_close_compacts_then_closes(make_storage: StorageFactory) -> None:
+    storage = await make_storage()
+    client = StreamClient(storage)
+    meta = MetaStream(await client.create_and_open())
+    for i in range(5):
+        await meta.put("K", bytes([i]))
+    await meta.close()
+    reopened = MetaStream(await client.open(meta.stream_id, 0))
+    assert reopened.stream.start_offset == 5
+    assert await reopened.replay() == {"K": b"\x04"}
