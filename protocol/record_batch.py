@@ -1,5 +1,11 @@
 """Kafka record batch (magic v2) header: a view over the first 61 bytes, no record parsing.
 
+A Produce or Fetch ``records`` field is a sequence of such batches, back to back.
+baseOffset and partitionLeaderEpoch lie before the CRC'd range, so the broker assigns
+them in place without re-checksumming. Legacy message sets (magic 0/1: offset int64,
+size int32, crc int32, magic int8 at the same offset 16) are recognised and refused.
+Record-level parsing and building (compression) lives in ``protocol.records``.
+
 ======  ====================  =====
 offset  field                 bytes
 ======  ====================  =====
@@ -23,23 +29,42 @@ offset  field                 bytes
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import crc32c
+
+from protocol.errors import ProtocolError
 
 HEADER = struct.Struct(">qiibIhiqqqhii")
 HEADER_SIZE = HEADER.size  # 61
 CRC_START = 21
 MAGIC_OFFSET = 16
 LOG_OVERHEAD = 12  # baseOffset + batchLength
+BATCH_LENGTH_OFFSET = 8
+PARTITION_LEADER_EPOCH_OFFSET = 12
+ATTRIBUTES_OFFSET = 21
+_INT64 = struct.Struct(">q")
+_INT32 = struct.Struct(">i")
 
 COMPRESSION = {0: "NONE", 1: "GZIP", 2: "SNAPPY", 3: "LZ4", 4: "ZSTD"}
 
 assert HEADER_SIZE == 61
 
 
-class InvalidRecordBatchError(ValueError):
-    """Bytes that are not a well-formed magic-v2 record batch header."""
+class InvalidRecordBatchError(ProtocolError, ValueError):
+    """Bytes that are not a well-formed magic-v2 record batch."""
+
+
+class LegacyMessageSetError(InvalidRecordBatchError):
+    """A magic 0/1 message set: this broker stores only magic-v2 batches."""
+
+    def __init__(self, magic: int) -> None:
+        super().__init__(
+            f"legacy message format (magic {magic}) is not supported; "
+            "the client must send record batches (magic 2, Kafka >= 0.11)"
+        )
+        self.magic = magic
 
 
 @dataclass(slots=True, frozen=True)
@@ -89,11 +114,13 @@ class RecordBatchHeader:
         return (self.base_sequence + self.last_offset_delta) & 0x7FFFFFFF
 
 
-def parse_header(buf: bytes | memoryview, pos: int = 0) -> RecordBatchHeader:
+def parse_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> RecordBatchHeader:
     """Decode the header at ``pos``; checks size and magic, not the CRC."""
     if len(buf) - pos < HEADER_SIZE:
         raise InvalidRecordBatchError(f"record batch header needs {HEADER_SIZE} bytes")
     header = RecordBatchHeader(*HEADER.unpack_from(buf, pos))
+    if header.magic in (0, 1):
+        raise LegacyMessageSetError(header.magic)
     if header.magic != 2:
         raise InvalidRecordBatchError(f"unsupported record batch magic {header.magic}")
     if header.batch_length < HEADER_SIZE - LOG_OVERHEAD:
@@ -101,16 +128,102 @@ def parse_header(buf: bytes | memoryview, pos: int = 0) -> RecordBatchHeader:
     return header
 
 
-def crc_is_valid(buf: bytes | memoryview, header: RecordBatchHeader, pos: int = 0) -> bool:
+def crc_is_valid(
+    buf: bytes | bytearray | memoryview, header: RecordBatchHeader, pos: int = 0
+) -> bool:
+    """True when the stored CRC-32C matches attributes..end of the batch at ``pos``."""
     end = pos + header.size
     if end > len(buf):
         return False
     return crc32c.crc32c(memoryview(buf)[pos + CRC_START : end]) == header.crc
 
 
-def looks_like_batch(buf: bytes | memoryview) -> bool:
+def looks_like_batch(buf: bytes | bytearray | memoryview) -> bool:
     """True when ``buf`` is exactly one magic-v2 batch (by length and magic)."""
     if len(buf) < HEADER_SIZE or buf[MAGIC_OFFSET] != 2:
         return False
     (length,) = struct.unpack_from(">i", buf, 8)
     return bool(length + LOG_OVERHEAD == len(buf))
+
+
+def validate_batch(
+    buf: bytes | bytearray | memoryview, pos: int = 0, *, from_producer: bool = True
+) -> RecordBatchHeader:
+    """Check the batch at ``pos``: header, size within ``buf``, CRC, record count.
+
+    A producer's batch must have ``recordsCount == lastOffsetDelta + 1 > 0`` (as Kafka's
+    LogValidator requires); a stored batch (``from_producer=False``, e.g. after
+    compaction) may hold fewer records than its offset range.
+    """
+    header = parse_header(buf, pos)
+    if pos + header.size > len(buf):
+        raise InvalidRecordBatchError(
+            f"record batch of {header.size} bytes runs past the end ({len(buf) - pos} left)"
+        )
+    if not crc_is_valid(buf, header, pos):
+        raise InvalidRecordBatchError("record batch CRC-32C mismatch")
+    count, span = header.records_count, header.last_offset_delta + 1
+    if from_producer:
+        if count <= 0 or count != span:
+            raise InvalidRecordBatchError(
+                f"record count {count} does not match lastOffsetDelta {header.last_offset_delta}"
+            )
+    elif count < 0 or span <= 0 or count > span:
+        raise InvalidRecordBatchError(
+            f"record count {count} is impossible for lastOffsetDelta {header.last_offset_delta}"
+        )
+    return header
+
+
+def iter_batches(
+    records: bytes | bytearray | memoryview,
+) -> Iterator[tuple[RecordBatchHeader, memoryview]]:
+    """Split a ``records`` field into its batches: (header, view of the whole batch).
+
+    Checks framing only (header, sizes); run ``validate_batch`` for CRC and counts.
+    A trailing partial batch is an error (a producer never sends one).
+    """
+    view = memoryview(records)
+    pos = 0
+    end = len(view)
+    while pos < end:
+        if end - pos < LOG_OVERHEAD + 5:
+            raise InvalidRecordBatchError(f"{end - pos} trailing bytes are not a record batch")
+        magic = view[pos + MAGIC_OFFSET]
+        if magic in (0, 1):
+            raise LegacyMessageSetError(magic)
+        header = parse_header(view, pos)
+        stop = pos + header.size
+        if stop > end:
+            raise InvalidRecordBatchError(
+                f"record batch of {header.size} bytes runs past the end ({end - pos} left)"
+            )
+        yield header, view[pos:stop]
+        pos = stop
+
+
+def assign_offsets(
+    buf: bytearray | memoryview,
+    base_offset: int,
+    partition_leader_epoch: int | None = None,
+    pos: int = 0,
+) -> None:
+    """Write baseOffset (and partitionLeaderEpoch) into the writable batch at ``pos``.
+
+    Both fields precede the CRC'd range, so the CRC stays valid.
+    """
+    _INT64.pack_into(buf, pos, base_offset)
+    if partition_leader_epoch is not None:
+        _INT32.pack_into(buf, pos + PARTITION_LEADER_EPOCH_OFFSET, partition_leader_epoch)
+
+
+def rewrite_crc(buf: bytearray | memoryview, pos: int = 0) -> int:
+    """Recompute and store the CRC of the writable batch at ``pos`` (after editing
+    attributes or later fields); return the new CRC."""
+    (length,) = _INT32.unpack_from(buf, pos + BATCH_LENGTH_OFFSET)
+    end = pos + LOG_OVERHEAD + length
+    if length < HEADER_SIZE - LOG_OVERHEAD or end > len(buf):
+        raise InvalidRecordBatchError("record batch length does not fit the buffer")
+    crc: int = crc32c.crc32c(memoryview(buf)[pos + CRC_START : end])
+    struct.pack_into(">I", buf, pos + 17, crc)
+    return crc

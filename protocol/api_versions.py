@@ -1,0 +1,78 @@
+"""The ApiVersions response, built from the broker's table of supported versions.
+
+ApiVersions response body (header is always response header v0, KIP-511):
+
+=========================  ========  ===========================================
+field                      versions  type
+=========================  ========  ===========================================
+error_code                 0+        int16
+api_keys                   0+        ARRAY of (api_key int16, min_version int16,
+                                     max_version int16)
+throttle_time_ms           1+        int32
+supported_features etc.    3+        TAGGED_FIELDS (left empty here)
+=========================  ========  ===========================================
+
+KIP-511: when a client asks for an ApiVersions version the broker does not know, the
+broker answers in v0 with UNSUPPORTED_VERSION (35) and its api_keys, so the client can
+pick a version both sides support and ask again.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+from kio.static.primitive import i16, i32Timedelta
+
+from protocol import wire
+from protocol.errors import ErrorCode
+from protocol.headers import ResponseHeaderInfo
+from protocol.messages import encode_response, response_schema
+
+API_KEY = 18
+
+
+def build_api_versions_response(
+    version: int,
+    supported: Mapping[int, tuple[int, int]],
+    error_code: ErrorCode = ErrorCode.NONE,
+    throttle_time_ms: int = 0,
+) -> Any:
+    """The kio ``ApiVersionsResponse`` of ``version`` listing ``supported`` (sorted by key)."""
+    schema = response_schema(API_KEY, version)
+    # kio defines the nested ApiVersion struct in the same module as each response.
+    api_version_cls = importlib.import_module(schema.__module__).ApiVersion
+    keys = tuple(
+        api_version_cls(api_key=i16(key), min_version=i16(lo), max_version=i16(hi))
+        for key, (lo, hi) in sorted(supported.items())
+    )
+    kwargs: dict[str, Any] = {"error_code": error_code, "api_keys": keys}
+    if version >= 1:
+        kwargs["throttle_time"] = i32Timedelta.parse(
+            datetime.timedelta(milliseconds=throttle_time_ms)
+        )
+    return schema(**kwargs)
+
+
+def encode_api_versions_response(
+    correlation_id: int,
+    version: int,
+    supported: Mapping[int, tuple[int, int]],
+    throttle_time_ms: int = 0,
+) -> list[wire.Buffer]:
+    """A framed ApiVersions response; an unknown ``version`` gets the KIP-511 v0 answer."""
+    lo, hi = supported.get(API_KEY, (0, -1))
+    if not lo <= version <= hi:
+        return encode_unsupported_api_versions(correlation_id, supported)
+    body = build_api_versions_response(version, supported, ErrorCode.NONE, throttle_time_ms)
+    return encode_response(ResponseHeaderInfo(API_KEY, version, correlation_id), body)
+
+
+def encode_unsupported_api_versions(
+    correlation_id: int, supported: Mapping[int, tuple[int, int]]
+) -> list[wire.Buffer]:
+    """KIP-511: a v0 response with UNSUPPORTED_VERSION and the supported ranges."""
+    body = build_api_versions_response(0, supported, ErrorCode.UNSUPPORTED_VERSION)
+    return encode_response(ResponseHeaderInfo(API_KEY, 0, correlation_id), body)

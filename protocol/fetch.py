@@ -1,0 +1,229 @@
+"""Fetch response encoding that hands record bytes to the socket without copying them.
+
+kio would need each partition's records as one ``bytes`` (a join of cached batches)
+and then copies it again into its output. Here each partition's records are a
+sequence of buffers (one per batch or cache block) that end up, untouched, as
+separate items of the returned buffer list, ready for ``transport.writelines``.
+
+Fetch response body, v4-v18 (v12+ flexible: compact lengths and TAGGED_FIELDS):
+
+=========================  =========  ===============================================
+field                      versions   type
+=========================  =========  ===============================================
+throttle_time_ms           all        int32
+error_code                 7+         int16
+session_id                 7+         int32
+responses                  all        ARRAY of topic
+  topic / topic_id         4-12/13+   STRING / UUID
+  partitions               all        ARRAY of partition
+    partition_index        all        int32
+    error_code             all        int16
+    high_watermark         all        int64
+    last_stable_offset     4+         int64
+    log_start_offset       5+         int64
+    aborted_transactions   4+         nullable ARRAY of (producer_id int64,
+                                      first_offset int64)
+    preferred_read_replica 11+        int32
+    records                all        nullable RECORDS
+    (tags)                 12+        0 diverging_epoch (epoch int32, end_offset
+                                      int64), 1 current_leader (leader_id int32,
+                                      leader_epoch int32)
+  (tags)                   12+        none
+(tags)                     12+        0 node_endpoints (16+): ARRAY of (node_id
+                                      int32, host STRING, port int32, rack
+                                      nullable STRING)
+=========================  =========  ===============================================
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from protocol import headers, wire
+from protocol.framing import SIZE
+
+MIN_VERSION = 4
+MAX_VERSION = 18
+FIRST_FLEXIBLE_VERSION = 12
+FIRST_TOPIC_ID_VERSION = 13
+API_KEY = 1
+
+# Records smaller than this are copied into the surrounding bytes: a separate list
+# item costs more than copying a few hundred bytes.
+COPY_THRESHOLD = 2048
+
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+_PARTITION_HEAD = struct.Struct(">ihq")  # partition_index, error_code, high_watermark
+_I64 = struct.Struct(">q")
+_ABORTED = struct.Struct(">qq")
+_DIVERGING = struct.Struct(">iq")
+_LEADER = struct.Struct(">ii")
+_NULL_UUID = bytes(16)
+
+
+@dataclass(slots=True, frozen=True)
+class AbortedTransaction:
+    """A transaction aborted inside the returned records (read_committed consumers)."""
+
+    producer_id: int
+    first_offset: int
+
+
+@dataclass(slots=True, frozen=True)
+class FetchPartitionResult:
+    """One partition of a Fetch response; ``records`` are the batches' bytes, in order."""
+
+    partition_index: int
+    error_code: int = 0
+    high_watermark: int = -1
+    last_stable_offset: int = -1
+    log_start_offset: int = -1
+    aborted_transactions: Sequence[AbortedTransaction] | None = None
+    preferred_read_replica: int = -1
+    records: Sequence[wire.Buffer] | None = ()
+    diverging_epoch: tuple[int, int] | None = None  # (epoch, end_offset)
+    current_leader: tuple[int, int] | None = None  # (leader_id, leader_epoch)
+
+
+@dataclass(slots=True, frozen=True)
+class FetchTopicResult:
+    """One topic of a Fetch response: named (v4-12) or by id (v13+)."""
+
+    name: str
+    partitions: Sequence[FetchPartitionResult]
+    topic_id: uuid.UUID | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class NodeEndpoint:
+    """A broker address, sent with leader hints (v16+)."""
+
+    node_id: int
+    host: str
+    port: int
+    rack: str | None = None
+
+
+class _Output:
+    """Collects small encoded fields in a bytearray and large buffers as list items."""
+
+    __slots__ = ("cur", "parts")
+
+    def __init__(self) -> None:
+        self.parts: list[wire.Buffer] = []
+        self.cur = bytearray()
+
+    def add_buffer(self, data: wire.Buffer) -> None:
+        if len(data) < COPY_THRESHOLD:
+            self.cur += data
+            return
+        if self.cur:
+            self.parts.append(self.cur)
+            self.cur = bytearray()
+        self.parts.append(data)
+
+    def finish(self) -> list[wire.Buffer]:
+        if self.cur:
+            self.parts.append(self.cur)
+        return self.parts
+
+
+def _length(n: int, flexible: bool) -> bytes:
+    """An ARRAY/BYTES length (int32) or its compact form (uvarint N+1); n = -1 is null."""
+    return wire.write_uvarint(n + 1) if flexible else _I32.pack(n)
+
+
+def encode_fetch_response(
+    version: int,
+    correlation_id: int,
+    topics: Sequence[FetchTopicResult],
+    *,
+    throttle_time_ms: int = 0,
+    error_code: int = 0,
+    session_id: int = 0,
+    node_endpoints: Sequence[NodeEndpoint] = (),
+) -> list[wire.Buffer]:
+    """Encode a whole framed Fetch response (size prefix, header v0/v1, body).
+
+    Record buffers of ``COPY_THRESHOLD`` bytes or more appear as list items as given.
+    """
+    if not MIN_VERSION <= version <= MAX_VERSION:
+        raise ValueError(f"Fetch v{version} is not handled here")
+    flexible = version >= FIRST_FLEXIBLE_VERSION
+    out = _Output()
+    cur = out.cur
+    cur += headers.encode_response_header(correlation_id, 1 if flexible else 0)
+    cur += _I32.pack(throttle_time_ms)
+    if version >= 7:
+        cur += _I16.pack(error_code) + _I32.pack(session_id)
+    cur += _length(len(topics), flexible)
+    for topic in topics:
+        cur = out.cur
+        if version >= FIRST_TOPIC_ID_VERSION:
+            cur += topic.topic_id.bytes if topic.topic_id is not None else _NULL_UUID
+        elif flexible:
+            cur += wire.encode_compact_nullable_string(topic.name)
+        else:
+            cur += wire.encode_nullable_string(topic.name)
+        cur += _length(len(topic.partitions), flexible)
+        for p in topic.partitions:
+            _encode_partition(out, p, version, flexible)
+        if flexible:
+            out.cur += b"\x00"
+    if flexible:
+        if version >= 16 and node_endpoints:
+            out.cur += b"\x01" + _tag(0, _encode_node_endpoints(node_endpoints))
+        else:
+            out.cur += b"\x00"
+    parts = out.finish()
+    total = sum(len(p) for p in parts)
+    parts.insert(0, SIZE.pack(total))
+    return parts
+
+
+def _encode_partition(out: _Output, p: FetchPartitionResult, version: int, flexible: bool) -> None:
+    cur = out.cur
+    cur += _PARTITION_HEAD.pack(p.partition_index, p.error_code, p.high_watermark)
+    cur += _I64.pack(p.last_stable_offset)
+    if version >= 5:
+        cur += _I64.pack(p.log_start_offset)
+    aborted = p.aborted_transactions
+    if aborted is None:
+        cur += _length(-1, flexible)
+    else:
+        cur += _length(len(aborted), flexible)
+        for txn in aborted:
+            cur += _ABORTED.pack(txn.producer_id, txn.first_offset)
+            if flexible:
+                cur += b"\x00"
+    if version >= 11:
+        cur += _I32.pack(p.preferred_read_replica)
+    if p.records is None:
+        cur += _length(-1, flexible)
+    else:
+        cur += _length(sum(len(r) for r in p.records), flexible)
+        for r in p.records:
+            out.add_buffer(r)
+    if flexible:
+        tags = []
+        if p.diverging_epoch is not None:
+            tags.append(_tag(0, _DIVERGING.pack(*p.diverging_epoch) + b"\x00"))
+        if p.current_leader is not None:
+            tags.append(_tag(1, _LEADER.pack(*p.current_leader) + b"\x00"))
+        out.cur += wire.write_uvarint(len(tags)) + b"".join(tags)
+
+
+def _tag(tag: int, value: bytes) -> bytes:
+    return wire.write_uvarint(tag) + wire.write_uvarint(len(value)) + value
+
+
+def _encode_node_endpoints(endpoints: Sequence[NodeEndpoint]) -> bytes:
+    out = bytearray(wire.write_uvarint(len(endpoints) + 1))
+    for e in endpoints:
+        out += _I32.pack(e.node_id) + wire.encode_compact_nullable_string(e.host)
+        out += _I32.pack(e.port) + wire.encode_compact_nullable_string(e.rack) + b"\x00"
+    return bytes(out)

@@ -1,0 +1,141 @@
+"""Fetch response encode: byte-identical to kio, readable by kafka-python, records uncopied."""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import uuid
+from typing import Any
+
+import pytest
+from kafka.protocol.consumer import FetchResponse
+from kio.serial import entity_writer
+from kio.static.primitive import i32Timedelta
+
+from protocol import fetch, headers
+from protocol.errors import ErrorCode
+from protocol.messages import BufferCollector
+from protocol.records import RecordInput, build_batch, parse_records
+
+TOPIC_ID = uuid.UUID(int=0xABCDEF)
+
+
+def batches() -> list[bytes]:
+    big = [RecordInput(b"x" * 5000, b"k", timestamp=1_700_000_000_001)]
+    small = [RecordInput(b"s", None, [("h", b"1")], 1_700_000_000_002)]
+    return [
+        bytes(build_batch(big, base_offset=10)),
+        bytes(build_batch(small, base_offset=11)),
+    ]
+
+
+def topics(records: list[bytes]) -> list[fetch.FetchTopicResult]:
+    return [
+        fetch.FetchTopicResult(
+            name="orders",
+            topic_id=TOPIC_ID,
+            partitions=[
+                fetch.FetchPartitionResult(
+                    partition_index=0,
+                    high_watermark=12,
+                    last_stable_offset=12,
+                    log_start_offset=0,
+                    aborted_transactions=[fetch.AbortedTransaction(7, 3)],
+                    records=[memoryview(r) for r in records],
+                ),
+                fetch.FetchPartitionResult(
+                    partition_index=1,
+                    error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                    current_leader=(2, 9),
+                    records=None,
+                ),
+            ],
+        )
+    ]
+
+
+def kio_encoding(version: int, correlation_id: int, records: list[bytes]) -> bytes:
+    """The same response built and written by kio (records joined into one bytes)."""
+    mod: Any = importlib.import_module(f"kio.schema.fetch.v{version}.response")
+    p0: dict[str, Any] = dict(
+        partition_index=0,
+        error_code=ErrorCode.NONE,
+        high_watermark=12,
+        last_stable_offset=12,
+        aborted_transactions=(mod.AbortedTransaction(producer_id=7, first_offset=3),),
+        records=b"".join(records),
+    )
+    p1: dict[str, Any] = dict(
+        partition_index=1,
+        error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER,
+        high_watermark=-1,
+        last_stable_offset=-1,
+        aborted_transactions=None,
+        records=None,
+    )
+    if version >= 5:
+        p0["log_start_offset"] = 0
+        p1["log_start_offset"] = -1
+    if version >= 11:
+        p0["preferred_read_replica"] = p1["preferred_read_replica"] = -1
+    if version >= 12:
+        p1["current_leader"] = mod.LeaderIdAndEpoch(leader_id=2, leader_epoch=9)
+    topic: dict[str, Any] = dict(partitions=(mod.PartitionData(**p0), mod.PartitionData(**p1)))
+    if version >= 13:
+        topic["topic_id"] = TOPIC_ID
+    else:
+        topic["topic"] = "orders"
+    body: dict[str, Any] = dict(
+        throttle_time=i32Timedelta.parse(datetime.timedelta(0)),
+        responses=(mod.FetchableTopicResponse(**topic),),
+    )
+    if version >= 7:
+        body["error_code"] = ErrorCode.NONE
+        body["session_id"] = 0
+    response = mod.FetchResponse(**body)
+    out = BufferCollector()
+    entity_writer(type(response))(out, response)  # type: ignore[arg-type]
+    header = headers.encode_response_header(correlation_id, 1 if version >= 12 else 0)
+    return header + b"".join(bytes(p) for p in out.finish())
+
+
+@pytest.mark.parametrize("version", range(4, 19))
+def test_fetch_response_is_byte_identical_to_kio(version: int) -> None:
+    records = batches()
+    parts = fetch.encode_fetch_response(version, 321, topics(records))
+    data = b"".join(bytes(p) for p in parts)
+    assert int.from_bytes(data[:4], "big") == len(data) - 4
+    assert data[4:] == kio_encoding(version, 321, records)
+
+
+@pytest.mark.parametrize("version", range(4, 19))
+def test_fetch_response_decodes_with_kafka_python(version: int) -> None:
+    records = batches()
+    data = b"".join(bytes(p) for p in fetch.encode_fetch_response(version, 5, topics(records)))
+    decoded = FetchResponse.decode(data[4:], version=version, header=True)
+    assert decoded.header.correlation_id == 5
+    (topic,) = decoded.responses
+    p0, p1 = topic.partitions
+    assert p0.high_watermark == 12 and p1.error_code == 6
+    raw = p0.records if isinstance(p0.records, bytes | bytearray) else bytes(p0.records)
+    assert raw == b"".join(records)
+    assert [r.offset for r in parse_records(records[0])] == [10]
+
+
+def test_large_record_buffers_are_passed_through() -> None:
+    records = batches()
+    views = [memoryview(r) for r in records]
+    result = [fetch.FetchTopicResult("t", [fetch.FetchPartitionResult(0, records=views)])]
+    parts = fetch.encode_fetch_response(11, 1, result)
+    assert any(p is views[0] for p in parts)  # 5 KB batch: not copied
+    assert not any(p is views[1] for p in parts)  # tiny batch: folded into the fields
+
+
+def test_node_endpoints_tag_v16() -> None:
+    endpoints = [fetch.NodeEndpoint(2, "broker-2", 9092, None)]
+    data = b"".join(
+        bytes(p)
+        for p in fetch.encode_fetch_response(16, 1, topics(batches()), node_endpoints=endpoints)
+    )
+    decoded = FetchResponse.decode(data[4:], version=16, header=True)
+    assert [(e.node_id, e.host, e.port) for e in decoded.node_endpoints] == [(2, "broker-2", 9092)]

@@ -1,0 +1,105 @@
+"""Produce decode: fields match kafka-python's encoding and kio's decoder; records stay views."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from kafka.protocol.producer import ProduceRequest
+from kio.index import load_request_schema
+from kio.serial import entity_reader
+
+from protocol import headers, messages, record_batch
+from protocol.errors import InvalidRequestError
+from protocol.framing import FrameDecoder, encode_frame
+from protocol.produce import ProduceRequestData
+from protocol.records import RecordInput, build_batch
+from tests.protocol.kafka_oracle import request_frame
+
+
+def produce_frame(version: int, batches: list[bytes], correlation_id: int = 5) -> bytes:
+    topic_id = uuid.UUID(int=42)
+    partitions = [
+        ProduceRequest.TopicProduceData.PartitionProduceData(index=i, records=b)
+        for i, b in enumerate(batches)
+    ]
+    partitions.append(ProduceRequest.TopicProduceData.PartitionProduceData(index=99, records=None))
+    msg = ProduceRequest[version](
+        transactional_id="txn-1" if version >= 3 else None,
+        acks=-1,
+        timeout_ms=30000,
+        topic_data=[
+            ProduceRequest.TopicProduceData(
+                name="orders", topic_id=topic_id, partition_data=partitions
+            )
+        ],
+    )
+    return request_frame(msg, correlation_id=correlation_id)
+
+
+def sample_batches() -> list[bytes]:
+    return [
+        bytes(build_batch([RecordInput(b"v%d" % i, b"k", timestamp=1_700_000_000_123)] * 3))
+        for i in range(2)
+    ]
+
+
+@pytest.mark.parametrize("version", range(3, 14))
+def test_produce_matches_kafka_python_and_kio(version: int) -> None:
+    batches = sample_batches()
+    frame = produce_frame(version, batches)
+    req = messages.decode_request(frame)
+    body = req.body
+    assert isinstance(body, ProduceRequestData)
+    assert (body.version, body.transactional_id, body.acks, body.timeout_ms) == (
+        version,
+        "txn-1",
+        -1,
+        30000,
+    )
+    (topic,) = body.topics
+    if version >= 13:
+        assert topic.topic_id == uuid.UUID(int=42)
+    else:
+        assert topic.name == "orders"
+    assert [p.index for p in topic.partitions] == [0, 1, 99]
+    assert [None if p.records is None else bytes(p.records) for p in topic.partitions] == [
+        *batches,
+        None,
+    ]
+    # kio's own (copying) decoder agrees on everything.
+    schema = load_request_schema(0, version)
+    _, body_pos = headers.decode_request_header(frame, req.header.header_version)
+    kio_body, _ = entity_reader(schema)(frame, body_pos)
+    (kio_topic,) = kio_body.topic_data
+    assert [p.records for p in kio_topic.partition_data] == [*batches, None]
+
+
+@pytest.mark.parametrize("version", [3, 8, 9, 11, 13])
+def test_records_are_views_into_the_frame(version: int) -> None:
+    frame = produce_frame(version, sample_batches())
+    (view,) = FrameDecoder().feed(b"".join(bytes(p) for p in encode_frame([frame])))
+    req = messages.decode_request(view)
+    records = req.body.topics[0].partitions[0].records
+    assert records is not None and records.readonly
+    assert records.obj is view.obj  # the frame's own bytes object, not a copy
+    header = record_batch.validate_batch(records)
+    assert header.records_count == 3
+
+
+def test_writable_frame_records_follow_the_frame_buffer() -> None:
+    # A read-only memoryview over a bytearray is used as is: mutations show through.
+    buf = bytearray(produce_frame(9, sample_batches()))
+    req = messages.decode_request(memoryview(buf).toreadonly())
+    records = req.body.topics[0].partitions[0].records
+    first = records[0]
+    buf[buf.index(bytes(records[:20]))] ^= 0xFF
+    assert records[0] == first ^ 0xFF
+
+
+@pytest.mark.parametrize("version", [3, 9])
+def test_records_overrunning_the_frame_are_rejected(version: int) -> None:
+    frame = produce_frame(version, sample_batches(), correlation_id=8)
+    with pytest.raises(InvalidRequestError) as info:
+        messages.decode_request(frame[:-40])
+    assert info.value.correlation_id == 8
