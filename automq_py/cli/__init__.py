@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from automq_py.cli import inspect_object
+from automq_py.cli import inspect_object, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -17,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     inspect_object.add_parser(sub)
+    serve.add_parser(sub)
     return parser
 
 

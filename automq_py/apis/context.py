@@ -1,0 +1,46 @@
+"""What every API handler may use: this broker's identity, the topics, the partitions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from automq_py.replica_manager import ReplicaManager
+from automq_py.topics import TopicError, TopicInfo, TopicRegistry
+from protocol.errors import ErrorCode
+
+
+@dataclass(slots=True)
+class BrokerContext:
+    node_id: int
+    cluster_id: str
+    host: str  # advertised
+    port: int
+    topics: TopicRegistry
+    replicas: ReplicaManager
+    auto_create_topics: bool
+    num_partitions: int
+
+    @property
+    def leader_epoch(self) -> int:
+        """Every partition's leader epoch: the node epoch its logs were opened at (it grows
+        with each broker start, as a new leadership would)."""
+        return self.replicas.storage.node_epoch
+
+    def broker_entry(self) -> dict[str, object]:
+        return {"node_id": self.node_id, "host": self.host, "port": self.port, "rack": None}
+
+    async def topic_for_write(
+        self, name: str, auto_create: bool
+    ) -> tuple[TopicInfo | None, ErrorCode]:
+        """The topic, auto-created when allowed; else the error to answer with."""
+        topic = self.topics.get(name)
+        if topic is not None:
+            return topic, ErrorCode.NONE
+        if not (auto_create and self.auto_create_topics):
+            return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        try:
+            return await self.topics.create(name, self.num_partitions), ErrorCode.NONE
+        except TopicError as e:
+            if e.code == ErrorCode.TOPIC_ALREADY_EXISTS:
+                return self.topics.get(name), ErrorCode.NONE
+            return None, ErrorCode(e.code)

@@ -1,0 +1,142 @@
+"""Fetch (1) and ListOffsets (2).
+
+Fetch reads every requested partition; while fewer than ``min_bytes`` came back it waits for
+new data (or ``max_wait``), then reads again: Kafka's delayed fetch. Record batches are handed
+to the transport as the buffers the log returned, not re-encoded.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from automq_py.apis.context import BrokerContext
+from automq_py.log.elastic_log import LogOffsetOutOfRangeError
+from protocol import build
+from protocol.errors import ErrorCode
+from protocol.fetch import FetchPartitionResult, FetchTopicResult, encode_fetch_response
+from protocol.messages import Request, response_schema
+
+EARLIEST = -2
+LATEST = -1
+MAX_TIMESTAMP = -3
+
+
+async def handle_fetch(ctx: BrokerContext, request: Request) -> Any:
+    body = request.body
+    max_wait = (
+        body.max_wait.total_seconds()
+        if hasattr(body.max_wait, "total_seconds")
+        else (body.max_wait / 1000)
+    )
+    deadline = time.monotonic() + max(0.0, max_wait)
+    min_bytes = max(0, int(body.min_bytes))
+    max_bytes = int(getattr(body, "max_bytes", 0x7FFFFFFF)) or 0x7FFFFFFF
+    while True:
+        topics, total, errors = await _read_all(ctx, body, max_bytes)
+        remaining = deadline - time.monotonic()
+        if total >= min_bytes or errors or remaining <= 0:
+            break
+        await ctx.replicas.wait_for_data(remaining)
+    return encode_fetch_response(request.api_version, request.correlation_id, topics, session_id=0)
+
+
+async def _read_all(
+    ctx: BrokerContext, body: Any, max_bytes: int
+) -> tuple[list[FetchTopicResult], int, bool]:
+    total = 0
+    errors = False
+    topics: list[FetchTopicResult] = []
+    for t in body.topics:
+        topic_id = getattr(t, "topic_id", None)
+        name = getattr(t, "topic", None)
+        info = (
+            ctx.topics.by_id(topic_id) if name is None and topic_id else ctx.topics.get(str(name))
+        )
+        parts: list[FetchPartitionResult] = []
+        for p in t.partitions:
+            index = int(p.partition)
+            if info is None or not 0 <= index < info.partitions:
+                missing = (
+                    ErrorCode.UNKNOWN_TOPIC_ID
+                    if name is None
+                    else (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+                )
+                parts.append(FetchPartitionResult(index, missing))
+                errors = True
+                continue
+            partition = await ctx.replicas.partition(info, index)
+            hw, start = partition.high_watermark, partition.log_start_offset
+            offset = int(p.fetch_offset)
+            limit = min(int(p.partition_max_bytes), max(max_bytes - total, 0))
+            records: list[memoryview] = []
+            error = ErrorCode.NONE
+            if offset < start or offset > hw:
+                error = ErrorCode.OFFSET_OUT_OF_RANGE
+                errors = True
+            elif offset < hw and (limit > 0 or total == 0):
+                try:
+                    # the first partition with data returns at least one batch (Kafka's rule)
+                    records = await partition.read(offset, limit if total else max(limit, 1))
+                except LogOffsetOutOfRangeError:
+                    error = ErrorCode.OFFSET_OUT_OF_RANGE
+                    errors = True
+            total += sum(len(r) for r in records)
+            parts.append(
+                FetchPartitionResult(
+                    index,
+                    error,
+                    high_watermark=hw,
+                    last_stable_offset=hw,
+                    log_start_offset=start,
+                    records=records,
+                )
+            )
+        topics.append(
+            FetchTopicResult(
+                name=str(name or (info.name if info else "")),
+                partitions=parts,
+                topic_id=info.topic_id if info else topic_id,
+            )
+        )
+    return topics, total, errors
+
+
+async def handle_list_offsets(ctx: BrokerContext, request: Request) -> Any:
+    out = []
+    for t in request.body.topics:
+        info = ctx.topics.get(str(t.name))
+        parts = []
+        for p in t.partitions:
+            index = int(p.partition_index)
+            entry: dict[str, Any] = {
+                "partition_index": index,
+                "timestamp": -1,
+                "offset": -1,
+                "leader_epoch": -1,
+                "error_code": ErrorCode.NONE,
+            }
+            if info is None or not 0 <= index < info.partitions:
+                entry["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                parts.append(entry)
+                continue
+            partition = await ctx.replicas.partition(info, index)
+            ts = int(p.timestamp)
+            if ts == EARLIEST:
+                entry["offset"] = partition.log_start_offset
+            elif ts == LATEST:
+                entry["offset"] = partition.high_watermark
+            elif ts == MAX_TIMESTAMP:
+                offset, max_ts = await partition.log.max_timestamp_offset()
+                entry.update(offset=offset, timestamp=max_ts)
+            else:
+                found = await partition.log.offset_for_timestamp(ts)
+                if found is not None:
+                    entry.update(offset=found[0], timestamp=found[1])
+            if entry["offset"] >= 0:
+                entry["leader_epoch"] = partition.leader_epoch
+            # v0 answers with a list of offsets
+            entry["old_style_offsets"] = [entry["offset"]] if entry["offset"] >= 0 else []
+            parts.append(entry)
+        out.append({"name": t.name, "partitions": parts})
+    return build.build(response_schema(2, request.api_version), {"throttle_time": 0, "topics": out})

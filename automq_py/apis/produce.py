@@ -1,0 +1,79 @@
+"""Produce (0): validate, assign offsets and append each partition's batches.
+
+Every acknowledgement (acks=1 and acks=all alike) is sent after the data is fsynced in the WAL,
+which is what acks=all promises; acks=0 gets no response at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from automq_py.apis.context import BrokerContext
+from automq_py.partition import AppendResult
+from protocol import build
+from protocol.errors import ErrorCode
+from protocol.messages import Request, response_schema
+from protocol.produce import ProducePartitionData
+
+
+async def handle_produce(ctx: BrokerContext, request: Request) -> Any:
+    body = request.body
+    acks = body.acks
+    jobs: list[tuple[str, int, asyncio.Future[AppendResult] | AppendResult]] = []
+    for t in body.topics:
+        name = t.name
+        if name is None and t.topic_id is not None:
+            found = ctx.topics.by_id(t.topic_id)
+            name = found.name if found else None
+        for p in t.partitions:
+            jobs.append((str(name), p.index, await _start(ctx, name, p, acks)))
+    results = [
+        (name, index, job if isinstance(job, AppendResult) else await job)
+        for name, index, job in jobs
+    ]
+    if any(r.error == ErrorCode.NONE for _, _, r in results):
+        ctx.replicas.notify_data()
+    if acks == 0:
+        return None
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for name, index, r in results:
+        by_topic.setdefault(name, []).append(
+            {
+                "index": index,
+                "error_code": r.error,
+                "base_offset": r.base_offset,
+                "log_append_time": -1,
+                "log_start_offset": r.log_start_offset,
+                "error_message": r.message,
+            }
+        )
+    return build.build(
+        response_schema(0, request.api_version),
+        {
+            "throttle_time": 0,
+            "responses": [
+                {"name": name, "partition_responses": parts} for name, parts in by_topic.items()
+            ],
+        },
+    )
+
+
+async def _start(
+    ctx: BrokerContext, name: str | None, p: ProducePartitionData, acks: int
+) -> asyncio.Future[AppendResult] | AppendResult:
+    """Begin the append of one partition (partitions append concurrently)."""
+    if acks not in (-1, 0, 1):
+        return AppendResult(ErrorCode.INVALID_REQUIRED_ACKS, message=f"acks={acks}")
+    topic = None
+    error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    if name is not None:
+        topic, error = await ctx.topic_for_write(name, auto_create=True)
+    if topic is None:
+        return AppendResult(error)
+    if not 0 <= p.index < topic.partitions:
+        return AppendResult(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+    if p.records is None:
+        return AppendResult(ErrorCode.CORRUPT_MESSAGE, message="null records")
+    partition = await ctx.replicas.partition(topic, p.index)
+    return asyncio.ensure_future(partition.append_records(p.records))

@@ -1,0 +1,100 @@
+"""CreateTopics (19) and DeleteTopics (20)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from automq_py.apis.context import BrokerContext
+from automq_py.log.log_config import LogConfig, LogConfigError
+from automq_py.topics import TopicError, validate_name
+from protocol import build
+from protocol.errors import ErrorCode
+from protocol.messages import Request, response_schema
+
+
+async def handle_create_topics(ctx: BrokerContext, request: Request) -> Any:
+    body = request.body
+    results = []
+    for t in body.topics:
+        name = str(t.name)
+        entry: dict[str, Any] = {"name": name, "error_code": ErrorCode.NONE}
+        partitions = int(t.num_partitions)
+        if partitions == -1:
+            partitions = ctx.num_partitions
+        configs = {str(c.name): str(c.value) for c in t.configs if c.value is not None}
+        replication = int(t.replication_factor)
+        try:
+            validate_name(name)
+            if t.assignments:
+                partitions = len(t.assignments)
+            if replication not in (-1, 1):
+                raise TopicError(
+                    ErrorCode.INVALID_REPLICATION_FACTOR,
+                    f"replication factor {replication}: this broker keeps one copy (the object "
+                    "store replicates the data); use 1 or -1",
+                )
+            if partitions <= 0:
+                raise TopicError(ErrorCode.INVALID_PARTITIONS, f"invalid partitions {partitions}")
+            LogConfig.from_properties({**ctx.replicas.topic_defaults, **configs}, strict=True)
+            if ctx.topics.get(name) is not None:
+                raise TopicError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
+            if not body.validate_only:
+                info = await ctx.topics.create(name, partitions, configs)
+                entry["topic_id"] = info.topic_id
+            entry.update(
+                num_partitions=partitions,
+                replication_factor=1,
+                configs=[
+                    {
+                        "name": k,
+                        "value": v,
+                        "read_only": False,
+                        "config_source": 1,
+                        "is_sensitive": False,
+                    }
+                    for k, v in configs.items()
+                ],
+            )
+        except TopicError as e:
+            entry.update(
+                error_code=e.code, error_message=str(e), num_partitions=-1, replication_factor=-1
+            )
+        except LogConfigError as e:
+            entry.update(
+                error_code=ErrorCode.INVALID_CONFIG,
+                error_message=str(e),
+                num_partitions=-1,
+                replication_factor=-1,
+            )
+        results.append(entry)
+    return build.build(
+        response_schema(19, request.api_version), {"throttle_time": 0, "topics": results}
+    )
+
+
+async def handle_delete_topics(ctx: BrokerContext, request: Request) -> Any:
+    body = request.body
+    names: list[tuple[str | None, Any]] = []
+    if getattr(body, "topics", None):
+        for t in body.topics:
+            names.append((t.name, getattr(t, "topic_id", None)))
+    else:
+        names = [(str(n), None) for n in getattr(body, "topic_names", ())]
+    responses = []
+    for name, topic_id in names:
+        if name is None and topic_id is not None:
+            found = ctx.topics.by_id(topic_id)
+            name = found.name if found else None
+        entry: dict[str, Any] = {"name": name, "topic_id": topic_id, "error_code": ErrorCode.NONE}
+        try:
+            if name is None:
+                raise TopicError(ErrorCode.UNKNOWN_TOPIC_ID, f"unknown topic id {topic_id}")
+            await ctx.replicas.close_topic(name)
+            info = await ctx.topics.delete(name)
+            entry["topic_id"] = info.topic_id
+        except TopicError as e:
+            entry.update(error_code=e.code, error_message=str(e))
+        responses.append(entry)
+    return build.build(
+        response_schema(20, request.api_version), {"throttle_time": 0, "responses": responses}
+    )

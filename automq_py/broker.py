@@ -1,0 +1,86 @@
+"""The broker process: S3Storage, topics, partitions, KafkaApis and the socket server.
+
+``run(config)`` serves until SIGTERM/SIGINT, then shuts down gracefully: the listener closes,
+partitions close (MetaStreams record a clean shutdown) and the stream store uploads what its
+cache holds and trims the WAL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+
+from automq_py.apis import KafkaApis
+from automq_py.apis.context import BrokerContext
+from automq_py.config import BrokerConfig
+from automq_py.network.server import SocketServer
+from automq_py.replica_manager import ReplicaManager
+from automq_py.topics import TopicRegistry
+from storage.s3_storage import S3Storage
+
+log = logging.getLogger("automq.broker")
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.storage: S3Storage | None = None
+        self.replicas: ReplicaManager | None = None
+        self.server: SocketServer | None = None
+
+    async def start(self) -> None:
+        config = self.config
+        self.storage = await S3Storage.start(config.storage)
+        topics = TopicRegistry(self.storage.metadata)
+        self.replicas = ReplicaManager(self.storage, config.topic_defaults())
+        listener = config.listeners[0]
+        advertised = config.advertised_listeners[0]
+        ctx = BrokerContext(
+            node_id=config.node_id,
+            cluster_id=config.cluster_id,
+            host=advertised.host,
+            port=advertised.port,
+            topics=topics,
+            replicas=self.replicas,
+            auto_create_topics=config.auto_create_topics_enable,
+            num_partitions=config.num_partitions,
+        )
+        self.server = SocketServer(
+            KafkaApis(ctx),
+            max_request_size=config.socket_request_max_bytes,
+            idle_timeout_s=config.connections_max_idle_ms / 1000,
+        )
+        await self.server.start(listener.host or "0.0.0.0", listener.port)
+        log.info(
+            "automq-py broker %d of cluster %s serving on %s:%d",
+            config.node_id,
+            config.cluster_id,
+            advertised.host,
+            advertised.port,
+        )
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            await self.server.stop()
+        if self.replicas is not None:
+            await self.replicas.close()
+        if self.storage is not None:
+            await self.storage.close()
+        log.info("broker stopped")
+
+
+async def run(config: BrokerConfig) -> None:
+    """Serve until SIGTERM or SIGINT, then stop gracefully."""
+    broker = Broker(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await broker.start()
+    try:
+        await stop.wait()
+    finally:
+        await broker.stop()

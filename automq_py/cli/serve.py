@@ -1,0 +1,110 @@
+"""``automq-py serve``: build the BrokerConfig from the command line and run the broker."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Coroutine
+from typing import Any
+
+from automq_py.config import BrokerConfig, ConfigError
+
+log = logging.getLogger("automq.serve")
+
+_EPILOG = """\
+examples:
+  automq-py serve
+      embedded: listens on 127.0.0.1:9092, WAL, metadata and objects under ./data
+  automq-py serve -c config/server.properties --override node.id=1 \\
+      --override listeners=PLAINTEXT://0.0.0.0:9092 \\
+      --override advertised.listeners=PLAINTEXT://broker1.example.com:9092
+  automq-py serve --s3-url "s3://127.0.0.1:8333?s3-access-key=AK&s3-secret-key=SK\\
+&s3-region=us-east-1&s3-endpoint-protocol=http&s3-data-bucket=automq&s3-path-style=true\\
+&cluster-id=5kilSYquT962mUNQ8dL7qA"
+
+Properties are applied in order, later wins: the --config file, each --override, --s3-url.
+S3 credentials may also come from KAFKA_S3_ACCESS_KEY / KAFKA_S3_SECRET_KEY (as in AutoMQ).
+"""
+
+
+def add_parser(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "serve",
+        help="run the broker",
+        description=(
+            "Run a Kafka-compatible broker storing its data in S3Stream: a local write-ahead "
+            "log, then objects in S3 (or a local directory). It stops gracefully on SIGTERM "
+            "or SIGINT."
+        ),
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "-c",
+        "--config",
+        metavar="FILE",
+        help=(
+            "a server.properties file (Kafka/AutoMQ property names, Java properties syntax), "
+            "e.g. -c config/server.properties; without it the built-in defaults apply"
+        ),
+    )
+    p.add_argument(
+        "--override",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help=(
+            "set one property over the file, e.g. --override num.partitions=3; "
+            "repeatable, the last one for a key wins"
+        ),
+    )
+    p.add_argument(
+        "--s3-url",
+        metavar="URL",
+        help=(
+            "AutoMQ's S3 url (automq-kafka-admin.sh generate-s3-url), e.g. "
+            "s3://HOST:PORT?s3-access-key=AK&s3-secret-key=SK&s3-region=us-east-1"
+            "&s3-endpoint-protocol=http&s3-data-bucket=BUCKET&s3-path-style=true&cluster-id=ID; "
+            "sets s3.data.buckets and cluster.id"
+        ),
+    )
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = BrokerConfig.load(args.config, args.override, args.s3_url, env=os.environ)
+    except ConfigError as e:
+        print(f"automq-py serve: {e}", file=sys.stderr)
+        return 2
+    # Kafka logs its effective configuration at start-up; secrets are hidden.
+    log.info(
+        "broker configuration:\n%s",
+        "\n".join(f"\t{k} = {v}" for k, v in config.all_properties().items()),
+    )
+    try:
+        _run_event_loop(_serve(config))
+    except KeyboardInterrupt:  # a second Ctrl-C while shutting down
+        return 130
+    return 0
+
+
+async def _serve(config: BrokerConfig) -> None:
+    # Imported here so `serve --help` and config errors need none of the broker's imports.
+    from automq_py.broker import run as run_broker
+
+    await run_broker(config)
+
+
+def _run_event_loop(main: Coroutine[Any, Any, None]) -> None:
+    """Run ``main`` on uvloop when it is installed (faster sockets), else on asyncio's loop."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+        return
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main)

@@ -1,0 +1,646 @@
+"""BrokerConfig: the broker's settings, read once from Kafka/AutoMQ property names.
+
+:meth:`BrokerConfig.load` layers its sources, later wins:
+
+1. a ``server.properties`` file (Java properties syntax, see :func:`parse_properties`);
+2. ``--override KEY=VALUE`` entries, in order;
+3. AutoMQ's ``--s3-url`` (from ``automq-kafka-admin.sh generate-s3-url``), which sets
+   ``s3.data.buckets`` and ``cluster.id`` (see :func:`s3_url_properties`).
+
+The result is one frozen object passed down to every module: broker settings as attributes,
+the stream store's as :attr:`BrokerConfig.storage` (:class:`storage.config.S3StreamConfig`),
+and the broker-level ``log.*`` defaults translated for topics by :meth:`topic_defaults`.
+Every error is a :class:`ConfigError` naming the property and the bad value.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+from urllib.parse import parse_qs, quote, unquote, urlsplit
+
+from automq_py.log.log_config import LogConfig, LogConfigError
+from storage.config import ConfigError, S3StreamConfig
+
+__all__ = [
+    "BrokerConfig",
+    "ConfigError",
+    "Listener",
+    "parse_listeners",
+    "parse_override",
+    "parse_properties",
+    "s3_url_properties",
+]
+
+log = logging.getLogger("automq.config")
+
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+MINUTE_MS = 60_000
+HOUR_MS = 60 * MINUTE_MS
+
+DEFAULT_LISTENERS = "PLAINTEXT://127.0.0.1:9092"
+DEFAULT_DATA_DIR = "./data"
+# Kafka's default listener.security.protocol.map: each protocol maps to itself.
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+# Addresses a server binds to but a client cannot connect to.
+_WILDCARD_HOSTS = ("0.0.0.0", "::")
+_SECRET_NAME = re.compile(r"password|secret|jaas\.config", re.IGNORECASE)
+_HIDDEN = "[hidden]"
+# Variables AutoMQ reads the S3 credentials from, so they stay out of properties files.
+ACCESS_KEY_ENV = "KAFKA_S3_ACCESS_KEY"
+SECRET_KEY_ENV = "KAFKA_S3_SECRET_KEY"
+
+
+@dataclass(slots=True, frozen=True)
+class Listener:
+    """One ``NAME://host:port`` entry of ``listeners`` or ``advertised.listeners``."""
+
+    name: str
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.name}://{host}:{self.port}"
+
+
+def _prop(name: str, default: Any, kind: str, minimum: int | None, doc: str) -> Any:
+    return field(
+        default=default, metadata={"property": name, "kind": kind, "min": minimum, "doc": doc}
+    )
+
+
+# Properties read by hand in BrokerConfig.from_properties (several names feed one attribute, or
+# the value is structured), with their defaults (None: no default, another property decides).
+_COMPOSITE_PROPERTIES: dict[str, str | None] = {
+    "listeners": DEFAULT_LISTENERS,
+    "advertised.listeners": None,
+    "listener.security.protocol.map": ",".join(f"{p}:{p}" for p in SECURITY_PROTOCOLS),
+    "controller.listener.names": "",
+    "log.dirs": None,
+    "log.dir": DEFAULT_DATA_DIR,
+    "log.retention.ms": None,
+    "log.retention.minutes": None,
+    "log.retention.hours": "168",
+    "log.roll.ms": None,
+    "log.roll.hours": "168",
+}
+
+# Broker property -> the topic-level property it is the default of (Kafka's mapping).
+_TOPIC_DEFAULTS = {
+    "log.segment.bytes": "segment.bytes",
+    "log.roll.ms": "segment.ms",
+    "log.retention.ms": "retention.ms",
+    "log.retention.bytes": "retention.bytes",
+    "log.index.interval.bytes": "index.interval.bytes",
+    "log.message.timestamp.type": "message.timestamp.type",
+    "log.cleanup.policy": "cleanup.policy",
+    "message.max.bytes": "max.message.bytes",
+}
+
+
+@dataclass(slots=True, frozen=True)
+class BrokerConfig:
+    """Everything the broker is configured with; build it with :meth:`load`."""
+
+    node_id: int = _prop("node.id", 0, "int", 0, "this broker's node id")
+    cluster_id: str = _prop(
+        "cluster.id", "automq-py", "str", None, "cluster id; objects live under _kafka_<id>"
+    )
+    listeners: tuple[Listener, ...] = (Listener("PLAINTEXT", "127.0.0.1", 9092),)
+    advertised_listeners: tuple[Listener, ...] = (Listener("PLAINTEXT", "127.0.0.1", 9092),)
+    data_dir: str = DEFAULT_DATA_DIR
+    auto_create_topics_enable: bool = _prop(
+        "auto.create.topics.enable", True, "bool", None, "create unknown topics on metadata/produce"
+    )
+    num_partitions: int = _prop(
+        "num.partitions", 1, "int", 1, "partitions of an auto-created topic"
+    )
+    default_replication_factor: int = _prop(
+        "default.replication.factor",
+        1,
+        "int",
+        None,
+        "accepted for compatibility; object storage makes replication unnecessary",
+    )
+    message_max_bytes: int = _prop(
+        "message.max.bytes", 1048588, "int", 0, "largest record batch accepted"
+    )
+    socket_request_max_bytes: int = _prop(
+        "socket.request.max.bytes", 104857600, "int", 1, "largest request the server reads"
+    )
+    connections_max_idle_ms: int = _prop(
+        "connections.max.idle.ms", 600_000, "long", None, "close connections idle this long"
+    )
+    group_initial_rebalance_delay_ms: int = _prop(
+        "group.initial.rebalance.delay.ms", 3000, "int", 0, "wait for members of a new group"
+    )
+    offsets_topic_num_partitions: int = _prop(
+        "offsets.topic.num.partitions", 50, "int", 1, "partitions of __consumer_offsets"
+    )
+    delete_topic_enable: bool = _prop(
+        "delete.topic.enable", True, "bool", None, "allow DeleteTopics"
+    )
+    log_retention_ms: int = 168 * HOUR_MS
+    log_retention_bytes: int = _prop(
+        "log.retention.bytes", -1, "long", None, "bytes kept per partition (-1: no limit)"
+    )
+    log_segment_bytes: int = _prop(
+        "log.segment.bytes", 1 << 30, "int", 14, "roll a segment at this size"
+    )
+    log_roll_ms: int = 168 * HOUR_MS
+    log_index_interval_bytes: int = _prop(
+        "log.index.interval.bytes", 4096, "int", 0, "log bytes between two index entries"
+    )
+    log_message_timestamp_type: str = _prop(
+        "log.message.timestamp.type", "CreateTime", "str", None, "CreateTime or LogAppendTime"
+    )
+    log_cleanup_policy: tuple[str, ...] = _prop(
+        "log.cleanup.policy", ("delete",), "list", None, "comma-separated: delete, compact"
+    )
+    storage: S3StreamConfig = field(default_factory=S3StreamConfig)
+    # Every property as given (after layering), known or not, for features that read more later.
+    properties: Mapping[str, str] = field(
+        default_factory=lambda: MappingProxyType({}), hash=False, repr=False
+    )
+
+    @classmethod
+    def load(
+        cls,
+        path: str | None = None,
+        overrides: Sequence[str] = (),
+        s3_url: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> BrokerConfig:
+        """Read ``path`` (if given), apply ``overrides`` (``KEY=VALUE``, later wins), then
+        ``s3_url``; see the module docstring.
+
+        ``env`` is consulted only for AutoMQ's ``KAFKA_S3_ACCESS_KEY`` / ``KAFKA_S3_SECRET_KEY``;
+        ``None`` means no environment (the CLI passes ``os.environ``). Raises ConfigError.
+        """
+        props: dict[str, str] = {}
+        if path is not None:
+            try:
+                text = Path(path).read_text(encoding="utf-8")
+            except FileNotFoundError:
+                raise ConfigError(f"{path}: no such properties file") from None
+            except (OSError, UnicodeDecodeError) as e:
+                raise ConfigError(f"{path}: cannot read the properties file: {e}") from None
+            props.update(parse_properties(text))
+        for text in overrides:
+            key, value = parse_override(text)
+            props[key] = value
+        if s3_url is not None:
+            props.update(s3_url_properties(s3_url))
+        return cls.from_properties(props, env=env)
+
+    @classmethod
+    def from_properties(
+        cls, props: Mapping[str, str], *, env: Mapping[str, str] | None = None
+    ) -> BrokerConfig:
+        """Build from ``name -> string value``; unknown names are kept and logged once each."""
+        by_name = _simple_fields()
+        known = set(by_name) | set(_COMPOSITE_PROPERTIES) | set(S3StreamConfig.properties())
+        for name in props:
+            if name not in known:
+                log.warning("property %r is not used by automq-py; ignored", name)
+
+        values: dict[str, Any] = {}
+        for name, f in by_name.items():
+            if name in props:
+                values[f.name] = _parse(name, props[name], f.metadata["kind"], f.metadata["min"])
+        values["log_retention_ms"] = _retention_ms(props)
+        values["log_roll_ms"] = _roll_ms(props)
+        listeners, advertised = _listeners(props)
+        data_dir = _data_dir(props)
+        node_id = values.get("node_id", 0)
+        cluster_id = values.get("cluster_id", "automq-py")
+        config = cls(
+            listeners=listeners,
+            advertised_listeners=advertised,
+            data_dir=data_dir,
+            storage=_storage(props, data_dir, node_id, cluster_id, env or {}),
+            properties=MappingProxyType(dict(props)),
+            **values,
+        )
+        config._check_topic_defaults()
+        return config
+
+    def topic_defaults(self) -> dict[str, str]:
+        """The broker's ``log.*`` defaults under topic-level names, for
+        :meth:`LogConfig.from_properties` (a topic's own configs are layered on top)."""
+        return {
+            "segment.bytes": str(self.log_segment_bytes),
+            "segment.ms": str(self.log_roll_ms),
+            "retention.ms": str(self.log_retention_ms),
+            "retention.bytes": str(self.log_retention_bytes),
+            "index.interval.bytes": str(self.log_index_interval_bytes),
+            "message.timestamp.type": self.log_message_timestamp_type,
+            "cleanup.policy": ",".join(self.log_cleanup_policy),
+            "max.message.bytes": str(self.message_max_bytes),
+        }
+
+    def all_properties(self, *, redact: bool = True) -> dict[str, str]:
+        """Every property's effective value (given ones, unknown ones, defaults), by name.
+
+        With ``redact`` (the default) secrets read ``[hidden]``, as Kafka shows passwords: the
+        ``secretKey`` of ``s3.data.buckets`` and properties named like a password or secret.
+        """
+        out = {k: v for k, v in _COMPOSITE_PROPERTIES.items() if v is not None}
+        out.update(self.properties)
+        for name, f in _simple_fields().items():
+            out[name] = _format(getattr(self, f.name))
+        out["listeners"] = ",".join(str(listener) for listener in self.listeners)
+        out["advertised.listeners"] = ",".join(str(x) for x in self.advertised_listeners)
+        out["log.dirs"] = self.data_dir
+        out.pop("log.dir", None)
+        out["log.retention.ms"] = str(self.log_retention_ms)
+        out["log.roll.ms"] = str(self.log_roll_ms)
+        for name, (attr, _, _) in S3StreamConfig.properties().items():
+            out[name] = _format(getattr(self.storage, attr))
+        if redact:
+            out = {name: _redacted(name, value) for name, value in out.items()}
+        return dict(sorted(out.items()))
+
+    def _check_topic_defaults(self) -> None:
+        # LogConfig owns the topic-level rules; a broker default it rejects would fail every
+        # topic later, so fail now and name the broker property.
+        try:
+            LogConfig.from_properties(self.topic_defaults())
+        except LogConfigError as e:
+            message = str(e)
+            for broker_name, topic_name in _TOPIC_DEFAULTS.items():
+                if message.startswith(f"{topic_name}:"):
+                    message = broker_name + message[len(topic_name) :]
+                    break
+            raise ConfigError(message) from None
+
+
+def _simple_fields() -> dict[str, Any]:
+    return {f.metadata["property"]: f for f in fields(BrokerConfig) if "property" in f.metadata}
+
+
+# --- sources: properties files, --override, --s3-url --------------------------------------
+
+
+_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    """Parse Java ``.properties`` text into ``key -> value`` (a repeated key: the last wins).
+
+    Follows ``java.util.Properties.load``: ``#``/``!`` comment lines, ``key=value``,
+    ``key: value`` or ``key value``, a line ending in an odd number of backslashes continues
+    on the next (whose leading blanks are dropped), and ``\\t \\n \\uXXXX``-style escapes.
+    Values are also stripped of trailing blanks, as Kafka trims every value it parses.
+    """
+    props: dict[str, str] = {}
+    for logical in _logical_lines(text):
+        key_end = _unescaped_index(logical, "=: \t\f")
+        key = logical[:key_end]
+        rest = logical[key_end:].lstrip(" \t\f")
+        if rest[:1] in ("=", ":"):
+            rest = rest[1:].lstrip(" \t\f")
+        props[_unescape(key)] = _unescape(rest).strip()
+    return props
+
+
+def _logical_lines(text: str) -> Iterable[str]:
+    pending: list[str] = []
+    for raw in text.splitlines():
+        line = raw.lstrip(" \t\f")
+        if not pending and (not line or line[0] in "#!"):
+            continue
+        trailing = len(line) - len(line.rstrip("\\"))
+        if trailing % 2 == 1:
+            pending.append(line[:-1])
+            continue
+        pending.append(line)
+        yield "".join(pending)
+        pending = []
+    if pending:  # a continuation at the end of the file ends the entry, as in Java
+        yield "".join(pending)
+
+
+def _unescaped_index(line: str, stops: str) -> int:
+    i = 0
+    while i < len(line):
+        if line[i] == "\\":
+            i += 2
+            continue
+        if line[i] in stops:
+            return i
+        i += 1
+    return len(line)
+
+
+def _unescape(text: str) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if c != "\\" or i + 1 == len(text):
+            out.append(c)
+            i += 1
+            continue
+        nxt = text[i + 1]
+        if nxt == "u":
+            digits = text[i + 2 : i + 6]
+            if len(digits) != 4 or not all(d in "0123456789abcdefABCDEF" for d in digits):
+                raise ConfigError(f"malformed \\uxxxx escape in {text!r}")
+            out.append(chr(int(digits, 16)))
+            i += 6
+            continue
+        out.append(_ESCAPES.get(nxt, nxt))
+        i += 2
+    return "".join(out)
+
+
+def parse_override(text: str) -> tuple[str, str]:
+    """Split one ``--override KEY=VALUE`` at its first ``=``; the value may be empty."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--override expects KEY=VALUE, got {text!r}")
+    return key.strip(), value.strip()
+
+
+# AutoMQ's --s3-url parameters (automq-kafka-admin.sh generate-s3-url).
+_S3_URL_PARAMS = (
+    "s3-access-key",
+    "s3-secret-key",
+    "s3-region",
+    "s3-endpoint-protocol",
+    "s3-data-bucket",
+    "s3-path-style",
+    "s3-ops-bucket",
+    "cluster-id",
+)
+
+
+def s3_url_properties(url: str) -> dict[str, str]:
+    """The properties AutoMQ's ``--s3-url`` stands for: ``s3.data.buckets`` and ``cluster.id``.
+
+    ``s3://HOST:PORT?s3-access-key=AK&s3-secret-key=SK&s3-region=R&s3-endpoint-protocol=http
+    &s3-data-bucket=B&s3-path-style=true&s3-ops-bucket=B&cluster-id=ID`` becomes
+    ``s3.data.buckets=0@s3://B?region=R&endpoint=http://HOST:PORT&pathStyle=true&accessKey=AK
+    &secretKey=SK``, the url :func:`storage.operator.open_object_store` reads after ``0@``.
+    ``s3-ops-bucket`` is not used (automq-py writes no ops data).
+    """
+    parts = urlsplit(url.strip())
+    if parts.scheme != "s3" or not parts.netloc:
+        raise ConfigError(f"--s3-url must be s3://ENDPOINT?s3-data-bucket=..., got {url!r}")
+    params: dict[str, str] = {}
+    # Split by hand: AutoMQ does not percent-encode, and a secret key may hold a literal '+'
+    # that form decoding (parse_qs) would turn into a space.
+    for item in filter(None, parts.query.split("&")):
+        name, _, value = item.partition("=")
+        params[unquote(name)] = unquote(value)
+    for name in sorted(set(params) - set(_S3_URL_PARAMS)):
+        log.warning("--s3-url parameter %r is not used by automq-py; ignored", name)
+
+    bucket = params.get("s3-data-bucket", "")
+    if not bucket:
+        raise ConfigError(f"--s3-url: s3-data-bucket is missing in {_redact_url(url)!r}")
+    protocol = params.get("s3-endpoint-protocol", "https").lower()
+    if protocol not in ("http", "https"):
+        raise ConfigError(f"--s3-url: s3-endpoint-protocol must be http or https, got {protocol!r}")
+    path_style = params.get("s3-path-style", "false").lower()
+    if path_style not in ("true", "false"):
+        raise ConfigError(f"--s3-url: s3-path-style must be true or false, got {path_style!r}")
+    query = {
+        "region": params.get("s3-region") or "us-east-1",
+        "endpoint": f"{protocol}://{parts.netloc}",
+        "pathStyle": path_style,
+    }
+    access_key, secret_key = params.get("s3-access-key"), params.get("s3-secret-key")
+    if access_key and secret_key:
+        query["accessKey"], query["secretKey"] = access_key, secret_key
+    elif access_key or secret_key:
+        raise ConfigError("--s3-url: give both s3-access-key and s3-secret-key, or neither")
+    out = {"s3.data.buckets": f"0@s3://{bucket}?{_encode_query(query)}"}
+    if params.get("cluster-id"):
+        out["cluster.id"] = params["cluster-id"]
+    return out
+
+
+def _encode_query(query: Mapping[str, str]) -> str:
+    # Percent-encode everything but the endpoint's ':' and '/', which stay readable; the store
+    # decodes with parse_qs, so a '+' in a secret must travel as %2B.
+    return "&".join(
+        f"{k}={quote(v, safe=':/' if k == 'endpoint' else '')}" for k, v in query.items()
+    )
+
+
+# --- composite properties ------------------------------------------------------------------
+
+
+def _parse(name: str, raw: str, kind: str, minimum: int | None) -> Any:
+    text = str(raw).strip()
+    if kind in ("int", "long"):
+        try:
+            value = int(text)
+        except ValueError:
+            raise ConfigError(f"{name}: expected an integer, got {raw!r}") from None
+        low, high = (INT32_MIN, INT32_MAX) if kind == "int" else (INT64_MIN, INT64_MAX)
+        if not low <= value <= high:
+            raise ConfigError(f"{name}: must fit in a {kind}, got {value}")
+        if minimum is not None and value < minimum:
+            raise ConfigError(f"{name}: must be at least {minimum}, got {value}")
+        return value
+    if kind == "bool":
+        if text.lower() not in ("true", "false"):
+            raise ConfigError(f"{name}: expected true or false, got {raw!r}")
+        return text.lower() == "true"
+    if kind == "list":
+        return tuple(item.strip() for item in text.split(",") if item.strip())
+    if not text:
+        raise ConfigError(f"{name}: must not be empty")
+    return text
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def _retention_ms(props: Mapping[str, str]) -> int:
+    """Kafka's rule: ``log.retention.ms`` wins over ``.minutes`` over ``.hours``; negative: -1."""
+    if "log.retention.ms" in props:
+        millis = _parse("log.retention.ms", props["log.retention.ms"], "long", None)
+    elif "log.retention.minutes" in props:
+        minutes = _parse("log.retention.minutes", props["log.retention.minutes"], "int", None)
+        millis = minutes * MINUTE_MS
+    else:
+        hours = _parse("log.retention.hours", props.get("log.retention.hours", "168"), "int", None)
+        millis = hours * HOUR_MS
+    return -1 if millis < 0 else millis
+
+
+def _roll_ms(props: Mapping[str, str]) -> int:
+    """Kafka's rule: ``log.roll.ms`` wins over ``log.roll.hours``."""
+    if "log.roll.ms" in props:
+        return int(_parse("log.roll.ms", props["log.roll.ms"], "long", 1))
+    return int(_parse("log.roll.hours", props.get("log.roll.hours", "168"), "int", 1)) * HOUR_MS
+
+
+def _data_dir(props: Mapping[str, str]) -> str:
+    """``log.dirs`` (else ``log.dir``): one directory, holding the WAL and the metadata."""
+    name = "log.dirs" if "log.dirs" in props else "log.dir"
+    raw = props.get(name, DEFAULT_DATA_DIR)
+    dirs = [d.strip() for d in raw.split(",") if d.strip()]
+    if len(dirs) != 1:
+        raise ConfigError(f"{name}: expected one directory (data lives in S3), got {raw!r}")
+    return dirs[0]
+
+
+def parse_listeners(name: str, text: str) -> tuple[Listener, ...]:
+    """Parse a ``NAME://host:port,...`` list; an empty host means every interface (0.0.0.0).
+
+    ``name`` is the property being parsed, for the error messages.
+    """
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise ConfigError(f"{name}: expected NAME://HOST:PORT[,...], got {text!r}")
+    listeners: list[Listener] = []
+    for item in items:
+        listener_name, sep, address = item.partition("://")
+        host, colon, port_text = address.rpartition(":")
+        if not sep or not listener_name or not colon:
+            raise ConfigError(f"{name}: expected NAME://HOST:PORT, got {item!r}")
+        if host.startswith("[") and host.endswith("]"):  # IPv6 literal
+            host = host[1:-1]
+        try:
+            port = int(port_text)
+        except ValueError:
+            raise ConfigError(f"{name}: bad port {port_text!r} in {item!r}") from None
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"{name}: port must be in 0..65535, got {port} in {item!r}")
+        # Kafka compares listener names case-insensitively by upper-casing them.
+        listeners.append(Listener(listener_name.upper(), host or "0.0.0.0", port))
+    names = [listener.name for listener in listeners]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConfigError(f"{name}: each listener needs its own name, {duplicates[0]} repeats")
+    return tuple(listeners)
+
+
+def _listeners(props: Mapping[str, str]) -> tuple[tuple[Listener, ...], tuple[Listener, ...]]:
+    listeners = parse_listeners("listeners", props.get("listeners", DEFAULT_LISTENERS))
+    bound = [(x.host, x.port) for x in listeners if x.port != 0]
+    if len(bound) != len(set(bound)):
+        raise ConfigError(f"listeners: two listeners on one address in {props['listeners']!r}")
+    controller_names = {
+        n.strip().upper() for n in props.get("controller.listener.names", "").split(",") if n
+    }
+    _check_security_protocols(listeners, props, controller_names)
+
+    if "advertised.listeners" in props:
+        source = "advertised.listeners"
+        advertised = parse_listeners(source, props[source])
+    else:
+        # Kafka advertises the listeners except the controller's.
+        source = "advertised.listeners (defaults to listeners)"
+        advertised = tuple(x for x in listeners if x.name not in controller_names)
+        if not advertised:
+            raise ConfigError(
+                "listeners: every listener is a controller listener; add a client one"
+            )
+    listener_names = {x.name for x in listeners}
+    for x in advertised:
+        if x.name not in listener_names:
+            raise ConfigError(f"advertised.listeners: {x} names no listener in listeners")
+        if x.host in _WILDCARD_HOSTS:
+            raise ConfigError(
+                f"{source}: {x} is not an address clients can reach; set advertised.listeners "
+                f"to this host's name or IP"
+            )
+    return listeners, advertised
+
+
+def _check_security_protocols(
+    listeners: Iterable[Listener], props: Mapping[str, str], controller_names: set[str]
+) -> None:
+    name = "listener.security.protocol.map"
+    raw = props.get(name, _COMPOSITE_PROPERTIES[name] or "")
+    protocols: dict[str, str] = {}
+    for entry in filter(None, (e.strip() for e in raw.split(","))):
+        listener_name, sep, protocol = entry.partition(":")
+        if not sep or not listener_name.strip() or not protocol.strip():
+            raise ConfigError(f"{name}: expected NAME:PROTOCOL[,...], got {raw!r}")
+        protocols[listener_name.strip().upper()] = protocol.strip().upper()
+    for listener in listeners:
+        # Kafka lets a controller listener left out of the map default to PLAINTEXT.
+        mapped = protocols.get(
+            listener.name, "PLAINTEXT" if listener.name in controller_names else None
+        )
+        if mapped is None:
+            raise ConfigError(
+                f"listeners: {listener} has no security protocol; map it in {name} "
+                f"(e.g. {listener.name}:PLAINTEXT)"
+            )
+        if mapped != "PLAINTEXT":
+            raise ConfigError(
+                f"listeners: {listener} uses security protocol {mapped}; automq-py serves "
+                f"PLAINTEXT only"
+            )
+
+
+def _storage(
+    props: Mapping[str, str],
+    data_dir: str,
+    node_id: int,
+    cluster_id: str,
+    env: Mapping[str, str],
+) -> S3StreamConfig:
+    """S3StreamConfig from the same properties, its paths defaulting under the data directory
+    so a broker with no s3.* settings runs embedded: WAL, metadata and objects on local disk."""
+    known = S3StreamConfig.properties()
+    storage_props = {name: value for name, value in props.items() if name in known}
+    absolute = os.path.abspath(data_dir)
+    storage_props.setdefault("s3.wal.path", os.path.join(data_dir, "wal"))
+    storage_props.setdefault(
+        "metadata.store.url", "sqlite://" + os.path.join(absolute, "metadata.db")
+    )
+    storage_props.setdefault("s3.data.buckets", Path(absolute, "objects").as_uri())
+    storage_props["s3.data.buckets"] = _with_env_credentials(storage_props["s3.data.buckets"], env)
+    storage_props["node.id"] = str(node_id)
+    storage_props["cluster.id"] = cluster_id
+    return S3StreamConfig.from_properties(storage_props)
+
+
+def _with_env_credentials(data_url: str, env: Mapping[str, str]) -> str:
+    """Add AutoMQ's KAFKA_S3_ACCESS_KEY / KAFKA_S3_SECRET_KEY to an s3:// url without keys."""
+    access_key, secret_key = env.get(ACCESS_KEY_ENV), env.get(SECRET_KEY_ENV)
+    if not access_key and not secret_key:
+        return data_url
+    if not (access_key and secret_key):
+        missing = SECRET_KEY_ENV if access_key else ACCESS_KEY_ENV
+        raise ConfigError(f"{missing} is not set; set both S3 credential variables, or neither")
+    store_url = data_url.split("@", 1)[1] if re.match(r"^\d+@", data_url) else data_url
+    parts = urlsplit(store_url)
+    if parts.scheme != "s3" or "accessKey" in parse_qs(parts.query):
+        return data_url  # keys in the url win, as an explicit setting should
+    keys = _encode_query({"accessKey": access_key, "secretKey": secret_key})
+    return f"{data_url}{'&' if parts.query else '?'}{keys}"
+
+
+def _redacted(name: str, value: str) -> str:
+    if _SECRET_NAME.search(name):
+        return _HIDDEN
+    if name == "s3.data.buckets":
+        return _redact_url(value)
+    return value
+
+
+def _redact_url(url: str) -> str:
+    return re.sub(r"((?:secretKey|s3-secret-key)=)[^&]*", r"\1" + _HIDDEN, url)

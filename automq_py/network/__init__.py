@@ -1,0 +1,1 @@
+"""The socket server (Kafka's SocketServer)."""

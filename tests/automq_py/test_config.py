@@ -1,0 +1,435 @@
+"""BrokerConfig: properties files, layering, AutoMQ's --s3-url, derived defaults, errors, CLI."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from automq_py.config import (
+    BrokerConfig,
+    ConfigError,
+    Listener,
+    parse_properties,
+    s3_url_properties,
+)
+from automq_py.log.log_config import LogConfig
+from storage.metadata.store import sqlite_path
+from storage.operator import LocalObjectStore, S3ObjectStore, open_object_store
+
+REPO = Path(__file__).resolve().parents[2]
+# The url automq-kafka-admin.sh generate-s3-url printed in seed 000 (MinIO on 192.168.31.129).
+SEED_S3_URL = (
+    "s3://192.168.31.129:9000?s3-access-key=minioadmin&s3-secret-key=minioadmin"
+    "&s3-region=ignore-here&s3-endpoint-protocol=http&s3-data-bucket=automq&s3-path-style=true"
+    "&s3-ops-bucket=automq&cluster-id=5kilSYquT962mUNQ8dL7qA"
+)
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "server.properties"
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "automq_py", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+        env=env,
+    )
+
+
+# --- the properties file ---------------------------------------------------------------------
+
+
+def test_properties_syntax_comments_separators_continuations_and_escapes() -> None:
+    text = (
+        "# a comment\n"
+        "   ! another comment\n"
+        "\n"
+        "num.partitions=3\n"
+        "log.dirs : /var/data  \n"
+        "cluster.id   abc\n"
+        "listeners=PLAINTEXT://127.0.0.1:9092,\\\n"
+        "          OTHER://127.0.0.1:9093\n"
+        "key\\=with\\:colon=value\\tafter tab \\u00e9\n"
+        "# a comment ending in a backslash does not continue \\\n"
+        "empty=\n"
+        "num.partitions=4\n"
+    )
+    assert parse_properties(text) == {
+        "num.partitions": "4",
+        "log.dirs": "/var/data",
+        "cluster.id": "abc",
+        "listeners": "PLAINTEXT://127.0.0.1:9092,OTHER://127.0.0.1:9093",
+        "key=with:colon": "value\tafter tab \u00e9",
+        "empty": "",
+    }
+
+
+def test_an_even_number_of_trailing_backslashes_does_not_continue() -> None:
+    assert parse_properties("a=x\\\\\nb=y\n") == {"a": "x\\", "b": "y"}
+
+
+def test_file_values_reach_the_config(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "node.id: 3\n"
+        "auto.create.topics.enable = FALSE\n"
+        "num.partitions 6\n"
+        "log.cleanup.policy=compact, delete\n"
+        "log.message.timestamp.type=LogAppendTime\n",
+    )
+    config = BrokerConfig.load(path)
+    assert config.node_id == 3
+    assert config.storage.node_id == 3
+    assert config.auto_create_topics_enable is False
+    assert config.num_partitions == 6
+    assert config.log_cleanup_policy == ("compact", "delete")
+    assert config.log_message_timestamp_type == "LogAppendTime"
+
+
+def test_a_missing_file_names_its_path(tmp_path: Path) -> None:
+    missing = str(tmp_path / "nope.properties")
+    with pytest.raises(ConfigError, match=r"nope\.properties"):
+        BrokerConfig.load(missing)
+
+
+def test_the_shipped_server_properties_is_the_built_in_default() -> None:
+    shipped = BrokerConfig.load(str(REPO / "config" / "server.properties"))
+    assert shipped.all_properties() == BrokerConfig.load().all_properties()
+
+
+# --- layering: file, --override, --s3-url ------------------------------------------------------
+
+
+def test_overrides_win_over_the_file_and_the_last_override_wins(tmp_path: Path) -> None:
+    path = write(tmp_path, "num.partitions=2\nmessage.max.bytes=2000\n")
+    config = BrokerConfig.load(path, ["num.partitions=5", "num.partitions=7", "cluster.id=a-b_c"])
+    assert config.num_partitions == 7
+    assert config.message_max_bytes == 2000
+    assert config.cluster_id == "a-b_c"
+
+
+def test_an_override_value_may_contain_equals_signs() -> None:
+    url = "0@s3://b?region=r&pathStyle=true"
+    config = BrokerConfig.load(overrides=[f"s3.data.buckets={url}"])
+    assert config.storage.data_url == url
+
+
+def test_a_malformed_override_is_an_error() -> None:
+    with pytest.raises(ConfigError, match=r"--override expects KEY=VALUE, got 'num\.partitions'"):
+        BrokerConfig.load(overrides=["num.partitions"])
+
+
+def test_s3_url_maps_to_s3_data_buckets_and_cluster_id() -> None:
+    props = s3_url_properties(SEED_S3_URL)
+    assert props == {
+        "s3.data.buckets": (
+            "0@s3://automq?region=ignore-here&endpoint=http://192.168.31.129:9000"
+            "&pathStyle=true&accessKey=minioadmin&secretKey=minioadmin"
+        ),
+        "cluster.id": "5kilSYquT962mUNQ8dL7qA",
+    }
+
+
+def test_s3_url_is_a_url_the_object_store_factory_opens() -> None:
+    config = BrokerConfig.load(s3_url=SEED_S3_URL)
+    assert config.cluster_id == config.storage.cluster_id == "5kilSYquT962mUNQ8dL7qA"
+    store = open_object_store(config.storage.object_store_url)
+    assert isinstance(store, S3ObjectStore)
+    assert (store.bucket, store.endpoint, store.region) == (
+        "automq",
+        "http://192.168.31.129:9000",
+        "ignore-here",
+    )
+
+
+def test_s3_url_keeps_plus_and_slash_in_secret_keys() -> None:
+    url = "s3://s3.amazonaws.com?s3-access-key=AK&s3-secret-key=a+b/c%3D&s3-data-bucket=b"
+    data_url = s3_url_properties(url)["s3.data.buckets"].removeprefix("0@")
+    query = parse_qs(urlsplit(data_url).query)
+    assert query["secretKey"] == ["a+b/c="]
+    assert query["endpoint"] == ["https://s3.amazonaws.com"]
+    assert query["pathStyle"] == ["false"]  # AutoMQ's default for --s3-path-style
+
+
+def test_s3_url_is_applied_after_overrides() -> None:
+    config = BrokerConfig.load(overrides=["cluster.id=mine"], s3_url=SEED_S3_URL)
+    assert config.cluster_id == "5kilSYquT962mUNQ8dL7qA"
+
+
+def test_s3_url_without_a_data_bucket_is_an_error_that_hides_the_secret() -> None:
+    with pytest.raises(ConfigError, match="s3-data-bucket") as e:
+        BrokerConfig.load(s3_url="s3://127.0.0.1:9000?s3-access-key=AK&s3-secret-key=TOPSECRET")
+    assert "TOPSECRET" not in str(e.value)
+
+
+def test_credentials_come_from_automqs_environment_variables_when_the_url_has_none() -> None:
+    env = {"KAFKA_S3_ACCESS_KEY": "AK", "KAFKA_S3_SECRET_KEY": "S+K"}
+    url = "0@s3://bucket?endpoint=http://127.0.0.1:8333"
+    config = BrokerConfig.load(overrides=[f"s3.data.buckets={url}"], env=env)
+    query = parse_qs(urlsplit(config.storage.object_store_url).query)
+    assert (query["accessKey"], query["secretKey"]) == (["AK"], ["S+K"])
+    # Keys written in the url win over the environment.
+    assert BrokerConfig.load(s3_url=SEED_S3_URL, env=env).storage.data_url.endswith(
+        "accessKey=minioadmin&secretKey=minioadmin"
+    )
+
+
+# --- derived values -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("props", "expected_ms"),
+    [
+        ({}, 168 * 3_600_000),
+        ({"log.retention.hours": "1"}, 3_600_000),
+        ({"log.retention.hours": "1", "log.retention.minutes": "2"}, 120_000),
+        (
+            {"log.retention.hours": "1", "log.retention.minutes": "2", "log.retention.ms": "5"},
+            5,
+        ),
+        ({"log.retention.hours": "-1"}, -1),
+        ({"log.retention.ms": "-7"}, -1),
+    ],
+)
+def test_retention_ms_wins_over_minutes_over_hours(props: dict[str, str], expected_ms: int) -> None:
+    config = BrokerConfig.from_properties(props)
+    assert config.log_retention_ms == expected_ms
+    assert config.topic_defaults()["retention.ms"] == str(expected_ms)
+
+
+def test_roll_ms_wins_over_roll_hours() -> None:
+    assert BrokerConfig.from_properties({"log.roll.hours": "2"}).log_roll_ms == 7_200_000
+    both = {"log.roll.hours": "2", "log.roll.ms": "1000"}
+    assert BrokerConfig.from_properties(both).log_roll_ms == 1000
+
+
+def test_storage_defaults_live_under_the_data_directory(tmp_path: Path) -> None:
+    config = BrokerConfig.load(overrides=[f"log.dirs={tmp_path}/d", "node.id=2"])
+    assert config.data_dir == f"{tmp_path}/d"
+    assert config.storage.wal_path == f"{tmp_path}/d/wal"
+    assert sqlite_path(config.storage.metadata_url) == f"{tmp_path}/d/metadata.db"
+    store = open_object_store(config.storage.object_store_url)
+    assert isinstance(store, LocalObjectStore)
+    assert config.storage.object_store_url == (tmp_path / "d" / "objects").as_uri()
+    assert config.storage.node_id == 2
+
+
+def test_a_relative_data_directory_gives_absolute_urls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    config = BrokerConfig.load()
+    assert config.data_dir == "./data"
+    assert config.storage.wal_path == "./data/wal"
+    assert config.storage.metadata_url == f"sqlite://{tmp_path}/data/metadata.db"
+    assert config.storage.data_url == f"file://{tmp_path}/data/objects"
+
+
+def test_log_dirs_wins_over_log_dir_and_explicit_storage_settings_are_kept() -> None:
+    config = BrokerConfig.from_properties(
+        {
+            "log.dir": "/a",
+            "log.dirs": "/b",
+            "s3.wal.path": "/fast/wal",
+            "s3.wal.capacity": "4294967296",
+        }
+    )
+    assert config.data_dir == "/b"
+    assert config.storage.wal_path == "/fast/wal"
+    assert config.storage.wal_capacity == 4 << 30
+    assert config.storage.metadata_url == "sqlite:///b/metadata.db"
+
+
+def test_topic_defaults_are_what_logconfig_reads() -> None:
+    config = BrokerConfig.from_properties(
+        {
+            "log.segment.bytes": "1048576",
+            "log.retention.bytes": "5000",
+            "log.index.interval.bytes": "100",
+            "message.max.bytes": "2048",
+            "log.cleanup.policy": "compact",
+            "log.message.timestamp.type": "LogAppendTime",
+            "log.roll.ms": "60000",
+        }
+    )
+    log_config = LogConfig.from_properties(config.topic_defaults(), strict=True)
+    assert log_config == LogConfig(
+        segment_bytes=1048576,
+        segment_ms=60000,
+        retention_ms=168 * 3_600_000,
+        retention_bytes=5000,
+        index_interval_bytes=100,
+        max_message_bytes=2048,
+        message_timestamp_type="LogAppendTime",
+        cleanup_policy=("compact",),
+    )
+
+
+def test_all_properties_lists_effective_values_and_hides_secrets() -> None:
+    config = BrokerConfig.load(
+        overrides=["log.retention.minutes=3", "some.unknown=x", "ssl.keystore.password=pw"],
+        s3_url=SEED_S3_URL,
+    )
+    props = config.all_properties()
+    assert props["log.retention.ms"] == "180000"
+    assert props["num.partitions"] == "1"
+    assert props["some.unknown"] == "x"
+    assert props["ssl.keystore.password"] == "[hidden]"
+    assert "secretKey=[hidden]" in props["s3.data.buckets"]
+    assert "minioadmin&secretKey" in props["s3.data.buckets"]  # the access key is no secret
+    assert config.all_properties(redact=False)["s3.data.buckets"].endswith("secretKey=minioadmin")
+
+
+def test_unknown_properties_are_kept_and_warned_about_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="automq.config"):
+        config = BrokerConfig.load(overrides=["process.roles=broker", "process.roles=broker,x"])
+    assert config.properties["process.roles"] == "broker,x"
+    assert [r.getMessage() for r in caplog.records] == [
+        "property 'process.roles' is not used by automq-py; ignored"
+    ]
+
+
+# --- listeners ----------------------------------------------------------------------------------
+
+
+def test_listeners_parse_and_advertised_defaults_to_listeners() -> None:
+    config = BrokerConfig.from_properties(
+        {"listeners": "plaintext://127.0.0.1:9092", "log.dirs": "/tmp/x"}
+    )
+    assert config.listeners == (Listener("PLAINTEXT", "127.0.0.1", 9092),)
+    assert config.advertised_listeners == config.listeners
+
+
+def test_an_empty_host_binds_every_interface_but_must_not_be_advertised() -> None:
+    with pytest.raises(ConfigError, match=r"advertised\.listeners.*0\.0\.0\.0"):
+        BrokerConfig.from_properties({"listeners": "PLAINTEXT://:9092"})
+    config = BrokerConfig.from_properties(
+        {
+            "listeners": "PLAINTEXT://:9092",
+            "advertised.listeners": "PLAINTEXT://broker1.example.com:19092",
+        }
+    )
+    assert config.listeners == (Listener("PLAINTEXT", "0.0.0.0", 9092),)
+    assert config.advertised_listeners == (Listener("PLAINTEXT", "broker1.example.com", 19092),)
+
+
+def test_ipv6_listeners_and_their_string_form() -> None:
+    config = BrokerConfig.from_properties({"listeners": "PLAINTEXT://[::1]:9092"})
+    assert config.listeners == (Listener("PLAINTEXT", "::1", 9092),)
+    assert str(config.listeners[0]) == "PLAINTEXT://[::1]:9092"
+    with pytest.raises(ConfigError, match=r"advertised\.listeners"):
+        BrokerConfig.from_properties({"listeners": "PLAINTEXT://[::]:9092"})
+
+
+def test_a_controller_listener_is_not_advertised() -> None:
+    # The shape of AutoMQ's generate-start-command output.
+    config = BrokerConfig.from_properties(
+        {
+            "listeners": "PLAINTEXT://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093",
+            "controller.listener.names": "CONTROLLER",
+        }
+    )
+    assert [x.name for x in config.listeners] == ["PLAINTEXT", "CONTROLLER"]
+    assert config.advertised_listeners == (Listener("PLAINTEXT", "127.0.0.1", 9092),)
+
+
+@pytest.mark.parametrize(
+    ("props", "message"),
+    [
+        ({"listeners": "127.0.0.1:9092"}, r"listeners: expected NAME://HOST:PORT"),
+        ({"listeners": "PLAINTEXT://h:x"}, r"listeners: bad port 'x'"),
+        ({"listeners": "PLAINTEXT://h:70000"}, r"listeners: port must be in 0\.\.65535"),
+        ({"listeners": "PLAINTEXT://a:1,PLAINTEXT://b:2"}, r"listeners: .*PLAINTEXT repeats"),
+        ({"listeners": "SSL://h:9093"}, r"listeners: .*SSL.*PLAINTEXT only"),
+        ({"listeners": "INTERNAL://h:9093"}, r"listener\.security\.protocol\.map"),
+        ({"advertised.listeners": "OTHER://h:1"}, r"advertised\.listeners: OTHER://h:1 names no"),
+    ],
+)
+def test_bad_listeners_name_the_property(props: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        BrokerConfig.from_properties(props)
+
+
+def test_a_mapped_listener_name_is_accepted() -> None:
+    config = BrokerConfig.from_properties(
+        {
+            "listeners": "INTERNAL://127.0.0.1:9092",
+            "listener.security.protocol.map": "INTERNAL:PLAINTEXT",
+        }
+    )
+    assert config.listeners == (Listener("INTERNAL", "127.0.0.1", 9092),)
+
+
+# --- errors name the property and the value ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("num.partitions", "abc", r"num\.partitions: expected an integer, got 'abc'"),
+        ("num.partitions", "0", r"num\.partitions: must be at least 1, got 0"),
+        ("num.partitions", "4294967296", r"num\.partitions: must fit in a int"),
+        ("delete.topic.enable", "yes", r"delete\.topic\.enable: expected true or false"),
+        ("log.retention.hours", "1.5", r"log\.retention\.hours: expected an integer, got '1\.5'"),
+        ("log.roll.ms", "0", r"log\.roll\.ms: must be at least 1"),
+        ("log.segment.bytes", "10", r"log\.segment\.bytes: must be at least 14"),
+        ("log.cleanup.policy", "forever", r"log\.cleanup\.policy: .*'forever'"),
+        ("log.message.timestamp.type", "Now", r"log\.message\.timestamp\.type: .*'Now'"),
+        ("log.dirs", "/a,/b", r"log\.dirs: expected one directory"),
+        ("s3.wal.capacity", "big", r"s3\.wal\.capacity: expected an integer, got 'big'"),
+        ("cluster.id", "a b", r"cluster\.id must be letters"),
+    ],
+)
+def test_errors_name_the_property_and_the_value(name: str, value: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        BrokerConfig.load(overrides=[f"{name}={value}"])
+
+
+def test_default_replication_factor_is_accepted_and_ignored() -> None:
+    config = BrokerConfig.load(overrides=["default.replication.factor=3"])
+    assert config.default_replication_factor == 3
+
+
+def test_the_config_is_frozen() -> None:
+    config = BrokerConfig.load()
+    with pytest.raises(AttributeError):
+        config.num_partitions = 2  # type: ignore[misc]
+
+
+# --- the serve command ----------------------------------------------------------------------------
+
+
+def test_serve_help_describes_each_option() -> None:
+    out = run_cli("serve", "--help")
+    assert out.returncode == 0, out.stderr
+    for text in ("--config", "--override KEY=VALUE", "--s3-url URL", "num.partitions=3"):
+        assert text in out.stdout
+    assert "s3-data-bucket=" in out.stdout
+
+
+def test_serve_with_a_bad_property_exits_2_naming_it(tmp_path: Path) -> None:
+    out = run_cli("serve", "--override", "num.partitions=abc", cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.startswith("automq-py serve: num.partitions: expected an integer, got 'abc'")
+    assert not (tmp_path / "data").exists()
+
+
+def test_serve_with_a_missing_config_file_exits_2_naming_it(tmp_path: Path) -> None:
+    out = run_cli("serve", "-c", str(tmp_path / "missing.properties"), cwd=tmp_path)
+    assert out.returncode == 2
+    assert "missing.properties" in out.stderr

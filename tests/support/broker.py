@@ -1,0 +1,83 @@
+"""Runs the real broker process (``python -m automq_py serve``) for integration tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class BrokerProcess:
+    """One broker on loopback with its own data directory; restartable on the same data."""
+
+    def __init__(self, data_dir: Path, overrides: dict[str, str] | None = None) -> None:
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.overrides = {
+            "log.dirs": str(data_dir),
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            **(overrides or {}),
+        }
+        self.log_path = data_dir.parent / f"{data_dir.name}-broker.log"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30) -> None:
+        args = [sys.executable, "-m", "automq_py", "serve"]
+        for key, value in self.overrides.items():
+            args += ["--override", f"{key}={value}"]
+        log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's lifetime
+        self._process = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=log, env=os.environ)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise RuntimeError(
+                    f"broker exited with {self._process.returncode}:\n{self.log_tail()}"
+                )
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"broker did not listen within {timeout}s:\n{self.log_tail()}")
+
+    def stop(self, timeout: float = 60) -> int:
+        """SIGTERM and wait for the graceful shutdown; returns the exit code."""
+        if self._process is None:
+            return 0
+        self._process.send_signal(signal.SIGTERM)
+        try:
+            code = self._process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            code = self._process.wait()
+        self._process = None
+        return code
+
+    def kill(self) -> None:
+        """SIGKILL: a crash at an arbitrary moment."""
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait()
+            self._process = None
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
