@@ -11,36 +11,28 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from automq_py.apis import cluster, configs, fetch, metadata, produce, producer, records, topics
 from automq_py.apis.context import BrokerContext
-from automq_py.apis.fetch import handle_fetch, handle_list_offsets
-from automq_py.apis.metadata import api_versions_handler, handle_metadata
-from automq_py.apis.produce import handle_produce
-from automq_py.apis.topics import handle_create_topics, handle_delete_topics
 from protocol import api_versions, wire
 from protocol.messages import Request, encode_response
 
 log = logging.getLogger("automq.apis")
 
 Handler = Callable[[BrokerContext, Request], Awaitable[Any]]
+HandlerTable = dict[int, tuple[Handler, int, int]]
 
-PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
-API_VERSIONS, CREATE_TOPICS, DELETE_TOPICS = 18, 19, 20
+API_VERSIONS = 18
+# each module of this package lists the APIs it handles as ``HANDLERS``
+MODULES = (produce, fetch, metadata, topics, configs, cluster, records, producer)
 
 
 class KafkaApis:
     def __init__(self, ctx: BrokerContext) -> None:
         self.ctx = ctx
-        # Fetch >= 4 and Produce >= 3: Kafka 4 clients need them (and librdkafka falls back to
-        # legacy message sets below Fetch 4). Topic-id versions (Fetch 13+) come later.
-        self.table: dict[int, tuple[Handler, int, int]] = {
-            PRODUCE: (handle_produce, 3, 11),
-            FETCH: (handle_fetch, 4, 12),
-            LIST_OFFSETS: (handle_list_offsets, 1, 8),
-            METADATA: (handle_metadata, 0, 12),
-            CREATE_TOPICS: (handle_create_topics, 2, 7),
-            DELETE_TOPICS: (handle_delete_topics, 1, 6),
-        }
-        self.table[API_VERSIONS] = (api_versions_handler(self.supported), 0, 4)
+        self.table: HandlerTable = {}
+        for module in MODULES:
+            self.table.update(module.HANDLERS)
+        self.table[API_VERSIONS] = (metadata.api_versions_handler(lambda: self.supported), 0, 4)
 
     @property
     def supported(self) -> dict[int, tuple[int, int]]:

@@ -140,3 +140,10 @@ async def handle_list_offsets(ctx: BrokerContext, request: Request) -> Any:
             parts.append(entry)
         out.append({"name": t.name, "partitions": parts})
     return build.build(response_schema(2, request.api_version), {"throttle_time": 0, "topics": out})
+
+
+# Fetch >= 4, or librdkafka falls back to legacy message sets; topic ids (13+) come later.
+HANDLERS: dict[int, tuple[Any, int, int]] = {
+    1: (handle_fetch, 4, 12),
+    2: (handle_list_offsets, 1, 8),
+}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from automq_py.apis.context import BrokerContext
@@ -11,9 +12,11 @@ from protocol.errors import ErrorCode
 from protocol.messages import Request, response_schema
 
 
-def api_versions_handler(supported: dict[int, tuple[int, int]]) -> Any:
+def api_versions_handler(supported: Callable[[], dict[int, tuple[int, int]]]) -> Any:
+    """ApiVersions lists the broker's whole table (read when asked, so it includes itself)."""
+
     async def handle(ctx: BrokerContext, request: Request) -> Any:
-        return api_versions.build_api_versions_response(request.api_version, supported)
+        return api_versions.build_api_versions_response(request.api_version, supported())
 
     return handle
 
@@ -82,3 +85,7 @@ async def handle_metadata(ctx: BrokerContext, request: Request) -> Any:
             "cluster_authorized_operations": -2147483648,
         },
     )
+
+
+# ApiVersions (18) is added by KafkaApis, which knows the whole table.
+HANDLERS: dict[int, tuple[Any, int, int]] = {3: (handle_metadata, 0, 12)}

@@ -77,3 +77,7 @@ async def _start(
         return AppendResult(ErrorCode.CORRUPT_MESSAGE, message="null records")
     partition = await ctx.replicas.partition(topic, p.index)
     return asyncio.ensure_future(partition.append_records(p.records))
+
+
+# Produce >= 3: magic v2 only (Kafka 4 clients need it).
+HANDLERS: dict[int, tuple[Any, int, int]] = {0: (handle_produce, 3, 11)}

@@ -98,3 +98,9 @@ async def handle_delete_topics(ctx: BrokerContext, request: Request) -> Any:
     return build.build(
         response_schema(20, request.api_version), {"throttle_time": 0, "responses": responses}
     )
+
+
+HANDLERS: dict[int, tuple[Any, int, int]] = {
+    19: (handle_create_topics, 2, 7),
+    20: (handle_delete_topics, 1, 6),
+}

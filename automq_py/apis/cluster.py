@@ -1,0 +1,7 @@
+"""DescribeCluster (60)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+HANDLERS: dict[int, tuple[Any, int, int]] = {}

@@ -1,0 +1,7 @@
+"""InitProducerId (22)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+HANDLERS: dict[int, tuple[Any, int, int]] = {}
