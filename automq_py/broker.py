@@ -46,6 +46,7 @@ class Broker:
             replicas=self.replicas,
             auto_create_topics=config.auto_create_topics_enable,
             num_partitions=config.num_partitions,
+            config=config,
         )
         self.server = SocketServer(
             KafkaApis(ctx),

@@ -4,6 +4,12 @@ Produce: the records blob is split into batches, each validated (magic v2, sizes
 copied once into a writable buffer, given its base offset and leader epoch in place (outside
 the CRC) and appended. Appends to one partition are serialized, so offsets are assigned in
 order; on a single broker the high watermark is the log end offset.
+
+Idempotent producers: under the append lock, before any offset is assigned, the batches are
+checked against the log's producer state (:mod:`automq_py.producer_state`). A retried batch
+the partition already holds is answered with its original base offset and not appended again;
+an out-of-order sequence or a fenced epoch fails the whole request for this partition. The log
+records each appended batch in the producer state once it is durable.
 """
 
 from __future__ import annotations
@@ -63,6 +69,13 @@ class Partition:
         except InvalidRecordBatchError as e:
             return AppendResult(ErrorCode.CORRUPT_MESSAGE, message=str(e))
         async with self._append_lock:
+            check = self.log.producer_state.check([header for header, _ in batches])
+            if check.duplicate is not None:
+                return AppendResult(
+                    ErrorCode.NONE, check.duplicate.first_offset, self.log.log_start_offset
+                )
+            if check.error != ErrorCode.NONE:
+                return AppendResult(check.error, message=check.message)
             first = -1
             for header, view in batches:
                 base = self.log.log_end_offset

@@ -18,6 +18,9 @@ from storage.metadata.manager import MetadataManager
 PREFIX = "topic/"
 _LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_NAME_LENGTH = 249
+# Kafka's controller refuses operations of more than 10,000 records; a larger topic would also
+# make every Metadata answer huge (a client listing all topics could exhaust the broker)
+MAX_PARTITIONS = 10_000
 
 
 class TopicError(Exception):
@@ -68,6 +71,14 @@ def validate_name(name: str) -> None:
         )
 
 
+def check_partition_count(partitions: int) -> None:
+    if not 0 < partitions <= MAX_PARTITIONS:
+        raise TopicError(
+            ErrorCode.INVALID_PARTITIONS,
+            f"number of partitions must be between 1 and {MAX_PARTITIONS}, got {partitions}",
+        )
+
+
 class TopicRegistry:
     def __init__(self, metadata: MetadataManager) -> None:
         self.metadata = metadata
@@ -96,10 +107,7 @@ class TopicRegistry:
         validate_name(name)
         if name in self._by_name:
             raise TopicError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
-        if partitions <= 0:
-            raise TopicError(
-                ErrorCode.INVALID_PARTITIONS, f"number of partitions must be positive: {partitions}"
-            )
+        check_partition_count(partitions)
         info = TopicInfo(name, uuid.uuid4(), partitions, dict(configs or {}), name.startswith("__"))
         await self.metadata.put_kv(PREFIX + name, info.encode())
         self._index(info)

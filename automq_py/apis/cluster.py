@@ -1,7 +1,41 @@
-"""DescribeCluster (60)."""
+"""DescribeCluster (60): this broker is the whole cluster, and its controller."""
 
 from __future__ import annotations
 
 from typing import Any
 
-HANDLERS: dict[int, tuple[Any, int, int]] = {}
+from automq_py.apis.context import BrokerContext
+from protocol import build
+from protocol.errors import ErrorCode
+from protocol.messages import Request, response_schema
+
+BROKER_ENDPOINT = 1
+# Kafka's value for "authorized operations not computed"
+AUTHORIZED_OPERATIONS_OMITTED = -2147483648
+
+
+async def handle_describe_cluster(ctx: BrokerContext, request: Request) -> Any:
+    endpoint_type = int(getattr(request.body, "endpoint_type", BROKER_ENDPOINT))
+    data: dict[str, Any] = {
+        "throttle_time": 0,
+        "error_code": ErrorCode.NONE,
+        "error_message": None,
+        "endpoint_type": endpoint_type,
+        "cluster_id": ctx.cluster_id,
+        "controller_id": ctx.node_id,
+        "brokers": [{"broker_id": ctx.node_id, "host": ctx.host, "port": ctx.port, "rack": None}],
+        "cluster_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+    }
+    if endpoint_type != BROKER_ENDPOINT:
+        # controller endpoints (2) are served by controllers, which a client reaches directly
+        data.update(
+            error_code=ErrorCode.UNSUPPORTED_ENDPOINT_TYPE,
+            error_message=f"this broker serves endpoint type {BROKER_ENDPOINT} only",
+            brokers=[],
+        )
+    return build.build(response_schema(60, request.api_version), data)
+
+
+HANDLERS: dict[int, tuple[Any, int, int]] = {
+    60: (handle_describe_cluster, 0, 1),
+}

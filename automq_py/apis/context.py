@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from automq_py.config import BrokerConfig
+from automq_py.partition import Partition
 from automq_py.replica_manager import ReplicaManager
 from automq_py.topics import TopicError, TopicInfo, TopicRegistry
 from protocol.errors import ErrorCode
@@ -19,6 +21,8 @@ class BrokerContext:
     replicas: ReplicaManager
     auto_create_topics: bool
     num_partitions: int
+    # the whole configuration, for DescribeConfigs of the broker resource
+    config: BrokerConfig = field(default_factory=BrokerConfig)
 
     @property
     def leader_epoch(self) -> int:
@@ -28,6 +32,13 @@ class BrokerContext:
 
     def broker_entry(self) -> dict[str, object]:
         return {"node_id": self.node_id, "host": self.host, "port": self.port, "rack": None}
+
+    def open_partitions(self, topic: str) -> list[Partition]:
+        """The partitions of ``topic`` opened so far, to apply a config change to; the others
+        read the topic's configs when they open."""
+        # ReplicaManager has no public view of what it opened; this is the one place that looks
+        opened = self.replicas._partitions
+        return [p for (name, _), p in sorted(opened.items(), key=lambda kv: kv[0]) if name == topic]
 
     async def topic_for_write(
         self, name: str, auto_create: bool

@@ -12,10 +12,13 @@ from typing import Any
 
 from automq_py.apis.context import BrokerContext
 from automq_py.log.elastic_log import LogOffsetOutOfRangeError
-from protocol import build
+from automq_py.partition import Partition
+from protocol import build, record_batch
 from protocol.errors import ErrorCode
 from protocol.fetch import FetchPartitionResult, FetchTopicResult, encode_fetch_response
 from protocol.messages import Request, response_schema
+from protocol.record_batch import InvalidRecordBatchError
+from protocol.records import parse_records
 
 EARLIEST = -2
 LATEST = -1
@@ -130,7 +133,7 @@ async def handle_list_offsets(ctx: BrokerContext, request: Request) -> Any:
                 offset, max_ts = await partition.log.max_timestamp_offset()
                 entry.update(offset=offset, timestamp=max_ts)
             else:
-                found = await partition.log.offset_for_timestamp(ts)
+                found = await first_record_at_or_after(partition, ts)
                 if found is not None:
                     entry.update(offset=found[0], timestamp=found[1])
             if entry["offset"] >= 0:
@@ -140,6 +143,43 @@ async def handle_list_offsets(ctx: BrokerContext, request: Request) -> Any:
             parts.append(entry)
         out.append({"name": t.name, "partitions": parts})
     return build.build(response_schema(2, request.api_version), {"throttle_time": 0, "topics": out})
+
+
+async def first_record_at_or_after(partition: Partition, timestamp: int) -> tuple[int, int] | None:
+    """``(offset, timestamp)`` of the first record (from the log start) whose timestamp is >=
+    ``timestamp``; None when there is none.
+
+    The log's time index finds the first batch whose max timestamp reaches ``timestamp``; its
+    records say which one does. Records below the log start do not count, so when only those
+    reach it the search goes on to the next batches that can hold one.
+    """
+    found = await partition.log.offset_for_timestamp(timestamp)
+    if found is None:
+        return None
+    offset = found[0]
+    while offset < partition.high_watermark:
+        start = max(offset, partition.log_start_offset)
+        try:
+            views = await partition.read(start, 1)  # the one batch holding ``start``
+        except LogOffsetOutOfRangeError:
+            return None
+        next_offset = offset
+        for view in views:
+            for header, batch in record_batch.iter_batches(view):
+                next_offset = header.last_offset + 1
+                if header.max_timestamp < timestamp:
+                    continue
+                try:
+                    records = parse_records(batch)
+                except InvalidRecordBatchError:
+                    return found  # unreadable records: the batch's answer is the best there is
+                for record in records:
+                    if record.offset >= start and record.timestamp >= timestamp:
+                        return record.offset, record.timestamp
+        if next_offset <= start:
+            return None  # nothing read: the end of the log
+        offset = next_offset
+    return None
 
 
 # Fetch >= 4, or librdkafka falls back to legacy message sets; topic ids (13+) come later.

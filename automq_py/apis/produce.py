@@ -68,7 +68,8 @@ async def _start(
     topic = None
     error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     if name is not None:
-        topic, error = await ctx.topic_for_write(name, auto_create=True)
+        # as in Kafka, only Metadata auto-creates topics; Produce to an unknown one is an error
+        topic, error = await ctx.topic_for_write(name, auto_create=False)
     if topic is None:
         return AppendResult(error)
     if not 0 <= p.index < topic.partitions:

@@ -1,7 +1,132 @@
-"""InitProducerId (22)."""
+"""InitProducerId (22): producer ids for idempotent producers.
+
+Producer ids come from blocks reserved in the metadata KV under :data:`PRODUCER_ID_BLOCK_KEY`
+(an 8-byte big-endian long: the first id no block has taken yet), as Kafka's controller hands
+out ``ProducerIdsRecord`` blocks. A block is reserved durably before any of its ids is given
+out, so a restart skips the rest of the block and never issues an id twice.
+
+* ``transactional_id`` null, no current producer: a new id, epoch 0.
+* ``transactional_id`` null with the producer's current id and epoch (KIP-360, v3+): the same id
+  with the epoch bumped, which fences the old epoch's in-flight batches in every partition; a
+  new id with epoch 0 when the epoch is exhausted or the id was never issued here. (Kafka itself
+  always gives an idempotent producer a new id; bumping keeps the id stable and fences as well.)
+* a ``transactional_id``: transactions are not supported. The answer is
+  ``TRANSACTIONAL_ID_AUTHORIZATION_FAILED``: a real Kafka answer to this request that every
+  client (Java, librdkafka, kafka-python) treats as fatal, so ``init_transactions()`` fails at
+  once with a clear error. ``COORDINATOR_NOT_AVAILABLE`` / ``NOT_COORDINATOR`` are retriable:
+  clients would retry until their transaction timeout and then report only a timeout.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import struct
+import weakref
 from typing import Any
 
-HANDLERS: dict[int, tuple[Any, int, int]] = {}
+from automq_py.apis.context import BrokerContext
+from protocol import build
+from protocol.errors import ErrorCode
+from protocol.messages import Request, response_schema
+from storage.metadata.manager import MetadataManager
+
+log = logging.getLogger("automq.producer")
+
+INIT_PRODUCER_ID = 22
+PRODUCER_ID_BLOCK_KEY = "producer_id_block"
+PRODUCER_ID_BLOCK_SIZE = 1000
+MAX_PRODUCER_EPOCH = 0x7FFF
+_LONG = struct.Struct(">q")
+
+
+class ProducerIdManager:
+    """Hands out producer ids from blocks reserved durably in the metadata KV."""
+
+    def __init__(self, metadata: MetadataManager, block_size: int = PRODUCER_ID_BLOCK_SIZE):
+        self.metadata = metadata
+        self.block_size = block_size
+        self._next = 0
+        self._block_end = 0  # ids in [_next, _block_end) are reserved and unused
+        self._lock = asyncio.Lock()
+
+    def _reserved_end(self) -> int:
+        raw = self.metadata.get_kv(PRODUCER_ID_BLOCK_KEY)
+        return 0 if raw is None else int(_LONG.unpack(raw)[0])
+
+    def was_issued(self, producer_id: int) -> bool:
+        """Whether ``producer_id`` lies in a block this cluster has reserved."""
+        return 0 <= producer_id < self._reserved_end()
+
+    async def generate(self) -> int:
+        """A producer id never issued before (reserving a new block when needed)."""
+        async with self._lock:
+            if self._next >= self._block_end:
+                start = self._reserved_end()
+                # durable before use: after a crash the next block starts past this one
+                await self.metadata.put_kv(
+                    PRODUCER_ID_BLOCK_KEY, _LONG.pack(start + self.block_size)
+                )
+                self._next, self._block_end = start, start + self.block_size
+                log.info("reserved producer ids [%d, %d)", start, self._block_end)
+            producer_id = self._next
+            self._next += 1
+            return producer_id
+
+    async def init_producer(self, producer_id: int, producer_epoch: int) -> tuple[int, int]:
+        """``(id, epoch)`` for an idempotent producer that reports its current ones (-1, -1
+        when it has none)."""
+        if (
+            producer_id >= 0
+            and 0 <= producer_epoch < MAX_PRODUCER_EPOCH - 1
+            and self.was_issued(producer_id)
+        ):
+            return producer_id, producer_epoch + 1
+        # Kafka's isEpochExhausted: epoch >= Short.MaxValue - 1 takes a new id
+        return await self.generate(), 0
+
+
+# one manager per metadata store: the handler has only the broker context to find it by
+_managers: weakref.WeakKeyDictionary[MetadataManager, ProducerIdManager] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def producer_id_manager(ctx: BrokerContext) -> ProducerIdManager:
+    """The broker's producer id manager."""
+    metadata = ctx.replicas.storage.metadata
+    manager = _managers.get(metadata)
+    if manager is None:
+        manager = _managers[metadata] = ProducerIdManager(metadata)
+    return manager
+
+
+async def handle_init_producer_id(ctx: BrokerContext, request: Request) -> Any:
+    body = request.body
+    error, producer_id, producer_epoch = ErrorCode.NONE, -1, -1
+    if body.transactional_id is not None:
+        log.warning(
+            "InitProducerId for transactional id %r refused: transactions are not supported",
+            body.transactional_id,
+        )
+        error = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    else:
+        # v0-v2 requests carry no current id/epoch
+        producer_id, producer_epoch = await producer_id_manager(ctx).init_producer(
+            int(getattr(body, "producer_id", -1)), int(getattr(body, "producer_epoch", -1))
+        )
+    return build.build(
+        response_schema(INIT_PRODUCER_ID, request.api_version),
+        {
+            "throttle_time": 0,
+            "error_code": error,
+            "producer_id": producer_id,
+            "producer_epoch": producer_epoch,
+        },
+    )
+
+
+# v6 adds two-phase commit (KIP-939), which needs transactions: 0..5 as Kafka 4.0 has.
+HANDLERS: dict[int, tuple[Any, int, int]] = {
+    INIT_PRODUCER_ID: (handle_init_producer_id, 0, 5),
+}

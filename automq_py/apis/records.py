@@ -1,7 +1,66 @@
-"""DeleteRecords (21)."""
+"""DeleteRecords (21): move partitions' log start offsets forward.
+
+``offset`` -1 means the high watermark (delete everything). The log start moves at once and
+durably (ElasticLog.truncate_start); whole segments below it are dropped and their streams
+trimmed. The answer's ``low_watermark`` is the log start offset afterwards.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-HANDLERS: dict[int, tuple[Any, int, int]] = {}
+from automq_py.apis.context import BrokerContext
+from automq_py.log.elastic_log import LogOffsetOutOfRangeError
+from automq_py.partition import Partition
+from protocol import build
+from protocol.errors import ErrorCode
+from protocol.messages import Request, response_schema
+
+HIGH_WATERMARK = -1
+
+
+async def handle_delete_records(ctx: BrokerContext, request: Request) -> Any:
+    topics = []
+    for t in request.body.topics:
+        name = str(t.name)
+        info = ctx.topics.get(name)
+        parts = []
+        for p in t.partitions:
+            index = int(p.partition_index)
+            entry: dict[str, Any] = {
+                "partition_index": index,
+                "low_watermark": -1,
+                "error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+            }
+            if info is not None and 0 <= index < info.partitions:
+                partition = await ctx.replicas.partition(info, index)
+                error = await delete_records_before(partition, int(p.offset))
+                entry["error_code"] = error
+                if error == ErrorCode.NONE:
+                    entry["low_watermark"] = partition.log_start_offset
+            parts.append(entry)
+        topics.append({"name": name, "partitions": parts})
+    return build.build(
+        response_schema(21, request.api_version), {"throttle_time": 0, "topics": topics}
+    )
+
+
+async def delete_records_before(partition: Partition, offset: int) -> ErrorCode:
+    """Make ``offset`` (HIGH_WATERMARK: the high watermark) the log start, if it is later;
+    Kafka's Partition.deleteRecordsOnLeader."""
+    if "delete" not in partition.log.config.cleanup_policy:
+        # a compacted-only log keeps its history by policy
+        return ErrorCode.POLICY_VIOLATION
+    target = partition.high_watermark if offset == HIGH_WATERMARK else offset
+    if target < 0 or target > partition.high_watermark:
+        return ErrorCode.OFFSET_OUT_OF_RANGE
+    try:
+        await partition.log.truncate_start(target)
+    except LogOffsetOutOfRangeError:
+        return ErrorCode.OFFSET_OUT_OF_RANGE
+    return ErrorCode.NONE
+
+
+HANDLERS: dict[int, tuple[Any, int, int]] = {
+    21: (handle_delete_records, 0, 2),
+}

@@ -1,12 +1,13 @@
-"""CreateTopics (19) and DeleteTopics (20)."""
+"""CreateTopics (19), DeleteTopics (20) and CreatePartitions (37)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from automq_py.apis.context import BrokerContext
 from automq_py.log.log_config import LogConfig, LogConfigError
-from automq_py.topics import TopicError, validate_name
+from automq_py.topics import TopicError, check_partition_count, validate_name
 from protocol import build
 from protocol.errors import ErrorCode
 from protocol.messages import Request, response_schema
@@ -33,8 +34,7 @@ async def handle_create_topics(ctx: BrokerContext, request: Request) -> Any:
                     f"replication factor {replication}: this broker keeps one copy (the object "
                     "store replicates the data); use 1 or -1",
                 )
-            if partitions <= 0:
-                raise TopicError(ErrorCode.INVALID_PARTITIONS, f"invalid partitions {partitions}")
+            check_partition_count(partitions)
             LogConfig.from_properties({**ctx.replicas.topic_defaults, **configs}, strict=True)
             if ctx.topics.get(name) is not None:
                 raise TopicError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
@@ -100,7 +100,44 @@ async def handle_delete_topics(ctx: BrokerContext, request: Request) -> Any:
     )
 
 
+async def handle_create_partitions(ctx: BrokerContext, request: Request) -> Any:
+    """Grow topics' partition counts; the new partitions open (empty) on first use."""
+    body = request.body
+    repeated = Counter(str(t.name) for t in body.topics)
+    results = []
+    for t in body.topics:
+        name, count = str(t.name), int(t.count)
+        entry: dict[str, Any] = {"name": name, "error_code": ErrorCode.NONE, "error_message": None}
+        try:
+            if repeated[name] > 1:
+                raise TopicError(ErrorCode.INVALID_REQUEST, f"topic {name!r} appears twice")
+            info = ctx.topics.get(name)
+            if info is None:
+                raise TopicError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}")
+            check_partition_count(count)
+            if count < info.partitions:
+                raise TopicError(
+                    ErrorCode.INVALID_PARTITIONS,
+                    f"topic {name!r} has {info.partitions} partitions, more than the requested "
+                    f"{count}: partitions cannot be removed",
+                )
+            if count == info.partitions:
+                raise TopicError(
+                    ErrorCode.INVALID_PARTITIONS, f"topic {name!r} already has {count} partitions"
+                )
+            # assignments place replicas on brokers: this broker leads every partition
+            if not body.validate_only:
+                await ctx.topics.update(info, partitions=count)
+        except TopicError as e:
+            entry.update(error_code=e.code, error_message=str(e))
+        results.append(entry)
+    return build.build(
+        response_schema(37, request.api_version), {"throttle_time": 0, "results": results}
+    )
+
+
 HANDLERS: dict[int, tuple[Any, int, int]] = {
     19: (handle_create_topics, 2, 7),
     20: (handle_delete_topics, 1, 6),
+    37: (handle_create_partitions, 0, 3),
 }

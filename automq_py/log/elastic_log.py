@@ -2,15 +2,21 @@
 
 The metadata KV maps ``<namespace>/<topicId>/<partition>`` to the MetaStream id (an 8-byte
 big-endian long). The MetaStream holds ``PARTITION`` (log start offset, clean shutdown flag),
-``LOG`` (stream ids and segments, see :mod:`automq_py.log.elastic_log_meta`) and
-``LEADER_EPOCH_CHECKPOINT``. The segments are slices of the ``log`` (record batches) and ``tim``
-(time index) streams; ``txn`` stays -1 until transactions need it.
+``LOG`` (stream ids and segments, see :mod:`automq_py.log.elastic_log_meta`),
+``LEADER_EPOCH_CHECKPOINT`` and ``PRODUCER_SNAPSHOTS`` (see :mod:`automq_py.producer_state`).
+The segments are slices of the ``log`` (record batches) and ``tim`` (time index) streams;
+``txn`` stays -1 until transactions need it.
 
 Every stream is opened at the partition's epoch, so opening the log on a new owner fences the
 old one. ``LOG`` is written when a segment is created, rolled or dropped and on close; the
 active segment reaches the log stream's end, so batches acknowledged after the last ``LOG``
 write are still part of the log after a crash. An unclean stop (``PARTITION`` ``cs`` false) is
 repaired on open by re-scanning the active segment.
+
+Producer state (idempotent producers' epochs and last batches) follows every append; it is
+snapshotted to ``PRODUCER_SNAPSHOTS`` at each roll and at close, and on open it is restored
+from the snapshot and brought up to the log end by replaying the batch headers after the
+snapshot's offset, so a retried duplicate is still recognised after a crash.
 
 Appends run one at a time: each waits until its batch is durable (the WAL groups the writes of
 many partitions), so the log end offset is also the high watermark on a single node.
@@ -43,6 +49,8 @@ from automq_py.log.log_config import LogConfig
 from automq_py.log.meta_stream import MetaStream
 from automq_py.log.meta_stream_record import LeaderEpochCheckpoint
 from automq_py.log.time_index import SegmentTimeIndex
+from automq_py.producer_state import InvalidProducerSnapshotError, ProducerStateManager
+from protocol.record_batch import InvalidRecordBatchError, parse_header
 from storage.errors import OffsetOutOfRangeError, StreamClosedError
 from storage.metadata.manager import MetadataManager
 from storage.stream import S3Stream, StreamClient
@@ -106,6 +114,7 @@ class ElasticLog:
         self._clock = clock
         self._lock = asyncio.Lock()  # appends, rolls, meta writes: one at a time
         self._closed = False
+        self.producer_state = ProducerStateManager()
 
     # -- open ------------------------------------------------------------------------------------
 
@@ -226,6 +235,7 @@ class ElasticLog:
             )
         if not partition_meta.cleaned_shutdown:
             await elastic_log._recover()
+        await elastic_log._load_producer_state()
         # from now on a crash must be noticed on the next open
         elastic_log._partition_meta = dataclasses.replace(
             elastic_log._partition_meta, cleaned_shutdown=False
@@ -276,6 +286,48 @@ class ElasticLog:
                 changed |= self._leader_epochs.assign(epoch, offset)
         if changed:
             await self._persist_leader_epochs()
+
+    async def _load_producer_state(self) -> None:
+        """Restore ``PRODUCER_SNAPSHOTS``, then replay the batches appended after it.
+
+        Without a usable snapshot only the active segment is replayed: every roll writes a
+        snapshot, so only a log from before snapshots existed lacks one, and reading all of its
+        segments back from object storage on open would cost more than the state is worth.
+        """
+        start = self._segments[-1].base_offset
+        raw = self.meta_stream.get(keys.PRODUCER_SNAPSHOTS)
+        if raw is not None:
+            try:
+                state, offset = ProducerStateManager.from_snapshot(raw)
+            except InvalidProducerSnapshotError as e:
+                log.error("MetaStream %d: ignoring PRODUCER_SNAPSHOTS: %s", self.meta_stream_id, e)
+            else:
+                if offset <= self.log_end_offset:
+                    self.producer_state, start = state, offset
+                else:  # a snapshot past the log end describes batches this log does not have
+                    log.warning(
+                        "MetaStream %d: producer snapshot at %d is past the log end %d",
+                        self.meta_stream_id,
+                        offset,
+                        self.log_end_offset,
+                    )
+        start = max(start, self.log_start_offset)
+        replayed = 0
+        now = self._clock()  # replayed producers count as seen now: expiry only errs late
+        for segment in self._segments:
+            if segment.next_offset <= start:
+                continue
+            async for view in segment.batches(start):
+                if view.header.last_offset >= start:
+                    self.producer_state.update(view.header, view.header.base_offset, now)
+                    replayed += 1
+        if replayed:
+            log.info(
+                "MetaStream %d: producer state rebuilt from %d batches after offset %d",
+                self.meta_stream_id,
+                replayed,
+                start,
+            )
 
     # -- state -----------------------------------------------------------------------------------
 
@@ -350,6 +402,15 @@ class ElasticLog:
             ):
                 await self._roll(now)
             await self._segments[-1].append(batch, base_offset, record_count, max_timestamp, now)
+            self._track_producer(batch, base_offset, now)
+
+    def _track_producer(self, batch: bytes | memoryview, base_offset: int, now: int) -> None:
+        """Record an appended batch in the producer state (from its header alone)."""
+        try:
+            header = parse_header(batch)
+        except InvalidRecordBatchError:
+            return  # not a Kafka batch (some tests append opaque payloads): no producer
+        self.producer_state.update(header, base_offset, now)
 
     async def roll(self) -> None:
         """Start a new active segment now (if the current one holds anything)."""
@@ -370,6 +431,8 @@ class ElasticLog:
         )
         self._segments.append(self._segment(meta))
         await self._persist_log_meta()
+        # the state now covers exactly the batches below the new segment (Kafka's roll does too)
+        await self._persist_producer_snapshot(meta.base_offset)
         log.debug("rolled segment %d at offset %d", old.base_offset, meta.base_offset)
 
     def _txn_next_offset(self) -> int:
@@ -430,6 +493,7 @@ class ElasticLog:
             active = self._segments[-1]
             await active.time_index.maybe_append(active.time_index.max_so_far)
             await self._persist_log_meta()
+            await self._persist_producer_snapshot(self.log_end_offset)
             self._partition_meta = dataclasses.replace(
                 self._partition_meta, recover_offset=self.log_end_offset, cleaned_shutdown=True
             )
@@ -450,6 +514,15 @@ class ElasticLog:
         await self.meta_stream.put(
             keys.LEADER_EPOCH_CHECKPOINT, self._leader_epochs.checkpoint().encode()
         )
+
+    async def _persist_producer_snapshot(self, offset: int) -> None:
+        """Write ``PRODUCER_SNAPSHOTS`` covering batches below ``offset``, first forgetting
+        producers idle longer than ``producer.id.expiration.ms``. A partition that never saw
+        an idempotent producer writes nothing."""
+        self.producer_state.expire(self._clock())
+        if not len(self.producer_state) and self.meta_stream.get(keys.PRODUCER_SNAPSHOTS) is None:
+            return
+        await self.meta_stream.put(keys.PRODUCER_SNAPSHOTS, self.producer_state.snapshot(offset))
 
     # -- read ------------------------------------------------------------------------------------
 

@@ -28,6 +28,8 @@ class BrokerProcess:
         self.overrides = {
             "log.dirs": str(data_dir),
             "listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            # the WAL file is preallocated: 2 GiB per test broker would fill CI's disk
+            "s3.wal.capacity": str(256 << 20),
             **(overrides or {}),
         }
         self.log_path = data_dir.parent / f"{data_dir.name}-broker.log"

@@ -256,7 +256,13 @@ async def test_a_meta_stream_without_log_is_initialised(make_storage: StorageFac
     await append_batches(log, [T0])
     await log.close()
     replayed = await MetaStream(await client.open(stream.stream_id, 0)).replay()
-    assert set(replayed) == {keys.PARTITION, keys.LOG, keys.LEADER_EPOCH_CHECKPOINT}
+    # the test batches carry a producer id, so producer state is saved too
+    assert set(replayed) == {
+        keys.PARTITION,
+        keys.LOG,
+        keys.LEADER_EPOCH_CHECKPOINT,
+        keys.PRODUCER_SNAPSHOTS,
+    }
 
 
 async def test_kafka_batch_helper_builds_valid_batches() -> None:

@@ -1,0 +1,399 @@
+"""The admin APIs through confluent-kafka's AdminClient, against the real broker on real S3:
+configs, partitions, the cluster, record deletion and offsets by timestamp."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ConfigSource,
+    NewPartitions,
+    NewTopic,
+    OffsetSpec,
+    ResourceType,
+)
+
+from protocol.errors import ErrorCode
+from tests.support.broker import BrokerProcess
+from tests.support.seaweedfs import SeaweedFS
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT = 15
+# each test starts a broker; Kafka-sized WAL files (2 GiB each) would fill the disk
+WAL_CAPACITY = str(256 << 20)
+
+
+@pytest.fixture
+def broker(tmp_path: Path, s3_server: SeaweedFS) -> Iterator[BrokerProcess]:
+    """test_clients' broker fixture, with a small WAL."""
+    b = BrokerProcess(
+        tmp_path / "broker",
+        {
+            "s3.data.buckets": s3_server.url(),
+            "cluster.id": f"t{time.monotonic_ns()}",
+            "s3.wal.capacity": WAL_CAPACITY,
+        },
+    )
+    b.start()
+    try:
+        yield b
+    finally:
+        code = b.stop()
+        assert code == 0, b.log_tail()
+
+
+def admin_for(b: BrokerProcess) -> AdminClient:
+    return AdminClient({"bootstrap.servers": b.bootstrap})
+
+
+def create_topics(admin: AdminClient, *topics: NewTopic) -> None:
+    for future in admin.create_topics(list(topics)).values():
+        future.result(TIMEOUT)
+
+
+def topic_configs(admin: AdminClient, topic: str) -> dict[str, Any]:
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    return dict(admin.describe_configs([resource])[resource].result(TIMEOUT))
+
+
+def kafka_error(future: Any) -> KafkaError:
+    with pytest.raises(KafkaException) as raised:
+        future.result(TIMEOUT)
+    error = raised.value.args[0]
+    assert isinstance(error, KafkaError)
+    return error
+
+
+def produce(
+    bootstrap: str, topic: str, values: list[bytes], partition: int = 0, **config: Any
+) -> list[int]:
+    """Produce ``values`` to one partition, waiting for each delivery; their offsets."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, **config})
+    offsets: list[int] = []
+    errors: list[KafkaError] = []
+
+    def delivered(err: KafkaError | None, msg: Any) -> None:
+        if err is not None:
+            errors.append(err)
+        else:
+            offsets.append(msg.offset())
+
+    for value in values:
+        producer.produce(topic, value, partition=partition, on_delivery=delivered)
+    assert producer.flush(TIMEOUT) == 0
+    if errors:
+        raise KafkaException(errors[0])
+    return offsets
+
+
+def test_describe_topic_configs_with_sources(broker: BrokerProcess) -> None:
+    admin = admin_for(broker)
+    create_topics(admin, NewTopic("described", 1, 1, config={"retention.ms": "3600000"}))
+    configs = topic_configs(admin, "described")
+
+    retention = configs["retention.ms"]
+    assert retention.value == "3600000"
+    assert retention.source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
+    assert not retention.is_read_only and not retention.is_sensitive
+    # the topic's own value first, then the broker default it overrides
+    assert [(s.name, s.source) for s in retention.synonyms.values()] == [
+        ("retention.ms", ConfigSource.DYNAMIC_TOPIC_CONFIG.value),
+        ("log.retention.hours", ConfigSource.DEFAULT_CONFIG.value),
+    ]
+    inherited = configs["max.message.bytes"]
+    assert inherited.value == "1048588"
+    assert inherited.source == ConfigSource.DEFAULT_CONFIG.value
+    assert configs["cleanup.policy"].value == "delete"
+    assert {"segment.bytes", "segment.ms", "message.timestamp.type"} <= set(configs)
+
+
+def test_describe_configs_of_an_unknown_topic(broker: BrokerProcess) -> None:
+    admin = admin_for(broker)
+    missing = ConfigResource(ResourceType.TOPIC, "no-such-topic")
+    error = kafka_error(admin.describe_configs([missing])[missing])
+    assert error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+
+
+def test_describe_broker_configs_redacts_secrets(
+    s3_server: SeaweedFS,
+    broker: BrokerProcess,
+) -> None:
+    admin = admin_for(broker)
+    resource = ConfigResource(ResourceType.BROKER, "0")
+    configs = admin.describe_configs([resource])[resource].result(TIMEOUT)
+
+    assert configs["message.max.bytes"].value == "1048588"
+    assert configs["message.max.bytes"].source == ConfigSource.DEFAULT_CONFIG.value
+    assert configs["listeners"].source == ConfigSource.STATIC_BROKER_CONFIG.value
+    assert all(entry.is_read_only for entry in configs.values())
+    buckets = configs["s3.data.buckets"]
+    assert buckets.is_sensitive
+    assert s3_server.secret_key not in (buckets.value or "")
+    assert s3_server.endpoint in (buckets.value or "")
+
+
+# AlterConfigs (33) is what this test is about, deprecated in clients or not
+@pytest.mark.filterwarnings("ignore:alter_configs has been deprecated:DeprecationWarning")
+def test_alter_configs_replaces_the_topic_configs(broker: BrokerProcess) -> None:
+    admin = admin_for(broker)
+    create_topics(admin, NewTopic("altered", 1, 1, config={"retention.ms": "3600000"}))
+    resource = ConfigResource(ResourceType.TOPIC, "altered", set_config={"segment.ms": "60000"})
+    admin.alter_configs([resource])[resource].result(TIMEOUT)
+
+    configs = topic_configs(admin, "altered")
+    assert configs["segment.ms"].value == "60000"
+    assert configs["segment.ms"].source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
+    # left out of the new set: back to the broker default
+    assert configs["retention.ms"].value == str(7 * 24 * 3600 * 1000)
+    assert configs["retention.ms"].source == ConfigSource.DEFAULT_CONFIG.value
+
+    bad = ConfigResource(ResourceType.TOPIC, "altered", set_config={"segment.ms": "soon"})
+    error = kafka_error(admin.alter_configs([bad])[bad])
+    assert error.code() == KafkaError.INVALID_CONFIG
+    assert "segment.ms" in error.str()
+    assert topic_configs(admin, "altered")["segment.ms"].value == "60000"
+
+    static = ConfigResource(ResourceType.BROKER, "0", set_config={"num.partitions": "4"})
+    error = kafka_error(admin.alter_configs([static])[static])
+    assert error.code() == KafkaError.INVALID_REQUEST
+    assert "num.partitions" in error.str()
+
+
+def test_incremental_alter_configs(broker: BrokerProcess) -> None:
+    admin = admin_for(broker)
+    create_topics(admin, NewTopic("incremental", 1, 1, config={"retention.ms": "3600000"}))
+    # open the partition first: the new max.message.bytes must reach it
+    produce(broker.bootstrap, "incremental", [b"small"])
+
+    def alter(*entries: ConfigEntry, validate_only: bool = False) -> Any:
+        resource = ConfigResource(ResourceType.TOPIC, "incremental", incremental_configs=entries)
+        future = admin.incremental_alter_configs([resource], validate_only=validate_only)
+        return future[resource]
+
+    alter(
+        ConfigEntry("max.message.bytes", "2000", incremental_operation=AlterConfigOpType.SET),
+        ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.APPEND),
+    ).result(TIMEOUT)
+    configs = topic_configs(admin, "incremental")
+    assert configs["max.message.bytes"].value == "2000"
+    assert configs["max.message.bytes"].source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
+    assert configs["cleanup.policy"].value == "delete,compact"
+    assert configs["retention.ms"].value == "3600000"  # untouched
+    with pytest.raises(KafkaException) as raised:
+        produce(broker.bootstrap, "incremental", [b"x" * 5000])
+    assert raised.value.args[0].code() == KafkaError.MSG_SIZE_TOO_LARGE
+
+    alter(
+        ConfigEntry("cleanup.policy", "delete", incremental_operation=AlterConfigOpType.SUBTRACT),
+        ConfigEntry("retention.ms", None, incremental_operation=AlterConfigOpType.DELETE),
+    ).result(TIMEOUT)
+    configs = topic_configs(admin, "incremental")
+    assert configs["cleanup.policy"].value == "compact"
+    assert configs["retention.ms"].source == ConfigSource.DEFAULT_CONFIG.value
+
+    alter(
+        ConfigEntry("segment.bytes", "100000", incremental_operation=AlterConfigOpType.SET),
+        validate_only=True,
+    ).result(TIMEOUT)
+    assert topic_configs(admin, "incremental")["segment.bytes"].value == str(1 << 30)
+
+    error = kafka_error(
+        alter(ConfigEntry("segment.bytes", "-5", incremental_operation=AlterConfigOpType.SET))
+    )
+    assert error.code() == KafkaError.INVALID_CONFIG
+    assert "segment.bytes" in error.str()
+
+
+def test_create_partitions(broker: BrokerProcess) -> None:
+    admin = admin_for(broker)
+    create_topics(admin, NewTopic("growing", 3, 1))
+    checked = admin.create_partitions([NewPartitions("growing", 5)], validate_only=True)
+    checked["growing"].result(TIMEOUT)
+    assert len(admin.list_topics("growing").topics["growing"].partitions) == 3
+
+    admin.create_partitions([NewPartitions("growing", 6)])["growing"].result(TIMEOUT)
+    assert len(admin.list_topics("growing").topics["growing"].partitions) == 6
+    assert produce(broker.bootstrap, "growing", [b"on the new partition"], partition=5) == [0]
+
+    error = kafka_error(admin.create_partitions([NewPartitions("growing", 4)])["growing"])
+    assert error.code() == KafkaError.INVALID_PARTITIONS
+    error = kafka_error(
+        admin.create_partitions([NewPartitions("no-such-topic", 4)])["no-such-topic"]
+    )
+    assert error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+
+
+def test_describe_cluster(broker: BrokerProcess) -> None:
+    admin = admin_for(broker)  # kept: a collected client cancels its requests
+    cluster = admin.describe_cluster().result(TIMEOUT)
+    assert cluster.cluster_id == broker.overrides["cluster.id"]
+    assert cluster.controller.id == 0
+    assert [(n.id, n.host, n.port) for n in cluster.nodes] == [(0, "127.0.0.1", broker.port)]
+
+
+def test_delete_records_moves_the_log_start(broker: BrokerProcess) -> None:
+    admin = admin_for(broker)
+    create_topics(admin, NewTopic("trimmed", 2, 1))
+    produce(broker.bootstrap, "trimmed", [f"r{i}".encode() for i in range(10)])
+    produce(broker.bootstrap, "trimmed", [b"a", b"b"], partition=1)
+
+    done = admin.delete_records([TopicPartition("trimmed", 0, 4)])
+    assert next(iter(done.values())).result(TIMEOUT).low_watermark == 4
+    # -1: up to the high watermark
+    done = admin.delete_records([TopicPartition("trimmed", 1, -1)])
+    assert next(iter(done.values())).result(TIMEOUT).low_watermark == 2
+    beyond = admin.delete_records([TopicPartition("trimmed", 0, 11)])
+    assert kafka_error(next(iter(beyond.values()))).code() == KafkaError.OFFSET_OUT_OF_RANGE
+
+    earliest = admin.list_offsets({TopicPartition("trimmed", 0): OffsetSpec.earliest()})
+    assert next(iter(earliest.values())).result(TIMEOUT).offset == 4
+
+    # offset 0 is gone: the consumer hears OFFSET_OUT_OF_RANGE and resets to the new start
+    consumer = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "group.id": "trimmed-reader",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.assign([TopicPartition("trimmed", 0, 0)])
+    got: list[tuple[int, bytes]] = []
+    deadline = time.monotonic() + 30
+    while len(got) < 6 and time.monotonic() < deadline:
+        msg = consumer.poll(1.0)
+        if msg is not None and msg.error() is None:
+            got.append((msg.offset(), msg.value()))
+    consumer.close()
+    assert got == [(i, f"r{i}".encode()) for i in range(4, 10)]
+
+
+def test_delete_topics(broker: BrokerProcess) -> None:
+    admin = admin_for(broker)
+    create_topics(admin, NewTopic("doomed", 1, 1))
+    admin.delete_topics(["doomed"])["doomed"].result(TIMEOUT)
+    assert "doomed" not in admin.list_topics(timeout=TIMEOUT).topics
+    resource = ConfigResource(ResourceType.TOPIC, "doomed")
+    error = kafka_error(admin.describe_configs([resource])[resource])
+    assert error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_list_offsets_by_timestamp(broker: BrokerProcess, compression: str) -> None:
+    admin = admin_for(broker)
+    topic = f"timed-{compression}"
+    create_topics(admin, NewTopic(topic, 1, 1))
+    base = int(time.time() * 1000) - 60_000
+    producer = Producer(
+        {"bootstrap.servers": broker.bootstrap, "linger.ms": 1000, "compression.type": compression}
+    )
+    # four batches of five records (one flush each); record i has timestamp base + 10 * i
+    for batch in range(4):
+        for i in range(batch * 5, batch * 5 + 5):
+            producer.produce(topic, f"v{i}".encode(), partition=0, timestamp=base + 10 * i)
+        assert producer.flush(TIMEOUT) == 0
+
+    def lookup(timestamp: int) -> tuple[int, int]:
+        tp = TopicPartition(topic, 0)
+        found = admin.list_offsets({tp: OffsetSpec.for_timestamp(timestamp)})[tp].result(TIMEOUT)
+        return found.offset, found.timestamp
+
+    assert lookup(base - 1000) == (0, base)
+    assert lookup(base + 10 * 7 - 5) == (7, base + 70)  # inside the second batch
+    assert lookup(base + 10 * 12) == (12, base + 120)  # equal to a record's timestamp
+    assert lookup(base + 10 * 15) == (15, base + 150)  # a batch's first record
+    assert lookup(base + 10 * 19) == (19, base + 190)  # the last record
+    assert lookup(base + 10 * 19 + 1) == (-1, -1)  # after the last
+
+    # records below the log start do not count
+    done = admin.delete_records([TopicPartition(topic, 0, 8)])
+    next(iter(done.values())).result(TIMEOUT)
+    assert lookup(base + 10 * 6) == (8, base + 80)
+
+
+# -- the handlers' rules with no broker: what a client cannot be made to send ----------------
+
+
+def fake_context(configs: dict[str, str] | None = None) -> Any:
+    """A BrokerContext with node id 0, one topic ``t`` and no storage."""
+    from automq_py.apis.context import BrokerContext
+    from automq_py.config import BrokerConfig
+    from automq_py.topics import TopicInfo
+
+    topic = TopicInfo("t", uuid.uuid4(), 1, configs or {})
+    config = BrokerConfig.from_properties({"log.retention.hours": "24"})
+    return BrokerContext(
+        node_id=0,
+        cluster_id="c",
+        host="127.0.0.1",
+        port=9092,
+        topics=SimpleNamespace(get=lambda name: topic if name == "t" else None),
+        replicas=SimpleNamespace(topic_defaults=config.topic_defaults()),
+        auto_create_topics=True,
+        num_partitions=1,
+        config=config,
+    )
+
+
+def test_describe_another_broker_is_an_invalid_request() -> None:
+    from automq_py.apis.configs import ConfigRequestError, describe_broker
+
+    ctx = fake_context()
+    with pytest.raises(ConfigRequestError) as raised:
+        describe_broker(ctx, "7", synonyms=False, documentation=False)
+    assert raised.value.code == ErrorCode.INVALID_REQUEST
+    assert describe_broker(ctx, "", synonyms=False, documentation=False) == []
+    by_name = {c["name"]: c for c in describe_broker(ctx, "0", synonyms=True, documentation=True)}
+    assert by_name["log.retention.hours"]["config_source"] == 4
+    assert by_name["node.id"]["documentation"] == "this broker's node id"
+
+
+def test_static_broker_default_is_the_source_of_an_inherited_topic_config() -> None:
+    from automq_py.apis.configs import describe_topic
+
+    ctx = fake_context()
+    by_name = {
+        c["name"]: c
+        for c in describe_topic(ctx, ctx.topics.get("t"), synonyms=True, documentation=False)
+    }
+    retention = by_name["retention.ms"]
+    assert retention["value"] == str(24 * 3600 * 1000)
+    assert retention["config_source"] == 4
+    assert [(s["name"], s["value"], s["source"]) for s in retention["synonyms"]] == [
+        ("log.retention.hours", "24", 4),
+        ("log.retention.hours", "168", 5),
+    ]
+
+
+def test_incremental_operations() -> None:
+    from automq_py.apis.configs import ConfigRequestError, incremental_configs
+
+    ctx = fake_context({"cleanup.policy": "compact", "retention.ms": "5"})
+    topic = ctx.topics.get("t")
+
+    def op(name: str, value: str | None, kind: int) -> Any:
+        return SimpleNamespace(name=name, value=value, config_operation=kind)
+
+    assert incremental_configs(
+        ctx, topic, [op("cleanup.policy", "delete,compact", 2), op("retention.ms", None, 1)]
+    ) == {"cleanup.policy": "compact,delete"}
+    assert incremental_configs(ctx, topic, [op("cleanup.policy", "compact", 3)]) == {
+        "cleanup.policy": "",
+        "retention.ms": "5",
+    }
+    with pytest.raises(ConfigRequestError) as raised:
+        incremental_configs(ctx, topic, [op("retention.ms", "1", 2)])
+    assert raised.value.code == ErrorCode.INVALID_CONFIG
+    assert "retention.ms" in str(raised.value)

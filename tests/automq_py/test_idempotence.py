@@ -1,0 +1,276 @@
+"""Idempotent producers against the real broker process on the real S3 server: InitProducerId,
+per-partition sequence checks, duplicates answered with the original offset, across kill -9."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
+from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProducerIdResponse
+
+from protocol.errors import ErrorCode
+from protocol.records import Compression, RecordInput, build_batch
+from tests.automq_py.test_clients import PARTITIONS, N, consume_and_check, create_topic
+from tests.protocol.kafka_oracle import request_frame
+from tests.support.broker import BrokerProcess
+from tests.support.seaweedfs import SeaweedFS
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def broker(tmp_path: Path, s3_server: SeaweedFS) -> Iterator[BrokerProcess]:
+    b = BrokerProcess(
+        tmp_path / "broker",
+        {"s3.data.buckets": s3_server.url(), "cluster.id": f"t{time.monotonic_ns()}"},
+    )
+    b.start()
+    try:
+        yield b
+    finally:
+        code = b.stop()
+        assert code == 0, b.log_tail()
+
+
+# -- a raw connection: one request at a time ------------------------------------------------------
+
+
+class RawConnection:
+    """A blocking Kafka connection sending kafka-python requests and decoding the answers."""
+
+    def __init__(self, bootstrap: str) -> None:
+        host, port = bootstrap.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=15)
+        self.correlation_id = 0
+
+    def call(self, request: Any, response_class: Any) -> Any:
+        self.correlation_id += 1
+        frame = request_frame(request, self.correlation_id)
+        self.sock.sendall(struct.pack(">i", len(frame)) + frame)
+        (size,) = struct.unpack(">i", self._read(4))
+        return response_class.decode(self._read(size), version=request.API_VERSION, header=True)
+
+    def _read(self, n: int) -> bytes:
+        out = b""
+        while len(out) < n:
+            chunk = self.sock.recv(n - len(out))
+            if not chunk:
+                raise ConnectionError("the broker closed the connection")
+            out += chunk
+        return out
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def init_producer_id(conn: RawConnection, producer_id: int = -1, epoch: int = -1) -> Any:
+    return conn.call(
+        InitProducerIdRequest[4](
+            transactional_id=None,
+            transaction_timeout_ms=60000,
+            producer_id=producer_id,
+            producer_epoch=epoch,
+        ),
+        InitProducerIdResponse,
+    )
+
+
+def produce(
+    conn: RawConnection, topic: str, producer_id: int, epoch: int, seq: int, count: int = 3
+) -> tuple[int, int]:
+    """Send one idempotent batch to partition 0 with acks=all: ``(error code, base offset)``."""
+    batch = build_batch(
+        [RecordInput(f"v{seq + i}".encode(), b"k", [], 1_700_000_000_000) for i in range(count)],
+        compression=Compression.LZ4,
+        producer_id=producer_id,
+        producer_epoch=epoch,
+        base_sequence=seq,
+    )
+    topic_data = ProduceRequest.TopicProduceData
+    response = conn.call(
+        ProduceRequest[9](
+            transactional_id=None,
+            acks=-1,
+            timeout_ms=10000,
+            topic_data=[
+                topic_data(
+                    name=topic,
+                    partition_data=[topic_data.PartitionProduceData(index=0, records=bytes(batch))],
+                )
+            ],
+        ),
+        ProduceResponse,
+    )
+    (part,) = response.responses[0].partition_responses
+    return part.error_code, part.base_offset
+
+
+def log_end(bootstrap: str, topic: str) -> int:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "watermarks"})
+    try:
+        _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=15)
+        return int(high)
+    finally:
+        consumer.close()
+
+
+# -- InitProducerId -------------------------------------------------------------------------------
+
+
+def test_init_producer_id_gives_new_ids_and_bumps_epochs(broker: BrokerProcess) -> None:
+    conn = RawConnection(broker.bootstrap)
+    try:
+        first, second = init_producer_id(conn), init_producer_id(conn)
+        assert first.error_code == second.error_code == ErrorCode.NONE
+        assert first.producer_id >= 0 and second.producer_id > first.producer_id
+        assert first.producer_epoch == second.producer_epoch == 0
+        bumped = init_producer_id(conn, first.producer_id, 0)  # KIP-360
+        assert (bumped.producer_id, bumped.producer_epoch) == (first.producer_id, 1)
+        exhausted = init_producer_id(conn, first.producer_id, 32766)
+        assert exhausted.producer_id not in (first.producer_id, second.producer_id)
+        assert exhausted.producer_epoch == 0
+        transactional = conn.call(
+            InitProducerIdRequest[4](transactional_id="txn", transaction_timeout_ms=60000),
+            InitProducerIdResponse,
+        )
+        assert transactional.error_code == ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    finally:
+        conn.close()
+    broker.kill()  # ids of the reserved block are never handed out again
+    broker.start()
+    conn = RawConnection(broker.bootstrap)
+    try:
+        after = init_producer_id(conn)
+        assert after.producer_id > exhausted.producer_id
+    finally:
+        conn.close()
+
+
+# -- duplicates and sequence errors at the protocol level ------------------------------------------
+
+
+def test_a_retried_produce_is_answered_with_the_original_offset(broker: BrokerProcess) -> None:
+    create_topic(broker.bootstrap, "dedup", 1)
+    conn = RawConnection(broker.bootstrap)
+    try:
+        pid = init_producer_id(conn).producer_id
+        assert produce(conn, "dedup", pid, 0, 0) == (ErrorCode.NONE, 0)
+        assert produce(conn, "dedup", pid, 0, 3) == (ErrorCode.NONE, 3)
+        assert produce(conn, "dedup", pid, 0, 0) == (ErrorCode.NONE, 0)  # the same batch again
+        assert produce(conn, "dedup", pid, 0, 3) == (ErrorCode.NONE, 3)
+        assert log_end(broker.bootstrap, "dedup") == 6  # nothing appended twice
+        assert produce(conn, "dedup", pid, 0, 9)[0] == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+        assert produce(conn, "dedup", pid, 1, 5)[0] == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+        assert produce(conn, "dedup", pid, 1, 0) == (ErrorCode.NONE, 6)  # a new epoch at 0
+        assert produce(conn, "dedup", pid, 0, 6)[0] == ErrorCode.INVALID_PRODUCER_EPOCH
+        assert log_end(broker.bootstrap, "dedup") == 9
+    finally:
+        conn.close()
+
+
+def test_duplicates_are_recognised_after_kill_9_and_restart(broker: BrokerProcess) -> None:
+    create_topic(broker.bootstrap, "dedup-crash", 1)
+    conn = RawConnection(broker.bootstrap)
+    pid = init_producer_id(conn).producer_id
+    assert produce(conn, "dedup-crash", pid, 0, 0) == (ErrorCode.NONE, 0)
+    conn.close()
+    broker.kill()  # no snapshot yet: the state is rebuilt from the log's batches
+    broker.start()
+    conn = RawConnection(broker.bootstrap)
+    assert produce(conn, "dedup-crash", pid, 0, 0) == (ErrorCode.NONE, 0)
+    assert produce(conn, "dedup-crash", pid, 0, 3) == (ErrorCode.NONE, 3)
+    conn.close()
+    assert log_end(broker.bootstrap, "dedup-crash") == 6
+    assert broker.stop() == 0  # a clean stop snapshots the state in PRODUCER_SNAPSHOTS
+    broker.start()
+    conn = RawConnection(broker.bootstrap)
+    assert produce(conn, "dedup-crash", pid, 0, 3) == (ErrorCode.NONE, 3)
+    assert produce(conn, "dedup-crash", pid, 0, 6) == (ErrorCode.NONE, 6)
+    conn.close()
+    broker.kill()  # snapshot at 6 plus the batch after it
+    broker.start()
+    conn = RawConnection(broker.bootstrap)
+    try:
+        for seq in (0, 3, 6):
+            assert produce(conn, "dedup-crash", pid, 0, seq) == (ErrorCode.NONE, seq)
+        assert produce(conn, "dedup-crash", pid, 0, 12)[0] == (
+            ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+        )
+        assert produce(conn, "dedup-crash", pid, 0, 9) == (ErrorCode.NONE, 9)
+    finally:
+        conn.close()
+    assert log_end(broker.bootstrap, "dedup-crash") == 12
+
+
+# -- real clients ---------------------------------------------------------------------------------
+
+
+def test_kafka_python_idempotent_producer_round_trip(broker: BrokerProcess) -> None:
+    from kafka import KafkaConsumer, KafkaProducer
+    from kafka import TopicPartition as KafkaTopicPartition
+
+    create_topic(broker.bootstrap, "kp-idem")
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=5)  # idempotent
+    futures = []
+    for i in range(3000):
+        key, value = f"key-{i}".encode(), f"value-{i}".encode()
+        futures.append((key, value, producer.send("kp-idem", value, key=key)))
+    producer.flush(30)
+    producer_id = producer._transaction_manager.producer_id_and_epoch.producer_id
+    producer.close()
+    assert producer_id >= 0  # the producer was idempotent, with an id from InitProducerId
+    expected: dict[int, dict[int, tuple[bytes, bytes]]] = {p: {} for p in range(PARTITIONS)}
+    for key, value, future in futures:
+        md = future.get(timeout=10)
+        expected[md.partition][md.offset] = (key, value)
+    for p in range(PARTITIONS):  # offsets are dense from 0: every record once
+        assert sorted(expected[p]) == list(range(len(expected[p])))
+
+    consumer = KafkaConsumer(
+        bootstrap_servers=broker.bootstrap, enable_auto_commit=False, consumer_timeout_ms=10000
+    )
+    consumer.assign([KafkaTopicPartition("kp-idem", p) for p in range(PARTITIONS)])
+    for p in range(PARTITIONS):
+        consumer.seek(KafkaTopicPartition("kp-idem", p), 0)
+    got: dict[int, dict[int, tuple[bytes, bytes]]] = {p: {} for p in range(PARTITIONS)}
+    deadline = time.monotonic() + 60
+    while sum(map(len, got.values())) < 3000 and time.monotonic() < deadline:
+        for tp, records in consumer.poll(timeout_ms=1000).items():
+            for r in records:
+                assert r.offset not in got[tp.partition]
+                got[tp.partition][r.offset] = (r.key, r.value)
+    consumer.close()
+    assert got == expected
+
+
+@pytest.mark.parametrize("compression", ["gzip", "snappy", "lz4", "zstd"])
+def test_confluent_kafka_idempotent_round_trip(broker: BrokerProcess, compression: str) -> None:
+    topic = f"idem-{compression}"
+    create_topic(broker.bootstrap, topic)
+    producer = Producer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "enable.idempotence": True,
+            "compression.type": compression,
+            "linger.ms": 5,
+        }
+    )
+    expected: dict[int, list[tuple[Any, ...]]] = {p: [] for p in range(PARTITIONS)}
+    base_ts = int(time.time() * 1000)
+    for i in range(N):
+        p = i % PARTITIONS
+        key, value, ts = f"key-{i}".encode(), f"value-{i}-{'y' * (i % 40)}".encode(), base_ts + i
+        headers: list[tuple[str, str | bytes | None]] = [("index", str(i).encode())]
+        producer.produce(topic, value, key, partition=p, timestamp=ts, headers=headers)
+        expected[p].append((key, value, ts, headers))
+        if i % 500 == 0:
+            producer.poll(0)
+    assert producer.flush(30) == 0
+    consume_and_check(broker.bootstrap, topic, expected)  # exactly once, in order

@@ -1,0 +1,88 @@
+"""kafka-python 3 (pure Python client) against the real broker process: gzip, headers, assign."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition  # type: ignore[import-untyped]
+from kafka.admin import KafkaAdminClient, NewTopic  # type: ignore[import-untyped]
+
+from tests.automq_py.test_clients import broker  # noqa: F401 - pytest fixture
+from tests.support.broker import BrokerProcess
+
+pytestmark = pytest.mark.integration
+
+N = 10_000
+PARTITIONS = 3
+TOPIC = "kafka-python-orders"
+
+Record = tuple[int, bytes, bytes, int, list[tuple[str, bytes]]]  # offset, key, value, ts, headers
+
+
+def produce(bootstrap: str) -> dict[int, list[Record]]:
+    """Send N records to explicit partitions; the expected offsets come from the acks."""
+    producer = KafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks="all",
+        compression_type="gzip",
+        linger_ms=5,
+        enable_idempotence=False,
+    )
+    base_ts = int(time.time() * 1000)
+    futures = []
+    for i in range(N):
+        p = i % PARTITIONS
+        key, value = f"key-{i}".encode(), f"value-{i}-{'z' * (i % 60)}".encode()
+        headers = [("index", str(i).encode()), ("empty", b""), ("bin", bytes([i % 256, 0]))]
+        future = producer.send(TOPIC, value, key, headers, partition=p, timestamp_ms=base_ts + i)
+        futures.append((p, key, value, base_ts + i, headers, future))
+    producer.flush(60)
+    producer.close()
+    expected: dict[int, list[Record]] = {p: [] for p in range(PARTITIONS)}
+    for p, key, value, ts, headers, future in futures:
+        md = future.get(0)
+        assert md.partition == p
+        expected[p].append((md.offset, key, value, ts, headers))
+    return expected
+
+
+def read_back(bootstrap: str, count: int) -> dict[int, list[Record]]:
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=10_000
+    )
+    partitions = [TopicPartition(TOPIC, p) for p in range(PARTITIONS)]
+    consumer.assign(partitions)
+    consumer.seek_to_beginning(*partitions)
+    got: dict[int, list[Record]] = {p: [] for p in range(PARTITIONS)}
+    deadline = time.monotonic() + 60
+    try:
+        while sum(map(len, got.values())) < count and time.monotonic() < deadline:
+            for tp, records in consumer.poll(timeout_ms=1000).items():
+                for r in records:
+                    assert r.timestamp_type == 0, f"{tp} offset {r.offset}: not CreateTime"
+                    got[tp.partition].append(
+                        (r.offset, r.key, r.value, r.timestamp, list(r.headers))
+                    )
+    finally:
+        consumer.close()
+    return got
+
+
+def test_kafka_python_gzip_round_trip(broker: BrokerProcess) -> None:  # noqa: F811
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    try:
+        admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)])
+    finally:
+        admin.close()
+
+    expected = produce(broker.bootstrap)
+    for p, records in expected.items():
+        acked = [offset for offset, *_ in records]
+        assert acked == list(range(len(records))), f"partition {p}: acked offsets not dense"
+
+    got = read_back(broker.bootstrap, N)
+    for p in range(PARTITIONS):
+        assert len(got[p]) == len(expected[p]), f"partition {p}"
+        for have, want in zip(got[p], expected[p], strict=True):
+            assert have == want, f"partition {p} offset {want[0]}"
