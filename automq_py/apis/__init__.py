@@ -11,7 +11,17 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from automq_py.apis import cluster, configs, fetch, metadata, produce, producer, records, topics
+from automq_py.apis import (
+    cluster,
+    configs,
+    coordinator,
+    fetch,
+    metadata,
+    produce,
+    producer,
+    records,
+    topics,
+)
 from automq_py.apis.context import BrokerContext
 from protocol import api_versions, wire
 from protocol.messages import Request, encode_response
@@ -23,7 +33,7 @@ HandlerTable = dict[int, tuple[Handler, int, int]]
 
 API_VERSIONS = 18
 # each module of this package lists the APIs it handles as ``HANDLERS``
-MODULES = (produce, fetch, metadata, topics, configs, cluster, records, producer)
+MODULES = (produce, fetch, metadata, topics, configs, cluster, records, producer, coordinator)
 
 
 class KafkaApis:

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import socket
+import struct
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,6 +15,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from protocol import record_batch
 from tests.support.broker import BrokerProcess
 from tests.support.seaweedfs import SeaweedFS
 
@@ -84,12 +90,44 @@ def consume_and_check(bootstrap: str, topic: str, expected: dict[int, list[tuple
         assert got[p] == expected[p], f"partition {p} differs"
 
 
+def stored_codecs(bootstrap: str, topic: str, partition: int) -> set[str]:
+    """The codecs of the batches a Fetch v4 returns from offset 0 (a client could silently
+    fall back to no compression: librdkafka does when it thinks the broker too old)."""
+    name = topic.encode()
+    body = struct.pack(">iiiib", -1, 100, 1, 1 << 20, 0)
+    body += struct.pack(">ih", 1, len(name)) + name
+    body += struct.pack(">iiqi", 1, partition, 0, 1 << 20)
+    header = struct.pack(">hhih", 1, 4, 99, 4) + b"test"
+    with socket.create_connection(tuple(bootstrap.split(":")), timeout=10) as s:  # type: ignore[arg-type]
+        s.sendall(struct.pack(">i", len(header) + len(body)) + header + body)
+        size = struct.unpack(">i", _recv(s, 4))[0]
+        data = _recv(s, size)
+    pos = 4 + 4 + 4  # correlation id, throttle time, topics count
+    (name_len,) = struct.unpack_from(">h", data, pos)
+    pos += 2 + name_len + 4 + 4 + 2 + 8 + 8  # name, partitions count, index, error, hw, lso
+    (aborted,) = struct.unpack_from(">i", data, pos)
+    pos += 4 + max(aborted, 0) * 16
+    (records_len,) = struct.unpack_from(">i", data, pos)
+    records = data[pos + 4 : pos + 4 + records_len]
+    return {h.compression for h, _ in record_batch.iter_batches(records)}
+
+
+def _recv(s: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = s.recv(n - len(out))
+        assert chunk, "connection closed"
+        out += chunk
+    return out
+
+
 @pytest.mark.parametrize("compression", ["gzip", "snappy", "lz4", "zstd"])
 def test_confluent_kafka_round_trip(broker: BrokerProcess, compression: str) -> None:
     topic = f"orders-{compression}"
     create_topic(broker.bootstrap, topic)
     expected = produce_confluent(broker.bootstrap, topic, compression)
     consume_and_check(broker.bootstrap, topic, expected)
+    assert stored_codecs(broker.bootstrap, topic, 0) == {compression.upper()}
 
 
 def test_acknowledged_records_survive_kill_9(broker: BrokerProcess) -> None:
@@ -100,34 +138,91 @@ def test_acknowledged_records_survive_kill_9(broker: BrokerProcess) -> None:
     consume_and_check(broker.bootstrap, "durable", expected)
 
 
+def test_reads_come_from_object_storage_after_a_restart(
+    broker: BrokerProcess, s3_server: SeaweedFS
+) -> None:
+    create_topic(broker.bootstrap, "cold")
+    expected = produce_confluent(broker.bootstrap, "cold", "lz4")
+    assert broker.stop() == 0  # a clean stop uploads the cache and trims the WAL
+    broker.start()  # a new process: its LogCache is empty, every read goes to S3
+    consume_and_check(broker.bootstrap, "cold", expected)
+    # the bucket's objects hold the topic's MetaStreams and data streams
+    cluster = broker.overrides["cluster.id"]
+    keys = asyncio.run(_object_keys(s3_server, f"_kafka_{cluster}/"))
+    assert keys
+    outputs = [
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "automq_py",
+                "inspect",
+                "--store",
+                s3_server.url(),
+                key,
+                "--records",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+        for key in keys
+    ]
+    text = "\n".join(outputs)
+    assert "indexStartPosition:" in text and "objectId=" in text
+    assert 'key=LOG, value={"streamMap":{"log":' in text
+    assert "compressionType=LZ4" in text, [o.splitlines()[:12] for o in outputs]
+
+
+async def _object_keys(s3_server: SeaweedFS, namespace: str) -> list[str]:
+    from storage.operator import open_object_store
+
+    store = open_object_store(s3_server.url())
+    try:
+        return [info.key async for info in store.list() if namespace in info.key]
+    finally:
+        await store.close()
+
+
 async def test_aiokafka_round_trip(broker: BrokerProcess) -> None:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
     from aiokafka.structs import TopicPartition as TP
 
     create_topic(broker.bootstrap, "aio")
-    producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, compression_type="zstd")
+    producer = AIOKafkaProducer(
+        bootstrap_servers=broker.bootstrap, compression_type="zstd", acks="all", linger_ms=5
+    )
     await producer.start()
-    sent = []
-    for i in range(2000):
-        md = await producer.send_and_wait(
-            "aio",
-            f"v{i}".encode(),
-            key=f"k{i}".encode(),
-            partition=i % 3,
-            headers=[("i", str(i).encode())],
+    base_ts = int(time.time() * 1000)
+    futures = []
+    expected: dict[int, list[tuple]] = {p: [] for p in range(PARTITIONS)}
+    for i in range(N):
+        p, ts = i % PARTITIONS, base_ts + i
+        key, value = f"k{i}".encode(), f"v{i}".encode()
+        headers = [("i", str(i).encode())]
+        futures.append(
+            await producer.send(
+                "aio", value, key=key, partition=p, timestamp_ms=ts, headers=headers
+            )
         )
-        sent.append((md.partition, md.offset, f"k{i}".encode(), f"v{i}".encode()))
+        expected[p].append((key, value, ts, headers))
+    offsets = [(await f).offset for f in futures]
     await producer.stop()
+    for p in range(PARTITIONS):
+        assert offsets[p::PARTITIONS] == list(range(len(expected[p])))
     consumer = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap, enable_auto_commit=False)
     await consumer.start()
-    consumer.assign([TP("aio", p) for p in range(3)])
-    for p in range(3):
+    consumer.assign([TP("aio", p) for p in range(PARTITIONS)])
+    for p in range(PARTITIONS):
         consumer.seek(TP("aio", p), 0)
-    got = []
-    while len(got) < len(sent):
+    got: dict[int, list[tuple]] = {p: [] for p in range(PARTITIONS)}
+    while sum(map(len, got.values())) < N:
         batch = await consumer.getmany(timeout_ms=5000)
-        assert batch, f"stalled after {len(got)} records"
+        assert batch, f"stalled after {sum(map(len, got.values()))} records"
         for tp, records in batch.items():
-            got += [(tp.partition, r.offset, r.key, r.value) for r in records]
+            for r in records:
+                assert r.offset == len(got[tp.partition])
+                got[tp.partition].append((r.key, r.value, r.timestamp, list(r.headers)))
     await consumer.stop()
-    assert sorted(got) == sorted(sent)
+    assert got == expected
