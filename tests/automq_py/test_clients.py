@@ -186,8 +186,7 @@ async def _object_keys(s3_server: SeaweedFS, namespace: str) -> list[str]:
 
 
 async def test_aiokafka_round_trip(broker: BrokerProcess) -> None:
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-    from aiokafka.structs import TopicPartition as TP
+    from aiokafka import AIOKafkaProducer
 
     create_topic(broker.bootstrap, "aio")
     producer = AIOKafkaProducer(
@@ -211,7 +210,19 @@ async def test_aiokafka_round_trip(broker: BrokerProcess) -> None:
     await producer.stop()
     for p in range(PARTITIONS):
         assert offsets[p::PARTITIONS] == list(range(len(expected[p])))
-    consumer = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap, enable_auto_commit=False)
+    assert await aiokafka_read(broker.bootstrap) == expected
+    # the same after a crash (kill -9), then from object storage after a clean restart
+    for restart in (broker.kill, broker.stop):
+        restart()
+        broker.start()
+        assert await aiokafka_read(broker.bootstrap) == expected
+
+
+async def aiokafka_read(bootstrap: str) -> dict[int, list[tuple]]:
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.structs import TopicPartition as TP
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
     consumer.assign([TP("aio", p) for p in range(PARTITIONS)])
     for p in range(PARTITIONS):
@@ -225,4 +236,4 @@ async def test_aiokafka_round_trip(broker: BrokerProcess) -> None:
                 assert r.offset == len(got[tp.partition])
                 got[tp.partition].append((r.key, r.value, r.timestamp, list(r.headers)))
     await consumer.stop()
-    assert got == expected
+    return got

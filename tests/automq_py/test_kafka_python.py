@@ -81,7 +81,15 @@ def test_kafka_python_gzip_round_trip(broker: BrokerProcess) -> None:  # noqa: F
         acked = [offset for offset, *_ in records]
         assert acked == list(range(len(records))), f"partition {p}: acked offsets not dense"
 
-    got = read_back(broker.bootstrap, N)
+    check(read_back(broker.bootstrap, N), expected)
+    # the same after a crash (kill -9), then from object storage after a clean restart
+    for restart in (broker.kill, broker.stop):
+        restart()
+        broker.start()
+        check(read_back(broker.bootstrap, N), expected)
+
+
+def check(got: dict[int, list[Record]], expected: dict[int, list[Record]]) -> None:
     for p in range(PARTITIONS):
         assert len(got[p]) == len(expected[p]), f"partition {p}"
         for have, want in zip(got[p], expected[p], strict=True):

@@ -85,7 +85,15 @@ def test_kafkajs_produce_read_back(broker: BrokerProcess, idempotent: bool) -> N
         acked = [offset for offset, *_ in records]
         assert acked == list(range(len(records))), f"partition {p}: acked offsets not dense"
 
-    got = read_with_assign(broker.bootstrap, "kafkajs-orders", N)
+    check(read_with_assign(broker.bootstrap, "kafkajs-orders", N), expected)
+    # the same after a crash (kill -9), then from object storage after a clean restart
+    for restart in (broker.kill, broker.stop):
+        restart()
+        broker.start()
+        check(read_with_assign(broker.bootstrap, "kafkajs-orders", N), expected)
+
+
+def check(got: dict[int, list[Record]], expected: dict[int, list[Record]]) -> None:
     for p in range(PARTITIONS):
         assert len(got[p]) == len(expected[p]), f"partition {p}"
         for have, want in zip(got[p], expected[p], strict=True):

@@ -85,8 +85,17 @@ def test_kcat_round_trip_all_codecs(broker: BrokerProcess) -> None:  # noqa: F81
     expected = produce_with_kcat(broker.bootstrap, topic)
     assert sum(map(len, expected.values())) == N
 
+    check_with_kcat(broker.bootstrap, topic, expected)
+    # the same after a crash (kill -9), then from object storage after a clean restart
+    for restart in (broker.kill, broker.stop):
+        restart()
+        broker.start()
+        check_with_kcat(broker.bootstrap, topic, expected)
+
+
+def check_with_kcat(bootstrap: str, topic: str, expected: dict[int, list[Sent]]) -> None:
     for p, sent in expected.items():
-        got = consume_with_kcat(broker.bootstrap, topic, p)
+        got = consume_with_kcat(bootstrap, topic, p)
         assert len(got) == len(sent), f"partition {p}: {len(got)} records, sent {len(sent)}"
         last_ts = 0
         for offset, (fields, want) in enumerate(zip(got, sent, strict=True)):
