@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -31,27 +29,6 @@ from tests.support.seaweedfs import SeaweedFS
 pytestmark = pytest.mark.integration
 
 TIMEOUT = 15
-# each test starts a broker; Kafka-sized WAL files (2 GiB each) would fill the disk
-WAL_CAPACITY = str(256 << 20)
-
-
-@pytest.fixture
-def broker(tmp_path: Path, s3_server: SeaweedFS) -> Iterator[BrokerProcess]:
-    """test_clients' broker fixture, with a small WAL."""
-    b = BrokerProcess(
-        tmp_path / "broker",
-        {
-            "s3.data.buckets": s3_server.url(),
-            "cluster.id": f"t{time.monotonic_ns()}",
-            "s3.wal.capacity": WAL_CAPACITY,
-        },
-    )
-    b.start()
-    try:
-        yield b
-    finally:
-        code = b.stop()
-        assert code == 0, b.log_tail()
 
 
 def admin_for(b: BrokerProcess) -> AdminClient:

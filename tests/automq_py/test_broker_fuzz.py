@@ -34,7 +34,6 @@ from kafka.protocol.metadata import (  # type: ignore[import-untyped]
 from kafka.protocol.producer import ProduceRequest  # type: ignore[import-untyped]
 
 from protocol.records import Compression, RecordInput, build_batch
-from tests.automq_py.test_clients import broker  # noqa: F401 - pytest fixture
 from tests.protocol.kafka_oracle import request_frame
 from tests.support.broker import BrokerProcess
 
@@ -246,7 +245,7 @@ def create_fuzz_topic(b: BrokerProcess) -> None:
 
 
 @pytest.fixture
-def fuzz_broker(broker: BrokerProcess) -> BrokerProcess:  # noqa: F811
+def fuzz_broker(broker: BrokerProcess) -> BrokerProcess:
     create_fuzz_topic(broker)
     return broker
 

@@ -8,8 +8,6 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -23,20 +21,6 @@ pytestmark = pytest.mark.integration
 
 N = 10_000
 PARTITIONS = 3
-
-
-@pytest.fixture
-def broker(tmp_path: Path, s3_server: SeaweedFS) -> Iterator[BrokerProcess]:
-    b = BrokerProcess(
-        tmp_path / "broker",
-        {"s3.data.buckets": s3_server.url(), "cluster.id": f"t{time.monotonic_ns()}"},
-    )
-    b.start()
-    try:
-        yield b
-    finally:
-        code = b.stop()
-        assert code == 0, b.log_tail()
 
 
 def create_topic(bootstrap: str, name: str, partitions: int = PARTITIONS) -> None:
@@ -127,7 +111,9 @@ def test_confluent_kafka_round_trip(broker: BrokerProcess, compression: str) -> 
     create_topic(broker.bootstrap, topic)
     expected = produce_confluent(broker.bootstrap, topic, compression)
     consume_and_check(broker.bootstrap, topic, expected)
-    assert stored_codecs(broker.bootstrap, topic, 0) == {compression.upper()}
+    # librdkafka sends a batch uncompressed when compressing would not shrink it
+    codecs = stored_codecs(broker.bootstrap, topic, 0)
+    assert compression.upper() in codecs and codecs <= {compression.upper(), "NONE"}, codecs
 
 
 def test_acknowledged_records_survive_kill_9(broker: BrokerProcess) -> None:

@@ -6,8 +6,6 @@ from __future__ import annotations
 import socket
 import struct
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,23 +18,8 @@ from protocol.records import Compression, RecordInput, build_batch
 from tests.automq_py.test_clients import PARTITIONS, N, consume_and_check, create_topic
 from tests.protocol.kafka_oracle import request_frame
 from tests.support.broker import BrokerProcess
-from tests.support.seaweedfs import SeaweedFS
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def broker(tmp_path: Path, s3_server: SeaweedFS) -> Iterator[BrokerProcess]:
-    b = BrokerProcess(
-        tmp_path / "broker",
-        {"s3.data.buckets": s3_server.url(), "cluster.id": f"t{time.monotonic_ns()}"},
-    )
-    b.start()
-    try:
-        yield b
-    finally:
-        code = b.stop()
-        assert code == 0, b.log_tail()
 
 
 # -- a raw connection: one request at a time ------------------------------------------------------

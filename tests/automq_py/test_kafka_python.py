@@ -8,7 +8,6 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition  # type: ignore[import-untyped]
 from kafka.admin import KafkaAdminClient, NewTopic  # type: ignore[import-untyped]
 
-from tests.automq_py.test_clients import broker  # noqa: F401 - pytest fixture
 from tests.support.broker import BrokerProcess
 
 pytestmark = pytest.mark.integration
@@ -69,7 +68,7 @@ def read_back(bootstrap: str, count: int) -> dict[int, list[Record]]:
     return got
 
 
-def test_kafka_python_gzip_round_trip(broker: BrokerProcess) -> None:  # noqa: F811
+def test_kafka_python_gzip_round_trip(broker: BrokerProcess) -> None:
     admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
     try:
         admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)])

@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, Consumer, TopicPartition
 
-from tests.automq_py.test_clients import broker  # noqa: F401 - pytest fixture
 from tests.support.broker import BrokerProcess
 
 pytestmark = pytest.mark.integration
@@ -78,7 +77,7 @@ def read_with_assign(bootstrap: str, topic: str, count: int) -> dict[int, list[R
 
 
 @pytest.mark.parametrize("idempotent", [False, True], ids=["plain", "idempotent"])
-def test_kafkajs_produce_read_back(broker: BrokerProcess, idempotent: bool) -> None:  # noqa: F811
+def test_kafkajs_produce_read_back(broker: BrokerProcess, idempotent: bool) -> None:
     expected = produce_with_kafkajs(broker.bootstrap, "kafkajs-orders", idempotent)
     assert sum(map(len, expected.values())) == N
     for p, records in expected.items():

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.automq_py.test_clients import broker  # noqa: F401 - pytest fixture
 from tests.support.broker import BrokerProcess
 
 pytestmark = pytest.mark.integration
@@ -77,7 +76,7 @@ def consume_with_kcat(bootstrap: str, topic: str, partition: int) -> list[list[s
     return [line.split("|") for line in out.splitlines()]
 
 
-def test_kcat_round_trip_all_codecs(broker: BrokerProcess) -> None:  # noqa: F811
+def test_kcat_round_trip_all_codecs(broker: BrokerProcess) -> None:
     topic = "kcat-orders"
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     for future in admin.create_topics([NewTopic(topic, PARTITIONS, 1)]).values():
