@@ -81,7 +81,7 @@ class ObjectWriter:
         count = len(self._block) // 2
         header = object_format.encode_block_header(count, self._block_bytes)
         # one buffer per block: a list of millions of small buffers is slow to slice into parts
-        self._parts.append(header + b"".join(self._block))
+        self._parts.append(b"".join([header, *self._block]))  # one copy, not two
         size = object_format.BLOCK_HEADER_SIZE + self._block_bytes
         self._index.append(
             DataBlockIndex(
