@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import fields
 from enum import IntEnum
 from typing import Any
@@ -249,31 +249,29 @@ def _format(value: Any) -> str:
 
 async def handle_alter_configs(ctx: BrokerContext, request: Request) -> Any:
     """Replace the whole set of a topic's configs (a config left out returns to its default)."""
-    body = request.body
-    responses = []
-    for r in body.resources:
-        kind, name = int(r.resource_type), str(r.resource_name)
-        entry = _alter_entry(kind, name)
-        try:
-            names = [str(c.name) for c in r.configs]
-            _check_unique(names)
-            if kind == ResourceType.TOPIC:
-                topic = _topic(ctx, name)
-                # a null value sets nothing, as in Kafka
-                configs = {str(c.name): str(c.value) for c in r.configs if c.value is not None}
-                await apply_topic_configs(ctx, topic, configs, bool(body.validate_only))
-            else:
-                _refuse_alter(ctx, kind, name, names)
-        except ConfigRequestError as e:
-            entry.update(error_code=e.code, error_message=str(e))
-        responses.append(entry)
-    return build.build(
-        response_schema(33, request.api_version), {"throttle_time": 0, "responses": responses}
-    )
+
+    def replace_all(topic: TopicInfo, entries: Any) -> dict[str, str]:
+        # a null value sets nothing, as in Kafka
+        return {str(c.name): str(c.value) for c in entries if c.value is not None}
+
+    return await _alter(ctx, request, 33, replace_all)
 
 
 async def handle_incremental_alter_configs(ctx: BrokerContext, request: Request) -> Any:
     """SET, DELETE, APPEND to or SUBTRACT from a topic's configs; the rest stay as they are."""
+    return await _alter(
+        ctx, request, 44, lambda topic, entries: incremental_configs(ctx, topic, entries)
+    )
+
+
+async def _alter(
+    ctx: BrokerContext,
+    request: Request,
+    api_key: int,
+    new_configs: Callable[[TopicInfo, Any], dict[str, str]],
+) -> Any:
+    """The shared walk of both alter APIs: per resource, check the names, compute the topic's
+    new configs with ``new_configs`` and apply them (broker resources are refused)."""
     body = request.body
     responses = []
     for r in body.resources:
@@ -284,7 +282,7 @@ async def handle_incremental_alter_configs(ctx: BrokerContext, request: Request)
             _check_unique(names)
             if kind == ResourceType.TOPIC:
                 topic = _topic(ctx, name)
-                configs = incremental_configs(ctx, topic, r.configs)
+                configs = new_configs(topic, r.configs)
                 await apply_topic_configs(ctx, topic, configs, bool(body.validate_only))
             else:
                 _refuse_alter(ctx, kind, name, names)
@@ -292,7 +290,7 @@ async def handle_incremental_alter_configs(ctx: BrokerContext, request: Request)
             entry.update(error_code=e.code, error_message=str(e))
         responses.append(entry)
     return build.build(
-        response_schema(44, request.api_version), {"throttle_time": 0, "responses": responses}
+        response_schema(api_key, request.api_version), {"throttle_time": 0, "responses": responses}
     )
 
 
