@@ -15,6 +15,7 @@ import signal
 from automq_py.apis import KafkaApis
 from automq_py.apis.context import BrokerContext
 from automq_py.config import BrokerConfig
+from automq_py.coordinator.group_coordinator import GroupConfig, GroupCoordinator
 from automq_py.network.server import SocketServer
 from automq_py.replica_manager import ReplicaManager
 from automq_py.topics import TopicRegistry
@@ -29,9 +30,11 @@ class Broker:
         self.storage: S3Storage | None = None
         self.replicas: ReplicaManager | None = None
         self.server: SocketServer | None = None
+        self.groups: GroupCoordinator | None = None
 
     async def start(self) -> None:
         config = self.config
+        group_config = GroupConfig.from_broker(config)  # a bad setting fails before any I/O
         self.storage = await S3Storage.start(config.storage)
         topics = TopicRegistry(self.storage.metadata)
         self.replicas = ReplicaManager(self.storage, config.topic_defaults())
@@ -48,6 +51,9 @@ class Broker:
             num_partitions=config.num_partitions,
             config=config,
         )
+        self.groups = GroupCoordinator(group_config, topics, self.replicas)
+        ctx.groups = self.groups
+        await self.groups.start()
         self.server = SocketServer(
             KafkaApis(ctx),
             max_request_size=config.socket_request_max_bytes,
@@ -63,6 +69,8 @@ class Broker:
         )
 
     async def stop(self) -> None:
+        if self.groups is not None:
+            await self.groups.stop()
         if self.server is not None:
             await self.server.stop()
         if self.replicas is not None:

@@ -145,6 +145,52 @@ class BrokerConfig:
     offsets_topic_num_partitions: int = _prop(
         "offsets.topic.num.partitions", 50, "int", 1, "partitions of __consumer_offsets"
     )
+    offsets_retention_minutes: int = _prop(
+        "offsets.retention.minutes",
+        10080,
+        "int",
+        1,
+        "committed offsets of an empty group expire after this long",
+    )
+    offsets_retention_check_interval_ms: int = _prop(
+        "offsets.retention.check.interval.ms", 600_000, "long", 1, "how often offsets expire"
+    )
+    offset_metadata_max_bytes: int = _prop(
+        "offset.metadata.max.bytes", 4096, "int", 0, "largest metadata string of a commit"
+    )
+    group_min_session_timeout_ms: int = _prop(
+        "group.min.session.timeout.ms", 6000, "int", 0, "smallest session timeout accepted"
+    )
+    group_max_session_timeout_ms: int = _prop(
+        "group.max.session.timeout.ms", 1_800_000, "int", 0, "largest session timeout accepted"
+    )
+    group_max_size: int = _prop(
+        "group.max.size", INT32_MAX, "int", 1, "members of a classic group at most"
+    )
+    group_consumer_session_timeout_ms: int = _prop(
+        "group.consumer.session.timeout.ms",
+        45_000,
+        "int",
+        1,
+        "session timeout of consumer-protocol (KIP-848) members",
+    )
+    group_consumer_heartbeat_interval_ms: int = _prop(
+        "group.consumer.heartbeat.interval.ms",
+        5000,
+        "int",
+        1,
+        "heartbeat interval of consumer-protocol (KIP-848) members",
+    )
+    group_consumer_max_size: int = _prop(
+        "group.consumer.max.size", INT32_MAX, "int", 1, "members of a consumer group at most"
+    )
+    group_consumer_assignors: tuple[str, ...] = _prop(
+        "group.consumer.assignors",
+        ("uniform", "range"),
+        "list",
+        None,
+        "server-side assignors of consumer groups; the first is the default",
+    )
     delete_topic_enable: bool = _prop(
         "delete.topic.enable", True, "bool", None, "allow DeleteTopics"
     )

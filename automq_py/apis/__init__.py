@@ -16,6 +16,7 @@ from automq_py.apis import (
     configs,
     coordinator,
     fetch,
+    groups,
     metadata,
     produce,
     producer,
@@ -33,7 +34,18 @@ HandlerTable = dict[int, tuple[Handler, int, int]]
 
 API_VERSIONS = 18
 # each module of this package lists the APIs it handles as ``HANDLERS``
-MODULES = (produce, fetch, metadata, topics, configs, cluster, records, producer, coordinator)
+MODULES = (
+    produce,
+    fetch,
+    metadata,
+    topics,
+    configs,
+    cluster,
+    records,
+    producer,
+    coordinator,
+    groups,
+)
 
 
 class KafkaApis:

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from automq_py.config import BrokerConfig
+from automq_py.coordinator.group_coordinator import GroupCoordinator
 from automq_py.partition import Partition
 from automq_py.replica_manager import ReplicaManager
 from automq_py.topics import TopicError, TopicInfo, TopicRegistry
 from protocol.errors import ErrorCode
+
+# the address of the client whose request is being handled ("/127.0.0.1", as Kafka shows it);
+# the socket server sets it for each connection's task
+CLIENT_HOST: ContextVar[str] = ContextVar("client_host", default="")
 
 
 @dataclass(slots=True)
@@ -23,6 +29,7 @@ class BrokerContext:
     num_partitions: int
     # the whole configuration, for DescribeConfigs of the broker resource
     config: BrokerConfig = field(default_factory=BrokerConfig)
+    groups: GroupCoordinator | None = None
 
     @property
     def leader_epoch(self) -> int:

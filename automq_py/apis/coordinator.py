@@ -21,6 +21,9 @@ async def handle_find_coordinator(ctx: BrokerContext, request: Request) -> Any:
     version = request.api_version
     key_type = int(getattr(body, "key_type", GROUP))
     error = ErrorCode.NONE if key_type in (GROUP, TRANSACTION) else ErrorCode.INVALID_REQUEST
+    if key_type == GROUP and ctx.groups is not None:
+        # Kafka creates __consumer_offsets when a group coordinator is first looked up
+        error = await ctx.groups.find_coordinator()
     me = {"node_id": ctx.node_id, "host": ctx.host, "port": ctx.port}
     if error != ErrorCode.NONE:
         me = {"node_id": -1, "host": "", "port": -1}

@@ -14,6 +14,7 @@ import contextlib
 import logging
 
 from automq_py.apis import API_VERSIONS, KafkaApis
+from automq_py.apis.context import CLIENT_HOST
 from protocol.errors import InvalidRequestError, ProtocolError, UnsupportedVersionError
 from protocol.framing import FrameDecoder
 from protocol.messages import decode_request
@@ -62,6 +63,8 @@ class SocketServer:
         assert task is not None
         self._connections.add(task)
         peer = writer.get_extra_info("peername")
+        if isinstance(peer, tuple) and peer:
+            CLIENT_HOST.set(f"/{peer[0]}")
         try:
             await self._run(reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError):

@@ -1,0 +1,536 @@
+"""The group APIs, over :class:`~automq_py.coordinator.group_coordinator.GroupCoordinator`.
+
+Classic protocol: JoinGroup (11), SyncGroup (14), Heartbeat (12), LeaveGroup (13).
+Offsets: OffsetCommit (8), OffsetFetch (9, several groups from v8), OffsetDelete (47).
+Admin: ListGroups (16), DescribeGroups (15), DeleteGroups (42).
+Consumer protocol (KIP-848): ConsumerGroupHeartbeat (68), ConsumerGroupDescribe (69).
+
+Handlers translate the wire messages to coordinator calls and back; every rule lives in the
+coordinator.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from automq_py.apis.context import CLIENT_HOST, BrokerContext
+from automq_py.coordinator.classic_group import ClassicGroup, ClassicState, JoinResult
+from automq_py.coordinator.consumer_group import ConsumerGroup, HeartbeatRequest, Partitions
+from automq_py.coordinator.group_coordinator import (
+    NO_OFFSET,
+    GroupCoordinator,
+    JoinRequest,
+    OffsetCommit,
+)
+from protocol import build
+from protocol.errors import ErrorCode
+from protocol.messages import Request, response_schema
+
+JOIN_GROUP, SYNC_GROUP, HEARTBEAT, LEAVE_GROUP = 11, 14, 12, 13
+OFFSET_COMMIT, OFFSET_FETCH, OFFSET_DELETE = 8, 9, 47
+LIST_GROUPS, DESCRIBE_GROUPS, DELETE_GROUPS = 16, 15, 42
+CONSUMER_GROUP_HEARTBEAT, CONSUMER_GROUP_DESCRIBE = 68, 69
+# DescribeGroups' "not requested" value of authorized operations
+NO_OPERATIONS = -2147483648
+
+
+def _coordinator(ctx: BrokerContext) -> GroupCoordinator:
+    assert ctx.groups is not None, "the broker starts its group coordinator before serving"
+    return ctx.groups
+
+
+def _millis(value: Any) -> int:
+    """A kio duration (timedelta) or plain int, in ms."""
+    if hasattr(value, "total_seconds"):
+        return int(value.total_seconds() * 1000)
+    return int(value)
+
+
+def _respond(request: Request, data: dict[str, Any]) -> Any:
+    return build.build(response_schema(request.api_key, request.api_version), data)
+
+
+# --- classic protocol ---------------------------------------------------------------------------
+
+
+async def handle_join_group(ctx: BrokerContext, request: Request) -> Any:
+    body = request.body
+    version = request.api_version
+    session = _millis(body.session_timeout)
+    rebalance = _millis(getattr(body, "rebalance_timeout", session))
+    join = JoinRequest(
+        group_id=str(body.group_id),
+        member_id=str(body.member_id),
+        group_instance_id=getattr(body, "group_instance_id", None),
+        client_id=request.header.client_id or "",
+        client_host=CLIENT_HOST.get(),
+        session_timeout_ms=session,
+        rebalance_timeout_ms=rebalance if rebalance > 0 else session,
+        protocol_type=str(body.protocol_type),
+        protocols=[(str(p.name), bytes(p.metadata)) for p in body.protocols],
+        require_known_member_id=version >= 4,
+        supports_skip_assignment=version >= 9,
+    )
+    result: JoinResult = await _coordinator(ctx).join_group(join)
+    return _respond(
+        request,
+        {
+            "throttle_time": 0,
+            "error_code": result.error,
+            "generation_id": result.generation_id,
+            "protocol_type": result.protocol_type,
+            "protocol_name": result.protocol_name if result.error == ErrorCode.NONE else None,
+            "leader": result.leader,
+            "skip_assignment": result.skip_assignment,
+            "member_id": result.member_id,
+            "members": [
+                {"member_id": m, "group_instance_id": i, "metadata": meta}
+                for m, i, meta in result.members
+            ],
+        },
+    )
+
+
+async def handle_sync_group(ctx: BrokerContext, request: Request) -> Any:
+    body = request.body
+    assignments = {str(a.member_id): bytes(a.assignment) for a in body.assignments}
+    result = await _coordinator(ctx).sync_group(
+        str(body.group_id),
+        int(body.generation_id),
+        str(body.member_id),
+        getattr(body, "group_instance_id", None),
+        getattr(body, "protocol_type", None),
+        getattr(body, "protocol_name", None),
+        assignments,
+    )
+    return _respond(
+        request,
+        {
+            "throttle_time": 0,
+            "error_code": result.error,
+            "protocol_type": result.protocol_type,
+            "protocol_name": result.protocol_name,
+            "assignment": result.assignment,
+        },
+    )
+
+
+async def handle_heartbeat(ctx: BrokerContext, request: Request) -> Any:
+    body = request.body
+    error = await _coordinator(ctx).heartbeat(
+        str(body.group_id),
+        int(body.generation_id),
+        str(body.member_id),
+        getattr(body, "group_instance_id", None),
+    )
+    return _respond(request, {"throttle_time": 0, "error_code": error})
+
+
+async def handle_leave_group(ctx: BrokerContext, request: Request) -> Any:
+    body = request.body
+    if request.api_version < 3:
+        leaving: list[tuple[str, str | None]] = [(str(body.member_id), None)]
+    else:
+        leaving = [(str(m.member_id), m.group_instance_id) for m in body.members]
+    error, per_member = await _coordinator(ctx).leave_group(str(body.group_id), leaving)
+    if request.api_version < 3:
+        error = per_member[0] if error == ErrorCode.NONE else error
+    return _respond(
+        request,
+        {
+            "throttle_time": 0,
+            "error_code": error,
+            "members": [
+                {"member_id": m, "group_instance_id": i, "error_code": e}
+                for (m, i), e in zip(leaving, per_member, strict=True)
+            ]
+            if error == ErrorCode.NONE
+            else [],
+        },
+    )
+
+
+# --- offsets ------------------------------------------------------------------------------------
+
+
+async def handle_offset_commit(ctx: BrokerContext, request: Request) -> Any:
+    body = request.body
+    commits = [
+        OffsetCommit(
+            str(t.name),
+            int(p.partition_index),
+            int(p.committed_offset),
+            int(getattr(p, "committed_leader_epoch", -1)),
+            p.committed_metadata,
+        )
+        for t in body.topics
+        for p in t.partitions
+    ]
+    errors = await _coordinator(ctx).commit_offsets(
+        str(body.group_id),
+        int(body.generation_id_or_member_epoch),
+        str(body.member_id),
+        getattr(body, "group_instance_id", None),
+        commits,
+        request.api_version,
+    )
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for commit, error in zip(commits, errors, strict=True):
+        by_topic.setdefault(commit.topic, []).append(
+            {"partition_index": commit.partition, "error_code": error}
+        )
+    return _respond(
+        request,
+        {
+            "throttle_time": 0,
+            "topics": [{"name": name, "partitions": parts} for name, parts in by_topic.items()],
+        },
+    )
+
+
+async def _fetch_group(
+    coordinator: GroupCoordinator,
+    group_id: str,
+    topics: Sequence[Any] | None,
+    member_id: str | None,
+    member_epoch: int,
+) -> dict[str, Any]:
+    wanted = (
+        None
+        if topics is None
+        else [(str(t.name), int(i)) for t in topics for i in t.partition_indexes]
+    )
+    error, found = await coordinator.fetch_offsets(group_id, wanted, member_id, member_epoch)
+    if error != ErrorCode.NONE:
+        # partitions carry the error too, for versions without a group-level error code
+        found = [(tp, None) for tp in wanted or []]
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for (topic, partition), value in found:
+        by_topic.setdefault(topic, []).append(
+            {
+                "partition_index": partition,
+                "committed_offset": value.offset if value else NO_OFFSET,
+                "committed_leader_epoch": value.leader_epoch if value else -1,
+                "metadata": value.metadata if value else "",
+                "error_code": error,
+            }
+        )
+    return {
+        "group_id": group_id,
+        "error_code": error,
+        "topics": [{"name": name, "partitions": parts} for name, parts in by_topic.items()],
+    }
+
+
+async def handle_offset_fetch(ctx: BrokerContext, request: Request) -> Any:
+    body = request.body
+    coordinator = _coordinator(ctx)
+    if request.api_version < 8:
+        group = await _fetch_group(coordinator, str(body.group_id), body.topics, None, -1)
+        return _respond(
+            request,
+            {"throttle_time": 0, "error_code": group["error_code"], "topics": group["topics"]},
+        )
+    groups = [
+        await _fetch_group(
+            coordinator,
+            str(g.group_id),
+            g.topics,
+            getattr(g, "member_id", None),
+            int(getattr(g, "member_epoch", -1)),
+        )
+        for g in body.groups
+    ]
+    return _respond(request, {"throttle_time": 0, "groups": groups})
+
+
+async def handle_offset_delete(ctx: BrokerContext, request: Request) -> Any:
+    body = request.body
+    wanted = [(str(t.name), int(p.partition_index)) for t in body.topics for p in t.partitions]
+    error, per_partition = await _coordinator(ctx).delete_offsets(str(body.group_id), wanted)
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for (topic, partition), e in zip(wanted, per_partition, strict=False):
+        by_topic.setdefault(topic, []).append({"partition_index": partition, "error_code": e})
+    return _respond(
+        request,
+        {
+            "throttle_time": 0,
+            "error_code": error,
+            "topics": [{"name": n, "partitions": parts} for n, parts in by_topic.items()],
+        },
+    )
+
+
+# --- admin --------------------------------------------------------------------------------------
+
+
+async def handle_list_groups(ctx: BrokerContext, request: Request) -> Any:
+    body = request.body
+    error, groups = await _coordinator(ctx).list_groups(
+        getattr(body, "states_filter", ()), getattr(body, "types_filter", ())
+    )
+    return _respond(
+        request,
+        {
+            "throttle_time": 0,
+            "error_code": error,
+            "groups": [
+                {
+                    "group_id": g.group_id,
+                    "protocol_type": g.protocol_type,
+                    "group_state": g.state,
+                    "group_type": g.group_type,
+                }
+                for g in groups
+            ],
+        },
+    )
+
+
+def _describe_classic(group_id: str, group: ClassicGroup) -> dict[str, Any]:
+    stable = group.is_(ClassicState.STABLE)
+    protocol = group.protocol_name or ""
+    return {
+        "error_code": ErrorCode.NONE,
+        "group_id": group_id,
+        "group_state": group.state.value,
+        "protocol_type": group.protocol_type or "",
+        "protocol_data": protocol if stable else "",
+        "members": [
+            {
+                "member_id": m.member_id,
+                "group_instance_id": m.group_instance_id,
+                "client_id": m.client_id,
+                "client_host": m.client_host,
+                "member_metadata": m.metadata(protocol) if stable else b"",
+                "member_assignment": m.assignment if stable else b"",
+            }
+            for m in group.members.values()
+        ],
+        "authorized_operations": NO_OPERATIONS,
+    }
+
+
+async def handle_describe_groups(ctx: BrokerContext, request: Request) -> Any:
+    coordinator = _coordinator(ctx)
+    out = []
+    for group_id in request.body.groups:
+        error, group = await coordinator.describe_group(str(group_id))
+        if error != ErrorCode.NONE:
+            out.append({"error_code": error, "group_id": group_id, "group_state": ""})
+        elif isinstance(group, ClassicGroup):
+            out.append(_describe_classic(str(group_id), group))
+        elif isinstance(group, ConsumerGroup):
+            out.append(
+                {
+                    "error_code": ErrorCode.NONE,
+                    "group_id": group_id,
+                    "group_state": group.state,
+                    "protocol_type": "consumer",
+                    "protocol_data": group.assignor_name,
+                    "members": [
+                        {
+                            "member_id": m.member_id,
+                            "group_instance_id": m.instance_id,
+                            "client_id": m.client_id,
+                            "client_host": m.client_host,
+                        }
+                        for m in group.members.values()
+                    ],
+                    "authorized_operations": NO_OPERATIONS,
+                }
+            )
+        else:
+            # Kafka describes an unknown group as a dead one
+            out.append(
+                {
+                    "error_code": ErrorCode.NONE,
+                    "group_id": group_id,
+                    "group_state": ClassicState.DEAD.value,
+                    "authorized_operations": NO_OPERATIONS,
+                }
+            )
+    return _respond(request, {"throttle_time": 0, "groups": out})
+
+
+async def handle_delete_groups(ctx: BrokerContext, request: Request) -> Any:
+    names = [str(g) for g in request.body.groups_names]
+    errors = await _coordinator(ctx).delete_groups(names)
+    return _respond(
+        request,
+        {
+            "throttle_time": 0,
+            "results": [
+                {"group_id": g, "error_code": e} for g, e in zip(names, errors, strict=True)
+            ],
+        },
+    )
+
+
+# --- consumer protocol (KIP-848) ----------------------------------------------------------------
+
+
+def _owned(topic_partitions: Sequence[Any] | None) -> Partitions | None:
+    if topic_partitions is None:
+        return None
+    return {
+        tp.topic_id: frozenset(int(p) for p in tp.partitions)
+        for tp in topic_partitions
+        if tp.topic_id is not None
+    }
+
+
+async def handle_consumer_group_heartbeat(ctx: BrokerContext, request: Request) -> Any:
+    body = request.body
+    coordinator = _coordinator(ctx)
+    group_id = str(body.group_id)
+    error, group = await coordinator.consumer_group(group_id)
+    config = coordinator.config
+    interval = config.consumer_heartbeat_interval_ms
+    if group is None:
+        return _respond(
+            request,
+            {
+                "throttle_time": 0,
+                "error_code": error,
+                "member_epoch": int(body.member_epoch),
+                "heartbeat_interval": interval,
+            },
+        )
+    names = getattr(body, "subscribed_topic_names", None)
+    heartbeat = HeartbeatRequest(
+        group_id=group_id,
+        member_id=str(body.member_id),
+        member_epoch=int(body.member_epoch),
+        instance_id=body.instance_id,
+        rack_id=body.rack_id,
+        rebalance_timeout_ms=_millis(body.rebalance_timeout),
+        subscribed_topic_names=None if names is None else [str(n) for n in names],
+        subscribed_topic_regex=getattr(body, "subscribed_topic_regex", None),
+        server_assignor=body.server_assignor,
+        owned=_owned(body.topic_partitions),
+        client_id=request.header.client_id or "",
+        client_host=CLIENT_HOST.get(),
+    )
+    topics = ctx.topics
+
+    def resolve(wanted: set[str]) -> dict[str, tuple[uuid.UUID, int]]:
+        out = {}
+        for name in wanted:
+            info = topics.get(name)
+            if info is not None:
+                out[name] = (info.topic_id, info.partitions)
+        return out
+
+    result = group.heartbeat(
+        heartbeat,
+        coordinator.clock(),
+        resolve,
+        [t.name for t in topics.all()],
+        config.consumer_assignors,
+        config.consumer_session_timeout_ms,
+        config.consumer_max_size,
+    )
+    if result.error == ErrorCode.NONE:
+        stored = await coordinator.store_consumer_epoch_if_changed(group)
+        if stored != ErrorCode.NONE:
+            result = type(result)(stored, result.member_id, result.member_epoch)
+    assignment = None
+    if result.assignment is not None:
+        assignment = {
+            "topic_partitions": [
+                {"topic_id": t, "partitions": sorted(p)}
+                for t, p in sorted(result.assignment.items(), key=lambda kv: str(kv[0]))
+            ]
+        }
+    return _respond(
+        request,
+        {
+            "throttle_time": 0,
+            "error_code": result.error,
+            "error_message": result.message,
+            "member_id": result.member_id,
+            "member_epoch": result.member_epoch,
+            "heartbeat_interval": interval,
+            "assignment": assignment,
+        },
+    )
+
+
+def _assignment_entry(group: ConsumerGroup, partitions: Partitions) -> dict[str, Any]:
+    names = group.topic_names()
+    return {
+        "topic_partitions": [
+            {"topic_id": tid, "topic_name": names.get(tid, ""), "partitions": sorted(parts)}
+            for tid, parts in partitions.items()
+        ]
+    }
+
+
+async def handle_consumer_group_describe(ctx: BrokerContext, request: Request) -> Any:
+    coordinator = _coordinator(ctx)
+    out = []
+    for group_id in request.body.group_ids:
+        error, group = await coordinator.describe_group(str(group_id))
+        if error == ErrorCode.NONE and not isinstance(group, ConsumerGroup):
+            error = ErrorCode.GROUP_ID_NOT_FOUND
+        if error != ErrorCode.NONE or not isinstance(group, ConsumerGroup):
+            out.append(
+                {
+                    "error_code": error,
+                    "error_message": f"group {group_id} is not a consumer-protocol group"
+                    if error == ErrorCode.GROUP_ID_NOT_FOUND
+                    else None,
+                    "group_id": group_id,
+                    "group_state": ClassicState.DEAD.value,
+                    "authorized_operations": NO_OPERATIONS,
+                }
+            )
+            continue
+        out.append(
+            {
+                "error_code": ErrorCode.NONE,
+                "group_id": group_id,
+                "group_state": group.state,
+                "group_epoch": group.group_epoch,
+                "assignment_epoch": group.assignment_epoch,
+                "assignor_name": group.assignor_name,
+                "members": [
+                    {
+                        "member_id": m.member_id,
+                        "instance_id": m.instance_id,
+                        "rack_id": m.rack_id,
+                        "member_epoch": m.epoch,
+                        "client_id": m.client_id,
+                        "client_host": m.client_host,
+                        "subscribed_topic_names": sorted(m.subscribed_names),
+                        "subscribed_topic_regex": m.subscribed_regex,
+                        "assignment": _assignment_entry(group, m.assigned),
+                        "target_assignment": _assignment_entry(
+                            group, group.target.get(m.member_id, {})
+                        ),
+                    }
+                    for m in group.members.values()
+                ],
+                "authorized_operations": NO_OPERATIONS,
+            }
+        )
+    return _respond(request, {"throttle_time": 0, "groups": out})
+
+
+HANDLERS: dict[int, tuple[Any, int, int]] = {
+    JOIN_GROUP: (handle_join_group, 0, 9),
+    SYNC_GROUP: (handle_sync_group, 0, 5),
+    HEARTBEAT: (handle_heartbeat, 0, 4),
+    LEAVE_GROUP: (handle_leave_group, 0, 5),
+    OFFSET_COMMIT: (handle_offset_commit, 2, 9),
+    OFFSET_FETCH: (handle_offset_fetch, 1, 9),
+    OFFSET_DELETE: (handle_offset_delete, 0, 0),
+    LIST_GROUPS: (handle_list_groups, 0, 5),
+    DESCRIBE_GROUPS: (handle_describe_groups, 0, 5),
+    DELETE_GROUPS: (handle_delete_groups, 0, 2),
+    CONSUMER_GROUP_HEARTBEAT: (handle_consumer_group_heartbeat, 0, 1),
+    CONSUMER_GROUP_DESCRIBE: (handle_consumer_group_describe, 0, 1),
+}

@@ -1,0 +1,413 @@
+"""A group of the consumer rebalance protocol (KIP-848, ``group.protocol=consumer``).
+
+The broker assigns: each ConsumerGroupHeartbeat updates the member, and when the group's
+subscriptions or the subscribed topics' partitions change the *group epoch* goes up and a
+server-side assignor (:mod:`automq_py.coordinator.assignors`) computes a new *target
+assignment*. Each member then converges to its target on its own heartbeats, as Kafka's
+``CurrentAssignmentBuilder`` does:
+
+* partitions it owns but is no longer meant to are revoked first: the member keeps its epoch
+  and gets only what it may keep, until a heartbeat reports that it let go of the rest (or its
+  rebalance timeout passes and it is fenced);
+* partitions meant for it that another member still holds (owns or has yet to revoke) are
+  given once released; meanwhile it is at the new epoch with what is free.
+
+Group states, as ConsumerGroupDescribe and ListGroups show them: ``Empty`` (no members),
+``Assigning`` (group epoch ahead of the target assignment), ``Reconciling`` (some member not
+yet at the target), ``Stable``. Pure logic; the coordinator does the I/O and the clock.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from automq_py.coordinator.assignors import MemberSpec, assign
+from protocol.errors import ErrorCode
+
+LEAVE_EPOCH = -1
+STATIC_LEAVE_EPOCH = -2
+
+TopicId = uuid.UUID
+# topic id -> partitions
+Partitions = dict[TopicId, frozenset[int]]
+# topic name -> (topic id, partition count): what the subscriptions resolve to
+TopicMetadata = dict[str, tuple[TopicId, int]]
+
+
+class MemberState(enum.Enum):
+    STABLE = "stable"
+    UNREVOKED_PARTITIONS = "unrevoked_partitions"
+    UNRELEASED_PARTITIONS = "unreleased_partitions"
+
+
+@dataclass(slots=True)
+class ConsumerMember:
+    member_id: str
+    instance_id: str | None = None
+    rack_id: str | None = None
+    client_id: str = ""
+    client_host: str = ""
+    epoch: int = 0
+    previous_epoch: int = 0
+    rebalance_timeout_ms: int = 300_000
+    subscribed_names: frozenset[str] = frozenset()
+    subscribed_regex: str | None = None
+    server_assignor: str | None = None
+    state: MemberState = MemberState.STABLE
+    assigned: Partitions = field(default_factory=dict)
+    pending_revocation: Partitions = field(default_factory=dict)
+    # what the member was last told (None: nothing yet)
+    sent: Partitions | None = None
+    deadline: float = 0.0
+    revocation_deadline: float | None = None
+    # left with epoch -2: a static member that is expected back
+    left_temporarily: bool = False
+
+
+@dataclass(slots=True, frozen=True)
+class HeartbeatRequest:
+    group_id: str
+    member_id: str
+    member_epoch: int
+    instance_id: str | None
+    rack_id: str | None
+    rebalance_timeout_ms: int  # -1: unchanged
+    subscribed_topic_names: Sequence[str] | None  # None: unchanged
+    subscribed_topic_regex: str | None
+    server_assignor: str | None
+    owned: Partitions | None  # None: unchanged
+    client_id: str = ""
+    client_host: str = ""
+
+
+@dataclass(slots=True, frozen=True)
+class HeartbeatResult:
+    error: ErrorCode
+    member_id: str | None = None
+    member_epoch: int = 0
+    assignment: Partitions | None = None
+    message: str | None = None
+
+
+def _flatten(p: Partitions) -> set[tuple[TopicId, int]]:
+    return {(t, i) for t, parts in p.items() for i in parts}
+
+
+def _group(pairs: set[tuple[TopicId, int]]) -> Partitions:
+    out: dict[TopicId, set[int]] = {}
+    for t, i in pairs:
+        out.setdefault(t, set()).add(i)
+    return {t: frozenset(v) for t, v in out.items()}
+
+
+class ConsumerGroup:
+    def __init__(self, group_id: str) -> None:
+        self.group_id = group_id
+        self.group_epoch = 0
+        self.assignment_epoch = 0
+        self.stored_epoch = 0
+        self.members: dict[str, ConsumerMember] = {}
+        self.static_members: dict[str, str] = {}
+        self.target: dict[str, Partitions] = {}
+        self.metadata: TopicMetadata = {}
+        self.assignor_name = ""
+
+    # --- views -------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> str:
+        if not self.members:
+            return "Empty"
+        if self.group_epoch > self.assignment_epoch:
+            return "Assigning"
+        for m in self.members.values():
+            if m.epoch != self.assignment_epoch or m.state != MemberState.STABLE:
+                return "Reconciling"
+        return "Stable"
+
+    def subscribed_topic_names(self, topic_names: Sequence[str] = ()) -> set[str]:
+        """Topics some member subscribes to (regexes matched against ``topic_names``)."""
+        out: set[str] = set()
+        for m in self.members.values():
+            out |= m.subscribed_names
+            if m.subscribed_regex:
+                out |= _regex_matches(m.subscribed_regex, topic_names)
+        return out
+
+    def validate_member_epoch(self, member_id: str, epoch: int) -> ErrorCode:
+        """For OffsetCommit/OffsetFetch v9+: the member must exist and be at ``epoch``."""
+        member = self.members.get(member_id)
+        if member is None:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        if epoch != member.epoch:
+            return ErrorCode.STALE_MEMBER_EPOCH
+        return ErrorCode.NONE
+
+    # --- membership --------------------------------------------------------------------------
+
+    def remove(self, member_id: str) -> None:
+        member = self.members.pop(member_id, None)
+        if member is None:
+            return
+        instance = member.instance_id
+        if instance is not None and self.static_members.get(instance) == member_id:
+            del self.static_members[instance]
+        self.target.pop(member_id, None)
+        self.group_epoch += 1
+
+    def expire_members(self, now: float) -> list[str]:
+        """Remove members whose session ended or whose revocation took longer than their
+        rebalance timeout; their ids."""
+        gone = [
+            m.member_id
+            for m in self.members.values()
+            if m.deadline <= now
+            or (m.revocation_deadline is not None and m.revocation_deadline <= now)
+        ]
+        for member_id in gone:
+            self.remove(member_id)
+        return gone
+
+    # --- the heartbeat -----------------------------------------------------------------------
+
+    def heartbeat(
+        self,
+        req: HeartbeatRequest,
+        now: float,
+        resolve: Callable[[set[str]], TopicMetadata],
+        all_topic_names: Sequence[str],
+        assignors: Sequence[str],
+        session_timeout_ms: int,
+        max_size: int,
+    ) -> HeartbeatResult:
+        """Apply one ConsumerGroupHeartbeat. ``resolve`` maps topic names to (id, partitions)
+        for those that exist."""
+        error = _validate(req, assignors)
+        if error is not None:
+            return error
+        if req.member_epoch in (LEAVE_EPOCH, STATIC_LEAVE_EPOCH):
+            return self._leave(req, now, session_timeout_ms)
+        if req.member_epoch == 0:
+            found = self._join(req, max_size)
+            if isinstance(found, HeartbeatResult):
+                return found
+            member, changed = found
+        else:
+            member_or_error = self._existing(req)
+            if isinstance(member_or_error, HeartbeatResult):
+                return member_or_error
+            member, changed = member_or_error, False
+        member.deadline = now + session_timeout_ms / 1000
+        member.client_id, member.client_host = req.client_id, req.client_host
+        if req.rack_id is not None:
+            member.rack_id = req.rack_id
+        if req.rebalance_timeout_ms >= 0:
+            member.rebalance_timeout_ms = req.rebalance_timeout_ms
+        if req.server_assignor is not None:
+            member.server_assignor = req.server_assignor
+        if req.subscribed_topic_names is not None:
+            names = frozenset(req.subscribed_topic_names)
+            changed |= names != member.subscribed_names
+            member.subscribed_names = names
+        if req.subscribed_topic_regex is not None:
+            regex = req.subscribed_topic_regex or None
+            changed |= regex != member.subscribed_regex
+            member.subscribed_regex = regex
+        if changed:
+            self.group_epoch += 1
+        metadata = resolve(self.subscribed_topic_names(all_topic_names))
+        if metadata != self.metadata:
+            if self.assignment_epoch == self.group_epoch and self.target:
+                self.group_epoch += 1
+            self.metadata = metadata
+        if self.group_epoch > self.assignment_epoch or member.member_id not in self.target:
+            self._compute_target(assignors, all_topic_names)
+        self._reconcile(member, req.owned, now)
+        full = req.member_epoch == 0 or req.owned is not None
+        send: Partitions | None = None
+        if full or member.sent is None or member.assigned != member.sent:
+            send = dict(member.assigned)
+            member.sent = dict(member.assigned)
+        return HeartbeatResult(ErrorCode.NONE, member.member_id, member.epoch, send)
+
+    def _leave(self, req: HeartbeatRequest, now: float, session_timeout_ms: int) -> HeartbeatResult:
+        member = self.members.get(req.member_id)
+        if member is None:
+            return HeartbeatResult(ErrorCode.UNKNOWN_MEMBER_ID, req.member_id, req.member_epoch)
+        if req.member_epoch == STATIC_LEAVE_EPOCH and member.instance_id is not None:
+            # keep its assignment for a while: the same instance is expected back
+            member.left_temporarily = True
+            member.deadline = now + session_timeout_ms / 1000
+        else:
+            self.remove(member.member_id)
+        return HeartbeatResult(ErrorCode.NONE, req.member_id, req.member_epoch)
+
+    def _join(
+        self, req: HeartbeatRequest, max_size: int
+    ) -> tuple[ConsumerMember, bool] | HeartbeatResult:
+        member_id = req.member_id or str(uuid.uuid4())
+        if req.instance_id is not None:
+            old_id = self.static_members.get(req.instance_id)
+            old = self.members.get(old_id) if old_id is not None else None
+            if old is not None and old.member_id != member_id:
+                if not old.left_temporarily:
+                    return HeartbeatResult(
+                        ErrorCode.UNRELEASED_INSTANCE_ID,
+                        message=f"instance {req.instance_id} is in use by {old.member_id}",
+                    )
+                # the static member is back under a new id: it takes over the assignment
+                del self.members[old.member_id]
+                old.member_id = member_id
+                old.left_temporarily = False
+                old.sent = None
+                self.members[member_id] = old
+                self.static_members[req.instance_id] = member_id
+                if old_id in self.target:
+                    self.target[member_id] = self.target.pop(old_id)
+                return old, False
+        member = self.members.get(member_id)
+        if member is not None:
+            # it lost its state (epoch 0 again): it owns nothing now
+            member.assigned, member.pending_revocation, member.sent = {}, {}, None
+            member.state = MemberState.STABLE
+            member.left_temporarily = False
+            return member, False
+        if len(self.members) >= max_size:
+            return HeartbeatResult(ErrorCode.GROUP_MAX_SIZE_REACHED, member_id)
+        member = ConsumerMember(member_id, req.instance_id)
+        self.members[member_id] = member
+        if req.instance_id is not None:
+            self.static_members[req.instance_id] = member_id
+        return member, True
+
+    def _existing(self, req: HeartbeatRequest) -> ConsumerMember | HeartbeatResult:
+        member = self.members.get(req.member_id)
+        if member is None:
+            return HeartbeatResult(
+                ErrorCode.UNKNOWN_MEMBER_ID,
+                req.member_id,
+                req.member_epoch,
+                message=f"member {req.member_id} is not in group {self.group_id}",
+            )
+        if req.member_epoch != member.epoch:
+            lost_response = req.member_epoch == member.previous_epoch and (
+                req.owned is None or _flatten(req.owned) <= _flatten(member.assigned)
+            )
+            if not lost_response:
+                return HeartbeatResult(
+                    ErrorCode.FENCED_MEMBER_EPOCH,
+                    req.member_id,
+                    req.member_epoch,
+                    message=f"epoch {req.member_epoch} is not the member's {member.epoch}",
+                )
+        return member
+
+    # --- assignment --------------------------------------------------------------------------
+
+    def _compute_target(self, assignors: Sequence[str], all_topic_names: Sequence[str]) -> None:
+        wanted = [m.server_assignor for m in self.members.values() if m.server_assignor]
+        name = wanted[0] if wanted and wanted[0] in assignors else assignors[0]
+        ids = {tid: topic for topic, (tid, _) in self.metadata.items()}
+        specs = []
+        for m in sorted(self.members.values(), key=lambda m: m.member_id):
+            topics = set(m.subscribed_names)
+            if m.subscribed_regex:
+                topics |= _regex_matches(m.subscribed_regex, all_topic_names)
+            current = {
+                ids[t]: parts for t, parts in self.target.get(m.member_id, {}).items() if t in ids
+            }
+            specs.append(
+                MemberSpec(
+                    m.member_id,
+                    frozenset(t for t in topics if t in self.metadata),
+                    m.rack_id,
+                    current,
+                )
+            )
+        result = assign(name, specs, {t: n for t, (_, n) in self.metadata.items()})
+        self.target = {
+            member_id: {self.metadata[t][0]: parts for t, parts in by_topic.items() if parts}
+            for member_id, by_topic in result.items()
+        }
+        self.assignor_name = name
+        self.assignment_epoch = self.group_epoch
+
+    def _owned_by_others(self, member_id: str) -> set[tuple[TopicId, int]]:
+        out: set[tuple[TopicId, int]] = set()
+        for m in self.members.values():
+            if m.member_id != member_id:
+                out |= _flatten(m.assigned) | _flatten(m.pending_revocation)
+        return out
+
+    def _reconcile(self, member: ConsumerMember, owned: Partitions | None, now: float) -> None:
+        target = _flatten(self.target.get(member.member_id, {}))
+        if member.state == MemberState.UNREVOKED_PARTITIONS:
+            revoking = _flatten(member.pending_revocation)
+            if owned is None or _flatten(owned) & revoking:
+                return  # still waiting for the member to let go
+            member.pending_revocation = {}
+            member.revocation_deadline = None
+            member.state = MemberState.STABLE
+        if member.epoch == self.assignment_epoch and member.state == MemberState.STABLE:
+            return
+        assigned = _flatten(member.assigned)
+        keep = assigned & target
+        revoke = assigned - target
+        if revoke:
+            member.assigned = _group(keep)
+            member.pending_revocation = _group(revoke)
+            member.state = MemberState.UNREVOKED_PARTITIONS
+            member.revocation_deadline = now + member.rebalance_timeout_ms / 1000
+            return
+        free = (target - keep) - self._owned_by_others(member.member_id)
+        new = keep | free
+        member.assigned = _group(new)
+        member.previous_epoch, member.epoch = member.epoch, self.assignment_epoch
+        member.state = MemberState.STABLE if new == target else MemberState.UNRELEASED_PARTITIONS
+
+    def topic_names(self) -> dict[TopicId, str]:
+        return {tid: topic for topic, (tid, _) in self.metadata.items()}
+
+
+def _validate(req: HeartbeatRequest, assignors: Sequence[str]) -> HeartbeatResult | None:
+    def invalid(message: str) -> HeartbeatResult:
+        return HeartbeatResult(
+            ErrorCode.INVALID_REQUEST, req.member_id, req.member_epoch, message=message
+        )
+
+    if req.member_epoch < STATIC_LEAVE_EPOCH:
+        return invalid(f"member epoch {req.member_epoch} is invalid")
+    if req.member_epoch != 0 and not req.member_id:
+        return invalid("member id must be set when the member epoch is not 0")
+    if req.member_epoch == 0:
+        if req.subscribed_topic_names is None and req.subscribed_topic_regex is None:
+            return invalid("a joining member must give its subscription")
+        if req.rebalance_timeout_ms < 0:
+            return invalid("a joining member must give its rebalance timeout")
+    if req.member_epoch == STATIC_LEAVE_EPOCH and req.instance_id is None:
+        return invalid("epoch -2 is for static members: instance id is missing")
+    if req.server_assignor is not None and req.server_assignor not in assignors:
+        return HeartbeatResult(
+            ErrorCode.UNSUPPORTED_ASSIGNOR,
+            req.member_id,
+            req.member_epoch,
+            message=f"assignor {req.server_assignor!r} is not one of {', '.join(assignors)}",
+        )
+    if req.subscribed_topic_regex:
+        try:
+            re.compile(req.subscribed_topic_regex)
+        except re.error as e:
+            return invalid(f"subscribed topic regex does not compile: {e}")
+    return None
+
+
+def _regex_matches(regex: str, names: Sequence[str]) -> set[str]:
+    try:
+        pattern = re.compile(regex)
+    except re.error:
+        return set()
+    return {n for n in names if not n.startswith("__") and pattern.fullmatch(n)}

@@ -1,0 +1,1222 @@
+"""GroupCoordinator: consumer groups and their committed offsets, kept in ``__consumer_offsets``.
+
+This broker coordinates every group. A group lives in partition
+``abs(javaHashCode(group_id)) % partitions`` of ``__consumer_offsets`` (Kafka's placement); its
+state changes and offset commits are appended there as Kafka's coordinator records
+(:mod:`automq_py.coordinator.records`) and answered once durable, so the broker keeps no state
+of its own: on start every partition is read back (requests for a group whose partition is
+still loading get COORDINATOR_LOAD_IN_PROGRESS). The topic is created on first use, as Kafka
+does, with ``offsets.topic.num.partitions`` partitions.
+
+Two protocols share the group namespace:
+
+* the classic protocol (JoinGroup, SyncGroup, Heartbeat, LeaveGroup) with Kafka's rules:
+  generations, KIP-394 member ids, static membership (KIP-345), the initial rebalance delay,
+  session and rebalance timeouts (this module; the group itself is
+  :class:`~automq_py.coordinator.classic_group.ClassicGroup`);
+* the consumer protocol of KIP-848 (ConsumerGroupHeartbeat) with server-side assignors
+  (:mod:`automq_py.coordinator.consumer_group`).
+
+Everything runs on the event loop; a sweeper task expires members whose session ended and,
+every ``offsets.retention.check.interval.ms``, offsets past ``offsets.retention.minutes``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from automq_py.config import BrokerConfig, ConfigError
+from automq_py.coordinator import records
+from automq_py.coordinator.assignors import ASSIGNORS
+from automq_py.coordinator.classic_group import (
+    ClassicGroup,
+    ClassicMember,
+    ClassicState,
+    JoinResult,
+    SyncResult,
+)
+from automq_py.coordinator.consumer_group import ConsumerGroup
+from automq_py.partition import Partition
+from automq_py.replica_manager import ReplicaManager
+from automq_py.topics import TopicError, TopicInfo, TopicRegistry
+from protocol import record_batch
+from protocol.errors import ErrorCode
+from protocol.record_batch import InvalidRecordBatchError
+from protocol.records import RecordInput, build_batch, parse_records
+
+log = logging.getLogger("automq.coordinator")
+
+OFFSETS_TOPIC = "__consumer_offsets"
+# Kafka's settings for the offsets topic (GroupCoordinator.offsetsTopicConfigs)
+OFFSETS_TOPIC_CONFIGS = {
+    "cleanup.policy": "compact",
+    "segment.bytes": str(100 * 1024 * 1024),
+    "compression.type": "producer",
+}
+NO_OFFSET = -1
+SWEEP_INTERVAL_S = 0.1
+LOAD_READ_BYTES = 1 << 20
+
+Group = ClassicGroup | ConsumerGroup
+TopicPartition = tuple[str, int]
+
+
+def java_string_hash(text: str) -> int:
+    """Java's ``String.hashCode`` (over UTF-16 code units), as a signed 32-bit int."""
+    h = 0
+    raw = text.encode("utf-16-be")
+    for i in range(0, len(raw), 2):
+        h = (31 * h + ((raw[i] << 8) | raw[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def partition_for(group_id: str, partitions: int) -> int:
+    """Kafka's ``Utils.abs(groupId.hashCode) % partitions``."""
+    return (java_string_hash(group_id) & 0x7FFFFFFF) % partitions
+
+
+@dataclass(slots=True, frozen=True)
+class GroupConfig:
+    """The group settings, from the broker's properties (Kafka's names and defaults)."""
+
+    offsets_partitions: int = 50
+    initial_rebalance_delay_ms: int = 3000
+    min_session_timeout_ms: int = 6000
+    max_session_timeout_ms: int = 1_800_000
+    max_size: int = (1 << 31) - 1
+    offsets_retention_ms: int = 7 * 24 * 3600 * 1000
+    retention_check_interval_ms: int = 600_000
+    offset_metadata_max_bytes: int = 4096
+    consumer_session_timeout_ms: int = 45_000
+    consumer_heartbeat_interval_ms: int = 5000
+    consumer_max_size: int = (1 << 31) - 1
+    consumer_assignors: tuple[str, ...] = ("uniform", "range")
+
+    @classmethod
+    def from_broker(cls, config: BrokerConfig) -> GroupConfig:
+        unknown = [a for a in config.group_consumer_assignors if a not in ASSIGNORS]
+        if unknown or not config.group_consumer_assignors:
+            raise ConfigError(
+                f"group.consumer.assignors: unknown assignor(s) {', '.join(unknown) or '(none)'}; "
+                f"choose from {', '.join(ASSIGNORS)}"
+            )
+        if config.group_min_session_timeout_ms > config.group_max_session_timeout_ms:
+            raise ConfigError(
+                "group.min.session.timeout.ms must not exceed group.max.session.timeout.ms"
+            )
+        return cls(
+            offsets_partitions=config.offsets_topic_num_partitions,
+            initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
+            min_session_timeout_ms=config.group_min_session_timeout_ms,
+            max_session_timeout_ms=config.group_max_session_timeout_ms,
+            max_size=config.group_max_size,
+            offsets_retention_ms=config.offsets_retention_minutes * 60_000,
+            retention_check_interval_ms=config.offsets_retention_check_interval_ms,
+            offset_metadata_max_bytes=config.offset_metadata_max_bytes,
+            consumer_session_timeout_ms=config.group_consumer_session_timeout_ms,
+            consumer_heartbeat_interval_ms=config.group_consumer_heartbeat_interval_ms,
+            consumer_max_size=config.group_consumer_max_size,
+            consumer_assignors=config.group_consumer_assignors,
+        )
+
+
+@dataclass(slots=True, frozen=True)
+class JoinRequest:
+    group_id: str
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    protocol_type: str
+    protocols: list[tuple[str, bytes]]
+    # KIP-394 (JoinGroup v4+): a new dynamic member first gets MEMBER_ID_REQUIRED
+    require_known_member_id: bool
+    # JoinGroup v9+: a rejoining static leader is told to skip the assignment
+    supports_skip_assignment: bool
+
+
+@dataclass(slots=True, frozen=True)
+class OffsetCommit:
+    topic: str
+    partition: int
+    offset: int
+    leader_epoch: int
+    metadata: str | None
+
+
+@dataclass(slots=True, frozen=True)
+class GroupOverview:
+    group_id: str
+    protocol_type: str
+    state: str
+    group_type: str  # "classic" or "consumer"
+
+
+def expired_offsets(
+    offsets: Mapping[TopicPartition, records.OffsetValue],
+    now_ms: int,
+    retention_ms: int,
+    empty_since_ms: int | None,
+    subscribed: set[str] | None,
+) -> list[TopicPartition]:
+    """Offsets to expire (Kafka's rules since 2.1).
+
+    An empty group (``empty_since_ms`` given) loses all its offsets once it has been empty
+    for ``retention_ms``: counted from the later of the commit and the moment it became empty.
+    A group with members keeps the offsets of topics it subscribes to (``subscribed``; None:
+    unknown, keep all); the others expire ``retention_ms`` after their commit.
+    """
+    out = []
+    for tp, value in offsets.items():
+        if empty_since_ms is not None:
+            base = max(value.commit_timestamp, empty_since_ms)
+        elif subscribed is not None and tp[0] not in subscribed:
+            base = value.commit_timestamp
+        else:
+            continue
+        if value.expire_timestamp >= 0:
+            expired = now_ms >= value.expire_timestamp
+        else:
+            expired = now_ms - base >= retention_ms
+        if expired:
+            out.append(tp)
+    return out
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class GroupCoordinator:
+    def __init__(
+        self,
+        config: GroupConfig,
+        topics: TopicRegistry,
+        replicas: ReplicaManager,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.topics = topics
+        self.replicas = replicas
+        self.clock = clock
+        self.groups: dict[str, Group] = {}
+        self.offsets: dict[str, dict[TopicPartition, records.OffsetValue]] = {}
+        self._topic: TopicInfo | None = None
+        self._loaded: set[int] = set()
+        self._topic_lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._sweeper: asyncio.Task[None] | None = None
+        self._next_retention_check = 0.0
+        self._stopped = False
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start loading ``__consumer_offsets`` (if it exists) and the sweeper."""
+        topic = self.topics.get(OFFSETS_TOPIC)
+        if topic is not None:
+            self._topic = topic
+            for index in range(topic.partitions):
+                self._spawn(self._load_partition(topic, index))
+        self._next_retention_check = self.clock() + self.config.retention_check_interval_ms / 1000
+        self._sweeper = asyncio.create_task(self._sweep_forever())
+
+    async def stop(self) -> None:
+        self._stopped = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        for group in self.groups.values():
+            if isinstance(group, ClassicGroup):
+                self._cancel_timer(group)
+                for member in group.members.values():
+                    _resolve_join(member, JoinResult(ErrorCode.NOT_COORDINATOR))
+                    _resolve_sync(member, SyncResult(ErrorCode.NOT_COORDINATOR))
+        for task in list(self._tasks):
+            task.cancel()
+
+    def _spawn(self, coro: Coroutine[Any, Any, object]) -> None:
+        task: asyncio.Task[Any] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("group coordinator task failed", exc_info=task.exception())
+
+    # --- the offsets topic -------------------------------------------------------------------
+
+    async def _offsets_topic(self) -> TopicInfo:
+        """``__consumer_offsets``, created (and every partition opened) on first use."""
+        if self._topic is not None:
+            return self._topic
+        async with self._topic_lock:
+            if self._topic is None:
+                topic = self.topics.get(OFFSETS_TOPIC)
+                if topic is None:
+                    try:
+                        topic = await self.topics.create(
+                            OFFSETS_TOPIC, self.config.offsets_partitions, OFFSETS_TOPIC_CONFIGS
+                        )
+                        log.info("created %s with %d partitions", OFFSETS_TOPIC, topic.partitions)
+                    except TopicError:
+                        topic = self.topics.get(OFFSETS_TOPIC)
+                        if topic is None:
+                            raise
+                    await asyncio.gather(
+                        *(self._load_partition(topic, i) for i in range(topic.partitions))
+                    )
+                else:
+                    for index in range(topic.partitions):
+                        self._spawn(self._load_partition(topic, index))
+                self._topic = topic
+            return self._topic
+
+    async def find_coordinator(self) -> ErrorCode:
+        """Make sure the offsets topic exists (FindCoordinator for a group)."""
+        try:
+            await self._offsets_topic()
+        except Exception as e:
+            log.warning("cannot create %s: %s", OFFSETS_TOPIC, e)
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        return ErrorCode.NONE
+
+    async def _ready(self, group_id: str) -> ErrorCode:
+        """NONE when ``group_id``'s partition is loaded; else the error to answer with."""
+        if self._stopped:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        try:
+            topic = await self._offsets_topic()
+        except Exception as e:
+            log.warning("cannot create %s: %s", OFFSETS_TOPIC, e)
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if partition_for(group_id, topic.partitions) not in self._loaded:
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        return ErrorCode.NONE
+
+    async def _partition(self, group_id: str) -> Partition:
+        topic = await self._offsets_topic()
+        return await self.replicas.partition(topic, partition_for(group_id, topic.partitions))
+
+    async def _load_partition(self, topic: TopicInfo, index: int) -> None:
+        started = time.perf_counter()
+        partition = await self.replicas.partition(topic, index)
+        offset, end, count = partition.log_start_offset, partition.high_watermark, 0
+        while offset < end:
+            views = await partition.read(offset, LOAD_READ_BYTES)
+            if not views:
+                break
+            for view in views:
+                for header, batch in record_batch.iter_batches(view):
+                    next_offset = header.base_offset + header.last_offset_delta + 1
+                    if next_offset <= offset:
+                        continue
+                    try:
+                        recs = parse_records(batch, check_crc=False)
+                    except InvalidRecordBatchError as e:
+                        log.warning("%s-%d: skipping a bad batch: %s", topic.name, index, e)
+                        recs = []
+                    for rec in recs:
+                        if rec.offset >= offset and rec.key is not None:
+                            self._replay(rec.key, rec.value)
+                            count += 1
+                    offset = max(offset, next_offset)
+        now = self.clock()
+        for group_id, group in self.groups.items():
+            mine = partition_for(group_id, topic.partitions) == index
+            if mine and isinstance(group, ClassicGroup):
+                for member in group.members.values():
+                    member.deadline = now + member.session_timeout_ms / 1000
+        self._loaded.add(index)
+        if count:
+            log.info(
+                "loaded %d records of %s-%d in %.0f ms",
+                count,
+                topic.name,
+                index,
+                (time.perf_counter() - started) * 1000,
+            )
+
+    def _replay(self, raw_key: bytes, raw_value: bytes | None) -> None:
+        try:
+            key = records.decode_key(raw_key)
+            if key is None:
+                return
+            value = records.decode_value(key, raw_value)
+        except records.RecordFormatError as e:
+            log.warning("skipping a bad %s record: %s", OFFSETS_TOPIC, e)
+            return
+        now = self.clock()
+        match key:
+            case records.OffsetKey(group_id, topic, partition):
+                stored = self.offsets.setdefault(group_id, {})
+                if isinstance(value, records.OffsetValue):
+                    stored[(topic, partition)] = value
+                    if group_id not in self.groups:
+                        self.groups[group_id] = ClassicGroup(group_id, value.commit_timestamp)
+                else:
+                    stored.pop((topic, partition), None)
+            case records.GroupKey(group_id):
+                if isinstance(value, records.GroupValue):
+                    self.groups[group_id] = ClassicGroup.from_record(group_id, value, now)
+                elif isinstance(self.groups.get(group_id), ClassicGroup):
+                    del self.groups[group_id]
+            case records.ConsumerGroupKey(group_id):
+                if isinstance(value, records.ConsumerGroupValue):
+                    found = self.groups.get(group_id)
+                    group = found if isinstance(found, ConsumerGroup) else ConsumerGroup(group_id)
+                    group.group_epoch = group.assignment_epoch = value.epoch
+                    self.groups[group_id] = group
+                elif isinstance(self.groups.get(group_id), ConsumerGroup):
+                    del self.groups[group_id]
+
+    async def _append(
+        self, group_id: str, entries: Sequence[tuple[records.Key, bytes | None]]
+    ) -> ErrorCode:
+        """Append coordinator records for ``group_id``, durably; the error to answer with."""
+        if not entries:
+            return ErrorCode.NONE
+        now = _now_ms()
+        batch = build_batch(
+            [RecordInput(value, records.encode_key(key), timestamp=now) for key, value in entries]
+        )
+        try:
+            partition = await self._partition(group_id)
+            result = await partition.append_records(memoryview(batch))
+        except Exception as e:
+            log.warning("cannot write %s for group %s: %s", OFFSETS_TOPIC, group_id, e)
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if result.error == ErrorCode.NONE:
+            return ErrorCode.NONE
+        log.warning(
+            "writing group %s to %s failed: %s %s",
+            group_id,
+            OFFSETS_TOPIC,
+            result.error.name,
+            result.message or "",
+        )
+        if result.error in (
+            ErrorCode.MESSAGE_TOO_LARGE,
+            ErrorCode.RECORD_LIST_TOO_LARGE,
+            ErrorCode.INVALID_FETCH_SIZE,
+        ):
+            return ErrorCode.UNKNOWN_SERVER_ERROR
+        return ErrorCode.COORDINATOR_NOT_AVAILABLE
+
+    async def _store_classic(self, group: ClassicGroup) -> ErrorCode:
+        value = records.encode_group_value(group.to_record())
+        return await self._append(group.group_id, [(records.GroupKey(group.group_id), value)])
+
+    # --- the sweeper -------------------------------------------------------------------------
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL_S)
+            try:
+                self._expire_members()
+                if self.clock() >= self._next_retention_check:
+                    self._next_retention_check = (
+                        self.clock() + self.config.retention_check_interval_ms / 1000
+                    )
+                    await self.expire_offsets()
+            except Exception:
+                log.exception("group sweeper")
+
+    def _expire_members(self) -> None:
+        now = self.clock()
+        for group in list(self.groups.values()):
+            if isinstance(group, ConsumerGroup):
+                expired = group.expire_members(now)
+                if expired:
+                    log.info("group %s: session of %s expired", group.group_id, ", ".join(expired))
+                    self._spawn(self._store_consumer_epoch(group))
+                continue
+            for member_id, deadline in list(group.pending_members.items()):
+                if deadline <= now:
+                    group.pending_members.pop(member_id, None)
+                    if group.is_(ClassicState.PREPARING_REBALANCE):
+                        self._try_complete_join(group)
+            for member in list(group.members.values()):
+                keep_alive = member.awaiting_join or member.awaiting_sync
+                if member.deadline <= now and not keep_alive:
+                    self._remove_member(group, member, "session timeout expired")
+            if (
+                group.is_(ClassicState.COMPLETING_REBALANCE)
+                and group.sync_deadline is not None
+                and group.sync_deadline <= now
+            ):
+                group.sync_deadline = None
+                late = [m for m in group.members.values() if not m.awaiting_sync]
+                for member in late:
+                    group.remove(member.member_id)
+                if late:
+                    log.info(
+                        "group %s: %s did not sync in time",
+                        group.group_id,
+                        ", ".join(m.member_id for m in late),
+                    )
+                    self._prepare_rebalance(group, "members did not sync in time")
+
+    async def expire_offsets(self) -> int:
+        """Tombstone the offsets past retention; drop empty groups left with none. Returns how
+        many offsets expired."""
+        now = _now_ms()
+        total = 0
+        for group_id in list(self.offsets):
+            group = self.groups.get(group_id)
+            stored = self.offsets.get(group_id, {})
+            empty_since: int | None = None
+            subscribed: set[str] | None = None
+            if isinstance(group, ClassicGroup):
+                if group.is_(ClassicState.EMPTY):
+                    # a group that never had a protocol (commits only) counts from the commit
+                    empty_since = group.state_timestamp_ms if group.protocol_type else 0
+                else:
+                    subscribed = group.subscribed_topics()
+            elif isinstance(group, ConsumerGroup):
+                if not group.members:
+                    empty_since = 0
+                else:
+                    subscribed = group.subscribed_topic_names()
+            else:
+                empty_since = 0
+            gone = expired_offsets(
+                stored, now, self.config.offsets_retention_ms, empty_since, subscribed
+            )
+            if not gone:
+                continue
+            entries: list[tuple[records.Key, bytes | None]] = [
+                (records.OffsetKey(group_id, t, p), None) for t, p in gone
+            ]
+            drop_group = len(gone) == len(stored) and empty_since is not None
+            if drop_group:
+                entries.append(
+                    (
+                        records.ConsumerGroupKey(group_id)
+                        if isinstance(group, ConsumerGroup)
+                        else records.GroupKey(group_id),
+                        None,
+                    )
+                )
+            if await self._append(group_id, entries) != ErrorCode.NONE:
+                continue
+            for tp in gone:
+                stored.pop(tp, None)
+            total += len(gone)
+            if drop_group:
+                self._drop_group(group_id)
+            log.info("group %s: %d offsets expired", group_id, len(gone))
+        return total
+
+    def _drop_group(self, group_id: str) -> None:
+        group = self.groups.pop(group_id, None)
+        self.offsets.pop(group_id, None)
+        if isinstance(group, ClassicGroup):
+            self._cancel_timer(group)
+            group.transition(ClassicState.DEAD)
+
+    # --- classic protocol: JoinGroup ---------------------------------------------------------
+
+    async def join_group(self, req: JoinRequest) -> JoinResult:
+        if not req.group_id:
+            return JoinResult(ErrorCode.INVALID_GROUP_ID, req.member_id)
+        error = await self._ready(req.group_id)
+        if error != ErrorCode.NONE:
+            return JoinResult(error, req.member_id)
+        if not (
+            self.config.min_session_timeout_ms
+            <= req.session_timeout_ms
+            <= self.config.max_session_timeout_ms
+        ):
+            return JoinResult(ErrorCode.INVALID_SESSION_TIMEOUT, req.member_id)
+        if not req.protocol_type or not req.protocols:
+            return JoinResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, req.member_id)
+        found = self.groups.get(req.group_id)
+        if isinstance(found, ConsumerGroup):
+            if found.members:
+                return JoinResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, req.member_id)
+            # an empty consumer-protocol group turns classic (its offsets stay)
+            del self.groups[req.group_id]
+            found = None
+        if found is None:
+            if req.member_id:
+                return JoinResult(ErrorCode.UNKNOWN_MEMBER_ID, req.member_id)
+            found = ClassicGroup(req.group_id, _now_ms())
+            self.groups[req.group_id] = found
+        group = found
+        if group.is_(ClassicState.DEAD):
+            # deleted meanwhile: let the client find the coordinator again
+            return JoinResult(ErrorCode.COORDINATOR_NOT_AVAILABLE, req.member_id)
+        if not group.supports(req.protocol_type, req.protocols):
+            return JoinResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, req.member_id)
+        if not req.member_id:
+            return await self._join_unknown_member(group, req)
+        return await self._join_known_member(group, req)
+
+    def _new_member(self, req: JoinRequest, member_id: str) -> ClassicMember:
+        return ClassicMember(
+            member_id,
+            req.group_instance_id,
+            req.client_id,
+            req.client_host,
+            req.rebalance_timeout_ms,
+            req.session_timeout_ms,
+            req.protocol_type,
+            list(req.protocols),
+            deadline=self.clock() + req.session_timeout_ms / 1000,
+        )
+
+    async def _join_unknown_member(self, group: ClassicGroup, req: JoinRequest) -> JoinResult:
+        prefix = req.group_instance_id if req.group_instance_id is not None else req.client_id
+        new_id = f"{prefix}-{uuid.uuid4()}"
+        if req.group_instance_id is not None:
+            old_id = group.static_members.get(req.group_instance_id)
+            if old_id is not None and old_id in group.members:
+                return await self._rejoin_static_member(group, req, old_id, new_id)
+        if len(group.members) + len(group.pending_members) >= self.config.max_size:
+            return JoinResult(ErrorCode.GROUP_MAX_SIZE_REACHED, req.member_id)
+        if req.group_instance_id is None and req.require_known_member_id:
+            group.pending_members[new_id] = self.clock() + req.session_timeout_ms / 1000
+            return JoinResult(ErrorCode.MEMBER_ID_REQUIRED, new_id)
+        return await self._add_member_and_rebalance(group, self._new_member(req, new_id))
+
+    async def _join_known_member(self, group: ClassicGroup, req: JoinRequest) -> JoinResult:
+        member_id = req.member_id
+        if member_id in group.pending_members:
+            return await self._add_member_and_rebalance(group, self._new_member(req, member_id))
+        if group.is_static_member_fenced(member_id, req.group_instance_id):
+            return JoinResult(ErrorCode.FENCED_INSTANCE_ID, member_id)
+        member = group.members.get(member_id)
+        if member is None or group.is_(ClassicState.EMPTY):
+            return JoinResult(ErrorCode.UNKNOWN_MEMBER_ID, member_id)
+        member.deadline = self.clock() + member.session_timeout_ms / 1000
+        if group.is_(ClassicState.PREPARING_REBALANCE):
+            return await self._update_member_and_rebalance(group, member, req)
+        if group.is_(ClassicState.COMPLETING_REBALANCE):
+            if member.matches(req.protocols):
+                # the join response was lost: answer it again
+                return self._join_result(group, member)
+            return await self._update_member_and_rebalance(group, member, req)
+        # Stable
+        if member_id == group.leader_id or not member.matches(req.protocols):
+            return await self._update_member_and_rebalance(group, member, req)
+        return self._join_result(group, member, with_members=False)
+
+    async def _rejoin_static_member(
+        self, group: ClassicGroup, req: JoinRequest, old_id: str, new_id: str
+    ) -> JoinResult:
+        """A known static member joined again with no member id (e.g. after a restart): it
+        takes a new id and keeps its assignment; no rebalance unless its protocols changed."""
+        old = group.members[old_id]
+        old_protocols = old.protocols
+        member = group.replace_static_member(req.group_instance_id or "", old_id, new_id)
+        member.protocols = list(req.protocols)
+        member.session_timeout_ms = req.session_timeout_ms
+        member.rebalance_timeout_ms = req.rebalance_timeout_ms
+        member.client_id, member.client_host = req.client_id, req.client_host
+        member.deadline = self.clock() + req.session_timeout_ms / 1000
+        log.info(
+            "group %s: static member %s rejoined as %s",
+            group.group_id,
+            req.group_instance_id,
+            new_id,
+        )
+        if group.is_(ClassicState.STABLE):
+            if group.protocol_name is not None and group.select_protocol() == group.protocol_name:
+                generation = group.generation_id
+                error = await self._store_classic(group)
+                if error != ErrorCode.NONE:
+                    # undo: the old id stays the member
+                    group.replace_static_member(req.group_instance_id or "", new_id, old_id)
+                    group.members[old_id].protocols = old_protocols
+                    return JoinResult(error, "")
+                is_leader = group.leader_id == new_id
+                skip = is_leader and req.supports_skip_assignment
+                return JoinResult(
+                    ErrorCode.NONE,
+                    new_id,
+                    generation,
+                    group.protocol_type,
+                    group.protocol_name,
+                    # an old client that thinks it leads would reassign: tell it the old id
+                    new_id if skip or not is_leader else old_id,
+                    skip,
+                    self._member_list(group) if skip else [],
+                )
+            return await self._update_member_and_rebalance(group, member, req)
+        if group.is_(ClassicState.COMPLETING_REBALANCE):
+            # the leader may be assigning to the old id: rebalance to be safe
+            member.join_waiter = asyncio.get_running_loop().create_future()
+            self._prepare_rebalance(group, f"static member {req.group_instance_id} rejoined")
+            return await member.join_waiter
+        # PreparingRebalance: wait for the join like everyone else
+        member.join_waiter = asyncio.get_running_loop().create_future()
+        self._try_complete_join(group)
+        return await member.join_waiter
+
+    async def _add_member_and_rebalance(
+        self, group: ClassicGroup, member: ClassicMember
+    ) -> JoinResult:
+        member.is_new = True
+        waiter: asyncio.Future[JoinResult] = asyncio.get_running_loop().create_future()
+        member.join_waiter = waiter
+        group.add(member)
+        if group.is_(ClassicState.PREPARING_REBALANCE) and group.generation_id == 0:
+            group.new_member_added = True
+        self._maybe_prepare_rebalance(group, f"member {member.member_id} joined")
+        return await waiter
+
+    async def _update_member_and_rebalance(
+        self, group: ClassicGroup, member: ClassicMember, req: JoinRequest
+    ) -> JoinResult:
+        member.protocols = list(req.protocols)
+        member.session_timeout_ms = req.session_timeout_ms
+        member.rebalance_timeout_ms = req.rebalance_timeout_ms
+        _resolve_join(member, JoinResult(ErrorCode.REBALANCE_IN_PROGRESS, member.member_id))
+        waiter: asyncio.Future[JoinResult] = asyncio.get_running_loop().create_future()
+        member.join_waiter = waiter
+        self._maybe_prepare_rebalance(group, f"member {member.member_id} rejoined")
+        return await waiter
+
+    def _member_list(self, group: ClassicGroup) -> list[tuple[str, str | None, bytes]]:
+        protocol = group.protocol_name or ""
+        return [
+            (m.member_id, m.group_instance_id, m.metadata(protocol)) for m in group.members.values()
+        ]
+
+    def _join_result(
+        self, group: ClassicGroup, member: ClassicMember, with_members: bool = True
+    ) -> JoinResult:
+        is_leader = member.member_id == group.leader_id
+        return JoinResult(
+            ErrorCode.NONE,
+            member.member_id,
+            group.generation_id,
+            group.protocol_type,
+            group.protocol_name,
+            group.leader_id or "",
+            False,
+            self._member_list(group) if is_leader and with_members else [],
+        )
+
+    # --- classic protocol: rebalances --------------------------------------------------------
+
+    def _maybe_prepare_rebalance(self, group: ClassicGroup, reason: str) -> None:
+        if group.is_(ClassicState.STABLE, ClassicState.COMPLETING_REBALANCE, ClassicState.EMPTY):
+            self._prepare_rebalance(group, reason)
+        elif group.is_(ClassicState.PREPARING_REBALANCE):
+            self._try_complete_join(group)
+
+    def _prepare_rebalance(self, group: ClassicGroup, reason: str) -> None:
+        if group.is_(ClassicState.COMPLETING_REBALANCE):
+            for member in group.members.values():
+                member.assignment = b""
+                _resolve_sync(member, SyncResult(ErrorCode.REBALANCE_IN_PROGRESS))
+        group.sync_deadline = None
+        initial = group.is_(ClassicState.EMPTY)
+        group.transition(ClassicState.PREPARING_REBALANCE)
+        self._cancel_timer(group)
+        loop = asyncio.get_running_loop()
+        log.info(
+            "group %s: preparing to rebalance generation %d (%s)",
+            group.group_id,
+            group.generation_id,
+            reason,
+        )
+        if initial:
+            delay = self.config.initial_rebalance_delay_ms
+            remaining = max(group.rebalance_timeout_ms - delay, 0)
+            group.new_member_added = False
+            group.initial_delay = True
+            group.rebalance_timer = loop.call_later(
+                delay / 1000, self._initial_delay_expired, group, delay, remaining
+            )
+        else:
+            group.initial_delay = False
+            group.rebalance_timer = loop.call_later(
+                group.rebalance_timeout_ms / 1000, self._complete_join, group
+            )
+            self._try_complete_join(group)
+
+    def _initial_delay_expired(self, group: ClassicGroup, delay: int, remaining: int) -> None:
+        """Kafka's InitialDelayedJoin: while new members keep arriving, wait another delay
+        (up to the rebalance timeout); then complete the join."""
+        group.rebalance_timer = None
+        if not group.is_(ClassicState.PREPARING_REBALANCE):
+            return
+        if group.new_member_added and remaining > 0:
+            group.new_member_added = False
+            step = min(delay, remaining)
+            group.rebalance_timer = asyncio.get_running_loop().call_later(
+                step / 1000, self._initial_delay_expired, group, delay, remaining - step
+            )
+            return
+        group.initial_delay = False
+        self._complete_join(group)
+
+    def _try_complete_join(self, group: ClassicGroup) -> None:
+        if (
+            group.is_(ClassicState.PREPARING_REBALANCE)
+            and not group.initial_delay
+            and group.all_members_joined()
+        ):
+            self._complete_join(group)
+
+    def _cancel_timer(self, group: ClassicGroup) -> None:
+        if group.rebalance_timer is not None:
+            group.rebalance_timer.cancel()
+            group.rebalance_timer = None
+
+    def _complete_join(self, group: ClassicGroup) -> None:
+        """Kafka's onCompleteJoin: drop who did not rejoin, start the next generation and
+        answer every waiting JoinGroup (the leader gets the members' metadata)."""
+        if not group.is_(ClassicState.PREPARING_REBALANCE):
+            return
+        self._cancel_timer(group)
+        group.initial_delay = False
+        for member in group.not_yet_rejoined():
+            log.info("group %s: member %s did not rejoin in time", group.group_id, member.member_id)
+            group.remove(member.member_id)
+        group.pending_members.clear()
+        group.generation_id += 1
+        if not group.members:
+            group.protocol_name = None
+            group.transition(ClassicState.EMPTY)
+            log.info("group %s: empty at generation %d", group.group_id, group.generation_id)
+            self._spawn(self._store_classic(group))
+            return
+        group.protocol_name = group.select_protocol()
+        group.transition(ClassicState.COMPLETING_REBALANCE)
+        now = self.clock()
+        group.sync_deadline = now + group.rebalance_timeout_ms / 1000
+        log.info(
+            "group %s: generation %d with %d members, protocol %s, leader %s",
+            group.group_id,
+            group.generation_id,
+            len(group.members),
+            group.protocol_name,
+            group.leader_id,
+        )
+        for member in group.members.values():
+            member.is_new = False
+            member.deadline = now + member.session_timeout_ms / 1000
+            _resolve_join(member, self._join_result(group, member))
+
+    def _remove_member(self, group: ClassicGroup, member: ClassicMember, reason: str) -> None:
+        log.info("group %s: removing member %s (%s)", group.group_id, member.member_id, reason)
+        _resolve_join(member, JoinResult(ErrorCode.UNKNOWN_MEMBER_ID, member.member_id))
+        _resolve_sync(member, SyncResult(ErrorCode.UNKNOWN_MEMBER_ID))
+        group.remove(member.member_id)
+        if group.is_(ClassicState.STABLE, ClassicState.COMPLETING_REBALANCE):
+            self._maybe_prepare_rebalance(group, reason)
+        elif group.is_(ClassicState.PREPARING_REBALANCE):
+            self._try_complete_join(group)
+
+    # --- classic protocol: SyncGroup, Heartbeat, LeaveGroup ----------------------------------
+
+    async def sync_group(
+        self,
+        group_id: str,
+        generation_id: int,
+        member_id: str,
+        group_instance_id: str | None,
+        protocol_type: str | None,
+        protocol_name: str | None,
+        assignments: Mapping[str, bytes],
+    ) -> SyncResult:
+        error = await self._ready(group_id)
+        if error != ErrorCode.NONE:
+            return SyncResult(error)
+        group = self.groups.get(group_id)
+        if not isinstance(group, ClassicGroup):
+            return SyncResult(ErrorCode.UNKNOWN_MEMBER_ID)
+        if group.is_(ClassicState.DEAD):
+            return SyncResult(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        error = group.validate_member(member_id, group_instance_id)
+        if error != ErrorCode.NONE:
+            return SyncResult(error)
+        if generation_id != group.generation_id:
+            return SyncResult(ErrorCode.ILLEGAL_GENERATION)
+        if (protocol_type is not None and protocol_type != group.protocol_type) or (
+            protocol_name is not None and protocol_name != group.protocol_name
+        ):
+            return SyncResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL)
+        member = group.members[member_id]
+        member.deadline = self.clock() + member.session_timeout_ms / 1000
+        if group.is_(ClassicState.EMPTY):
+            return SyncResult(ErrorCode.UNKNOWN_MEMBER_ID)
+        if group.is_(ClassicState.PREPARING_REBALANCE):
+            return SyncResult(ErrorCode.REBALANCE_IN_PROGRESS)
+        if group.is_(ClassicState.STABLE):
+            return SyncResult(
+                ErrorCode.NONE, group.protocol_type, group.protocol_name, member.assignment
+            )
+        # CompletingRebalance: wait for the leader's assignment
+        _resolve_sync(member, SyncResult(ErrorCode.REBALANCE_IN_PROGRESS))
+        waiter: asyncio.Future[SyncResult] = asyncio.get_running_loop().create_future()
+        member.sync_waiter = waiter
+        if member_id == group.leader_id:
+            await self._apply_assignment(group, assignments)
+        return await waiter
+
+    async def _apply_assignment(
+        self, group: ClassicGroup, assignments: Mapping[str, bytes]
+    ) -> None:
+        generation = group.generation_id
+        for member in group.members.values():
+            member.assignment = assignments.get(member.member_id, b"")
+        error = await self._store_classic(group)
+        if not (group.is_(ClassicState.COMPLETING_REBALANCE) and group.generation_id == generation):
+            return  # a rebalance started meanwhile; its waiters were answered
+        if error != ErrorCode.NONE:
+            for member in group.members.values():
+                member.assignment = b""
+                _resolve_sync(member, SyncResult(error))
+            self._prepare_rebalance(group, f"storing the assignment failed: {error.name}")
+            return
+        group.sync_deadline = None
+        group.transition(ClassicState.STABLE)
+        now = self.clock()
+        for member in group.members.values():
+            member.deadline = now + member.session_timeout_ms / 1000
+            _resolve_sync(
+                member,
+                SyncResult(
+                    ErrorCode.NONE, group.protocol_type, group.protocol_name, member.assignment
+                ),
+            )
+        log.info("group %s: generation %d is stable", group.group_id, generation)
+
+    async def heartbeat(
+        self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None
+    ) -> ErrorCode:
+        error = await self._ready(group_id)
+        if error != ErrorCode.NONE:
+            return error
+        group = self.groups.get(group_id)
+        if not isinstance(group, ClassicGroup):
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        if group.is_(ClassicState.DEAD):
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if group.is_(ClassicState.EMPTY):
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        error = group.validate_member(member_id, group_instance_id)
+        if error != ErrorCode.NONE:
+            return error
+        if generation_id != group.generation_id:
+            return ErrorCode.ILLEGAL_GENERATION
+        member = group.members[member_id]
+        member.deadline = self.clock() + member.session_timeout_ms / 1000
+        if group.is_(ClassicState.PREPARING_REBALANCE):
+            return ErrorCode.REBALANCE_IN_PROGRESS
+        return ErrorCode.NONE
+
+    async def leave_group(
+        self, group_id: str, members: Sequence[tuple[str, str | None]]
+    ) -> tuple[ErrorCode, list[ErrorCode]]:
+        """Remove ``(member id, group instance id)`` pairs; (group error, one per member)."""
+        error = await self._ready(group_id)
+        if error != ErrorCode.NONE:
+            return error, [error] * len(members)
+        group = self.groups.get(group_id)
+        if not isinstance(group, ClassicGroup):
+            return ErrorCode.UNKNOWN_MEMBER_ID, [ErrorCode.UNKNOWN_MEMBER_ID] * len(members)
+        if group.is_(ClassicState.DEAD):
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, [ErrorCode.COORDINATOR_NOT_AVAILABLE] * len(
+                members
+            )
+        out = []
+        for member_id, instance_id in members:
+            if instance_id is not None:
+                current = group.static_members.get(instance_id)
+                if current is None:
+                    out.append(ErrorCode.UNKNOWN_MEMBER_ID)
+                    continue
+                if member_id and member_id != current:
+                    out.append(ErrorCode.FENCED_INSTANCE_ID)
+                    continue
+                member_id = current
+            if member_id in group.pending_members:
+                group.pending_members.pop(member_id)
+                self._try_complete_join(group)
+                out.append(ErrorCode.NONE)
+                continue
+            member = group.members.get(member_id)
+            if member is None:
+                out.append(ErrorCode.UNKNOWN_MEMBER_ID)
+                continue
+            self._remove_member(group, member, "left the group")
+            out.append(ErrorCode.NONE)
+        return ErrorCode.NONE, out
+
+    # --- offsets -----------------------------------------------------------------------------
+
+    def _validate_commit(
+        self,
+        group: Group | None,
+        generation_or_epoch: int,
+        member_id: str,
+        group_instance_id: str | None,
+        api_version: int,
+    ) -> ErrorCode:
+        if group is None:
+            if generation_or_epoch < 0:
+                return ErrorCode.NONE  # a "simple" group: commits without membership
+            return (
+                ErrorCode.GROUP_ID_NOT_FOUND if api_version >= 9 else ErrorCode.ILLEGAL_GENERATION
+            )
+        if isinstance(group, ConsumerGroup):
+            if generation_or_epoch < 0 and not member_id:
+                return ErrorCode.UNKNOWN_MEMBER_ID if group.members else ErrorCode.NONE
+            return group.validate_member_epoch(member_id, generation_or_epoch)
+        if group.is_(ClassicState.DEAD):
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if generation_or_epoch < 0 and group.is_(ClassicState.EMPTY):
+            return ErrorCode.NONE
+        if generation_or_epoch >= 0 or member_id or group_instance_id is not None:
+            error = group.validate_member(member_id, group_instance_id)
+            if error != ErrorCode.NONE:
+                return error
+            if generation_or_epoch != group.generation_id:
+                return ErrorCode.ILLEGAL_GENERATION
+        elif not group.is_(ClassicState.EMPTY):
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        if group.is_(ClassicState.COMPLETING_REBALANCE):
+            return ErrorCode.REBALANCE_IN_PROGRESS
+        return ErrorCode.NONE
+
+    async def commit_offsets(
+        self,
+        group_id: str,
+        generation_or_epoch: int,
+        member_id: str,
+        group_instance_id: str | None,
+        commits: Sequence[OffsetCommit],
+        api_version: int,
+    ) -> list[ErrorCode]:
+        """One error per commit, in order."""
+        if not group_id:
+            return [ErrorCode.INVALID_GROUP_ID] * len(commits)
+        error = await self._ready(group_id)
+        if error != ErrorCode.NONE:
+            return [error] * len(commits)
+        group = self.groups.get(group_id)
+        error = self._validate_commit(
+            group, generation_or_epoch, member_id, group_instance_id, api_version
+        )
+        if error != ErrorCode.NONE:
+            return [error] * len(commits)
+        results: list[ErrorCode] = []
+        entries: list[tuple[records.Key, bytes | None]] = []
+        values: dict[TopicPartition, records.OffsetValue] = {}
+        now = _now_ms()
+        for c in commits:
+            topic = self.topics.get(c.topic)
+            metadata = c.metadata or ""
+            if topic is None or not 0 <= c.partition < topic.partitions:
+                results.append(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+            elif len(metadata.encode()) > self.config.offset_metadata_max_bytes:
+                results.append(ErrorCode.OFFSET_METADATA_TOO_LARGE)
+            else:
+                value = records.OffsetValue(c.offset, c.leader_epoch, metadata, now)
+                entries.append(
+                    (
+                        records.OffsetKey(group_id, c.topic, c.partition),
+                        records.encode_offset_value(value),
+                    )
+                )
+                values[(c.topic, c.partition)] = value
+                results.append(ErrorCode.NONE)
+        if entries:
+            error = await self._append(group_id, entries)
+            if error == ErrorCode.UNKNOWN_SERVER_ERROR:
+                error = ErrorCode.INVALID_COMMIT_OFFSET_SIZE
+            if error != ErrorCode.NONE:
+                return [error if r == ErrorCode.NONE else r for r in results]
+            if group_id not in self.groups:
+                self.groups[group_id] = ClassicGroup(group_id, now)
+            self.offsets.setdefault(group_id, {}).update(values)
+        return results
+
+    async def fetch_offsets(
+        self,
+        group_id: str,
+        partitions: Sequence[TopicPartition] | None,
+        member_id: str | None = None,
+        member_epoch: int = -1,
+    ) -> tuple[ErrorCode, list[tuple[TopicPartition, records.OffsetValue | None]]]:
+        """(group error, [(partition, committed offset or None)]); all partitions with a
+        committed offset when ``partitions`` is None."""
+        error = await self._ready(group_id)
+        if error != ErrorCode.NONE:
+            return error, []
+        group = self.groups.get(group_id)
+        if member_id is not None and isinstance(group, ConsumerGroup):
+            error = group.validate_member_epoch(member_id, member_epoch)
+            if error == ErrorCode.STALE_MEMBER_EPOCH:
+                return error, []
+            if error != ErrorCode.NONE:
+                return error, []
+        stored = self.offsets.get(group_id, {})
+        if partitions is None:
+            return ErrorCode.NONE, sorted(stored.items())
+        return ErrorCode.NONE, [(tp, stored.get(tp)) for tp in partitions]
+
+    async def delete_offsets(
+        self, group_id: str, partitions: Sequence[TopicPartition]
+    ) -> tuple[ErrorCode, list[ErrorCode]]:
+        """OffsetDelete: (group error, one error per partition)."""
+        error = await self._ready(group_id)
+        if error != ErrorCode.NONE:
+            return error, []
+        group = self.groups.get(group_id)
+        if group is None or (isinstance(group, ClassicGroup) and group.is_(ClassicState.DEAD)):
+            return ErrorCode.GROUP_ID_NOT_FOUND, []
+        subscribed: set[str] = set()
+        if isinstance(group, ClassicGroup) and not group.is_(ClassicState.EMPTY):
+            found = group.subscribed_topics()
+            if found is None:
+                return ErrorCode.NON_EMPTY_GROUP, []
+            subscribed = found
+        elif isinstance(group, ConsumerGroup):
+            subscribed = group.subscribed_topic_names()
+        stored = self.offsets.get(group_id, {})
+        results = []
+        gone = []
+        for tp in partitions:
+            if tp[0] in subscribed:
+                results.append(ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC)
+                continue
+            results.append(ErrorCode.NONE)
+            if tp in stored:
+                gone.append(tp)
+        error = await self._append(
+            group_id, [(records.OffsetKey(group_id, t, p), None) for t, p in gone]
+        )
+        if error != ErrorCode.NONE:
+            return error, []
+        for tp in gone:
+            stored.pop(tp, None)
+        return ErrorCode.NONE, results
+
+    # --- admin -------------------------------------------------------------------------------
+
+    async def list_groups(
+        self, states: Iterable[str] = (), types: Iterable[str] = ()
+    ) -> tuple[ErrorCode, list[GroupOverview]]:
+        try:
+            topic = await self._offsets_topic()
+        except Exception:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, []
+        if len(self._loaded) < topic.partitions:
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []
+        wanted_states = {s.lower() for s in states}
+        wanted_types = {t.lower() for t in types}
+        out = []
+        for group_id, group in sorted(self.groups.items()):
+            overview = self._overview(group_id, group)
+            if wanted_states and overview.state.lower() not in wanted_states:
+                continue
+            if wanted_types and overview.group_type.lower() not in wanted_types:
+                continue
+            out.append(overview)
+        return ErrorCode.NONE, out
+
+    def _overview(self, group_id: str, group: Group) -> GroupOverview:
+        if isinstance(group, ConsumerGroup):
+            return GroupOverview(group_id, "consumer", group.state, "consumer")
+        return GroupOverview(group_id, group.protocol_type or "", group.state.value, "classic")
+
+    async def describe_group(self, group_id: str) -> tuple[ErrorCode, Group | None]:
+        error = await self._ready(group_id)
+        if error != ErrorCode.NONE:
+            return error, None
+        return ErrorCode.NONE, self.groups.get(group_id)
+
+    async def delete_groups(self, group_ids: Sequence[str]) -> list[ErrorCode]:
+        out: list[ErrorCode] = []
+        for group_id in group_ids:
+            error = await self._ready(group_id)
+            if error != ErrorCode.NONE:
+                out.append(error)
+                continue
+            group = self.groups.get(group_id)
+            if group is None or (isinstance(group, ClassicGroup) and group.is_(ClassicState.DEAD)):
+                out.append(ErrorCode.GROUP_ID_NOT_FOUND)
+                continue
+            if (isinstance(group, ClassicGroup) and not group.is_(ClassicState.EMPTY)) or (
+                isinstance(group, ConsumerGroup) and group.members
+            ):
+                out.append(ErrorCode.NON_EMPTY_GROUP)
+                continue
+            entries: list[tuple[records.Key, bytes | None]] = [
+                (records.OffsetKey(group_id, t, p), None) for t, p in self.offsets.get(group_id, {})
+            ]
+            entries.append(
+                (
+                    records.ConsumerGroupKey(group_id)
+                    if isinstance(group, ConsumerGroup)
+                    else records.GroupKey(group_id),
+                    None,
+                )
+            )
+            error = await self._append(group_id, entries)
+            if error == ErrorCode.NONE:
+                self._drop_group(group_id)
+                log.info("group %s deleted", group_id)
+            out.append(error)
+        return out
+
+    # --- consumer protocol (KIP-848) ---------------------------------------------------------
+
+    async def consumer_group(self, group_id: str) -> tuple[ErrorCode, ConsumerGroup | None]:
+        """The consumer-protocol group ``group_id``, created if new (an empty classic group
+        turns into one); the error to answer with otherwise."""
+        if not group_id:
+            return ErrorCode.INVALID_REQUEST, None
+        error = await self._ready(group_id)
+        if error != ErrorCode.NONE:
+            return error, None
+        found = self.groups.get(group_id)
+        if isinstance(found, ConsumerGroup):
+            return ErrorCode.NONE, found
+        if isinstance(found, ClassicGroup) and not found.is_(ClassicState.EMPTY):
+            return ErrorCode.GROUP_ID_NOT_FOUND, None
+        group = ConsumerGroup(group_id)
+        self.groups[group_id] = group
+        return ErrorCode.NONE, group
+
+    async def _store_consumer_epoch(self, group: ConsumerGroup) -> ErrorCode:
+        value = records.encode_consumer_group_value(records.ConsumerGroupValue(group.group_epoch))
+        key = records.ConsumerGroupKey(group.group_id)
+        return await self._append(group.group_id, [(key, value)])
+
+    async def store_consumer_epoch_if_changed(self, group: ConsumerGroup) -> ErrorCode:
+        if group.group_epoch == group.stored_epoch:
+            return ErrorCode.NONE
+        epoch = group.group_epoch
+        error = await self._store_consumer_epoch(group)
+        if error == ErrorCode.NONE:
+            group.stored_epoch = max(group.stored_epoch, epoch)
+        return error
+
+
+def _resolve_join(member: ClassicMember, result: JoinResult) -> None:
+    if member.join_waiter is not None and not member.join_waiter.done():
+        member.join_waiter.set_result(result)
+
+
+def _resolve_sync(member: ClassicMember, result: SyncResult) -> None:
+    if member.sync_waiter is not None and not member.sync_waiter.done():
+        member.sync_waiter.set_result(result)
