@@ -21,6 +21,8 @@ MAX_NAME_LENGTH = 249
 # Kafka's controller refuses operations of more than 10,000 records; a larger topic would also
 # make every Metadata answer huge (a client listing all topics could exhaust the broker)
 MAX_PARTITIONS = 10_000
+# Kafka's Topic.isInternal: the coordinators' topics, which clients may read but not write
+INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
 
 
 class TopicError(Exception):
@@ -57,7 +59,7 @@ class TopicInfo:
             uuid.UUID(data["id"]),
             int(data["partitions"]),
             dict(data.get("configs", {})),
-            internal=name.startswith("__"),
+            internal=name in INTERNAL_TOPICS,
         )
 
 
@@ -108,7 +110,8 @@ class TopicRegistry:
         if name in self._by_name:
             raise TopicError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
         check_partition_count(partitions)
-        info = TopicInfo(name, uuid.uuid4(), partitions, dict(configs or {}), name.startswith("__"))
+        internal = name in INTERNAL_TOPICS
+        info = TopicInfo(name, uuid.uuid4(), partitions, dict(configs or {}), internal)
         await self.metadata.put_kv(PREFIX + name, info.encode())
         self._index(info)
         return info

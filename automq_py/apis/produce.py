@@ -74,6 +74,11 @@ async def _start(
         return AppendResult(error)
     if not 0 <= p.index < topic.partitions:
         return AppendResult(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+    if topic.internal:
+        # only the coordinators write there (Kafka's internalTopicsAllowed is false for clients)
+        return AppendResult(
+            ErrorCode.INVALID_TOPIC_EXCEPTION, message=f"cannot append to internal topic {name}"
+        )
     if p.records is None:
         return AppendResult(ErrorCode.CORRUPT_MESSAGE, message="null records")
     partition = await ctx.replicas.partition(topic, p.index)

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from automq_py.coordinator.assignors import MemberSpec, assign
+from automq_py.topics import INTERNAL_TOPICS
 from protocol.errors import ErrorCode
 
 LEAVE_EPOCH = -1
@@ -410,4 +411,4 @@ def _regex_matches(regex: str, names: Sequence[str]) -> set[str]:
         pattern = re.compile(regex)
     except re.error:
         return set()
-    return {n for n in names if not n.startswith("__") and pattern.fullmatch(n)}
+    return {n for n in names if n not in INTERNAL_TOPICS and pattern.fullmatch(n)}

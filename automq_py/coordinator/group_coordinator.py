@@ -788,7 +788,6 @@ class GroupCoordinator:
         for member in group.not_yet_rejoined():
             log.info("group %s: member %s did not rejoin in time", group.group_id, member.member_id)
             group.remove(member.member_id)
-        group.pending_members.clear()
         group.generation_id += 1
         if not group.members:
             group.protocol_name = None

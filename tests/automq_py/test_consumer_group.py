@@ -1,0 +1,196 @@
+"""KIP-848 consumer groups: heartbeats, target assignment and reconciliation (pure logic)."""
+
+from __future__ import annotations
+
+import uuid
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from automq_py.coordinator.consumer_group import (
+    ConsumerGroup,
+    HeartbeatRequest,
+    HeartbeatResult,
+    Partitions,
+)
+from protocol.errors import ErrorCode
+
+TOPIC_ID = uuid.UUID(int=1)
+OTHER_ID = uuid.UUID(int=2)
+TOPICS = {"t": (TOPIC_ID, 6), "u": (OTHER_ID, 2)}
+ASSIGNORS = ("uniform", "range")
+SESSION_MS = 45_000
+
+
+def resolve(names: set[str]) -> dict[str, tuple[uuid.UUID, int]]:
+    return {n: TOPICS[n] for n in names if n in TOPICS}
+
+
+def beat(
+    group: ConsumerGroup,
+    member_id: str,
+    epoch: int,
+    *,
+    topics: list[str] | None = None,
+    owned: Partitions | None = None,
+    instance: str | None = None,
+    assignor: str | None = None,
+    now: float = 0.0,
+) -> HeartbeatResult:
+    return group.heartbeat(
+        HeartbeatRequest(
+            group_id=group.group_id,
+            member_id=member_id,
+            member_epoch=epoch,
+            instance_id=instance,
+            rack_id=None,
+            rebalance_timeout_ms=60_000 if epoch == 0 else -1,
+            subscribed_topic_names=topics,
+            subscribed_topic_regex=None,
+            server_assignor=assignor,
+            owned=owned,
+        ),
+        now,
+        resolve,
+        sorted(TOPICS),
+        ASSIGNORS,
+        SESSION_MS,
+        1000,
+    )
+
+
+def parts(result: HeartbeatResult) -> set[int]:
+    assert result.assignment is not None
+    return set(result.assignment.get(TOPIC_ID, frozenset()))
+
+
+def test_single_member_gets_everything_at_once() -> None:
+    group = ConsumerGroup("g")
+    r = beat(group, "a", 0, topics=["t"])
+    assert r.error == ErrorCode.NONE and r.member_epoch == 1
+    assert parts(r) == set(range(6))
+    assert group.state == "Stable"
+
+
+def test_second_member_waits_for_revocation_then_gets_its_share() -> None:
+    group = ConsumerGroup("g")
+    a = beat(group, "a", 0, topics=["t"])
+    b = beat(group, "b", 0, topics=["t"])
+    # b is at the new epoch but its partitions are still a's: it gets none yet
+    assert b.member_epoch == 2 and parts(b) == set()
+    assert group.state == "Reconciling"
+    # a is told to keep only its share; its epoch stays until it lets go
+    a2 = beat(group, "a", a.member_epoch)
+    kept = parts(a2)
+    assert len(kept) == 3 and a2.member_epoch == 1
+    # still owning everything: nothing changes
+    a3 = beat(group, "a", 1, owned={TOPIC_ID: frozenset(range(6))})
+    assert a3.member_epoch == 1
+    # a acknowledges the revocation
+    a4 = beat(group, "a", 1, owned={TOPIC_ID: frozenset(kept)})
+    assert a4.member_epoch == 2
+    b2 = beat(group, "b", 2)
+    assert parts(b2) == set(range(6)) - kept
+    assert group.state == "Stable"
+
+
+def test_fencing_and_unknown_members() -> None:
+    group = ConsumerGroup("g")
+    beat(group, "a", 0, topics=["t"])
+    assert beat(group, "a", 7).error == ErrorCode.FENCED_MEMBER_EPOCH
+    assert beat(group, "nobody", 1).error == ErrorCode.UNKNOWN_MEMBER_ID
+    assert beat(group, "x", 0, topics=["t"], assignor="sticky").error == (
+        ErrorCode.UNSUPPORTED_ASSIGNOR
+    )
+    assert beat(group, "x", 0).error == ErrorCode.INVALID_REQUEST  # no subscription
+    assert group.validate_member_epoch("a", 1) == ErrorCode.NONE
+    assert group.validate_member_epoch("a", 2) == ErrorCode.STALE_MEMBER_EPOCH
+    assert group.validate_member_epoch("b", 1) == ErrorCode.UNKNOWN_MEMBER_ID
+
+
+def test_leave_frees_partitions_and_bumps_the_epoch() -> None:
+    group = ConsumerGroup("g")
+    beat(group, "a", 0, topics=["t"])
+    b = beat(group, "b", 0, topics=["t"])
+    left = beat(group, "a", -1)
+    assert left.error == ErrorCode.NONE and left.member_epoch == -1
+    b2 = beat(group, "b", b.member_epoch)
+    assert parts(b2) == set(range(6)) and b2.member_epoch == 3
+
+
+def test_static_member_comes_back_with_its_assignment() -> None:
+    group = ConsumerGroup("g")
+    a = beat(group, "a1", 0, topics=["t"], instance="i")
+    epoch = group.group_epoch
+    assert beat(group, "a1", -2, instance="i").member_epoch == -2
+    # someone else with the same instance id while it is away takes over, with no new epoch
+    back = beat(group, "a2", 0, topics=["t"], instance="i")
+    assert back.member_epoch == a.member_epoch and parts(back) == set(range(6))
+    assert group.group_epoch == epoch
+    # while the instance is active, another member cannot claim it
+    assert beat(group, "a3", 0, topics=["t"], instance="i").error == (
+        ErrorCode.UNRELEASED_INSTANCE_ID
+    )
+
+
+def test_session_expiry_and_revocation_timeout() -> None:
+    group = ConsumerGroup("g")
+    beat(group, "a", 0, topics=["t"], now=0)
+    beat(group, "b", 0, topics=["t"], now=0)
+    beat(group, "a", 1, now=1)  # a must revoke half within its rebalance timeout (60 s)
+    assert group.expire_members(30) == []
+    assert group.expire_members(45.5) == ["b"]  # b never heartbeated again
+    assert group.expire_members(62) == ["a"]  # a never acknowledged the revocation
+
+
+def test_new_partitions_make_a_new_target() -> None:
+    group = ConsumerGroup("g")
+    r = beat(group, "a", 0, topics=["t", "u"])
+    assert r.assignment is not None and set(r.assignment[OTHER_ID]) == {0, 1}
+    TOPICS["u"] = (OTHER_ID, 3)
+    try:
+        r2 = beat(group, "a", r.member_epoch)
+        assert r2.member_epoch == r.member_epoch + 1
+        assert r2.assignment is not None and set(r2.assignment[OTHER_ID]) == {0, 1, 2}
+    finally:
+        TOPICS["u"] = (OTHER_ID, 2)
+
+
+@settings(max_examples=60)
+@given(st.lists(st.tuples(st.sampled_from("abcd"), st.sampled_from(["join", "leave", "beat"]))))
+def test_no_partition_is_ever_owned_twice_and_the_group_converges(
+    steps: list[tuple[str, str]],
+) -> None:
+    group = ConsumerGroup("g")
+    epochs: dict[str, int] = {}
+    owned: dict[str, Partitions] = {}
+
+    def heartbeat(member: str) -> None:
+        r = beat(group, member, epochs[member], owned=owned.get(member, {}))
+        assert r.error == ErrorCode.NONE, r
+        epochs[member] = r.member_epoch
+        if r.assignment is not None:
+            owned[member] = r.assignment  # the client lets go of what is gone at once
+
+    for member, action in steps:
+        if action == "join" and member not in epochs:
+            r = beat(group, member, 0, topics=["t"])
+            epochs[member], owned[member] = r.member_epoch, r.assignment or {}
+        elif action == "leave" and member in epochs:
+            beat(group, member, -1)
+            del epochs[member], owned[member]
+        elif member in epochs:
+            heartbeat(member)
+        # what members hold (or still revoke) never overlaps
+        held: list[tuple[uuid.UUID, int]] = []
+        for m in group.members.values():
+            for source in (m.assigned, m.pending_revocation):
+                held += [(t, p) for t, ps in source.items() for p in ps]
+        assert len(held) == len(set(held))
+    for _ in range(4):
+        for member in sorted(epochs):
+            heartbeat(member)
+    if epochs:
+        assert group.state == "Stable"
+        everything = [p for o in owned.values() for p in o.get(TOPIC_ID, ())]
+        assert sorted(everything) == list(range(6))

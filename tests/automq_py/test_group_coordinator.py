@@ -1,0 +1,179 @@
+"""The group coordinator in a real broker (in-process, embedded file store): what it writes to
+``__consumer_offsets`` comes back after a restart, and offset retention expires what it should.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from automq_py.broker import Broker
+from automq_py.config import BrokerConfig
+from automq_py.coordinator.classic_group import ClassicGroup, ClassicState
+from automq_py.coordinator.group_coordinator import (
+    OFFSETS_TOPIC,
+    GroupCoordinator,
+    JoinRequest,
+    OffsetCommit,
+)
+from protocol.errors import ErrorCode
+from tests.support.broker import free_port
+
+
+def _config(data: Path, **extra: str) -> BrokerConfig:
+    overrides = {
+        "log.dirs": str(data),
+        "listeners": f"PLAINTEXT://127.0.0.1:{free_port()}",
+        "s3.wal.capacity": str(32 << 20),
+        "s3.wal.upload.threshold": str(8 << 20),
+        "offsets.topic.num.partitions": "5",
+        "group.initial.rebalance.delay.ms": "0",
+        **extra,
+    }
+    return BrokerConfig.load(None, [f"{k}={v}" for k, v in overrides.items()])
+
+
+@pytest.fixture
+async def started(tmp_path: Path) -> AsyncIterator[tuple[Broker, Path]]:
+    broker = Broker(_config(tmp_path / "data"))
+    await broker.start()
+    try:
+        yield broker, tmp_path / "data"
+    finally:
+        await broker.stop()
+
+
+def _coordinator(broker: Broker) -> GroupCoordinator:
+    assert broker.groups is not None
+    return broker.groups
+
+
+def _join(group: str, member: str = "", instance: str | None = None) -> JoinRequest:
+    return JoinRequest(
+        group_id=group,
+        member_id=member,
+        group_instance_id=instance,
+        client_id="c",
+        client_host="/127.0.0.1",
+        session_timeout_ms=10_000,
+        rebalance_timeout_ms=10_000,
+        protocol_type="consumer",
+        protocols=[("range", b"\x00\x01\x00\x00\x00\x01\x00\x01t")],
+        require_known_member_id=False,
+        supports_skip_assignment=True,
+    )
+
+
+async def _topic(broker: Broker, name: str, partitions: int) -> None:
+    assert broker.server is not None
+    await broker.server.apis.ctx.topics.create(name, partitions)
+
+
+async def test_offsets_and_groups_come_back_after_a_restart(
+    started: tuple[Broker, Path],
+) -> None:
+    broker, data = started
+    await _topic(broker, "t", 3)
+    groups = _coordinator(broker)
+    joined = await groups.join_group(_join("g1", instance="i1"))
+    assert joined.error == ErrorCode.NONE and joined.leader == joined.member_id
+    synced = await groups.sync_group(
+        "g1", joined.generation_id, joined.member_id, "i1", None, None, {joined.member_id: b"A"}
+    )
+    assert synced.error == ErrorCode.NONE and synced.assignment == b"A"
+    commits = [OffsetCommit("t", p, 10 * p + 1, 4, f"m{p}") for p in range(3)]
+    errors = await groups.commit_offsets(
+        "g1", joined.generation_id, joined.member_id, "i1", commits, 8
+    )
+    assert errors == [ErrorCode.NONE] * 3
+    # a commit outside any group membership makes a "simple" group
+    assert await groups.commit_offsets(
+        "simple", -1, "", None, [OffsetCommit("t", 0, 5, -1, None)], 8
+    ) == [ErrorCode.NONE]
+    await broker.stop()
+
+    again = Broker(_config(data))
+    await again.start()
+    try:
+        groups = _coordinator(again)
+        for _ in range(50):
+            error, found = await groups.fetch_offsets("g1", None)
+            if error != ErrorCode.COORDINATOR_LOAD_IN_PROGRESS:
+                break
+            await asyncio.sleep(0.05)
+        assert error == ErrorCode.NONE
+        assert [(tp, v.offset, v.leader_epoch, v.metadata) for tp, v in found if v] == [
+            (("t", p), 10 * p + 1, 4, f"m{p}") for p in range(3)
+        ]
+        group = groups.groups["g1"]
+        # the stable group is back with its member, generation and assignment: the member
+        # keeps heartbeating as if nothing happened
+        assert isinstance(group, ClassicGroup) and group.is_(ClassicState.STABLE)
+        assert group.generation_id == joined.generation_id
+        assert group.members[joined.member_id].assignment == b"A"
+        assert group.static_members == {"i1": joined.member_id}
+        assert (
+            await groups.heartbeat("g1", joined.generation_id, joined.member_id, "i1")
+            == ErrorCode.NONE
+        )
+        error, simple = await groups.fetch_offsets("simple", [("t", 0), ("t", 1)])
+        assert [(tp, v.offset if v else None) for tp, v in simple] == [
+            (("t", 0), 5),
+            (("t", 1), None),
+        ]
+    finally:
+        await again.stop()
+
+
+async def test_deleted_groups_stay_deleted(started: tuple[Broker, Path]) -> None:
+    broker, data = started
+    await _topic(broker, "t", 1)
+    groups = _coordinator(broker)
+    await groups.commit_offsets("gone", -1, "", None, [OffsetCommit("t", 0, 1, -1, "")], 8)
+    assert await groups.delete_groups(["gone", "never"]) == [
+        ErrorCode.NONE,
+        ErrorCode.GROUP_ID_NOT_FOUND,
+    ]
+    await broker.stop()
+    again = Broker(_config(data))
+    await again.start()
+    try:
+        await asyncio.sleep(0.3)
+        error, listed = await _coordinator(again).list_groups()
+        assert error == ErrorCode.NONE and listed == []
+    finally:
+        await again.stop()
+
+
+async def test_offset_retention(tmp_path: Path) -> None:
+    broker = Broker(_config(tmp_path / "data", **{"offsets.retention.minutes": "1"}))
+    await broker.start()
+    try:
+        await _topic(broker, "t", 2)
+        groups = _coordinator(broker)
+        commits = [OffsetCommit("t", p, 7, -1, "") for p in range(2)]
+        assert await groups.commit_offsets("old", -1, "", None, commits, 8) == [ErrorCode.NONE] * 2
+        assert await groups.commit_offsets("new", -1, "", None, commits, 8) == [ErrorCode.NONE] * 2
+        # age the first group's commits past the one-minute retention
+        stored = groups.offsets["old"]
+        for tp, value in stored.items():
+            stored[tp] = type(value)(value.offset, -1, "", value.commit_timestamp - 61_000)
+        assert await groups.expire_offsets() == 2
+        assert "old" not in groups.groups and "new" in groups.groups
+        assert await groups.expire_offsets() == 0
+    finally:
+        await broker.stop()
+    # the expiry was written: after a restart the group is still gone
+    again = Broker(_config(tmp_path / "data"))
+    await again.start()
+    try:
+        await asyncio.sleep(0.3)
+        error, listed = await _coordinator(again).list_groups()
+        assert error == ErrorCode.NONE
+        assert [g.group_id for g in listed] == ["new"]
+        assert _coordinator(again).topics.get(OFFSETS_TOPIC) is not None
+    finally:
+        await again.stop()

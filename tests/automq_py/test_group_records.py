@@ -1,0 +1,166 @@
+"""The ``__consumer_offsets`` record format, group placement and offset expiry: pure logic."""
+
+from __future__ import annotations
+
+import contextlib
+import struct
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from automq_py.coordinator import records
+from automq_py.coordinator.consumer_protocol import subscription_topics
+from automq_py.coordinator.group_coordinator import (
+    expired_offsets,
+    java_string_hash,
+    partition_for,
+)
+
+names = st.text(max_size=40)
+opt_names = st.none() | names
+i32 = st.integers(-(1 << 31), (1 << 31) - 1)
+i64 = st.integers(-(1 << 63), (1 << 63) - 1)
+
+
+def test_java_string_hash_matches_java() -> None:
+    # values from java.lang.String.hashCode
+    assert java_string_hash("") == 0
+    assert java_string_hash("hello") == 99162322
+    assert java_string_hash("polygenelubricants") == -(1 << 31)
+    # a character outside the BMP counts as its two UTF-16 code units
+    assert java_string_hash("\U0001f600") == 31 * 0xD83D + 0xDE00
+
+
+def test_partition_for_is_kafkas_placement() -> None:
+    # Utils.abs(hash) is hash & 0x7fffffff, so Integer.MIN_VALUE lands on partition 0
+    assert partition_for("polygenelubricants", 50) == 0
+    assert partition_for("hello", 50) == 99162322 % 50
+    assert all(0 <= partition_for(f"g{i}", 7) < 7 for i in range(200))
+
+
+def test_offset_commit_value_v3_layout() -> None:
+    value = records.OffsetValue(42, 3, "meta", 1700000000000)
+    raw = records.encode_offset_value(value)
+    assert raw == struct.pack(">hqih4sq", 3, 42, 3, 4, b"meta", 1700000000000)
+    key = records.encode_key(records.OffsetKey("g", "t", 5))
+    assert key == struct.pack(">hh1sh1si", 1, 1, b"g", 1, b"t", 5)
+
+
+def test_older_value_versions_are_read() -> None:
+    v1 = struct.pack(">hqh2sqq", 1, 7, 2, b"md", 100, 200)
+    assert records.decode_offset_value(v1) == records.OffsetValue(7, -1, "md", 100, 200)
+    v0_group = struct.pack(">hh8sih5sh1si", 0, 8, b"consumer", 4, 5, b"range", 1, b"m", 1)
+    v0_group += struct.pack(">h1sh1sh1si", 1, b"m", 1, b"c", 1, b"h", 10000)
+    v0_group += struct.pack(">i2si3s", 2, b"su", 3, b"asg")
+    group = records.decode_group_value(v0_group)
+    assert group.generation == 4 and group.protocol == "range" and group.leader == "m"
+    (member,) = group.members
+    assert member.session_timeout == member.rebalance_timeout == 10000
+    assert (member.subscription, member.assignment) == (b"su", b"asg")
+
+
+@given(names, names, i32, i64, i32, names, i64)
+def test_offset_records_round_trip(
+    group: str, topic: str, partition: int, offset: int, epoch: int, meta: str, ts: int
+) -> None:
+    key = records.OffsetKey(group, topic, partition)
+    assert records.decode_key(records.encode_key(key)) == key
+    value = records.OffsetValue(offset, epoch, meta, ts)
+    assert records.decode_value(key, records.encode_offset_value(value)) == value
+
+
+members = st.builds(
+    records.MemberValue,
+    names,
+    opt_names,
+    names,
+    names,
+    i32,
+    i32,
+    st.binary(max_size=64),
+    st.binary(max_size=64),
+)
+
+
+@given(names, names, i32, opt_names, opt_names, i64, st.lists(members, max_size=4).map(tuple))
+def test_group_records_round_trip(
+    group: str,
+    protocol_type: str,
+    generation: int,
+    protocol: str | None,
+    leader: str | None,
+    ts: int,
+    group_members: tuple[records.MemberValue, ...],
+) -> None:
+    key = records.GroupKey(group)
+    assert records.decode_key(records.encode_key(key)) == key
+    value = records.GroupValue(protocol_type, generation, protocol, leader, ts, group_members)
+    assert records.decode_value(key, records.encode_group_value(value)) == value
+    epoch = records.ConsumerGroupValue(generation)
+    ckey = records.ConsumerGroupKey(group)
+    assert records.decode_key(records.encode_key(ckey)) == ckey
+    assert records.decode_value(ckey, records.encode_consumer_group_value(epoch)) == epoch
+
+
+def test_tombstones_and_unknown_keys() -> None:
+    key = records.GroupKey("g")
+    assert records.decode_value(key, None) is None
+    # Kafka's newer record types (key versions above 3) are skipped, not errors
+    assert records.decode_key(struct.pack(">hh1s", 9, 1, b"g")) is None
+
+
+@given(st.binary(max_size=200))
+def test_decoders_reject_garbage_cleanly(data: bytes) -> None:
+    for decode in (
+        records.decode_key,
+        records.decode_offset_value,
+        records.decode_group_value,
+        records.decode_consumer_group_value,
+    ):
+        with contextlib.suppress(records.RecordFormatError):
+            decode(data)
+
+
+@given(st.binary(max_size=300), st.integers(0, 299))
+def test_truncated_group_values_fail_cleanly(tail: bytes, cut: int) -> None:
+    value = records.GroupValue(
+        "consumer",
+        3,
+        "range",
+        "m",
+        5,
+        (records.MemberValue("m", None, "c", "/h", 1, 2, tail, b"x"),),
+    )
+    raw = records.encode_group_value(value)
+    # every strict prefix misses part of a field
+    with pytest.raises(records.RecordFormatError):
+        records.decode_group_value(raw[: cut % len(raw)])
+
+
+def test_subscription_topics() -> None:
+    sub = struct.pack(">hih1sh2s", 1, 2, 1, b"a", 2, b"bb") + b"\xff\xff\xff\xff"
+    assert subscription_topics(sub) == {"a", "bb"}
+    assert subscription_topics(b"\x00") is None
+    assert subscription_topics(struct.pack(">hi", 0, 1000)) is None
+
+
+def _offset(commit_ts: int, expire: int = -1) -> records.OffsetValue:
+    return records.OffsetValue(1, -1, "", commit_ts, expire)
+
+
+def test_expiry_of_an_empty_group_counts_from_when_it_became_empty() -> None:
+    offsets = {("a", 0): _offset(1000), ("b", 0): _offset(5000)}
+    # empty since 2000, retention 10000: "a" (committed before) expires at 12000, "b" at 15000
+    assert expired_offsets(offsets, 11_999, 10_000, 2000, None) == []
+    assert expired_offsets(offsets, 12_000, 10_000, 2000, None) == [("a", 0)]
+    assert sorted(expired_offsets(offsets, 15_000, 10_000, 2000, None)) == [("a", 0), ("b", 0)]
+
+
+def test_expiry_of_an_active_group_keeps_subscribed_topics() -> None:
+    offsets = {("a", 0): _offset(0), ("b", 0): _offset(0)}
+    assert expired_offsets(offsets, 10**9, 10, None, {"a"}) == [("b", 0)]
+    # subscription unknown (a non-consumer protocol): keep everything
+    assert expired_offsets(offsets, 10**9, 10, None, None) == []
+    # a v1 commit's explicit expire timestamp wins
+    assert expired_offsets({("c", 0): _offset(0, 50)}, 50, 10**6, 0, None) == [("c", 0)]
