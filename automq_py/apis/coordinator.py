@@ -1,7 +1,8 @@
 """FindCoordinator (10): this single broker coordinates every group and transactional id.
 
 Clients also read its presence as a broker-capability signal (librdkafka enables LZ4 only when
-FindCoordinator is advertised). The group APIs themselves come with the group coordinator.
+FindCoordinator is advertised). Looking up a group's coordinator creates ``__consumer_offsets``
+on first use, as Kafka does; the group APIs are in :mod:`automq_py.apis.groups`.
 """
 
 from __future__ import annotations
