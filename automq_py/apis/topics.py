@@ -7,7 +7,7 @@ from typing import Any
 
 from automq_py.apis.context import BrokerContext
 from automq_py.log.log_config import LogConfig, LogConfigError
-from automq_py.topics import TopicError, check_partition_count, validate_name
+from automq_py.topics import INTERNAL_TOPICS, TopicError, check_partition_count, validate_name
 from protocol import build
 from protocol.errors import ErrorCode
 from protocol.messages import Request, response_schema
@@ -89,9 +89,16 @@ async def handle_delete_topics(ctx: BrokerContext, request: Request) -> Any:
         try:
             if name is None:
                 raise TopicError(ErrorCode.UNKNOWN_TOPIC_ID, f"unknown topic id {topic_id}")
+            if name in INTERNAL_TOPICS:
+                raise TopicError(
+                    ErrorCode.INVALID_TOPIC_EXCEPTION, f"{name} is internal: it cannot be deleted"
+                )
             await ctx.replicas.close_topic(name)
             info = await ctx.topics.delete(name)
             entry["topic_id"] = info.topic_id
+            if ctx.groups is not None:
+                # as Kafka does, groups forget their offsets of a deleted topic
+                await ctx.groups.delete_topic_offsets(name)
         except TopicError as e:
             entry.update(error_code=e.code, error_message=str(e))
         responses.append(entry)

@@ -1109,6 +1109,17 @@ class GroupCoordinator:
             stored.pop(tp, None)
         return ErrorCode.NONE, results
 
+    async def delete_topic_offsets(self, topic: str) -> None:
+        """Tombstone every group's committed offsets of ``topic`` (it was deleted)."""
+        for group_id, stored in list(self.offsets.items()):
+            gone = [tp for tp in stored if tp[0] == topic]
+            if not gone:
+                continue
+            entries = [(records.OffsetKey(group_id, t, p), None) for t, p in gone]
+            if await self._append(group_id, entries) == ErrorCode.NONE:
+                for tp in gone:
+                    stored.pop(tp, None)
+
     # --- admin -------------------------------------------------------------------------------
 
     async def list_groups(

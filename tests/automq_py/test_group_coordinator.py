@@ -177,3 +177,15 @@ async def test_offset_retention(tmp_path: Path) -> None:
         assert _coordinator(again).topics.get(OFFSETS_TOPIC) is not None
     finally:
         await again.stop()
+
+
+async def test_offsets_of_a_deleted_topic_are_forgotten(started: tuple[Broker, Path]) -> None:
+    broker, _ = started
+    await _topic(broker, "keep", 1)
+    await _topic(broker, "drop", 2)
+    groups = _coordinator(broker)
+    commits = [OffsetCommit("keep", 0, 3, -1, ""), OffsetCommit("drop", 1, 4, -1, "")]
+    assert await groups.commit_offsets("g", -1, "", None, commits, 8) == [ErrorCode.NONE] * 2
+    await groups.delete_topic_offsets("drop")
+    error, found = await groups.fetch_offsets("g", None)
+    assert error == ErrorCode.NONE and [tp for tp, _ in found] == [("keep", 0)]
