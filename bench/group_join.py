@@ -14,8 +14,7 @@ Brokers (``--brokers``, default both), started as in ``bench/produce_consume.py`
 Clients (``--clients``, default all) and what "joined" means for each:
 * ``confluent``      confluent-kafka Consumer, classic protocol: subscribe() to the first
                      ``on_assign`` with partitions (poll loop);
-* ``confluent-848``  the same with ``group.protocol=consumer`` (KIP-848); "n/a" when the broker
-                     reports the protocol unsupported;
+* ``confluent-848``  the same with ``group.protocol=consumer`` (KIP-848);
 * ``kafka-python``   KafkaConsumer (built first: it bootstraps in its constructor): subscribe()
                      to ``on_partitions_assigned`` with partitions (poll loop);
 * ``aiokafka``       AIOKafkaConsumer: start() + subscribe() to ``on_partitions_assigned``;
@@ -23,10 +22,15 @@ Clients (``--clients``, default all) and what "joined" means for each:
                      (needs ``npm ci --prefix tests/js``).
 
 Every repetition uses a fresh topic (AdminClient, 6 partitions, made before the clock starts) and
-a fresh group id. A repetition that fails (exception, error, no assignment within ``--timeout``)
-becomes a marked cell with a footnote instead of stopping the run; clients are always closed.
-Figures: median and max in ms over ``--repeat`` repetitions. Progress goes to stderr, the table
-to stdout.
+a fresh group id; the clients keep their default settings (``--session-timeout-ms`` sets the
+classic clients' session timeout). A case is "n/a" when the broker's ApiVersions lacks the APIs of
+its group protocol (librdkafka only logs that at debug level and waits). A repetition that fails
+(exception, error, no assignment within ``--timeout``) becomes a marked cell with a footnote
+instead of stopping the run; clients are always closed. Figures: median and max in ms over
+``--repeat`` repetitions. Progress goes to stderr, the table to stdout.
+
+Tansu 0.6.0 answers a new group's first JoinGroup after half the member's session timeout, so
+its figures follow each client's default ``session.timeout.ms`` (shown in the table).
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ from bench.produce_consume import (  # noqa: E402
 PARTITIONS = 6
 DELAY_PROPERTY = "group.initial.rebalance.delay.ms"
 KAFKAJS_SCRIPT = REPO / "tests" / "js" / "group_join.js"
+KAFKAJS_VERDICTS = ("no GROUP_JOIN", "consumer crashed", "failed")
 BROKERS = ("automq", "tansu")
 BROKER_LABELS = {"automq": "automq-py", "tansu": "Tansu 0.6.0"}
 CLIENTS = ("confluent", "confluent-848", "kafka-python", "aiokafka", "kafkajs")
@@ -73,6 +78,20 @@ CLIENT_LABELS = {
     "kafka-python": "kafka-python",
     "aiokafka": "aiokafka",
     "kafkajs": "kafkajs",
+}
+# The clients' default session.timeout.ms (librdkafka 2.x, kafka-python 3, aiokafka 0.14,
+# kafkajs 2.2); Tansu 0.6.0 answers a new group's first JoinGroup after half of it. KIP-848
+# members take the broker's group.consumer.session.timeout.ms instead.
+DEFAULT_SESSION_TIMEOUT_MS: dict[str, int] = {
+    "confluent": 45000,
+    "kafka-python": 45000,
+    "aiokafka": 10000,
+    "kafkajs": 30000,
+}
+# APIs a broker must advertise (ApiVersions) for each group protocol.
+GROUP_APIS = {
+    "classic": ("FindCoordinator", "JoinGroup", "SyncGroup", "Heartbeat"),
+    "consumer": ("FindCoordinator", "ConsumerGroupHeartbeat"),
 }
 # Client library loggers whose warnings explain a failed join (kept, not printed).
 CLIENT_LOGGERS = ("kafka", "aiokafka", "bench.librdkafka")
@@ -88,7 +107,20 @@ class JoinFailed(Exception):
 
 
 @dataclass(slots=True, frozen=True)
+class JoinSpec:
+    """What one repetition joins: a fresh topic and group on one broker."""
+
+    bootstrap: str
+    topic: str
+    group: str
+    timeout: float
+    session_timeout_ms: int | None  # None: the client's default
+
+
+@dataclass(slots=True, frozen=True)
 class Joined:
+    """A repetition's join time and how many partitions that first assignment held."""
+
     ms: float
     partitions: int
 
@@ -151,7 +183,12 @@ def timeout_detail(timeout: float, errors: list[str]) -> str:
 # -- clients ------------------------------------------------------------------------------------
 
 
-def join_confluent(bootstrap: str, topic: str, group: str, timeout: float, kip848: bool) -> Joined:
+def heartbeat_ms(session_timeout_ms: int) -> int:
+    """A heartbeat interval the clients accept with a shortened session timeout."""
+    return min(3000, session_timeout_ms // 3)
+
+
+def join_confluent(spec: JoinSpec, kip848: bool) -> Joined:
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     unsupported = {KafkaError._UNSUPPORTED_FEATURE, KafkaError.UNSUPPORTED_VERSION}
@@ -166,15 +203,18 @@ def join_confluent(bootstrap: str, topic: str, group: str, timeout: float, kip84
             failure.append(JoinFailed("error", str(err)))
 
     config: dict[str, Any] = {
-        "bootstrap.servers": bootstrap,
-        "group.id": group,
+        "bootstrap.servers": spec.bootstrap,
+        "group.id": spec.group,
         "enable.auto.commit": False,
         "auto.offset.reset": "earliest",
         "error_cb": on_error,
         "logger": logging.getLogger("bench.librdkafka"),
     }
     if kip848:
-        config["group.protocol"] = "consumer"
+        config["group.protocol"] = "consumer"  # session timeouts are then the broker's
+    elif spec.session_timeout_ms is not None:
+        config["session.timeout.ms"] = spec.session_timeout_ms
+        config["heartbeat.interval.ms"] = heartbeat_ms(spec.session_timeout_ms)
     assigned: list[Joined] = []
     t0 = 0.0
 
@@ -185,8 +225,8 @@ def join_confluent(bootstrap: str, topic: str, group: str, timeout: float, kip84
     consumer = Consumer(config)
     try:
         t0 = time.perf_counter()
-        consumer.subscribe([topic], on_assign=on_assign)
-        deadline = time.monotonic() + timeout
+        consumer.subscribe([spec.topic], on_assign=on_assign)
+        deadline = time.monotonic() + spec.timeout
         while not assigned and not failure and time.monotonic() < deadline:
             msg = consumer.poll(0.05)
             err = msg.error() if msg is not None else None
@@ -196,12 +236,12 @@ def join_confluent(bootstrap: str, topic: str, group: str, timeout: float, kip84
             return assigned[0]
         if failure:
             raise failure[0]
-        raise JoinFailed("timeout", timeout_detail(timeout, errors))
+        raise JoinFailed("timeout", timeout_detail(spec.timeout, errors))
     finally:
         consumer.close()
 
 
-def join_kafka_python(bootstrap: str, topic: str, group: str, timeout: float) -> Joined:
+def join_kafka_python(spec: JoinSpec) -> Joined:
     from kafka import ConsumerRebalanceListener, KafkaConsumer  # type: ignore[import-untyped]
 
     assigned: list[Joined] = []
@@ -216,25 +256,36 @@ def join_kafka_python(bootstrap: str, topic: str, group: str, timeout: float) ->
                 assigned.append(Joined((time.perf_counter() - t0) * 1e3, len(partitions)))
 
     consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap,
-        group_id=group,
+        bootstrap_servers=spec.bootstrap,
+        group_id=spec.group,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
+        **session_kwargs(spec),
     )
     try:
         t0 = time.perf_counter()
-        consumer.subscribe([topic], listener=Listener())
-        deadline = time.monotonic() + timeout
+        consumer.subscribe([spec.topic], listener=Listener())
+        deadline = time.monotonic() + spec.timeout
         while not assigned and time.monotonic() < deadline:
             consumer.poll(timeout_ms=50)
         if assigned:
             return assigned[0]
-        raise JoinFailed("timeout", timeout_detail(timeout, []))
+        raise JoinFailed("timeout", timeout_detail(spec.timeout, []))
     finally:
         consumer.close(autocommit=False, timeout_ms=5000)
 
 
-def join_aiokafka(bootstrap: str, topic: str, group: str, timeout: float) -> Joined:
+def session_kwargs(spec: JoinSpec) -> dict[str, int]:
+    """kafka-python and aiokafka keyword arguments for ``--session-timeout-ms``."""
+    if spec.session_timeout_ms is None:
+        return {}
+    return {
+        "session_timeout_ms": spec.session_timeout_ms,
+        "heartbeat_interval_ms": heartbeat_ms(spec.session_timeout_ms),
+    }
+
+
+def join_aiokafka(spec: JoinSpec) -> Joined:
     from aiokafka import AIOKafkaConsumer  # type: ignore[import-untyped]
     from aiokafka.abc import ConsumerRebalanceListener  # type: ignore[import-untyped]
 
@@ -251,18 +302,19 @@ def join_aiokafka(bootstrap: str, topic: str, group: str, timeout: float) -> Joi
                     assigned.set_result(Joined((time.perf_counter() - t0) * 1e3, len(partitions)))
 
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap,
-            group_id=group,
+            bootstrap_servers=spec.bootstrap,
+            group_id=spec.group,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
+            **session_kwargs(spec),
         )
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(spec.timeout):
                 await consumer.start()
-                consumer.subscribe([topic], listener=Listener())
+                consumer.subscribe([spec.topic], listener=Listener())
                 return await assigned
         except TimeoutError:
-            raise JoinFailed("timeout", timeout_detail(timeout, [])) from None
+            raise JoinFailed("timeout", timeout_detail(spec.timeout, [])) from None
         finally:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(consumer.stop(), 10)
@@ -270,15 +322,18 @@ def join_aiokafka(bootstrap: str, topic: str, group: str, timeout: float) -> Joi
     return asyncio.run(run())
 
 
-def join_kafkajs(bootstrap: str, topic: str, group: str, timeout: float) -> Joined:
+def join_kafkajs(spec: JoinSpec) -> Joined:
     node = shutil.which("node")
     if node is None:
         raise JoinFailed("n/a", "node is not installed")
     if not (KAFKAJS_SCRIPT.parent / "node_modules" / "kafkajs").is_dir():
         raise JoinFailed("n/a", "kafkajs missing: npm ci --prefix tests/js")
-    args = [node, str(KAFKAJS_SCRIPT), bootstrap, topic, group, str(int(timeout * 1000))]
+    args = [node, str(KAFKAJS_SCRIPT), spec.bootstrap, spec.topic, spec.group]
+    args.append(str(int(spec.timeout * 1000)))
+    if spec.session_timeout_ms is not None:
+        args.append(str(spec.session_timeout_ms))
     try:
-        done = subprocess.run(args, capture_output=True, text=True, timeout=timeout + 30)
+        done = subprocess.run(args, capture_output=True, text=True, timeout=spec.timeout + 30)
     except subprocess.TimeoutExpired:
         raise JoinFailed("timeout", "group_join.js did not exit") from None
     lines = done.stdout.strip().splitlines()
@@ -286,17 +341,18 @@ def join_kafkajs(bootstrap: str, topic: str, group: str, timeout: float) -> Join
         line = json.loads(lines[-1])
         return Joined(float(line["elapsed_ms"]), int(line["partitions"]))
     errors = [e for e in done.stderr.strip().splitlines() if e.strip()]
-    last = next((e for e in reversed(errors) if e.startswith(("timeout", "consumer", "fail"))), "")
-    why = last or (errors[-1] if errors else f"exit code {done.returncode}")
+    # the script's own verdict line; kafkajs log lines and stack frames around it
+    verdicts = [e for e in errors if e.startswith(KAFKAJS_VERDICTS)]
+    why = (verdicts or errors or [f"exit code {done.returncode}"])[-1]
     if done.returncode == 2:
         kafkajs_log = [e for e in errors if e.startswith("kafkajs")]
         raise JoinFailed("timeout", why + (f"; last: {kafkajs_log[-1]}" if kafkajs_log else ""))
     raise JoinFailed("error", why)
 
 
-JOINS: dict[str, Callable[[str, str, str, float], Joined]] = {
-    "confluent": lambda b, t, g, s: join_confluent(b, t, g, s, kip848=False),
-    "confluent-848": lambda b, t, g, s: join_confluent(b, t, g, s, kip848=True),
+JOINS: dict[str, Callable[[JoinSpec], Joined]] = {
+    "confluent": lambda spec: join_confluent(spec, kip848=False),
+    "confluent-848": lambda spec: join_confluent(spec, kip848=True),
     "kafka-python": join_kafka_python,
     "aiokafka": join_aiokafka,
     "kafkajs": join_kafkajs,
@@ -306,16 +362,39 @@ JOINS: dict[str, Callable[[str, str, str, float], Joined]] = {
 # -- run ----------------------------------------------------------------------------------------
 
 
-def run_case(broker: Broker, case: Case, args: argparse.Namespace) -> None:
+def advertised_apis(bootstrap: str) -> set[str] | None:
+    """The API names the broker lists in ApiVersions, or None if that cannot be read."""
+    from kafka import KafkaAdminClient
+
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+        try:
+            return {key.name for key in admin.api_versions()}
+        finally:
+            admin.close()
+    except Exception as e:  # the cases will show what is wrong
+        print(f"  ApiVersions not read ({e}): running every case", file=sys.stderr)
+        return None
+
+
+def run_case(broker: Broker, case: Case, args: argparse.Namespace, apis: set[str] | None) -> None:
+    protocol = "consumer" if case.client == "confluent-848" else "classic"
+    missing = [api for api in GROUP_APIS[protocol] if apis is not None and api not in apis]
+    if missing:
+        failed = JoinFailed("n/a", f"broker does not advertise {', '.join(missing)}")
+        case.failures.append(failed)
+        print(f"  {case.broker:<7} {CLIENT_LABELS[case.client]:<24} {failed}", file=sys.stderr)
+        return
     for rep in range(1, args.repeat + 1):
         stamp = time.monotonic_ns()
         topic = f"join-{case.client}-{stamp}"
         group = f"bench-join-{case.client}-{stamp}"
+        spec = JoinSpec(broker.bootstrap, topic, group, args.timeout, args.session_timeout_ms)
         progress = f"  {case.broker:<7} {CLIENT_LABELS[case.client]:<24} {rep}/{args.repeat}:"
         RECENT.clear()
         try:
             create_topic(broker.bootstrap, topic, PARTITIONS)
-            joined = JOINS[case.client](broker.bootstrap, topic, group, args.timeout)
+            joined = JOINS[case.client](spec)
         except JoinFailed as e:
             case.failures.append(e)
             print(f"{progress} {e}", file=sys.stderr, flush=True)
@@ -360,8 +439,9 @@ def run_broker(broker: Broker, args: argparse.Namespace, cases: list[Case]) -> N
         print(f"  {broker.name} failed to start: {e}", file=sys.stderr, flush=True)
         return
     try:
+        apis = advertised_apis(broker.bootstrap)
         for case in mine:
-            run_case(broker, case, args)
+            run_case(broker, case, args, apis)
     finally:
         code = broker.stop()
         if code != 0:
@@ -384,13 +464,21 @@ def cell(case: Case, limit_ms: float | None, footnote: int | None) -> str:
     return text + mark
 
 
+def session_timeout_text(client: str, override_ms: int | None) -> str:
+    if client == "confluent-848":
+        return "(broker's)"
+    if override_ms is not None:
+        return str(override_ms)
+    return f"{DEFAULT_SESSION_TIMEOUT_MS[client]} (default)"
+
+
 def table(cases: list[Case], args: argparse.Namespace, delay_ms: int) -> None:
     by_key = {(c.broker, c.client): c for c in cases}
     limit = {"automq": delay_ms + 1000.0, "tansu": None}
     footnotes: list[str] = []
     rows: list[list[str]] = []
     for client in args.clients:
-        row = [CLIENT_LABELS[client]]
+        row = [CLIENT_LABELS[client], session_timeout_text(client, args.session_timeout_ms)]
         for broker in args.brokers:
             case = by_key[(broker, client)]
             number: int | None = None
@@ -404,7 +492,8 @@ def table(cases: list[Case], args: argparse.Namespace, delay_ms: int) -> None:
                 )
             row.append(cell(case, limit[broker], number))
         rows.append(row)
-    head = ["client"] + [f"{BROKER_LABELS[b]} ms (median / max)" for b in args.brokers]
+    head = ["client", "session.timeout.ms"]
+    head += [f"{BROKER_LABELS[b]} ms (median / max)" for b in args.brokers]
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     print()
     print(
@@ -449,6 +538,12 @@ def parse_args() -> argparse.Namespace:
         default=None,
         help=f"automq-py {DELAY_PROPERTY} (default: the broker's default)",
     )
+    parser.add_argument(
+        "--session-timeout-ms",
+        type=int,
+        default=None,
+        help="session.timeout.ms for the classic-protocol clients (default: each client's own)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     args = parser.parse_args()
     if args.repeat < 1:
@@ -471,7 +566,7 @@ def main() -> None:
             run_broker(make_broker(name, root, args.automq_delay_ms), args, cases)
         table(cases, args, delay_ms)
     finally:
-        if args.keep or any(c.failures for c in cases):
+        if args.keep or any(f.kind != "n/a" for c in cases for f in c.failures):
             print(f"# work directory kept (broker logs): {root}", file=sys.stderr)
         else:
             shutil.rmtree(root, ignore_errors=True)
