@@ -15,12 +15,18 @@ least one byte). Each TAGGED_FIELDS section reads the tags the schema knows and 
 the rest.
 
 Nullable structs (KIP-893) are an int8 marker, -1 = null, 1 = present, then the struct.
+
+int64 durations are read here too: kio's reader overflows (an error, so a dropped connection)
+beyond 2^63 microseconds, but Kafka accepts any int64 (OffsetCommit v2-v4's retention time).
+Such values are clamped to what ``timedelta`` holds.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import functools
+import struct
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -119,7 +125,21 @@ def _field_reader(
         if is_optional(field) and not is_tag:
             return functools.partial(_read_nullable_entity, kind.type_)
         return functools.partial(read_entity, kind.type_)
+    if field.metadata.get("kafka_type") == "timedelta_i64" and not is_optional(field):
+        return _read_duration_i64
     return functools.partial(_read_native, get_field_reader(entity_type, field, is_header, is_tag))
+
+
+_I64 = struct.Struct(">q")
+_MAX_DURATION_MS = int(datetime.timedelta.max.total_seconds() * 1000) // 1000 * 1000 // 2
+
+
+def _read_duration_i64(buf: wire.Buffer, pos: int) -> tuple[datetime.timedelta, int]:
+    if pos + 8 > len(buf):
+        raise wire.InvalidRequestError("truncated int64 duration")
+    (ms,) = _I64.unpack_from(buf, pos)
+    ms = max(-_MAX_DURATION_MS, min(_MAX_DURATION_MS, ms))
+    return datetime.timedelta(milliseconds=ms), pos + 8
 
 
 def _read_native(reader: Reader[Any], buf: wire.Buffer, pos: int) -> tuple[Any, int]:

@@ -157,6 +157,8 @@ async def handle_leave_group(ctx: BrokerContext, request: Request) -> Any:
 
 async def handle_offset_commit(ctx: BrokerContext, request: Request) -> Any:
     body = request.body
+    retention = getattr(body, "retention_time", None)
+    retention_ms = -1 if retention is None else _millis(retention)
     commits = [
         OffsetCommit(
             str(t.name),
@@ -164,6 +166,7 @@ async def handle_offset_commit(ctx: BrokerContext, request: Request) -> Any:
             int(p.committed_offset),
             int(getattr(p, "committed_leader_epoch", -1)),
             p.committed_metadata,
+            retention_ms,
         )
         for t in body.topics
         for p in t.partitions
@@ -395,6 +398,18 @@ async def handle_consumer_group_heartbeat(ctx: BrokerContext, request: Request) 
             {
                 "throttle_time": 0,
                 "error_code": error,
+                "member_epoch": int(body.member_epoch),
+                "heartbeat_interval": interval,
+            },
+        )
+    if request.api_version >= 1 and not str(body.member_id):
+        # KIP-1082: from v1 the client makes its member id
+        return _respond(
+            request,
+            {
+                "throttle_time": 0,
+                "error_code": ErrorCode.INVALID_REQUEST,
+                "error_message": "MemberId can't be empty.",
                 "member_epoch": int(body.member_epoch),
                 "heartbeat_interval": interval,
             },

@@ -151,6 +151,8 @@ class OffsetCommit:
     offset: int
     leader_epoch: int
     metadata: str | None
+    # OffsetCommit v2-v4's retention time: the offset expires this long after the commit
+    retention_ms: int = -1
 
 
 @dataclass(slots=True, frozen=True)
@@ -292,8 +294,12 @@ class GroupCoordinator:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         return ErrorCode.NONE
 
-    async def _ready(self, group_id: str) -> ErrorCode:
-        """NONE when ``group_id``'s partition is loaded; else the error to answer with."""
+    async def _ready(self, group_id: str, allow_empty_id: bool = False) -> ErrorCode:
+        """NONE when ``group_id``'s partition is loaded; else the error to answer with. An
+        empty group id is INVALID_GROUP_ID, except where Kafka still accepts it for old
+        clients (OffsetCommit, OffsetFetch)."""
+        if not group_id and not allow_empty_id:
+            return ErrorCode.INVALID_GROUP_ID
         if self._stopped:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         try:
@@ -1005,9 +1011,7 @@ class GroupCoordinator:
         api_version: int,
     ) -> list[ErrorCode]:
         """One error per commit, in order."""
-        if not group_id:
-            return [ErrorCode.INVALID_GROUP_ID] * len(commits)
-        error = await self._ready(group_id)
+        error = await self._ready(group_id, allow_empty_id=True)
         if error != ErrorCode.NONE:
             return [error] * len(commits)
         group = self.groups.get(group_id)
@@ -1023,12 +1027,15 @@ class GroupCoordinator:
         for c in commits:
             topic = self.topics.get(c.topic)
             metadata = c.metadata or ""
+            # Kafka compares String.length(): UTF-16 code units, not bytes
+            length = len(metadata.encode("utf-16-le")) // 2
             if topic is None or not 0 <= c.partition < topic.partitions:
                 results.append(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
-            elif len(metadata.encode()) > self.config.offset_metadata_max_bytes:
+            elif length > self.config.offset_metadata_max_bytes:
                 results.append(ErrorCode.OFFSET_METADATA_TOO_LARGE)
             else:
-                value = records.OffsetValue(c.offset, c.leader_epoch, metadata, now)
+                expire = now + c.retention_ms if c.retention_ms >= 0 else records.NO_TIMESTAMP
+                value = records.OffsetValue(c.offset, c.leader_epoch, metadata, now, expire)
                 entries.append(
                     (
                         records.OffsetKey(group_id, c.topic, c.partition),
@@ -1057,7 +1064,7 @@ class GroupCoordinator:
     ) -> tuple[ErrorCode, list[tuple[TopicPartition, records.OffsetValue | None]]]:
         """(group error, [(partition, committed offset or None)]); all partitions with a
         committed offset when ``partitions`` is None."""
-        error = await self._ready(group_id)
+        error = await self._ready(group_id, allow_empty_id=True)
         if error != ErrorCode.NONE:
             return error, []
         group = self.groups.get(group_id)

@@ -13,7 +13,8 @@ key v  record                  key fields
 3      consumer group epoch    group string (a KIP-848 group)
 =====  ======================  ===================================================
 
-Offset commit value, written as v3 (v0-v3 are read)::
+Offset commit value, written as v3, or v1 when the commit has an expire timestamp (OffsetCommit
+v2-v4's retention time); v0-v3 are read::
 
     v0: offset int64, metadata string, commit_timestamp int64
     v1: offset int64, metadata string, commit_timestamp int64, expire_timestamp int64
@@ -248,6 +249,11 @@ def decode_key(data: bytes | memoryview) -> Key | None:
 
 
 def encode_offset_value(value: OffsetValue) -> bytes:
+    """v3, or v1 when the commit has its own expire timestamp (as Kafka chooses)."""
+    if value.expire_timestamp >= 0:
+        w = _Writer().i16(1).i64(value.offset).string(value.metadata)
+        w.i64(value.commit_timestamp).i64(value.expire_timestamp)
+        return bytes(w.buf)
     w = _Writer().i16(OFFSET_COMMIT_VALUE_VERSION)
     w.i64(value.offset).i32(value.leader_epoch).string(value.metadata).i64(value.commit_timestamp)
     return bytes(w.buf)

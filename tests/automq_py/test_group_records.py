@@ -164,3 +164,10 @@ def test_expiry_of_an_active_group_keeps_subscribed_topics() -> None:
     assert expired_offsets(offsets, 10**9, 10, None, None) == []
     # a v1 commit's explicit expire timestamp wins
     assert expired_offsets({("c", 0): _offset(0, 50)}, 50, 10**6, 0, None) == [("c", 0)]
+
+
+def test_a_commit_with_its_own_expiry_is_written_as_v1() -> None:
+    value = records.OffsetValue(9, -1, "m", 1000, 5000)
+    raw = records.encode_offset_value(value)
+    assert raw[:2] == b"\x00\x01"
+    assert records.decode_offset_value(raw) == value
