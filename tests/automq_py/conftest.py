@@ -1,9 +1,9 @@
-"""The broker fixture: the real broker process, storing in the session's real S3 server."""
+"""Broker fixtures: the real broker process, storing in the session's real S3 server."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -11,17 +11,50 @@ import pytest
 from tests.support.broker import BrokerProcess
 from tests.support.seaweedfs import SeaweedFS
 
+MakeBroker = Callable[..., BrokerProcess]
+
 
 @pytest.fixture
-def broker(tmp_path: Path, s3_server: SeaweedFS) -> Iterator[BrokerProcess]:
-    """A fresh broker (its own data directory and cluster id); it must stop cleanly."""
-    b = BrokerProcess(
-        tmp_path / "broker",
-        {"s3.data.buckets": s3_server.url(), "cluster.id": f"t{time.monotonic_ns()}"},
-    )
-    b.start()
-    try:
-        yield b
-    finally:
+def make_broker(tmp_path: Path, s3_server: SeaweedFS) -> Iterator[MakeBroker]:
+    """Start fresh brokers (each with its own data directory and cluster id) with extra
+    properties: ``make_broker(**{"group.initial.rebalance.delay.ms": "0"})``. Every broker
+    must stop cleanly at the end of the test."""
+    started: list[BrokerProcess] = []
+
+    def make(**overrides: str) -> BrokerProcess:
+        b = BrokerProcess(
+            tmp_path / f"broker{len(started) or ''}",
+            {
+                "s3.data.buckets": s3_server.url(),
+                "cluster.id": f"t{time.monotonic_ns()}",
+                **overrides,
+            },
+        )
+        b.start()
+        started.append(b)
+        return b
+
+    yield make
+    for b in started:
         code = b.stop()
         assert code == 0, b.log_tail()
+
+
+@pytest.fixture
+def broker(make_broker: MakeBroker) -> BrokerProcess:
+    """A fresh broker with the default settings."""
+    return make_broker()
+
+
+@pytest.fixture
+def group_broker(make_broker: MakeBroker) -> BrokerProcess:
+    """A broker whose groups react fast, for tests not about the timings: new groups wait
+    500 ms (not 3 s) for more members, KIP-848 members heartbeat every second and are gone
+    after 6 s."""
+    return make_broker(
+        **{
+            "group.initial.rebalance.delay.ms": "500",
+            "group.consumer.heartbeat.interval.ms": "1000",
+            "group.consumer.session.timeout.ms": "6000",
+        }
+    )

@@ -11,8 +11,7 @@ sends it instead.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
-from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 import pytest
@@ -36,8 +35,8 @@ from kafka.errors import (  # type: ignore[import-untyped]
     NoError,
 )
 
+from tests.automq_py.conftest import MakeBroker
 from tests.support.broker import BrokerProcess
-from tests.support.seaweedfs import SeaweedFS
 
 pytestmark = pytest.mark.integration
 
@@ -47,22 +46,9 @@ PROTOCOLS = ["classic", "consumer"]
 
 
 @pytest.fixture
-def broker(tmp_path: Path, s3_server: SeaweedFS) -> Iterator[BrokerProcess]:
+def broker(make_broker: MakeBroker) -> BrokerProcess:
     """A fresh broker whose new groups rebalance at once (no initial rebalance delay)."""
-    b = BrokerProcess(
-        tmp_path / "broker",
-        {
-            "s3.data.buckets": s3_server.url(),
-            "cluster.id": f"t{time.monotonic_ns()}",
-            "group.initial.rebalance.delay.ms": "0",
-        },
-    )
-    b.start()
-    try:
-        yield b
-    finally:
-        code = b.stop()
-        assert code == 0, b.log_tail()
+    return make_broker(**{"group.initial.rebalance.delay.ms": "0"})
 
 
 def admin_for(b: BrokerProcess) -> AdminClient:

@@ -6,36 +6,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.support.broker import BrokerProcess
-from tests.support.seaweedfs import SeaweedFS
 
 pytestmark = pytest.mark.integration
 
 PARTITIONS = 6
-
-
-@pytest.fixture
-def fast_broker(tmp_path: Path, s3_server: SeaweedFS) -> Iterator[BrokerProcess]:
-    b = BrokerProcess(
-        tmp_path / "broker",
-        {
-            "s3.data.buckets": s3_server.url(),
-            "cluster.id": f"t{time.monotonic_ns()}",
-            "group.initial.rebalance.delay.ms": "300",
-        },
-    )
-    b.start()
-    try:
-        yield b
-    finally:
-        assert b.stop() == 0, b.log_tail()
 
 
 class Member:
@@ -108,14 +88,14 @@ def _settled(members: list[Member], timeout: float = 45) -> list[set[int]]:
 
 
 @pytest.mark.parametrize("strategy", ["range", "roundrobin", "cooperative-sticky"])
-def test_client_side_assignors_split_the_topic(fast_broker: BrokerProcess, strategy: str) -> None:
+def test_client_side_assignors_split_the_topic(group_broker: BrokerProcess, strategy: str) -> None:
     topic, group = f"assign-{strategy}", f"g-{strategy}"
-    admin = AdminClient({"bootstrap.servers": fast_broker.bootstrap})
+    admin = AdminClient({"bootstrap.servers": group_broker.bootstrap})
     admin.create_topics([NewTopic(topic, PARTITIONS)])[topic].result(30)
-    members = [Member(fast_broker.bootstrap, group, topic, strategy)]
+    members = [Member(group_broker.bootstrap, group, topic, strategy)]
     try:
         assert _settled(members) == [set(range(PARTITIONS))]
-        members += [Member(fast_broker.bootstrap, group, topic, strategy) for _ in range(2)]
+        members += [Member(group_broker.bootstrap, group, topic, strategy) for _ in range(2)]
         owned = _settled(members)
         assert sorted(len(o) for o in owned) == [2, 2, 2], owned
         if strategy == "cooperative-sticky":

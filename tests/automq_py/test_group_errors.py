@@ -18,8 +18,7 @@ import socket
 import struct
 import time
 import uuid
-from collections.abc import Iterator, Mapping
-from pathlib import Path
+from collections.abc import Mapping
 from typing import IO, Any, cast
 
 import pytest
@@ -30,9 +29,9 @@ from protocol import build, headers
 from protocol.entity_reader import read_entity
 from protocol.errors import ErrorCode
 from protocol.messages import BufferCollector, request_schema, response_schema
+from tests.automq_py.conftest import MakeBroker
 from tests.protocol.kafka_oracle import request_frame
 from tests.support.broker import BrokerProcess
-from tests.support.seaweedfs import SeaweedFS
 
 pytestmark = pytest.mark.integration
 
@@ -122,25 +121,16 @@ def assert_serving(b: BrokerProcess) -> None:
 
 
 @pytest.fixture
-def broker(tmp_path: Path, s3_server: SeaweedFS) -> Iterator[BrokerProcess]:
+def broker(make_broker: MakeBroker) -> BrokerProcess:
     """A fresh broker (new groups rebalance at once) with topic ``orders`` of 2 partitions."""
-    b = BrokerProcess(
-        tmp_path / "broker",
-        {
-            "s3.data.buckets": s3_server.url(),
-            "cluster.id": f"t{time.monotonic_ns()}",
-            "group.initial.rebalance.delay.ms": "0",
-        },
-    )
-    b.start()
-    try:
-        topic = {"name": TOPIC, "num_partitions": 2, "replication_factor": 1}
-        created = call(b, CREATE_TOPICS, 5, {"topics": [topic], "timeout": 5000})
-        assert [t.error_code for t in created.topics] == [ErrorCode.NONE]
-        yield b
-    finally:
-        code = b.stop()
-        assert code == 0, b.log_tail()
+    return with_orders_topic(make_broker(**{"group.initial.rebalance.delay.ms": "0"}))
+
+
+def with_orders_topic(b: BrokerProcess) -> BrokerProcess:
+    topic = {"name": TOPIC, "num_partitions": 2, "replication_factor": 1}
+    created = call(b, CREATE_TOPICS, 5, {"topics": [topic], "timeout": 5000})
+    assert [t.error_code for t in created.topics] == [ErrorCode.NONE]
+    return b
 
 
 # --- the classic protocol, one call each ------------------------------------------------------

@@ -24,9 +24,7 @@ from __future__ import annotations
 import struct
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -38,11 +36,11 @@ from automq_py.apis.groups import HANDLERS
 from protocol import headers
 from protocol.entity_reader import read_entity
 from protocol.messages import response_schema
+from tests.automq_py.conftest import MakeBroker
 from tests.automq_py.test_broker_fuzz import exchange, frame, mutated_frames
 from tests.automq_py.test_group_errors import (
     CONSUMER_GROUP_DESCRIBE,
     CONSUMER_GROUP_HEARTBEAT,
-    CREATE_TOPICS,
     DELETE_GROUPS,
     DESCRIBE_GROUPS,
     HEARTBEAT,
@@ -55,16 +53,15 @@ from tests.automq_py.test_group_errors import (
     SYNC_GROUP,
     TOPIC,
     assert_serving,
-    call,
     commit,
     consumer_heartbeat,
     join,
     request_payload,
     subscription,
     sync,
+    with_orders_topic,
 )
 from tests.support.broker import BrokerProcess
-from tests.support.seaweedfs import SeaweedFS
 
 pytestmark = pytest.mark.integration
 
@@ -92,25 +89,9 @@ class KnownGroups:
 
 
 @pytest.fixture
-def fuzz_broker(tmp_path: Path, s3_server: SeaweedFS) -> Iterator[BrokerProcess]:
+def fuzz_broker(make_broker: MakeBroker) -> BrokerProcess:
     """A fresh broker whose new groups rebalance at once, with topic ``orders`` (2 partitions)."""
-    b = BrokerProcess(
-        tmp_path / "broker",
-        {
-            "s3.data.buckets": s3_server.url(),
-            "cluster.id": f"t{time.monotonic_ns()}",
-            "group.initial.rebalance.delay.ms": "0",
-        },
-    )
-    b.start()
-    try:
-        topic = {"name": TOPIC, "num_partitions": 2, "replication_factor": 1}
-        created = call(b, CREATE_TOPICS, 5, {"topics": [topic], "timeout": 5000})
-        assert [t.error_code for t in created.topics] == [0]
-        yield b
-    finally:
-        code = b.stop()
-        assert code == 0, b.log_tail()
+    return with_orders_topic(make_broker(**{"group.initial.rebalance.delay.ms": "0"}))
 
 
 def make_groups(b: BrokerProcess) -> KnownGroups:

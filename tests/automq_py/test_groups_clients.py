@@ -14,7 +14,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,7 +29,6 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, ConsumerGroupDescription, NewTopic
 
 from tests.support.broker import BrokerProcess
-from tests.support.seaweedfs import SeaweedFS
 
 pytestmark = pytest.mark.integration
 
@@ -40,28 +38,6 @@ HEARTBEAT_INTERVAL_MS = 1000
 CLIENTS = ["confluent-classic", "confluent-consumer", "kafka-python", "aiokafka"]
 
 Key = tuple[int, int]  # partition, offset
-
-
-@pytest.fixture
-def group_broker(tmp_path: Path, s3_server: SeaweedFS) -> Iterator[BrokerProcess]:
-    """A fresh broker whose groups react fast: a short initial rebalance delay (these tests
-    are not about it) and KIP-848 members heartbeating every second."""
-    b = BrokerProcess(
-        tmp_path / "broker",
-        {
-            "s3.data.buckets": s3_server.url(),
-            "cluster.id": f"t{time.monotonic_ns()}",
-            "group.initial.rebalance.delay.ms": "500",
-            "group.consumer.heartbeat.interval.ms": str(HEARTBEAT_INTERVAL_MS),
-            "group.consumer.session.timeout.ms": str(SESSION_TIMEOUT_MS),
-        },
-    )
-    b.start()
-    try:
-        yield b
-    finally:
-        code = b.stop()
-        assert code == 0, b.log_tail()
 
 
 # --- members ------------------------------------------------------------------------------------

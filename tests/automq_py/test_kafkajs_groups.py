@@ -30,7 +30,6 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.support.broker import BrokerProcess
-from tests.support.seaweedfs import SeaweedFS
 
 pytestmark = pytest.mark.integration
 
@@ -39,25 +38,6 @@ SCRIPT = Path(__file__).resolve().parents[1] / "js" / "groups.js"
 
 Event = dict[str, Any]
 Position = tuple[int, int]  # partition, offset
-
-
-@pytest.fixture
-def group_broker(tmp_path: Path, s3_server: SeaweedFS) -> Iterator[BrokerProcess]:
-    """A fresh broker whose empty groups wait 500 ms (not 3 s) for more members to join."""
-    b = BrokerProcess(
-        tmp_path / "broker",
-        {
-            "s3.data.buckets": s3_server.url(),
-            "cluster.id": f"t{time.monotonic_ns()}",
-            "group.initial.rebalance.delay.ms": "500",
-        },
-    )
-    b.start()
-    try:
-        yield b
-    finally:
-        code = b.stop()
-        assert code == 0, b.log_tail()
 
 
 class Members:
