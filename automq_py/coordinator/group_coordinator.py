@@ -1070,8 +1070,6 @@ class GroupCoordinator:
         group = self.groups.get(group_id)
         if member_id is not None and isinstance(group, ConsumerGroup):
             error = group.validate_member_epoch(member_id, member_epoch)
-            if error == ErrorCode.STALE_MEMBER_EPOCH:
-                return error, []
             if error != ErrorCode.NONE:
                 return error, []
         stored = self.offsets.get(group_id, {})
