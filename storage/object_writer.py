@@ -97,6 +97,12 @@ class ObjectWriter:
         self._block = []
         self._block_bytes = 0
 
+    def drain(self) -> list[bytes]:
+        """Hand over the blocks closed so far (for writers that upload as they go); ``finish``
+        then returns only what came after, while its index and size still cover everything."""
+        parts, self._parts = self._parts, []
+        return parts
+
     def finish(self) -> BuiltObject:
         if self._block:
             self._close_block()

@@ -332,20 +332,22 @@ def commit_stream_object(
 
 
 def mark_destroyed_done(image: MetadataImage, object_ids: Sequence[int]) -> Records:
-    """MARK_DESTROYED -> DESTROYED once the object is gone from object storage (idempotent)."""
+    """Forget MARK_DESTROYED objects once they are deleted from object storage (AutoMQ's
+    ``RemoveS3ObjectRecord``), so metadata shrinks as objects go. Idempotent: an id handed out
+    before and already forgotten is done; an id never handed out is OBJECT_NOT_EXIST."""
     out: Records = []
     for object_id in dict.fromkeys(object_ids):
         obj = image.objects.get(object_id)
         if obj is None:
+            if 0 <= object_id < image.next_id(rec.OBJECT_ID_COUNTER):
+                continue
             raise MetadataError(ErrorCode.OBJECT_NOT_EXIST, f"object {object_id} does not exist")
-        if obj.state is ObjectState.DESTROYED:
-            continue
-        if obj.state is not ObjectState.MARK_DESTROYED:
+        if obj.state not in (ObjectState.MARK_DESTROYED, ObjectState.DESTROYED):
             raise MetadataError(
                 ErrorCode.STREAM_INNER_ERROR,
                 f"object {object_id} is {obj.state.name}, not marked for deletion",
             )
-        out.append(rec.S3ObjectRecord(replace(obj, state=ObjectState.DESTROYED)))
+        out.append(rec.RemoveS3Object(object_id))
     return out
 
 

@@ -227,6 +227,8 @@ class MetadataImage:
                 self.nodes[node_id] = replace(n, stream_set_objects=left_ssos)
             case rec.S3ObjectRecord(obj):
                 self.objects[obj.object_id] = obj
+            case rec.RemoveS3Object(object_id):
+                self.objects.pop(object_id, None)
             case rec.NodeRecord(node_id, epoch, failover):
                 old_node = self.nodes.get(node_id)
                 if old_node is None:

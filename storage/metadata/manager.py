@@ -205,7 +205,7 @@ class MetadataManager:
             )
 
     async def mark_destroyed_done(self, object_ids: Sequence[int]) -> None:
-        """Record that these MARK_DESTROYED objects are deleted from object storage."""
+        """Forget these MARK_DESTROYED objects: they are deleted from object storage."""
         async with self._lock:
             await self._commit(control.mark_destroyed_done(self.image, object_ids))
 

@@ -16,6 +16,7 @@ RemoveStreamObject         drop one Stream Object from its stream
 StreamSetObjectRecord      set one Stream Set Object of a node
 RemoveStreamSetObject      drop one Stream Set Object from its node
 S3ObjectRecord             set an object's lifecycle state
+RemoveS3Object             drop an object deleted from object storage (its id is never reused)
 NodeRecord                 create a node or set its epoch and failover flag
 KVRecord / RemoveKV        set or drop a key
 CounterRecord              set the next id a counter hands out
@@ -91,6 +92,11 @@ class S3ObjectRecord:
 
 
 @dataclass(slots=True, frozen=True)
+class RemoveS3Object:
+    object_id: int
+
+
+@dataclass(slots=True, frozen=True)
 class NodeRecord:
     node_id: int
     epoch: int
@@ -124,6 +130,7 @@ Record = (
     | StreamSetObjectRecord
     | RemoveStreamSetObject
     | S3ObjectRecord
+    | RemoveS3Object
     | NodeRecord
     | KVRecord
     | RemoveKV

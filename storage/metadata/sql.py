@@ -213,6 +213,8 @@ def statements(record: rec.Record) -> list[Statement]:
                     (node_id, object_id),
                 ),
             ]
+        case rec.RemoveS3Object(object_id):
+            return [("DELETE FROM objects WHERE object_id = ?", (object_id,))]
         case rec.S3ObjectRecord(o):
             return [
                 _upsert(

@@ -32,10 +32,11 @@ SourceRange = tuple[str, int, int]
 
 @dataclass(slots=True, frozen=True)
 class ObjectInfo:
-    """One listed object."""
+    """One listed object; ``last_modified_ms`` is 0 where the store does not say."""
 
     key: str
     size: int
+    last_modified_ms: int = 0
 
 
 class ObjectNotFoundError(KeyError):
@@ -108,6 +109,11 @@ class ObjectStore(abc.ABC):
         reaches past its source's end.
         """
 
+    def upload(self, key: str) -> ObjectUpload:
+        """Write ``key`` piece by piece (see :class:`ObjectUpload`); nothing is visible until
+        ``finish``. This default keeps every piece in memory and PUTs them at the end."""
+        return BufferedUpload(self, key)
+
     @abc.abstractmethod
     async def delete(self, keys: Sequence[str]) -> None:
         """Delete the objects; keys that do not exist are ignored."""
@@ -130,6 +136,64 @@ class ObjectStore(abc.ABC):
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+
+class ObjectUpload(abc.ABC):
+    """An object written as a sequence of appended buffers and server-side copies of byte
+    ranges of other objects, for writers that must not hold the whole object in memory
+    (compaction). Pieces are uploaded as they fill parts; ``finish`` makes the object visible,
+    ``abort`` drops what was sent."""
+
+    key: str
+    size: int
+
+    @abc.abstractmethod
+    async def write(self, data: Data) -> None:
+        """Append buffers."""
+
+    @abc.abstractmethod
+    async def copy(self, source_key: str, start: int, end: int) -> None:
+        """Append the bytes ``[start, end)`` of ``source_key`` (server side where possible)."""
+
+    @abc.abstractmethod
+    async def finish(self) -> int:
+        """Complete the object and return its size."""
+
+    @abc.abstractmethod
+    async def abort(self) -> None:
+        """Give up: nothing of the object remains."""
+
+
+class BufferedUpload(ObjectUpload):
+    """An upload kept in memory and written with one ``put`` (stores without parts)."""
+
+    def __init__(self, store: ObjectStore, key: str) -> None:
+        self.store = store
+        self.key = key
+        self.size = 0
+        self._buffers: list[memoryview] = []
+
+    async def write(self, data: Data) -> None:
+        for buffer in as_buffers(data):
+            self._buffers.append(buffer)
+            self.size += len(buffer)
+
+    async def copy(self, source_key: str, start: int, end: int) -> None:
+        check_sources([(source_key, start, end)])
+        data = await self.store.get(source_key, start, end)
+        if len(data) != end - start:
+            raise ObjectStoreError(
+                f"copy: source range [{start}, {end}) of {source_key!r} is past its end"
+            )
+        await self.write(data)
+
+    async def finish(self) -> int:
+        await self.store.put(self.key, self._buffers)
+        self._buffers = []
+        return self.size
+
+    async def abort(self) -> None:
+        self._buffers = []
 
 
 def as_buffers(data: Data) -> list[memoryview]:

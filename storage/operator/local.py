@@ -231,10 +231,10 @@ class LocalObjectStore(ObjectStore):
                 if name.endswith(_TEMP_SUFFIX) or not key.startswith(prefix):
                     continue
                 try:
-                    size = os.stat(os.path.join(dirpath, name)).st_size
+                    st = os.stat(os.path.join(dirpath, name))
                 except FileNotFoundError:  # deleted while we walked
                     continue
-                infos.append(ObjectInfo(key, size))
+                infos.append(ObjectInfo(key, st.st_size, st.st_mtime_ns // 1_000_000))
         # S3 lists in the byte order of the UTF-8 keys.
         infos.sort(key=lambda info: info.key.encode())
         return infos

@@ -25,6 +25,7 @@ from botocore.exceptions import ClientError
 from storage.operator.base import (
     DELETE_BATCH,
     LIST_PAGE,
+    MAX_PART_SIZE,
     MIN_PART_SIZE,
     CopyPart,
     Data,
@@ -32,6 +33,7 @@ from storage.operator.base import (
     ObjectNotFoundError,
     ObjectStore,
     ObjectStoreError,
+    ObjectUpload,
     RequestStats,
     SourceRange,
     UploadPart,
@@ -219,6 +221,10 @@ class S3ObjectStore(ObjectStore):
             else:
                 factories.append(self._compose_upload_part_fn(key, number, part))
         await self._multipart(key, total, factories, parts_in_flight=_COMPOSE_PARTS_IN_FLIGHT)
+
+    def upload(self, key: str) -> ObjectUpload:
+        """A multipart upload whose parts are sent as they fill (see ``S3Upload``)."""
+        return S3Upload(self, key)
 
     async def delete(self, keys: Sequence[str]) -> None:
         """DeleteObjects in batches of 1,000 keys, sent concurrently."""
@@ -505,7 +511,10 @@ class S3ObjectStore(ObjectStore):
                 response = await client.list_objects_v2(
                     Bucket=self.bucket, Prefix=prefix, MaxKeys=LIST_PAGE, ContinuationToken=token
                 )
-            infos = [ObjectInfo(item["Key"], item["Size"]) for item in response.get("Contents", [])]
+            infos = [
+                ObjectInfo(item["Key"], item["Size"], int(item["LastModified"].timestamp() * 1000))
+                for item in response.get("Contents", [])
+            ]
             more = response.get("IsTruncated", False)
             return infos, response.get("NextContinuationToken") if more else None
 
@@ -521,6 +530,88 @@ class S3ObjectStore(ObjectStore):
                 yield info
             if token is None:
                 return
+
+
+class S3Upload(ObjectUpload):
+    """An object written piece by piece, holding at most about one part in memory.
+
+    Appended bytes are sent as an UploadPart once ``part_size`` of them are pending; a copied
+    range of at least 5 MiB becomes an UploadPartCopy (no download) once the pending bytes
+    before it are a valid part on their own, otherwise it is downloaded and appended. An
+    upload that never filled a part is one PutObject at ``finish``.
+    """
+
+    def __init__(self, store: S3ObjectStore, key: str) -> None:
+        self.store = store
+        self.key = key
+        self.size = 0
+        self._pending: builtins.list[memoryview] = []
+        self._pending_size = 0
+        self._upload_id: str | None = None
+        self._parts: builtins.list[CompletedPartTypeDef] = []
+
+    async def write(self, data: Data) -> None:
+        for buffer in as_buffers(data):
+            self._pending.append(buffer)
+            self._pending_size += len(buffer)
+            self.size += len(buffer)
+        if self._pending_size >= self.store.part_size:
+            await self._flush()
+
+    async def copy(self, source_key: str, start: int, end: int) -> None:
+        check_sources([(source_key, start, end)])
+        if end - start < MIN_PART_SIZE or 0 < self._pending_size < MIN_PART_SIZE:
+            data = await self.store._get_exact((source_key, start, end))
+            await self.write(data)
+            return
+        await self._flush()
+        upload_id = await self._started()
+        for piece in range(start, end, MAX_PART_SIZE):
+            number = len(self._parts) + 1
+            copy = self.store._copy_part_fn(
+                self.key, number, (source_key, piece, min(piece + MAX_PART_SIZE, end))
+            )
+            self._parts.append(await copy(upload_id))
+        self.size += end - start
+
+    async def finish(self) -> int:
+        if self._upload_id is None:
+            await self.store._put_object(self.key, join(self._pending))
+        else:
+            if self._pending_size or not self._parts:
+                await self._flush()
+            await self.store._complete(self.key, self._upload_id, self.size, self._parts)
+        self._pending, self._pending_size = [], 0
+        return self.size
+
+    async def abort(self) -> None:
+        self._pending, self._pending_size = [], 0
+        if self._upload_id is not None:
+            await self.store._abort(self.key, self._upload_id)
+            self._upload_id = None
+
+    async def _started(self) -> str:
+        if self._upload_id is None:
+            client = await self.store._get_client()
+
+            async def create() -> str:
+                self.store.stats.multipart_create += 1
+                response = await client.create_multipart_upload(
+                    Bucket=self.store.bucket, Key=self.key
+                )
+                return response["UploadId"]
+
+            self._upload_id = await self.store._call("CreateMultipartUpload", self.key, create)
+        return self._upload_id
+
+    async def _flush(self) -> None:
+        if not self._pending_size:
+            return
+        upload_id = await self._started()
+        body = join(self._pending)
+        self._pending, self._pending_size = [], 0
+        number = len(self._parts) + 1
+        self._parts.append(await self.store._upload_part(self.key, upload_id, number, body))
 
 
 async def _run_all(factories: Sequence[Callable[[], Awaitable[T]]], limit: int) -> builtins.list[T]:
