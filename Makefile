@@ -9,16 +9,18 @@ STAMP := $(VENV)/.installed
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-$(STAMP): setup.cfg pyproject.toml
+# The spark extra is pyspark, a 456 MB sdist: --no-cache-dir keeps a second copy off the disk.
+$(STAMP): setup.cfg pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,dev]'
+	$(BIN)/pip install --quiet --no-cache-dir -e '.[test,dev,spark]'
 	touch $(STAMP)
 
-venv: $(STAMP)  ## create .venv with the package and its test/dev extras
+venv: $(STAMP)  ## create .venv with the package and its test/dev/spark extras
 
-# kcat (Debian) and kafkajs (npm) drive the broker in the client tests; apt runs only when
-# kcat is missing, npm ci only when the lock file changed.
+# kcat (Debian) and kafkajs (npm) drive the broker in the client tests, PySpark's jobs need a
+# Java 17 runtime; apt runs only when kcat or java is missing, npm ci only when the lock file
+# changed.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 JS_STAMP := tests/js/node_modules/.installed
 
@@ -26,9 +28,12 @@ $(JS_STAMP): tests/js/package.json tests/js/package-lock.json
 	npm ci --prefix tests/js --no-audit --no-fund --loglevel=error
 	touch $(JS_STAMP)
 
-deps: $(STAMP) $(JS_STAMP)  ## install the external Kafka clients the tests use (kcat, kafkajs)
+deps: $(STAMP) $(JS_STAMP)  ## install what the tests run beside Python (kcat, kafkajs, Java)
 	@command -v kcat >/dev/null 2>&1 || { $(SUDO) apt-get update && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-upgrade kcat; }
+	@command -v java >/dev/null 2>&1 || { $(SUDO) apt-get update && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-upgrade \
+		openjdk-17-jre-headless; }
 
 run: $(STAMP)  ## start the broker on 127.0.0.1:9092 (embedded: file WAL, local object store, SQLite)
 	$(BIN)/automq-py serve -c config/server.properties

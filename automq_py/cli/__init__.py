@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from automq_py.cli import inspect_object, serve
+from automq_py.cli import inspect_object, jobs, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,6 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     inspect_object.add_parser(sub)
     serve.add_parser(sub)
+    jobs.add_parser(sub)
     return parser
 
 

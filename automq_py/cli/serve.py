@@ -42,6 +42,12 @@ def add_parser(sub: Any) -> None:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_config_arguments(p)
+    p.set_defaults(run=run)
+
+
+def add_config_arguments(p: argparse.ArgumentParser) -> None:
+    """The options that build a BrokerConfig: ``-c/--config``, ``--override``, ``--s3-url``."""
     p.add_argument(
         "-c",
         "--config",
@@ -71,14 +77,21 @@ def add_parser(sub: Any) -> None:
             "sets s3.data.buckets and cluster.id"
         ),
     )
-    p.set_defaults(run=run)
+
+
+def load_config(args: argparse.Namespace, command: str) -> BrokerConfig | None:
+    """The BrokerConfig the options of :func:`add_config_arguments` describe; on a bad
+    property, print it (``automq-py COMMAND: name: why``) and return None (exit code 2)."""
+    try:
+        return BrokerConfig.load(args.config, args.override, args.s3_url, env=os.environ)
+    except ConfigError as e:
+        print(f"automq-py {command}: {e}", file=sys.stderr)
+        return None
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        config = BrokerConfig.load(args.config, args.override, args.s3_url, env=os.environ)
-    except ConfigError as e:
-        print(f"automq-py serve: {e}", file=sys.stderr)
+    config = load_config(args, "serve")
+    if config is None:
         return 2
     # Kafka logs its effective configuration at start-up; secrets are hidden.
     log.info(
