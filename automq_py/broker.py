@@ -16,6 +16,7 @@ from automq_py.apis import KafkaApis
 from automq_py.apis.context import BrokerContext
 from automq_py.config import BrokerConfig
 from automq_py.coordinator.group_coordinator import GroupConfig, GroupCoordinator
+from automq_py.maintenance import Maintenance
 from automq_py.network.server import SocketServer
 from automq_py.replica_manager import ReplicaManager
 from automq_py.topics import TopicRegistry
@@ -31,6 +32,7 @@ class Broker:
         self.replicas: ReplicaManager | None = None
         self.server: SocketServer | None = None
         self.groups: GroupCoordinator | None = None
+        self.maintenance: Maintenance | None = None
 
     async def start(self) -> None:
         config = self.config
@@ -60,6 +62,9 @@ class Broker:
             idle_timeout_s=config.connections_max_idle_ms / 1000,
         )
         await self.server.start(listener.host or "0.0.0.0", listener.port)
+        own_host = listener.host if listener.host not in ("", "0.0.0.0", "::") else "127.0.0.1"
+        self.maintenance = Maintenance(config, f"{own_host}:{listener.port}")
+        self.maintenance.start()
         log.info(
             "automq-py broker %d of cluster %s serving on %s:%d",
             config.node_id,
@@ -69,6 +74,8 @@ class Broker:
         )
 
     async def stop(self) -> None:
+        if self.maintenance is not None:
+            await self.maintenance.stop()
         if self.groups is not None:
             await self.groups.stop()
         if self.server is not None:

@@ -198,6 +198,13 @@ class BrokerConfig:
     log_retention_bytes: int = _prop(
         "log.retention.bytes", -1, "long", None, "bytes kept per partition (-1: no limit)"
     )
+    log_retention_check_interval_ms: int = _prop(
+        "log.retention.check.interval.ms",
+        300_000,
+        "long",
+        1,
+        "how often retention runs (then GC of objects)",
+    )
     log_segment_bytes: int = _prop(
         "log.segment.bytes", 1 << 30, "int", 14, "roll a segment at this size"
     )

@@ -11,6 +11,12 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 _BUCKET_ID = re.compile(r"^\d+@")
+# properties for which 0 means "at once" (or, for node.id, the first node)
+_ZERO_ALLOWED = (
+    "node.id",
+    "s3.object.delete.retention.minutes",
+    "s3.object.gc.orphan.min.age.minutes",
+)
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -67,6 +73,58 @@ class S3StreamConfig:
         "s3.request.retry.timeout.ms", 120_000, "how long a failing request is retried"
     )
 
+    sso_compaction_interval_minutes: float = _prop(
+        "s3.stream.set.object.compaction.interval.minutes",
+        20.0,
+        "how often the broker compacts its Stream Set Objects",
+    )
+    sso_compaction_cache_size: int = _prop(
+        "s3.stream.set.object.compaction.cache.size",
+        200 * MiB,
+        "bytes of data one SSO compaction iteration reads into memory",
+    )
+    sso_compaction_split_size: int = _prop(
+        "s3.stream.set.object.compaction.stream.split.size",
+        8 * MiB,
+        "a stream run this large leaves the compacted SSO as a Stream Object",
+    )
+    sso_compaction_force_split_minutes: float = _prop(
+        "s3.stream.set.object.compaction.force.split.minutes",
+        120.0,
+        "SSOs older than this are split into Stream Objects",
+    )
+    sso_compaction_max_num: int = _prop(
+        "s3.stream.set.object.compaction.max.num",
+        500,
+        "most SSOs one compaction run takes",
+    )
+    so_compaction_interval_minutes: float = _prop(
+        "s3.stream.object.compaction.interval.minutes",
+        60.0,
+        "how often the broker merges small Stream Objects",
+    )
+    so_compaction_max_size: int = _prop(
+        "s3.stream.object.compaction.max.size.bytes",
+        GiB,
+        "largest Stream Object that SO compaction makes",
+    )
+    object_delete_retention_minutes: float = _prop(
+        "s3.object.delete.retention.minutes",
+        10.0,
+        "how long a compacted or trimmed object stays readable before it is deleted",
+    )
+    gc_orphan_min_age_minutes: float = _prop(
+        "s3.object.gc.orphan.min.age.minutes",
+        60.0,
+        "an object no metadata names is deleted only once it is this old",
+    )
+    maintenance_runner: str = _prop(
+        "s3.maintenance.runner",
+        "auto",
+        "who runs compaction, retention and GC: auto (Spark if a JVM and pyspark are there, "
+        "else in-process), spark, local (in-process) or none",
+    )
+
     @property
     def namespace(self) -> str:
         return f"_kafka_{self.cluster_id}"
@@ -94,12 +152,20 @@ class S3StreamConfig:
                     raise ConfigError(f"unknown property {name!r}")
                 continue
             attr, default, _ = known[name]
-            if isinstance(default, int):
+            value: Any
+            if isinstance(default, float):  # minutes, fractions allowed
                 try:
-                    value: Any = int(str(raw).strip())
+                    value = float(str(raw).strip())
+                except ValueError:
+                    raise ConfigError(f"{name}: expected a number, got {raw!r}") from None
+                if not 0 <= value <= 1e9 or (value == 0 and name not in _ZERO_ALLOWED):
+                    raise ConfigError(f"{name}: must be positive, got {raw!r}")
+            elif isinstance(default, int):
+                try:
+                    value = int(str(raw).strip())
                 except ValueError:
                     raise ConfigError(f"{name}: expected an integer, got {raw!r}") from None
-                if value < 0 or (value == 0 and name != "node.id"):
+                if value < 0 or (value == 0 and name not in _ZERO_ALLOWED):
                     raise ConfigError(f"{name}: must be positive, got {value}")
             else:
                 value = str(raw).strip()
@@ -126,6 +192,11 @@ class S3StreamConfig:
             raise ConfigError(
                 f"s3.wal.upload.threshold ({self.wal_upload_threshold}) must be at most half of "
                 f"s3.wal.capacity ({self.wal_capacity}) so appends continue during an upload"
+            )
+        if self.maintenance_runner not in ("auto", "spark", "local", "none"):
+            raise ConfigError(
+                f"s3.maintenance.runner must be auto, spark, local or none, got "
+                f"{self.maintenance_runner!r}"
             )
         data = self.object_store_url
         if not (data.startswith("file://") or data.startswith("s3://")):

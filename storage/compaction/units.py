@@ -349,15 +349,19 @@ async def _compact_so(unit: SOCompactionUnit, store: ObjectStore) -> CompactionR
 @dataclass(slots=True, frozen=True)
 class ListUnit:
     store: StoreSpec
-    prefix: str
+    prefixes: tuple[str, ...]
 
 
 def list_keys(unit: ListUnit) -> list[ObjectInfo]:
-    """Every key under ``unit.prefix`` in this cluster's namespace."""
+    """Every key under the unit's prefixes (listed concurrently) in this cluster's namespace."""
     marker = f"/{unit.store.namespace}/"
 
     async def body(store: ObjectStore) -> list[ObjectInfo]:
-        return [info async for info in store.list(unit.prefix) if marker in info.key]
+        async def one(prefix: str) -> list[ObjectInfo]:
+            return [info async for info in store.list(prefix) if marker in info.key]
+
+        parts = await asyncio.gather(*(one(p) for p in unit.prefixes))
+        return [info for part in parts for info in part]
 
     return _run(unit.store, body)[0]
 

@@ -1,0 +1,201 @@
+"""The broker's own maintenance: compaction, retention and object GC on AutoMQ's intervals.
+
+A broker nobody tends must stay bounded, so it runs the same jobs as ``automq-py compact|
+retention|gc`` by itself:
+
+===============================  =====================================================
+job                              every
+===============================  =====================================================
+SSO compaction                   ``s3.stream.set.object.compaction.interval.minutes``
+SO compaction                    ``s3.stream.object.compaction.interval.minutes``
+retention, then GC               ``log.retention.check.interval.ms``
+===============================  =====================================================
+
+``s3.maintenance.runner`` picks who does the work: ``spark`` runs each job as a child process
+(``automq-py <job> --runner spark``: Spark's JVM and the job's memory stay out of the broker),
+``local`` runs the job's units on a worker thread of this process with its own event loop,
+``auto`` takes ``spark`` when pyspark and a JVM are there, else ``local``; ``none`` disables
+maintenance. Either way the job talks to this broker over its own listener, like any client,
+so produce and fetch are served meanwhile. A failed run is logged and retried next interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import logging
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+
+from automq_py.config import BrokerConfig
+
+log = logging.getLogger("automq.maintenance")
+
+MINUTE_S = 60.0
+JOB_TIMEOUT_S = 3600.0
+LOCAL_WORKERS = 4  # threads for the units of an in-process job (they wait on I/O)
+
+
+class Maintenance:
+    """Schedules the jobs against the broker listening at ``bootstrap``."""
+
+    def __init__(self, config: BrokerConfig, bootstrap: str) -> None:
+        self.config = config
+        self.bootstrap = bootstrap
+        self.runner = _resolve_runner(config.storage.maintenance_runner)
+        self.runs: dict[str, int] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._lock = asyncio.Lock()  # one job at a time: they share the bucket and controller
+        self._properties_file: str | None = None
+
+    def start(self) -> None:
+        storage = self.config.storage
+        if self.runner == "none":
+            log.warning(
+                "maintenance is off (s3.maintenance.runner=none): objects are never "
+                "compacted, trimmed or deleted"
+            )
+            return
+        schedule = {
+            "compact-sso": storage.sso_compaction_interval_minutes * MINUTE_S,
+            "compact-so": storage.so_compaction_interval_minutes * MINUTE_S,
+            "retention": self.config.log_retention_check_interval_ms / 1000,
+        }
+        log.info(
+            "maintenance runner: %s; SSO compaction every %.0fs, SO compaction every %.0fs, "
+            "retention and GC every %.0fs",
+            self.runner,
+            *schedule.values(),
+        )
+        for job, interval in schedule.items():
+            self._tasks.append(asyncio.create_task(self._every(job, interval), name=job))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self._properties_file is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._properties_file)
+            self._properties_file = None
+
+    async def _every(self, job: str, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            await self.run(job)
+
+    async def run(self, job: str) -> None:
+        """Run ``job`` now (``compact-sso``, ``compact-so``, ``retention`` also runs GC)."""
+        async with self._lock:
+            steps = ["retention", "gc"] if job == "retention" else [job]
+            for step in steps:
+                started = time.monotonic()
+                try:
+                    if self.runner == "spark":
+                        await self._run_child(step)
+                    else:
+                        await asyncio.to_thread(self._run_local, step)
+                except Exception as e:
+                    log.warning("maintenance %s failed (retried next interval): %s", step, e)
+                    continue
+                self.runs[step] = self.runs.get(step, 0) + 1
+                log.info("maintenance %s done in %.1fs", step, time.monotonic() - started)
+
+    def _run_local(self, step: str) -> None:
+        """The job's driver on this worker thread, with its own event loop; units on threads."""
+        from spark_jobs import jobs
+        from spark_jobs.runner import LocalRunner
+
+        out = io.StringIO()
+        storage = self.config.storage
+        with LocalRunner(LOCAL_WORKERS) as runner:
+            drivers: dict[str, Callable[[], Awaitable[dict[str, int]]]] = {
+                "compact-sso": lambda: jobs.run_compaction(
+                    storage, self.bootstrap, runner, kind="sso", dry_run=False, out=out
+                ),
+                "compact-so": lambda: jobs.run_compaction(
+                    storage, self.bootstrap, runner, kind="so", dry_run=False, out=out
+                ),
+                "retention": lambda: jobs.run_retention(
+                    storage, self.bootstrap, runner, dry_run=False, out=out
+                ),
+                "gc": lambda: jobs.run_gc(storage, self.bootstrap, runner, dry_run=False, out=out),
+            }
+            counters: dict[str, int] = asyncio.run(drivers[step]())  # type: ignore[arg-type]
+        for line in out.getvalue().splitlines():
+            log.debug("%s: %s", step, line)
+        log.info("maintenance %s: %s", step, _summary(counters))
+
+    async def _run_child(self, step: str) -> None:
+        """``automq-py <job> --runner spark`` with this broker's properties."""
+        command = {
+            "compact-sso": ["compact", "--kind", "sso"],
+            "compact-so": ["compact", "--kind", "so"],
+        }.get(step, [step])
+        args = [
+            sys.executable,
+            "-m",
+            "automq_py",
+            *command,
+            "-c",
+            self._properties(),
+            "--bootstrap-server",
+            self.bootstrap,
+            "--runner",
+            "spark",
+        ]
+        child = await asyncio.create_subprocess_exec(
+            *args,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        try:
+            output, _ = await asyncio.wait_for(child.communicate(), JOB_TIMEOUT_S)
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                child.kill()
+            await child.wait()
+            raise
+        lines = output.decode(errors="replace").splitlines()
+        if child.returncode != 0:
+            raise RuntimeError(f"exit code {child.returncode}: " + " | ".join(lines[-5:]))
+        log.info("maintenance %s: %s", step, lines[-1] if lines else "")
+
+    def _properties(self) -> str:
+        """The broker's given properties in a file only this user can read (it may hold the
+        S3 secret), for the child jobs' ``-c``."""
+        if self._properties_file is None:
+            fd, path = tempfile.mkstemp(prefix="automq-maintenance-", suffix=".properties")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                for key, value in self.config.properties.items():
+                    f.write(f"{_escape(key)}={_escape(value)}\n")
+            self._properties_file = path
+        return self._properties_file
+
+
+def _escape(text: str) -> str:
+    """Java properties escaping of the characters our parser treats specially."""
+    out = text.replace("\\", "\\\\").replace("\n", "\\n").replace("=", "\\=").replace(":", "\\:")
+    return out.replace("#", "\\#").replace("!", "\\!")
+
+
+def _resolve_runner(kind: str) -> str:
+    if kind in ("local", "none", "spark"):
+        return kind
+    from spark_jobs.runner import spark_available
+
+    ok, why = spark_available()
+    log.info("maintenance: %s", f"Spark available ({why})" if ok else f"no Spark ({why})")
+    return "spark" if ok else "local"
+
+
+def _summary(counters: dict[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(counters.items())) or "nothing to do"
