@@ -15,6 +15,8 @@ Decoding paths:
 
 * Produce (api_key 0, v3-v13) is parsed by ``produce.decode_produce_request`` so that
   record bytes stay views into the frame; its body is a ``ProduceRequestData``.
+* The controller's extension APIs (AutoMQ's 5xx/6xx keys and automq-py's 1000+), which kio
+  does not have, use request header v2 and are read by ``extensions``; their body is a dict.
 * Every other API is read by ``entity_reader.read_entity`` from kio's schema classes
   (kio's native whole-entity reader is unsafe on untrusted input: see that module).
 
@@ -32,7 +34,7 @@ from kio.index import KioIndexError, load_request_schema, load_response_schema
 from kio.serial import entity_writer
 from kio.static.protocol import Entity
 
-from protocol import headers, produce, wire
+from protocol import extensions, headers, produce, wire
 from protocol.entity_reader import read_entity
 from protocol.errors import InvalidRequestError, ProtocolError, UnsupportedVersionError
 from protocol.framing import SIZE
@@ -48,8 +50,8 @@ SupportedVersions = Mapping[int, tuple[int, int]]
 class Request:
     """A decoded request: its header and body.
 
-    ``body`` is a kio request payload (``kio.schema.<api>.v<N>.request.<Name>Request``)
-    or, for Produce, a ``produce.ProduceRequestData``.
+    ``body`` is a kio request payload (``kio.schema.<api>.v<N>.request.<Name>Request``),
+    for Produce a ``produce.ProduceRequestData``, for an extension API a dict (``extensions``).
     """
 
     header: RequestHeader
@@ -80,14 +82,17 @@ def decode_request(frame: wire.Buffer, supported: SupportedVersions | None = Non
     """Decode one request frame (size prefix stripped).
 
     ``supported`` limits the accepted API keys/versions (the broker's table);
-    without it, everything kio has a schema for is accepted (Produce: v3+).
+    without it, everything kio or ``extensions`` has a schema for is accepted (Produce: v3+).
     """
     api_key, api_version, correlation_id = headers.peek_request_ids(frame)
     if supported is not None:
         bounds = supported.get(api_key)
         if bounds is None or not bounds[0] <= api_version <= bounds[1]:
             raise UnsupportedVersionError(api_key, api_version, correlation_id)
-    header_version = headers.request_header_version(api_key, api_version)
+    if extensions.serves(api_key, api_version):
+        header_version: int | None = extensions.REQUEST_HEADER_VERSION
+    else:
+        header_version = headers.request_header_version(api_key, api_version)
     if header_version is None or (api_key == PRODUCE and api_version < produce.MIN_VERSION):
         raise UnsupportedVersionError(api_key, api_version, correlation_id)
     view = memoryview(frame)
@@ -113,6 +118,8 @@ def decode_request(frame: wire.Buffer, supported: SupportedVersions | None = Non
 def _decode_body(view: memoryview, pos: int, api_key: int, api_version: int) -> Any:
     if api_key == PRODUCE:
         return produce.decode_produce_request(view, pos, api_version)
+    if extensions.serves(api_key, api_version):
+        return extensions.decode_request_body(api_key, api_version, view, pos)
     body, _ = read_entity(load_request_schema(api_key, api_version), view, pos)
     return body
 

@@ -14,6 +14,7 @@ from typing import Any
 from automq_py.apis import (
     cluster,
     configs,
+    controller,
     coordinator,
     fetch,
     groups,
@@ -45,6 +46,7 @@ MODULES = (
     producer,
     coordinator,
     groups,
+    controller,
 )
 
 

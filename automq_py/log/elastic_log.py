@@ -53,6 +53,7 @@ from automq_py.producer_state import InvalidProducerSnapshotError, ProducerState
 from protocol.record_batch import InvalidRecordBatchError, parse_header
 from storage.errors import OffsetOutOfRangeError, StreamClosedError
 from storage.metadata.manager import MetadataManager
+from storage.retention import SegmentInfo
 from storage.stream import S3Stream, StreamClient
 
 log = logging.getLogger(__name__)
@@ -358,6 +359,13 @@ class ElasticLog:
     def segments(self) -> list[ElasticStreamSegmentMeta]:
         """The segments as ``LOG`` would record them now, in offset order."""
         return [s.meta() for s in self._segments]
+
+    def segment_infos(self) -> list[SegmentInfo]:
+        """Each segment's offsets, size and largest timestamp, oldest first (for retention)."""
+        return [
+            SegmentInfo(s.base_offset, s.next_offset, s.size, s.largest_timestamp)
+            for s in self._segments
+        ]
 
     @property
     def leader_epoch_cache(self) -> LeaderEpochCache:

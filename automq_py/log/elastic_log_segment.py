@@ -79,6 +79,13 @@ class ElasticLogSegment:
         """The largest batch max timestamp in the segment (-1 if none)."""
         return self.time_index.max_so_far.timestamp
 
+    @property
+    def largest_timestamp(self) -> int:
+        """Kafka's ``LogSegment.largestTimestamp``: the largest timestamp, or the last-modified
+        time when no batch carries one (what ``retention.ms`` measures a segment's age by)."""
+        ts = self.max_timestamp
+        return ts if ts >= 0 else self.last_modified_timestamp
+
     def meta(self) -> ElasticStreamSegmentMeta:
         """The segment's meta as the ``LOG`` value records it now."""
         return ElasticStreamSegmentMeta(
