@@ -30,6 +30,9 @@ class BrokerProcess:
             "listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
             # the WAL file is preallocated: 2 GiB per test broker would fill CI's disk
             "s3.wal.capacity": str(256 << 20),
+            # the broker's own compaction/retention/GC (a Spark JVM every interval) only where
+            # a test asks for it: on two cores it would compete with the clients under test
+            "s3.maintenance.runner": "none",
             **(overrides or {}),
         }
         self.log_path = data_dir.parent / f"{data_dir.name}-broker.log"
