@@ -11,7 +11,10 @@ iterations, each reading at most ``cache_size`` bytes of data blocks, that toget
   minutes``), one Stream Object per run of a stream in it, whatever its size, so that old data
   never stays mixed with other streams.
 
-Blocks of deleted streams, and blocks wholly below their stream's start offset, are dropped.
+Blocks of deleted streams, and blocks wholly below their stream's start offset, are dropped. A
+block that holds a stream's start offset is read whole and its batches below the start are left
+out of the output (``CompactionPlan.start_offsets``): a block rewritten by an earlier compaction
+can hold much of a stream, and retention must not wait for all of it to expire.
 Each iteration's reads are grouped per source object and adjacent blocks merged into one ranged
 GET. A block larger than ``cache_size`` gets an iteration of its own.
 """
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from storage.object_format import DataBlockIndex
 
@@ -106,7 +109,9 @@ class CompactionPlan:
 
     compacted_object_ids: tuple[int, ...]
     iterations: tuple[Iteration, ...]
-    dropped_bytes: int  # blocks of deleted or trimmed streams, not rewritten
+    dropped_bytes: int  # of deleted or trimmed streams (estimated for blocks cut at a start)
+    # streams with a block that holds their start offset: batches ending at or below it go
+    start_offsets: Mapping[int, int] = field(default_factory=dict)
 
     @property
     def stream_object_count(self) -> int:
@@ -162,8 +167,9 @@ def plan_compaction(
     dropped = 0
     merged: list[PlannedBlock] = []
     split: list[list[PlannedBlock]] = []
+    cut: dict[int, int] = {}
     for source in sources:
-        kept, gone = _live_blocks(source, start_offsets)
+        kept, gone = _live_blocks(source, start_offsets, cut)
         dropped += gone
         if source.data_time_ms < force_split_before_ms:
             split.extend(_runs(kept))
@@ -180,20 +186,28 @@ def plan_compaction(
         compacted_object_ids=tuple(s.object_id for s in sources),
         iterations=tuple(_iterations(pieces, cache_size)),
         dropped_bytes=dropped,
+        start_offsets=cut,
     )
 
 
 def _live_blocks(
-    source: SourceObject, start_offsets: Mapping[int, int]
+    source: SourceObject, start_offsets: Mapping[int, int], cut: dict[int, int]
 ) -> tuple[list[PlannedBlock], int]:
+    """The blocks of ``source`` holding data at or above their stream's start, and the bytes
+    left out (whole blocks, plus an estimate by offsets for blocks cut at the start; those
+    streams go into ``cut``)."""
     kept: list[PlannedBlock] = []
     dropped = 0
     for block in source.index:
         start = start_offsets.get(block.stream_id)
         if start is None or block.end_offset <= start:
             dropped += block.size
-        else:
-            kept.append(PlannedBlock(source.object_id, block))
+            continue
+        kept.append(PlannedBlock(source.object_id, block))
+        if block.start_offset < start:
+            cut[block.stream_id] = start
+            span = max(block.end_offset_delta, 1)
+            dropped += block.size * (start - block.start_offset) // span
     return kept, dropped
 
 
@@ -216,8 +230,9 @@ def _runs(blocks: Iterable[PlannedBlock]) -> list[list[PlannedBlock]]:
 def _worth_it(
     sources: Sequence[SourceObject], pieces: Sequence[tuple[str, list[PlannedBlock]]], dropped: int
 ) -> bool:
-    """A single source that would be rewritten as it is is left alone."""
-    if len(sources) > 1 or dropped:
+    """A single source that would be rewritten as it is is left alone, and so is one that would
+    lose under a tenth of its bytes (a rewrite per retention step would cost more)."""
+    if len(sources) > 1 or (sources and dropped * 10 >= sources[0].object_size):
         return True
     return any(kind == SO for kind, _ in pieces)
 

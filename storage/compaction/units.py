@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -174,18 +174,18 @@ async def _compact_sso(unit: SSOCompactionUnit, store: ObjectStore) -> Compactio
                     so_id = next(ids)
                     upload = store.upload(spec.key(so_id))
                     uploads.append(upload)
-                    size = await _write_object(upload, spec, output.blocks, where)
+                    size, start = await _write_object(
+                        upload, spec, output.blocks, where, plan.start_offsets
+                    )
                     written.append(upload.key)
                     written_bytes += size
                     stream_objects.append(
-                        CommitStreamObject(
-                            so_id, output.stream_id, output.start_offset, output.end_offset, size
-                        )
+                        CommitStreamObject(so_id, output.stream_id, start, output.end_offset, size)
                     )
                 else:
                     assert sso_upload is not None
                     for b in output.blocks:
-                        sso.add_all(_decode(where, b, spec))
+                        sso.add_all(_decode(where, b, spec, plan.start_offsets))
                         await sso_upload.write(sso.drain())
             del data, where  # this iteration's memory goes before the next one's reads
         sso_size = 0
@@ -220,8 +220,12 @@ async def _compact_sso(unit: SSOCompactionUnit, store: ObjectStore) -> Compactio
 
 
 def _decode(
-    where: dict[tuple[int, int], tuple[memoryview, int]], b: PlannedBlock, spec: StoreSpec
+    where: dict[tuple[int, int], tuple[memoryview, int]],
+    b: PlannedBlock,
+    spec: StoreSpec,
+    start_offsets: Mapping[int, int],
 ) -> list[object_format.StreamRecordBatch]:
+    """The batches of block ``b``, less those that end at or below their stream's start."""
     view, offset = where[(b.object_id, b.block.start_position)]
     try:
         batches, end = object_format.decode_block(view[offset : offset + b.size])
@@ -231,6 +235,9 @@ def _decode(
         raise CorruptObjectError(
             f"object {spec.key(b.object_id)}: block at {b.block.start_position} mismatches index"
         )
+    start = start_offsets.get(b.block.stream_id, -1)
+    if b.block.start_offset < start:
+        batches = [x for x in batches if x.last_offset > start]
     return batches
 
 
@@ -239,15 +246,21 @@ async def _write_object(
     spec: StoreSpec,
     blocks: Sequence[PlannedBlock],
     where: dict[tuple[int, int], tuple[memoryview, int]],
-) -> int:
-    """Write ``blocks`` as one whole object, uploading parts as they fill."""
+    start_offsets: Mapping[int, int],
+) -> tuple[int, int]:
+    """Write ``blocks`` (one stream's) as one whole object, uploading parts as they fill; its
+    size and first offset."""
     writer = ObjectWriter(spec.block_size)
+    first = -1
     for b in blocks:
-        writer.add_all(_decode(where, b, spec))
+        batches = _decode(where, b, spec, start_offsets)
+        if first < 0 and batches:
+            first = batches[0].base_offset
+        writer.add_all(batches)
         await upload.write(writer.drain())
     built = writer.finish()
     await upload.write(built.parts)
-    return await upload.finish()
+    return await upload.finish(), first
 
 
 async def _get_exact(store: ObjectStore, key: str, start: int, end: int) -> bytes:

@@ -30,13 +30,19 @@ Record = tuple[int, int, bytes, bytes]  # partition, offset, key, value
 SMALL_UPLOADS = {"s3.wal.upload.interval.ms": "200", "s3.maintenance.runner": "none"}
 
 
-def run_job(broker: BrokerProcess, *args: str, timeout: float = 300) -> str:
-    """``automq-py <args>`` with the broker's own configuration, through Spark."""
+def job_command(broker: BrokerProcess, *args: str, **overrides: str) -> list[str]:
+    """``automq-py <args>`` with the broker's own configuration (plus ``overrides``), through
+    Spark unless ``args`` name a runner."""
     command = [sys.executable, "-m", "automq_py", *args, "--bootstrap-server", broker.bootstrap]
     if "--runner" not in args:
         command += ["--runner", "spark", "--master", "local[2]"]
-    for key, value in broker.overrides.items():
+    for key, value in {**broker.overrides, **overrides}.items():
         command += ["--override", f"{key}={value}"]
+    return command
+
+
+def run_job(broker: BrokerProcess, *args: str, timeout: float = 300) -> str:
+    command = job_command(broker, *args)
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
@@ -59,6 +65,20 @@ def describe(broker: BrokerProcess) -> MetadataImage:
             return (await client.describe_s3_metadata())[0]
 
     return asyncio.run(go())
+
+
+def settled(broker: BrokerProcess) -> MetadataImage:
+    """The metadata once the broker has uploaded what its WAL held: nothing new committed for a
+    second (five upload intervals), so what changes next is the job's doing."""
+    image = describe(broker)
+    deadline = time.monotonic() + 60
+    while True:
+        time.sleep(1.0)
+        again = describe(broker)
+        if again == image:
+            return image
+        assert time.monotonic() < deadline, "the broker never stopped uploading"
+        image = again
 
 
 def live_objects(image: MetadataImage) -> int:
@@ -161,7 +181,7 @@ def test_compaction_of_200_partitions_cuts_objects_and_keeps_every_record(
         broker.bootstrap, "many", rounds=30, partitions=200, per_partition=3, size=300, pause=0.3
     )
     ends = {p: 1 + max(o for q, o, _, _ in produced if q == p) for p in range(200)}
-    before = describe(broker)
+    before = settled(broker)
     keys_before = len(bucket(broker))
 
     dry = run_job(broker, "compact", "--kind", "sso", "--dry-run")
@@ -194,32 +214,21 @@ def test_killed_job_loses_nothing_and_gc_removes_its_objects(
         broker.bootstrap, "kill", rounds=12, partitions=8, per_partition=20, size=2000, pause=0.3
     )
     ends = {p: 1 + max(o for q, o, _, _ in produced if q == p) for p in range(8)}
-    before = describe(broker)
+    before = settled(broker)
     first_new = before.next_id("object_id")
     spec = spec_of(broker)
 
-    command = [
-        sys.executable,
-        "-m",
-        "automq_py",
+    command = job_command(
+        broker,
         "compact",
         "--kind",
         "sso",
-        "--bootstrap-server",
-        broker.bootstrap,
-        "--runner",
-        "spark",
-        "--master",
-        "local[2]",
-    ]
-    overrides = {
-        **broker.overrides,
-        "s3.stream.set.object.compaction.cache.size": str(64 << 10),
-        "s3.stream.set.object.compaction.stream.split.size": str(32 << 10),
-        "s3.object.prepare.ttl.ms": "2000",
-    }
-    for key, value in overrides.items():
-        command += ["--override", f"{key}={value}"]
+        **{
+            "s3.stream.set.object.compaction.cache.size": str(64 << 10),
+            "s3.stream.set.object.compaction.stream.split.size": str(32 << 10),
+            "s3.object.prepare.ttl.ms": "2000",
+        },
+    )
     job = subprocess.Popen(
         command,
         cwd=REPO,
@@ -236,9 +245,12 @@ def test_killed_job_loses_nothing_and_gc_removes_its_objects(
     finally:
         os.killpg(job.pid, signal.SIGKILL)  # the driver, Spark's JVM and its Python workers
         job.wait()
-    written = [i.key for i in bucket(broker) if _id(i, spec) >= first_new]
-    assert written, "the job wrote nothing before it was killed"
     after = describe(broker)
+    committed = {i for i, o in after.objects.items() if o.state is ObjectState.COMMITTED}
+    written = [
+        i.key for i in bucket(broker) if _id(i, spec) >= first_new and _id(i, spec) not in committed
+    ]
+    assert written, "the job wrote nothing before it was killed"
     old = {sso.object_id for n in before.nodes.values() for sso in n.stream_set_objects}
     kept = {sso.object_id for n in after.nodes.values() for sso in n.stream_set_objects}
     assert old <= kept  # nothing was committed: every source is still there
@@ -325,7 +337,7 @@ def test_broker_keeps_its_bucket_bounded_by_itself(make_broker: MakeBroker) -> N
     samples: list[tuple[float, int, int]] = []
     written = 0
     started = time.monotonic()
-    while time.monotonic() - started < 60:
+    while time.monotonic() - started < 75:
         for _ in range(100):
             producer.produce("steady", os.urandom(1000))
             written += 1000
@@ -341,5 +353,7 @@ def test_broker_keeps_its_bucket_bounded_by_itself(make_broker: MakeBroker) -> N
     assert "maintenance compact-sso done" in broker.log_path.read_text()
     late = samples[len(samples) * 2 // 3 :]
     assert max(n for _, n, _ in late) <= 40
-    # 3 s retained, plus the delays of rolls, checks, compaction and GC: far below 60 s written
-    assert max(b for _, _, b in late) <= written * 8 // 10
+    # 3 s retained, plus the delays of rolls, checks, compaction and GC (a few seconds of data
+    # each): far below the 75 s written. Compaction that kept whole blocks holding a stream's
+    # start held on to most of what was written (58-88% measured here).
+    assert max(b for _, _, b in late) <= written // 2

@@ -105,11 +105,22 @@ def test_seed_002_worked_example() -> None:
 
 def test_trimmed_and_deleted_streams_are_dropped() -> None:
     sources = [sso(0, (0, 0, 10), (0, 10, 20), (1, 0, 10)), sso(1, (0, 20, 30), (5, 0, 10))]
-    # stream 0 starts at 15: block 0-10 goes, 10-20 stays whole; stream 5 was deleted
+    # stream 0 starts at 15: block 0-10 goes, 10-20 is read and cut at 15 (about half of it
+    # goes); stream 5 was deleted
     plan = plan_compaction(sources, {0: 15, 1: 0}, split_size=1000, cache_size=1000)
     assert plan is not None
-    assert plan.dropped_bytes == 20
+    assert plan.dropped_bytes == 10 + 5 + 10
+    assert plan.start_offsets == {0: 15}
     assert described(plan)[0]["writes"] == [(SSO, (0, 10, 20), (0, 20, 30), (1, 0, 10))]
+
+
+def test_a_lone_source_is_rewritten_only_for_a_tenth_of_its_bytes() -> None:
+    """A compacted SSO whose streams' starts moved into its blocks: rewritten once the cut
+    data reaches a tenth of it, not at every retention step."""
+    lone = [sso(0, (0, 0, 100), (1, 0, 100))]  # 248 bytes, 1 byte per offset
+    assert plan_compaction(lone, {0: 24, 1: 0}, split_size=1000, cache_size=1000) is None
+    plan = plan_compaction(lone, {0: 25, 1: 0}, split_size=1000, cache_size=1000)
+    assert plan is not None and plan.start_offsets == {0: 25} and plan.dropped_bytes == 25
 
 
 def test_gaps_cut_runs() -> None:

@@ -124,6 +124,36 @@ def test_sso_compaction_rewrites_everything_byte_identical(spec: StoreSpec) -> N
     assert len(list_keys(ListUnit(spec, ("",)))) == 10 + 1 + len(result.stream_objects)
 
 
+def test_blocks_cut_at_a_start_offset_lose_the_batches_below_it(spec: StoreSpec) -> None:
+    """One earlier compaction left each stream in one block; their starts moved into those
+    blocks. The rewrite keeps exactly the batches that end above each start, in the SSO and in
+    a Stream Object (whose start offset is its first kept batch's)."""
+    small = [batch(0, o, 2_000) for o in range(20)]
+    large = [batch(1, o, 50_000) for o in range(20)]
+    size = put_object(spec, 0, small + large)
+    other = put_object(spec, 1, [batch(0, 20, 2_000)])
+    indexes = read_indexes(IndexReadUnit(spec, ((0, size), (1, other))))
+    assert len([b for b in indexes[0] if b.stream_id == 0]) == 1  # one block holds stream 0
+    sources = [SourceObject(0, size, 0, 0, indexes[0]), SourceObject(1, other, 1, 0, indexes[1])]
+    plan = plan_compaction(sources, {0: 12, 1: 5}, split_size=256 << 10, cache_size=4 * MiB)
+    assert plan is not None and plan.start_offsets == {0: 12, 1: 5}
+
+    result = compact_stream_set_objects(SSOCompactionUnit(spec, plan, 100))
+
+    assert [(r.stream_id, r.start_offset, r.end_offset) for r in result.ranges] == [(0, 12, 21)]
+    assert [(so.stream_id, so.start_offset, so.end_offset) for so in result.stream_objects] == [
+        (1, 5, 20)
+    ]
+    assert read_stream(spec, [(100, result.object_size)], 0) == [
+        bytes(b.payload) for b in small[12:]
+    ] + [read_stream(spec, [(1, other)], 0)[0]]
+    so = result.stream_objects[0]
+    assert read_stream(spec, [(so.object_id, so.object_size)], 1) == [
+        bytes(b.payload) for b in large[5:]
+    ]
+    assert result.read_bytes > result.written_bytes  # the cut batches were read, not written
+
+
 @pytest.mark.parametrize("large", [True, False])
 def test_so_compaction_copies_large_sources_and_rewrites_small_ones(
     spec: StoreSpec, large: bool
