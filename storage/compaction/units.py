@@ -20,6 +20,7 @@ expire; nothing else refers to them.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import dataclasses
 import logging
@@ -29,7 +30,7 @@ from typing import TypeVar
 
 from storage import object_format
 from storage.block_cache import BlockCache
-from storage.compaction.analyzer import SO, CompactionPlan, PlannedBlock
+from storage.compaction.analyzer import SO, CompactionPlan, PlannedBlock, ReadRange
 from storage.compaction.stream_objects import StreamObjectGroup
 from storage.config import S3StreamConfig
 from storage.metadata.model import CommitRange, CommitStreamObject
@@ -162,13 +163,7 @@ async def _compact_sso(unit: SSOCompactionUnit, store: ObjectStore) -> Compactio
                 *(_get_exact(store, spec.key(r.object_id), r.start, r.end) for r in iteration.reads)
             )
             read_bytes += sum(len(d) for d in data)
-            where: dict[tuple[int, int], tuple[memoryview, int]] = {}
-            for read, buf in zip(iteration.reads, data, strict=True):
-                for b in read.blocks:
-                    where[(b.object_id, b.block.start_position)] = (
-                        memoryview(buf),
-                        b.block.start_position - read.start,
-                    )
+            where = _ReadBuffers(iteration.reads, data)
             for output in iteration.outputs:
                 if output.kind == SO:
                     so_id = next(ids)
@@ -219,16 +214,33 @@ async def _compact_sso(unit: SSOCompactionUnit, store: ObjectStore) -> Compactio
     )
 
 
+class _ReadBuffers:
+    """Where each block of an iteration lies in what its ranged GETs returned. One entry per
+    read, not per block: an iteration of small blocks can hold tens of thousands of them."""
+
+    def __init__(self, reads: Sequence[ReadRange], data: Sequence[bytes]) -> None:
+        self._by_object: dict[int, tuple[list[int], list[memoryview]]] = {}
+        for read, buf in sorted(zip(reads, data, strict=True), key=lambda rd: rd[0].start):
+            starts, views = self._by_object.setdefault(read.object_id, ([], []))
+            starts.append(read.start)
+            views.append(memoryview(buf))
+
+    def block(self, b: PlannedBlock) -> memoryview:
+        starts, views = self._by_object[b.object_id]
+        i = bisect.bisect_right(starts, b.block.start_position) - 1
+        offset = b.block.start_position - starts[i]
+        return views[i][offset : offset + b.size]
+
+
 def _decode(
-    where: dict[tuple[int, int], tuple[memoryview, int]],
+    where: _ReadBuffers,
     b: PlannedBlock,
     spec: StoreSpec,
     start_offsets: Mapping[int, int],
 ) -> list[object_format.StreamRecordBatch]:
     """The batches of block ``b``, less those that end at or below their stream's start."""
-    view, offset = where[(b.object_id, b.block.start_position)]
     try:
-        batches, end = object_format.decode_block(view[offset : offset + b.size])
+        batches, end = object_format.decode_block(where.block(b))
     except CorruptObjectError as e:
         raise CorruptObjectError(f"object {spec.key(b.object_id)}: {e}") from e
     if end != b.size or not batches or batches[0].stream_id != b.block.stream_id:
@@ -245,7 +257,7 @@ async def _write_object(
     upload: ObjectUpload,
     spec: StoreSpec,
     blocks: Sequence[PlannedBlock],
-    where: dict[tuple[int, int], tuple[memoryview, int]],
+    where: _ReadBuffers,
     start_offsets: Mapping[int, int],
 ) -> tuple[int, int]:
     """Write ``blocks`` (one stream's) as one whole object, uploading parts as they fill; its

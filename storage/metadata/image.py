@@ -28,6 +28,8 @@ from storage.metadata.model import (
     StreamState,
 )
 
+_MAX = 1 << 63  # above any offset or id
+
 
 def range_order(r: RangeMetadata) -> int:
     """Sort key of a stream's ranges."""
@@ -67,6 +69,12 @@ class MetadataImage:
     objects: dict[int, S3Object] = field(default_factory=dict)
     kv: dict[str, bytes] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
+    # stream id -> sorted (start offset, end offset, object id) of the SSO ranges holding it,
+    # and the SSOs by id: built on the first lookup, then kept current by apply (None: not yet)
+    _sso_ranges: dict[int, list[tuple[int, int, int]]] | None = field(
+        default=None, compare=False, repr=False
+    )
+    _ssos: dict[int, StreamSetObject] = field(default_factory=dict, compare=False, repr=False)
 
     # -- reads -----------------------------------------------------------------------------------
 
@@ -159,18 +167,46 @@ class MetadataImage:
         i = bisect.bisect_right(ranges, offset, key=lambda r: r.start_offset) - 1
         if i < 0 or offset >= ranges[i].end_offset:
             return None
-        node = self.nodes.get(ranges[i].node_id)
-        if node is None:
-            return None
-        key = (stream.stream_id, offset)
-        for sso in node.stream_set_objects:
-            j = bisect.bisect_right(sso.ranges, key, key=offset_range_order) - 1
-            if j < 0:
-                continue
-            held = sso.ranges[j]
-            if held.stream_id == stream.stream_id and held.start_offset <= offset < held.end_offset:
-                return sso, held
+        entries = self._sso_index().get(stream.stream_id, [])
+        # the last SSO range starting at or before ``offset``; earlier ones only while a
+        # compaction's records are half applied (its sources and result overlap)
+        j = bisect.bisect_right(entries, (offset, _MAX, _MAX)) - 1
+        while j >= 0:
+            _, end, object_id = entries[j]
+            if offset < end:
+                sso = self._ssos[object_id]
+                k = bisect.bisect_right(
+                    sso.ranges, (stream.stream_id, offset), key=offset_range_order
+                )
+                return sso, sso.ranges[k - 1]
+            j -= 1
         return None
+
+    def _sso_index(self) -> dict[int, list[tuple[int, int, int]]]:
+        if self._sso_ranges is None:
+            self._sso_ranges, self._ssos = {}, {}
+            for node in self.nodes.values():
+                for sso in node.stream_set_objects:
+                    self._index_sso(sso)
+        return self._sso_ranges
+
+    def _index_sso(self, sso: StreamSetObject) -> None:
+        assert self._sso_ranges is not None
+        self._ssos[sso.object_id] = sso
+        for r in sso.ranges:
+            entries = self._sso_ranges.setdefault(r.stream_id, [])
+            bisect.insort(entries, (r.start_offset, r.end_offset, sso.object_id))
+
+    def _unindex_sso(self, object_id: int) -> None:
+        assert self._sso_ranges is not None
+        sso = self._ssos.pop(object_id, None)
+        if sso is None:
+            return
+        for r in sso.ranges:
+            entries = self._sso_ranges[r.stream_id]
+            entries.remove((r.start_offset, r.end_offset, object_id))
+            if not entries:
+                del self._sso_ranges[r.stream_id]
 
     # -- changes ---------------------------------------------------------------------------------
 
@@ -221,10 +257,15 @@ class MetadataImage:
                 other_ssos = [x for x in n.stream_set_objects if x.object_id != sso.object_id]
                 ssos = tuple(sorted([*other_ssos, sso], key=stream_set_object_order))
                 self.nodes[n.node_id] = replace(n, stream_set_objects=ssos)
+                if self._sso_ranges is not None:
+                    self._unindex_sso(sso.object_id)
+                    self._index_sso(sso)
             case rec.RemoveStreamSetObject(node_id, object_id):
                 n = self.nodes[node_id]
                 left_ssos = tuple(x for x in n.stream_set_objects if x.object_id != object_id)
                 self.nodes[node_id] = replace(n, stream_set_objects=left_ssos)
+                if self._sso_ranges is not None:
+                    self._unindex_sso(object_id)
             case rec.S3ObjectRecord(obj):
                 self.objects[obj.object_id] = obj
             case rec.RemoveS3Object(object_id):

@@ -315,6 +315,9 @@ class MetadataMachine(RuleBasedStateMachine):
             for a, b in itertools.pairwise(found):
                 assert a.end_offset == b.start_offset
             assert found[-1].end_offset == s.end_offset
+            # the lookup index kept up by apply answers as one built afresh would
+            fresh = MetadataImage(self.image.streams, self.image.nodes, self.image.objects)
+            assert fresh.get_objects(s.stream_id, s.start_offset, -1, 10_000) == found
 
     @invariant()
     def counters_are_ahead(self) -> None:
