@@ -11,12 +11,14 @@ SO compaction                    ``s3.stream.object.compaction.interval.minutes`
 retention, then GC               ``log.retention.check.interval.ms``
 ===============================  =====================================================
 
-``s3.maintenance.runner`` picks who does the work: ``spark`` runs each job as a child process
-(``automq-py <job> --runner spark``: Spark's JVM and the job's memory stay out of the broker),
-``local`` runs the job's units on a worker thread of this process with its own event loop,
-``auto`` takes ``spark`` when pyspark and a JVM are there, else ``local``; ``none`` disables
-maintenance. Either way the job talks to this broker over its own listener, like any client,
-so produce and fetch are served meanwhile. A failed run is logged and retried next interval.
+``s3.maintenance.runner`` picks who compacts: ``spark`` runs each compaction as a child process
+(``automq-py compact --runner spark``: Spark's JVM and the job's memory stay out of the broker),
+``local`` runs its units on worker threads of this process with their own event loop, ``auto``
+takes ``spark`` when pyspark and a JVM are there, else ``local``; ``none`` disables
+maintenance. Retention and GC always run in-process: they list, delete and ask the broker to
+trim, work that a JVM per five-minute check would cost far more CPU than it does. Either way
+the job talks to this broker over its own listener, like any client, so produce and fetch are
+served meanwhile. A failed run is logged and retried next interval.
 """
 
 from __future__ import annotations
@@ -46,14 +48,21 @@ class Maintenance:
     def __init__(self, config: BrokerConfig, bootstrap: str) -> None:
         self.config = config
         self.bootstrap = bootstrap
-        self.runner = _resolve_runner(config.storage.maintenance_runner)
+        self.runner = config.storage.maintenance_runner  # "auto" is resolved by start()
         self.runs: dict[str, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._lock = asyncio.Lock()  # one job at a time: they share the bucket and controller
         self._properties_file: str | None = None
 
     def start(self) -> None:
+        """Schedule the jobs (after resolving ``auto``, off the event loop: it runs
+        ``java -version``)."""
+        self._tasks.append(asyncio.create_task(self._schedule(), name="maintenance"))
+
+    async def _schedule(self) -> None:
         storage = self.config.storage
+        if self.runner == "auto":
+            self.runner = await asyncio.to_thread(_resolve_runner, self.runner)
         if self.runner == "none":
             log.warning(
                 "maintenance is off (s3.maintenance.runner=none): objects are never "
@@ -66,8 +75,8 @@ class Maintenance:
             "retention": self.config.log_retention_check_interval_ms / 1000,
         }
         log.info(
-            "maintenance runner: %s; SSO compaction every %.0fs, SO compaction every %.0fs, "
-            "retention and GC every %.0fs",
+            "maintenance: compaction on %s; SSO compaction every %.0fs, SO compaction every "
+            "%.0fs, retention and GC (in-process) every %.0fs",
             self.runner,
             *schedule.values(),
         )
@@ -75,12 +84,13 @@ class Maintenance:
             self._tasks.append(asyncio.create_task(self._every(job, interval), name=job))
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks.clear()
+        while self._tasks:  # the scheduling task may be adding the job tasks meanwhile
+            tasks, self._tasks = self._tasks, []
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._properties_file is not None:
             with contextlib.suppress(OSError):
                 os.unlink(self._properties_file)
@@ -98,7 +108,7 @@ class Maintenance:
             for step in steps:
                 started = time.monotonic()
                 try:
-                    if self.runner == "spark":
+                    if self.runner == "spark" and step.startswith("compact"):
                         await self._run_child(step)
                     else:
                         await asyncio.to_thread(self._run_local, step)

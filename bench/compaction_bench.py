@@ -66,7 +66,7 @@ U = TypeVar("U")
 
 FETCH_MAX_BYTES = MiB  # max.partition.fetch.bytes default
 MIN_DATA_RATIO = 10  # data compacted / memory limit
-FIXED_OVERHEAD_MIB = 4  # "a few MiB" of interpreter, client and plan bookkeeping
+FIXED_OVERHEAD_MIB = 4  # "a few MiB" of bookkeeping, besides the client and the part buffer
 Read = tuple[int, int, bytes]  # (base offset, count, payload) of a batch read back
 
 
@@ -345,7 +345,14 @@ def print_compaction(c: Compaction, cache_size: int, part_size: int, store: str)
     """Print the compaction figures; True if the peak stays within the expected bound."""
     plan, result = c.plan, c.result
     req = result.requests
-    bound = cache_size + 2 * part_size + FIXED_OVERHEAD_MIB * MiB
+    largest = max([result.object_size, *(so.object_size for so in result.stream_objects)])
+    if store == "file":  # no multipart: an upload keeps the whole object until finish
+        upload, what = largest, "the largest new object whole: the file store has no parts"
+    else:  # the part being filled (a full part is sent as it is)
+        upload = min(part_size, largest)
+        what = f"min(part {mib(part_size)}, largest new object {mib(largest)})"
+    # fixed: whatever the data, a unit pays for its S3 client and one part buffer
+    bound = cache_size + upload + c.baseline + FIXED_OVERHEAD_MIB * MiB
     within = c.peak <= bound
     print(
         f"compaction: {c.sources} SSOs, {mb(plan.read_bytes)} read, {mb(result.written_bytes)} "
@@ -361,25 +368,18 @@ def print_compaction(c: Compaction, cache_size: int, part_size: int, store: str)
         f"{mib(c.peak - cache_size)} ({c.peak / cache_size:.1f}x the limit)"
         + (f"; RSS high-water growth {mib(c.rss_growth)}" if c.rss_growth is not None else "")
     )
-    largest = max([result.object_size, *(so.object_size for so in result.stream_objects)])
-    if store == "file":  # no multipart: an upload keeps the whole object until finish
-        upload, what = largest, "the largest new object whole: the file store has no parts"
-    else:  # the pending part (or object), and its joined copy while it is sent
-        upload = 2 * min(part_size, largest)
-        what = f"2 x min(part {mib(part_size)}, largest new object {mib(largest)})"
     rest = c.peak - cache_size - upload - c.baseline
     print(
-        f"memory over the limit: upload buffers {mib(upload)} ({what}), bare unit "
+        f"memory over the limit: upload buffer {mib(upload)} ({what}), bare unit "
         f"{mib(c.baseline)} (store client: a unit reading one index), rest {mib(rest)} "
-        f"(per-block and per-read bookkeeping; {len(plan.iterations)} iterations of "
+        f"(bookkeeping; {len(plan.iterations)} iterations of "
         f"~{plan.block_count // len(plan.iterations)} blocks from "
         f"~{plan.get_count // len(plan.iterations)} ranges)"
     )
-    if not within:
-        print(
-            f"WARNING: unit peak {mib(c.peak)} exceeds limit + 2 x part size + "
-            f"{FIXED_OVERHEAD_MIB} MiB = {mib(bound)} by {mib(c.peak - bound)}"
-        )
+    print(
+        f"memory bound: limit + upload buffer + bare unit + {FIXED_OVERHEAD_MIB} MiB = "
+        f"{mib(bound)}: " + ("within" if within else f"EXCEEDED by {mib(c.peak - bound)}")
+    )
     print(
         f"GETs: {plan.block_count} one per block, {plan.get_count} with adjacent blocks merged "
         f"(planned), {req.get('get', 0)} issued "
@@ -590,8 +590,8 @@ async def run(args: argparse.Namespace) -> int:
                 )
                 if not within:
                     print(
-                        "\nWARNING: the compaction's peak memory is above limit + 2 x part size "
-                        f"+ {FIXED_OVERHEAD_MIB} MiB (see above)"
+                        "\nWARNING: the compaction's peak memory is above limit + upload buffer "
+                        f"+ bare unit + {FIXED_OVERHEAD_MIB} MiB (see above)"
                     )
                 ok = True
             finally:

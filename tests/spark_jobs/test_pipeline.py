@@ -357,3 +357,36 @@ def test_broker_keeps_its_bucket_bounded_by_itself(make_broker: MakeBroker) -> N
     # each): far below the 75 s written. Compaction that kept whole blocks holding a stream's
     # start held on to most of what was written (58-88% measured here).
     assert max(b for _, _, b in late) <= written // 2
+
+
+def test_broker_compacts_through_spark_children_by_itself(make_broker: MakeBroker) -> None:
+    """``s3.maintenance.runner=spark``: the broker runs ``automq-py compact --runner spark`` as
+    a child process on its interval; the small objects become one and every record reads back
+    from object storage, while retention and GC run in-process."""
+    broker = make_broker(
+        **{
+            **SMALL_UPLOADS,
+            "s3.maintenance.runner": "spark",
+            "s3.stream.set.object.compaction.interval.minutes": "0.5",
+            "log.retention.check.interval.ms": "5000",
+        }
+    )
+    create_topic(broker.bootstrap, "tended", 8)
+    produced = produce(
+        broker.bootstrap, "tended", rounds=25, partitions=8, per_partition=10, size=500, pause=0.3
+    )
+    ends = {p: 1 + max(o for q, o, _, _ in produced if q == p) for p in range(8)}
+    objects_before = live_objects(settled(broker))
+    assert objects_before >= 10
+    deadline = time.monotonic() + 180
+    while "maintenance compact-sso: " not in broker.log_path.read_text():
+        assert time.monotonic() < deadline, broker.log_tail()
+        time.sleep(1)
+    log_text = broker.log_path.read_text()
+    assert "compaction on spark" in log_text and "maintenance retention done" in log_text
+    objects_after = live_objects(describe(broker))
+    print(f"\nobjects {objects_before} -> {objects_after} (Spark child of the broker)")
+    assert objects_after * 5 <= objects_before
+    broker.stop()
+    broker.start()
+    assert sorted(consume_all(broker.bootstrap, "tended", 8, ends)) == sorted(produced)
