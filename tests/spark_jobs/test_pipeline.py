@@ -390,3 +390,46 @@ def test_broker_compacts_through_spark_children_by_itself(make_broker: MakeBroke
     broker.stop()
     broker.start()
     assert sorted(consume_all(broker.bootstrap, "tended", 8, ends)) == sorted(produced)
+
+
+def test_stream_objects_of_a_stream_merge(pipeline_broker: BrokerProcess) -> None:
+    """SSO compaction with a small split size makes a Stream Object per partition per run;
+    ``compact --kind so`` merges each partition's into one, and every record reads back from
+    object storage after a restart."""
+    broker = pipeline_broker
+    create_topic(broker.bootstrap, "split", 2)
+    produced: list[Record] = []
+    for _ in range(3):  # three compaction runs: three Stream Objects per partition's log
+        produced += produce(
+            broker.bootstrap,
+            "split",
+            rounds=4,
+            partitions=2,
+            per_partition=20,
+            size=1000,
+            pause=0.3,
+        )
+        settled(broker)
+        command = job_command(
+            broker,
+            "compact",
+            "--kind",
+            "sso",
+            **{"s3.stream.set.object.compaction.stream.split.size": str(16 << 10)},
+        )
+        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+    ends = {p: 1 + max(o for q, o, _, _ in produced if q == p) for p in range(2)}
+
+    def stream_objects() -> list[int]:
+        return sorted(len(s.stream_objects) for s in describe(broker).streams.values())
+
+    before = stream_objects()
+    assert before[-2:] == [3, 3]  # the two partitions' Log streams
+    out = run_job(broker, "compact", "--kind", "so")
+    after = stream_objects()
+    print(f"\nstream objects per stream {before} -> {after}: {out.strip().splitlines()[-1]}")
+    assert after[-2:] == [1, 1]
+    broker.stop()
+    broker.start()
+    assert sorted(consume_all(broker.bootstrap, "split", 2, ends)) == sorted(produced)
