@@ -66,7 +66,7 @@ U = TypeVar("U")
 
 FETCH_MAX_BYTES = MiB  # max.partition.fetch.bytes default
 MIN_DATA_RATIO = 10  # data compacted / memory limit
-FIXED_OVERHEAD_MIB = 4  # "a few MiB" of bookkeeping, besides the client and the part buffer
+FIXED_OVERHEAD_MIB = 4  # "a few MiB" of bookkeeping, besides the client and the part buffers
 Read = tuple[int, int, bytes]  # (base offset, count, payload) of a batch read back
 
 
@@ -348,10 +348,10 @@ def print_compaction(c: Compaction, cache_size: int, part_size: int, store: str)
     largest = max([result.object_size, *(so.object_size for so in result.stream_objects)])
     if store == "file":  # no multipart: an upload keeps the whole object until finish
         upload, what = largest, "the largest new object whole: the file store has no parts"
-    else:  # the part being filled (a full part is sent as it is)
-        upload = min(part_size, largest)
-        what = f"min(part {mib(part_size)}, largest new object {mib(largest)})"
-    # fixed: whatever the data, a unit pays for its S3 client and one part buffer
+    else:  # the part being filled, and its joined copy while it is sent
+        upload = 2 * min(part_size, largest)
+        what = f"2 x min(part {mib(part_size)}, largest new object {mib(largest)})"
+    # fixed: whatever the data, a unit pays for its S3 client and its part buffers
     bound = cache_size + upload + c.baseline + FIXED_OVERHEAD_MIB * MiB
     within = c.peak <= bound
     print(
@@ -370,14 +370,14 @@ def print_compaction(c: Compaction, cache_size: int, part_size: int, store: str)
     )
     rest = c.peak - cache_size - upload - c.baseline
     print(
-        f"memory over the limit: upload buffer {mib(upload)} ({what}), bare unit "
+        f"memory over the limit: upload buffers {mib(upload)} ({what}), bare unit "
         f"{mib(c.baseline)} (store client: a unit reading one index), rest {mib(rest)} "
         f"(bookkeeping; {len(plan.iterations)} iterations of "
         f"~{plan.block_count // len(plan.iterations)} blocks from "
         f"~{plan.get_count // len(plan.iterations)} ranges)"
     )
     print(
-        f"memory bound: limit + upload buffer + bare unit + {FIXED_OVERHEAD_MIB} MiB = "
+        f"memory bound: limit + upload buffers + bare unit + {FIXED_OVERHEAD_MIB} MiB = "
         f"{mib(bound)}: " + ("within" if within else f"EXCEEDED by {mib(c.peak - bound)}")
     )
     print(
@@ -590,7 +590,7 @@ async def run(args: argparse.Namespace) -> int:
                 )
                 if not within:
                     print(
-                        "\nWARNING: the compaction's peak memory is above limit + upload buffer "
+                        "\nWARNING: the compaction's peak memory is above limit + upload buffers "
                         f"+ bare unit + {FIXED_OVERHEAD_MIB} MiB (see above)"
                     )
                 ok = True

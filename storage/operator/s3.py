@@ -14,7 +14,7 @@ import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar
 
 import aiohttp
 import botocore.exceptions
@@ -319,13 +319,12 @@ class S3ObjectStore(ObjectStore):
             )
             await asyncio.sleep(delay)
 
-    async def _put_object(self, key: str, body: bytes | bytearray) -> None:
+    async def _put_object(self, key: str, body: bytes) -> None:
         client = await self._get_client()
 
         async def attempt() -> None:
             self.stats.put += 1
-            # botocore takes a bytearray as it takes bytes (its stubs only say bytes)
-            await client.put_object(Bucket=self.bucket, Key=key, Body=cast(bytes, body))
+            await client.put_object(Bucket=self.bucket, Key=key, Body=body)
             self.stats.bytes_put += len(body)
 
         await self._call("PutObject", key, attempt)
@@ -419,18 +418,14 @@ class S3ObjectStore(ObjectStore):
         return run
 
     async def _upload_part(
-        self, key: str, upload_id: str, number: int, body: bytes | bytearray
+        self, key: str, upload_id: str, number: int, body: bytes
     ) -> CompletedPartTypeDef:
         client = await self._get_client()
 
         async def attempt() -> CompletedPartTypeDef:
             self.stats.part += 1
             response = await client.upload_part(
-                Bucket=self.bucket,
-                Key=key,
-                UploadId=upload_id,
-                PartNumber=number,
-                Body=cast(bytes, body),
+                Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=body
             )
             self.stats.bytes_put += len(body)
             return {"ETag": response["ETag"], "PartNumber": number}
@@ -550,22 +545,22 @@ class S3Upload(ObjectUpload):
         self.store = store
         self.key = key
         self.size = 0
-        # appended in place: the writer's buffers go as soon as they are copied in, and a full
-        # part is sent as it is (a join would hold a second copy of the part)
-        self._pending = bytearray()
+        self._pending: builtins.list[memoryview] = []
+        self._pending_size = 0
         self._upload_id: str | None = None
         self._parts: builtins.list[CompletedPartTypeDef] = []
 
     async def write(self, data: Data) -> None:
         for buffer in as_buffers(data):
-            self._pending += buffer
+            self._pending.append(buffer)
+            self._pending_size += len(buffer)
             self.size += len(buffer)
-        if len(self._pending) >= self.store.part_size:
+        if self._pending_size >= self.store.part_size:
             await self._flush()
 
     async def copy(self, source_key: str, start: int, end: int) -> None:
         check_sources([(source_key, start, end)])
-        if end - start < MIN_PART_SIZE or 0 < len(self._pending) < MIN_PART_SIZE:
+        if end - start < MIN_PART_SIZE or 0 < self._pending_size < MIN_PART_SIZE:
             data = await self.store._get_exact((source_key, start, end))
             await self.write(data)
             return
@@ -581,16 +576,16 @@ class S3Upload(ObjectUpload):
 
     async def finish(self) -> int:
         if self._upload_id is None:
-            await self.store._put_object(self.key, self._pending)
+            await self.store._put_object(self.key, join(self._pending))
         else:
-            if self._pending or not self._parts:
+            if self._pending_size or not self._parts:
                 await self._flush()
             await self.store._complete(self.key, self._upload_id, self.size, self._parts)
-        self._pending = bytearray()
+        self._pending, self._pending_size = [], 0
         return self.size
 
     async def abort(self) -> None:
-        self._pending = bytearray()
+        self._pending, self._pending_size = [], 0
         if self._upload_id is not None:
             await self.store._abort(self.key, self._upload_id)
             self._upload_id = None
@@ -610,10 +605,11 @@ class S3Upload(ObjectUpload):
         return self._upload_id
 
     async def _flush(self) -> None:
-        if not self._pending:
+        if not self._pending_size:
             return
         upload_id = await self._started()
-        body, self._pending = self._pending, bytearray()
+        body = join(self._pending)
+        self._pending, self._pending_size = [], 0
         number = len(self._parts) + 1
         self._parts.append(await self.store._upload_part(self.key, upload_id, number, body))
 
