@@ -250,6 +250,15 @@ class FileWAL:
             raise WALError(f"s3.wal.capacity must be at least {MIN_CAPACITY} bytes, got {capacity}")
         created = not os.path.exists(path)
         if created:
+            # the broker's largest file, reserved in full now: say how big
+            logger.info(
+                "WAL %s: preallocating %d bytes (%.1f MiB: s3.wal.capacity %d + %d header bytes)",
+                path,
+                HEADER_AREA_SIZE + capacity,
+                (HEADER_AREA_SIZE + capacity) / (1 << 20),
+                capacity,
+                HEADER_AREA_SIZE,
+            )
             await asyncio.to_thread(_create_file, path, capacity, node_id)
         fd = os.open(path, os.O_RDWR)
         try:
