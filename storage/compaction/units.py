@@ -159,9 +159,7 @@ async def _compact_sso(unit: SSOCompactionUnit, store: ObjectStore) -> Compactio
     read_bytes = written_bytes = 0
     try:
         for iteration in plan.iterations:
-            data = await asyncio.gather(
-                *(_get_exact(store, spec.key(r.object_id), r.start, r.end) for r in iteration.reads)
-            )
+            data = await _read_all(store, spec, iteration.reads)
             read_bytes += sum(len(d) for d in data)
             where = _ReadBuffers(iteration.reads, data)
             for output in iteration.outputs:
@@ -273,6 +271,25 @@ async def _write_object(
     built = writer.finish()
     await upload.write(built.parts)
     return await upload.finish(), first
+
+
+async def _read_all(store: ObjectStore, spec: StoreSpec, reads: Sequence[ReadRange]) -> list[bytes]:
+    """Every range's bytes, through at most ``spec.max_concurrency`` requests at a time: a few
+    workers rather than a task per range (an iteration may read from thousands of objects)."""
+    out: list[bytes] = [b""] * len(reads)
+    pending = iter(enumerate(reads))
+
+    async def worker() -> None:
+        for i, r in pending:
+            out[i] = await _get_exact(store, spec.key(r.object_id), r.start, r.end)
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            for _ in range(min(spec.max_concurrency, len(reads))):
+                group.create_task(worker())
+    except BaseExceptionGroup as e:  # the first failure, as gather would raise it
+        raise e.exceptions[0] from e
+    return out
 
 
 async def _get_exact(store: ObjectStore, key: str, start: int, end: int) -> bytes:
