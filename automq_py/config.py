@@ -3,8 +3,10 @@
 :meth:`BrokerConfig.load` layers its sources, later wins:
 
 1. a ``server.properties`` file (Java properties syntax, see :func:`parse_properties`);
-2. ``--override KEY=VALUE`` entries, in order;
-3. AutoMQ's ``--s3-url`` (from ``automq-kafka-admin.sh generate-s3-url``), which sets
+2. with ``from_env`` (``serve --env``, the container image), ``KAFKA_*`` environment variables
+   as Kafka's images map them (see :func:`env_properties`);
+3. ``--override KEY=VALUE`` entries, in order;
+4. AutoMQ's ``--s3-url`` (from ``automq-kafka-admin.sh generate-s3-url``), which sets
    ``s3.data.buckets`` and ``cluster.id`` (see :func:`s3_url_properties`).
 
 The result is one frozen object passed down to every module: broker settings as attributes,
@@ -32,6 +34,7 @@ __all__ = [
     "BrokerConfig",
     "ConfigError",
     "Listener",
+    "env_properties",
     "parse_listeners",
     "parse_override",
     "parse_properties",
@@ -53,6 +56,22 @@ SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 _WILDCARD_HOSTS = ("0.0.0.0", "::")
 _SECRET_NAME = re.compile(r"password|secret|jaas\.config", re.IGNORECASE)
 _HIDDEN = "[hidden]"
+# ``serve --env``: KAFKA_* variables that are not properties (Kafka's scripts and images use
+# them for the JVM and themselves), and the variable holding AutoMQ's --s3-url.
+_NOT_PROPERTIES = frozenset(
+    {
+        "KAFKA_HEAP_OPTS",
+        "KAFKA_OPTS",
+        "KAFKA_JVM_PERFORMANCE_OPTS",
+        "KAFKA_GC_LOG_OPTS",
+        "KAFKA_LOG4J_OPTS",
+        "KAFKA_JMX_OPTS",
+        "KAFKA_DEBUG",
+        "KAFKA_VERSION",
+        "KAFKA_HOME",
+    }
+)
+S3_URL_ENV = "AUTOMQ_S3_URL"
 # Variables AutoMQ reads the S3 credentials from, so they stay out of properties files.
 ACCESS_KEY_ENV = "KAFKA_S3_ACCESS_KEY"
 SECRET_KEY_ENV = "KAFKA_S3_SECRET_KEY"
@@ -231,12 +250,15 @@ class BrokerConfig:
         overrides: Sequence[str] = (),
         s3_url: str | None = None,
         env: Mapping[str, str] | None = None,
+        from_env: bool = False,
     ) -> BrokerConfig:
-        """Read ``path`` (if given), apply ``overrides`` (``KEY=VALUE``, later wins), then
-        ``s3_url``; see the module docstring.
+        """Read ``path`` (if given), then with ``from_env`` the ``KAFKA_*`` variables of
+        ``env``, apply ``overrides`` (``KEY=VALUE``, later wins), then ``s3_url`` (or
+        ``AUTOMQ_S3_URL`` from ``env`` with ``from_env``); see the module docstring.
 
-        ``env`` is consulted only for AutoMQ's ``KAFKA_S3_ACCESS_KEY`` / ``KAFKA_S3_SECRET_KEY``;
-        ``None`` means no environment (the CLI passes ``os.environ``). Raises ConfigError.
+        Otherwise ``env`` is consulted only for AutoMQ's ``KAFKA_S3_ACCESS_KEY`` /
+        ``KAFKA_S3_SECRET_KEY``; ``None`` means no environment (the CLI passes ``os.environ``).
+        Raises ConfigError.
         """
         props: dict[str, str] = {}
         if path is not None:
@@ -247,6 +269,10 @@ class BrokerConfig:
             except (OSError, UnicodeDecodeError) as e:
                 raise ConfigError(f"{path}: cannot read the properties file: {e}") from None
             props.update(parse_properties(text))
+        if from_env and env is not None:
+            props.update(env_properties(env))
+            if s3_url is None:
+                s3_url = env.get(S3_URL_ENV) or None
         for text in overrides:
             key, value = parse_override(text)
             props[key] = value
@@ -669,6 +695,25 @@ def _storage(
     storage_props["node.id"] = str(node_id)
     storage_props["cluster.id"] = cluster_id
     return S3StreamConfig.from_properties(storage_props)
+
+
+def env_properties(env: Mapping[str, str]) -> dict[str, str]:
+    """Properties from ``KAFKA_*`` variables, named as Kafka's images do: the prefix goes, the
+    rest is lower-cased, ``___`` becomes ``-``, ``__`` becomes ``_`` and ``_`` becomes ``.``
+    (``KAFKA_ADVERTISED_LISTENERS`` -> ``advertised.listeners``, ``KAFKA_S3_WAL_CAPACITY`` ->
+    ``s3.wal.capacity``). Variables for the JVM and the S3 credentials are not properties."""
+    out: dict[str, str] = {}
+    for name, value in env.items():
+        if (
+            not name.startswith("KAFKA_")
+            or name in _NOT_PROPERTIES
+            or name in (ACCESS_KEY_ENV, SECRET_KEY_ENV)
+        ):
+            continue
+        key = name[len("KAFKA_") :].lower()
+        key = key.replace("___", "\0").replace("__", "\1").replace("_", ".")
+        out[key.replace("\0", "-").replace("\1", "_")] = value
+    return out
 
 
 def _with_env_credentials(data_url: str, env: Mapping[str, str]) -> str:

@@ -25,7 +25,8 @@ examples:
 &s3-region=us-east-1&s3-endpoint-protocol=http&s3-data-bucket=automq&s3-path-style=true\\
 &cluster-id=5kilSYquT962mUNQ8dL7qA"
 
-Properties are applied in order, later wins: the --config file, each --override, --s3-url.
+Properties are applied in order, later wins: the --config file, KAFKA_* variables (with --env),
+each --override, --s3-url.
 S3 credentials may also come from KAFKA_S3_ACCESS_KEY / KAFKA_S3_SECRET_KEY (as in AutoMQ).
 """
 
@@ -68,6 +69,15 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
         ),
     )
     p.add_argument(
+        "--env",
+        action="store_true",
+        help=(
+            "also take properties from KAFKA_* environment variables, as Kafka's images do "
+            "(KAFKA_ADVERTISED_LISTENERS -> advertised.listeners; '__' -> '_', '___' -> '-'), "
+            "over the --config file and under --override; AUTOMQ_S3_URL stands for --s3-url"
+        ),
+    )
+    p.add_argument(
         "--s3-url",
         metavar="URL",
         help=(
@@ -83,7 +93,9 @@ def load_config(args: argparse.Namespace, command: str) -> BrokerConfig | None:
     """The BrokerConfig the options of :func:`add_config_arguments` describe; on a bad
     property, print it (``automq-py COMMAND: name: why``) and return None (exit code 2)."""
     try:
-        return BrokerConfig.load(args.config, args.override, args.s3_url, env=os.environ)
+        return BrokerConfig.load(
+            args.config, args.override, args.s3_url, env=os.environ, from_env=args.env
+        )
     except ConfigError as e:
         print(f"automq-py {command}: {e}", file=sys.stderr)
         return None

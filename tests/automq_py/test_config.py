@@ -15,6 +15,7 @@ from automq_py.config import (
     BrokerConfig,
     ConfigError,
     Listener,
+    env_properties,
     parse_properties,
     s3_url_properties,
 )
@@ -185,6 +186,33 @@ def test_credentials_come_from_automqs_environment_variables_when_the_url_has_no
     assert BrokerConfig.load(s3_url=SEED_S3_URL, env=env).storage.data_url.endswith(
         "accessKey=minioadmin&secretKey=minioadmin"
     )
+
+
+def test_kafka_environment_variables_map_to_properties_as_kafka_images_do() -> None:
+    env = {
+        "KAFKA_ADVERTISED_LISTENERS": "PLAINTEXT://localhost:32768",
+        "KAFKA_S3_WAL_CAPACITY": "67108864",
+        "KAFKA_CONFLUENT_SUPPORT___METRICS__ENABLE": "false",
+        "KAFKA_HEAP_OPTS": "-Xmx1G",  # the JVM's, not a property
+        "KAFKA_S3_ACCESS_KEY": "AK",  # credentials, not properties
+        "KAFKA_S3_SECRET_KEY": "SK",
+        "PATH": "/usr/bin",
+    }
+    assert env_properties(env) == {
+        "advertised.listeners": "PLAINTEXT://localhost:32768",
+        "s3.wal.capacity": "67108864",
+        "confluent.support-metrics_enable": "false",
+    }
+
+
+def test_environment_properties_apply_only_with_from_env_and_under_overrides() -> None:
+    env = {"KAFKA_NUM_PARTITIONS": "4", "KAFKA_NODE_ID": "7", "AUTOMQ_S3_URL": SEED_S3_URL}
+    assert BrokerConfig.load(env=env).num_partitions == 1
+    config = BrokerConfig.load(overrides=["node.id=3"], env=env, from_env=True)
+    assert (config.num_partitions, config.node_id) == (4, 3)
+    assert config.cluster_id == "5kilSYquT962mUNQ8dL7qA"  # AUTOMQ_S3_URL is --s3-url
+    with pytest.raises(ConfigError, match=r"num\.partitions"):
+        BrokerConfig.load(env={"KAFKA_NUM_PARTITIONS": "many"}, from_env=True)
 
 
 # --- derived values -------------------------------------------------------------------------------
