@@ -18,7 +18,7 @@ Figures:
   adjacent blocks merged, PUT / multipart requests, objects before and after.
 
 The unit runs under tracemalloc, which slowed it about 2.8x on the 2-core machine the figures
-in bench/README.md come from: its MB/s is a lower bound. There the defaults take 8-10 minutes
+in bench/README.md come from: its MB/s is a lower bound. There the defaults take about 7 minutes
 (compaction ~5, building ~2, cold reads before compaction ~1.5) and ``--quick`` under 2.
 Ctrl-C stops SeaweedFS and removes the temporary directories.
 """
