@@ -19,8 +19,8 @@ $(STAMP): setup.cfg pyproject.toml Makefile
 venv: $(STAMP)  ## create .venv with the package and its test/dev/spark extras
 
 # kcat (Debian) and kafkajs (npm) drive the broker in the client tests, PySpark's jobs need a
-# Java 17 runtime; apt runs only when kcat or java is missing, npm ci only when the lock file
-# changed.
+# Java 17 runtime, the image tests podman (with runc) and debootstrap for a local base image;
+# apt runs only when one of them is missing, npm ci only when the lock file changed.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 JS_STAMP := tests/js/node_modules/.installed
 
@@ -28,12 +28,15 @@ $(JS_STAMP): tests/js/package.json tests/js/package-lock.json
 	npm ci --prefix tests/js --no-audit --no-fund --loglevel=error
 	touch $(JS_STAMP)
 
-deps: $(STAMP) $(JS_STAMP)  ## install what the tests run beside Python (kcat, kafkajs, Java)
+deps: $(STAMP) $(JS_STAMP)  ## install what the tests run beside Python (kcat, kafkajs, Java, podman)
 	@command -v kcat >/dev/null 2>&1 || { $(SUDO) apt-get update && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-upgrade kcat; }
 	@command -v java >/dev/null 2>&1 || { $(SUDO) apt-get update && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-upgrade \
 		openjdk-17-jre-headless; }
+	@{ command -v podman && command -v runc && command -v debootstrap; } >/dev/null 2>&1 || \
+		{ $(SUDO) apt-get update && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install \
+		-y --no-upgrade podman runc debootstrap; }
 
 run: $(STAMP)  ## start the broker on 127.0.0.1:9092 (embedded: file WAL, local object store, SQLite)
 	$(BIN)/automq-py serve -c config/server.properties
