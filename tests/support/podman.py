@@ -54,6 +54,18 @@ class Podman:
             raise RuntimeError(f"podman {' '.join(args)}: {done.returncode}\n{done.stderr}")
         return done.stdout
 
+    def logs(self, container: str) -> str:
+        """The container's output, stdout and stderr (where the broker logs) together."""
+        done = subprocess.run(
+            ["podman", "logs", container],
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=60,
+        )
+        return done.stdout
+
     def image_exists(self, image: str) -> bool:
         done = subprocess.run(["podman", "image", "exists", image], env=self.env)
         return done.returncode == 0
@@ -92,8 +104,9 @@ class Podman:
         finally:
             shutil.rmtree(rootfs, ignore_errors=True)
 
-    def build_image(self) -> float:
-        """Build ``IMAGE`` from the checkout; its size in MB."""
+    def build_image(self, dockerfile: str = "docker/Dockerfile", tag: str = IMAGE) -> float:
+        """Build ``tag`` from ``dockerfile`` of the checkout over the local base; its size in
+        MB."""
         self.ensure_base_image()
         self.run(
             "build",
@@ -101,18 +114,18 @@ class Podman:
             "docker",
             "--quiet",
             "--file",
-            str(REPO / "docker" / "Dockerfile"),
+            str(REPO / dockerfile),
             "--build-arg",
             f"BASE={BASE_IMAGE}",
             "--secret",
             f"id=hostca,src={HOST_CA}",
             "--tag",
-            IMAGE,
+            tag,
             str(REPO),
             timeout=1200,
         )
         self.run("image", "prune", "--force")  # the build stage's intermediate image
-        return self.image_size(IMAGE)
+        return self.image_size(tag)
 
     def image_size(self, image: str) -> float:
         """MB."""
