@@ -7,6 +7,7 @@ zero-copy path), or None (no response, as for acks=0 Produce).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -25,8 +26,9 @@ from automq_py.apis import (
     topics,
 )
 from automq_py.apis.context import BrokerContext
-from protocol import api_versions, wire
-from protocol.messages import Request, encode_response
+from automq_py.errors import describe, kafka_error
+from protocol import api_versions, build, wire
+from protocol.messages import Request, encode_response, response_schema
 
 log = logging.getLogger("automq.apis")
 
@@ -64,10 +66,50 @@ class KafkaApis:
 
     async def handle(self, request: Request) -> list[wire.Buffer] | None:
         handler, _, _ = self.table[request.api_key]
-        result = await handler(self.ctx, request)
+        try:
+            result = await handler(self.ctx, request)
+        except Exception as e:
+            # Kafka's handleError: the request is answered with the error, the connection stays
+            return self.error_response(request, e)
         if result is None or isinstance(result, list):
             return result
         return encode_response(request.response_info, result)
+
+    def error_response(self, request: Request, error: Exception) -> list[wire.Buffer]:
+        """The response to ``request`` that reports ``error`` on everything it asked for.
+        Raises ``error`` again (closing the connection) where no response can say it: acks=0
+        Produce, as in Kafka, and APIs whose responses carry no error code at the top."""
+        code = kafka_error(error)
+        log.error(
+            "%s v%d (correlation id %d) failed, answered %s",
+            request.api_key,
+            request.api_version,
+            request.correlation_id,
+            code.name,
+            exc_info=error,
+        )
+        body = request.body
+        if request.api_key == produce.API_KEY and body.acks != 0:
+            topics = [
+                {
+                    "name": t.name,
+                    "partition_responses": [
+                        {"index": p.index, "error_code": code, "error_message": describe(error)}
+                        for p in t.partitions
+                    ],
+                }
+                for t in body.topics
+            ]
+            data: dict[str, Any] = {"responses": topics}
+        elif request.api_key == fetch.API_KEY:
+            return fetch.error_response(request, code)
+        else:
+            schema = response_schema(request.api_key, request.api_version)
+            if "error_code" not in {f.name for f in dataclasses.fields(schema)}:
+                raise error
+            data = {"error_code": code, "error_message": describe(error)}
+        schema = response_schema(request.api_key, request.api_version)
+        return encode_response(request.response_info, build.build(schema, data))
 
     def unsupported_api_versions(self, correlation_id: int) -> list[wire.Buffer]:
         """KIP-511: a v0 ApiVersions response with UNSUPPORTED_VERSION and our ranges."""

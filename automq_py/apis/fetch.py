@@ -7,13 +7,15 @@ to the transport as the buffers the log returned, not re-encoded.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 from automq_py.apis.context import BrokerContext
+from automq_py.errors import describe, kafka_error
 from automq_py.log.elastic_log import LogOffsetOutOfRangeError
 from automq_py.partition import Partition
-from protocol import build, record_batch
+from protocol import build, record_batch, wire
 from protocol.errors import ErrorCode
 from protocol.fetch import FetchPartitionResult, FetchTopicResult, encode_fetch_response
 from protocol.messages import Request, response_schema
@@ -23,6 +25,8 @@ from protocol.records import parse_records
 EARLIEST = -2
 LATEST = -1
 MAX_TIMESTAMP = -3
+
+log = logging.getLogger("automq.fetch")
 
 
 async def handle_fetch(ctx: BrokerContext, request: Request) -> Any:
@@ -68,7 +72,12 @@ async def _read_all(
                 parts.append(FetchPartitionResult(index, missing))
                 errors = True
                 continue
-            partition = await ctx.replicas.partition(info, index)
+            try:
+                partition = await ctx.replicas.partition(info, index)
+            except Exception as e:
+                parts.append(FetchPartitionResult(index, _failed(info.name, index, e)))
+                errors = True
+                continue
             hw, start = partition.high_watermark, partition.log_start_offset
             offset = int(p.fetch_offset)
             limit = min(int(p.partition_max_bytes), max(max_bytes - total, 0))
@@ -81,8 +90,8 @@ async def _read_all(
                 try:
                     # the first partition with data returns at least one batch (Kafka's rule)
                     records = await partition.read(offset, limit if total else max(limit, 1))
-                except LogOffsetOutOfRangeError:
-                    error = ErrorCode.OFFSET_OUT_OF_RANGE
+                except Exception as e:  # out of range (a trim raced), or storage failing
+                    error = _failed(info.name, index, e)
                     errors = True
             total += sum(len(r) for r in records)
             parts.append(
@@ -105,6 +114,14 @@ async def _read_all(
     return topics, total, errors
 
 
+def _failed(topic: str, index: int, error: Exception) -> ErrorCode:
+    """A partition's read failed: its error code; the fetch's other partitions go on."""
+    code = kafka_error(error)
+    if code != ErrorCode.OFFSET_OUT_OF_RANGE:
+        log.warning("fetch from %s-%d failed: %s (%s)", topic, index, describe(error), code.name)
+    return code
+
+
 async def handle_list_offsets(ctx: BrokerContext, request: Request) -> Any:
     out = []
     for t in request.body.topics:
@@ -123,19 +140,24 @@ async def handle_list_offsets(ctx: BrokerContext, request: Request) -> Any:
                 entry["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                 parts.append(entry)
                 continue
-            partition = await ctx.replicas.partition(info, index)
-            ts = int(p.timestamp)
-            if ts == EARLIEST:
-                entry["offset"] = partition.log_start_offset
-            elif ts == LATEST:
-                entry["offset"] = partition.high_watermark
-            elif ts == MAX_TIMESTAMP:
-                offset, max_ts = await partition.log.max_timestamp_offset()
-                entry.update(offset=offset, timestamp=max_ts)
-            else:
-                found = await first_record_at_or_after(partition, ts)
-                if found is not None:
-                    entry.update(offset=found[0], timestamp=found[1])
+            try:
+                partition = await ctx.replicas.partition(info, index)
+                ts = int(p.timestamp)
+                if ts == EARLIEST:
+                    entry["offset"] = partition.log_start_offset
+                elif ts == LATEST:
+                    entry["offset"] = partition.high_watermark
+                elif ts == MAX_TIMESTAMP:
+                    offset, max_ts = await partition.log.max_timestamp_offset()
+                    entry.update(offset=offset, timestamp=max_ts)
+                else:
+                    found = await first_record_at_or_after(partition, ts)
+                    if found is not None:
+                        entry.update(offset=found[0], timestamp=found[1])
+            except Exception as e:
+                entry["error_code"] = _failed(info.name, index, e)
+                parts.append(entry)
+                continue
             if entry["offset"] >= 0:
                 entry["leader_epoch"] = partition.leader_epoch
             # v0 answers with a list of offsets
@@ -183,7 +205,23 @@ async def first_record_at_or_after(partition: Partition, timestamp: int) -> tupl
 
 
 # Fetch >= 4, or librdkafka falls back to legacy message sets; topic ids (13+) come later.
+def error_response(request: Request, code: ErrorCode) -> list[wire.Buffer]:
+    """A Fetch response giving ``code`` for every partition asked for (and at the top)."""
+    topics = [
+        FetchTopicResult(
+            name=str(getattr(t, "topic", None) or ""),
+            partitions=[FetchPartitionResult(int(p.partition), code) for p in t.partitions],
+            topic_id=getattr(t, "topic_id", None),
+        )
+        for t in request.body.topics
+    ]
+    return encode_fetch_response(
+        request.api_version, request.correlation_id, topics, error_code=code
+    )
+
+
+API_KEY = 1
 HANDLERS: dict[int, tuple[Any, int, int]] = {
-    1: (handle_fetch, 4, 12),
+    API_KEY: (handle_fetch, 4, 12),
     2: (handle_list_offsets, 1, 8),
 }

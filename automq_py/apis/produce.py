@@ -7,14 +7,18 @@ which is what acks=all promises; acks=0 gets no response at all.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from automq_py.apis.context import BrokerContext
-from automq_py.partition import AppendResult
+from automq_py.errors import describe, kafka_error
+from automq_py.partition import AppendResult, Partition
 from protocol import build
 from protocol.errors import ErrorCode
 from protocol.messages import Request, response_schema
 from protocol.produce import ProducePartitionData
+
+log = logging.getLogger("automq.produce")
 
 
 async def handle_produce(ctx: BrokerContext, request: Request) -> Any:
@@ -81,9 +85,28 @@ async def _start(
         )
     if p.records is None:
         return AppendResult(ErrorCode.CORRUPT_MESSAGE, message="null records")
-    partition = await ctx.replicas.partition(topic, p.index)
-    return asyncio.ensure_future(partition.append_records(p.records))
+    try:
+        partition = await ctx.replicas.partition(topic, p.index)
+    except Exception as e:
+        return _failed(topic.name, p.index, e)
+    return asyncio.ensure_future(_append(partition, p.records))
 
 
+async def _append(partition: Partition, records: memoryview) -> AppendResult:
+    """The partition's append; a storage failure is this partition's error, as in Kafka's
+    ReplicaManager, and the other partitions and the connection carry on."""
+    try:
+        return await partition.append_records(records)
+    except Exception as e:
+        return _failed(partition.topic, partition.index, e)
+
+
+def _failed(topic: str, index: int, error: Exception) -> AppendResult:
+    code = kafka_error(error)
+    log.warning("produce to %s-%d failed: %s (%s)", topic, index, describe(error), code.name)
+    return AppendResult(code, message=describe(error))
+
+
+API_KEY = 0
 # Produce >= 3: magic v2 only (Kafka 4 clients need it).
-HANDLERS: dict[int, tuple[Any, int, int]] = {0: (handle_produce, 3, 11)}
+HANDLERS: dict[int, tuple[Any, int, int]] = {API_KEY: (handle_produce, 3, 11)}

@@ -3,8 +3,6 @@ per-partition sequence checks, duplicates answered with the original offset, acr
 
 from __future__ import annotations
 
-import socket
-import struct
 import time
 from typing import Any
 
@@ -16,41 +14,10 @@ from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProdu
 from protocol.errors import ErrorCode
 from protocol.records import Compression, RecordInput, build_batch
 from tests.automq_py.test_clients import PARTITIONS, N, consume_and_check, create_topic
-from tests.protocol.kafka_oracle import request_frame
 from tests.support.broker import BrokerProcess
+from tests.support.raw_connection import RawConnection
 
 pytestmark = pytest.mark.integration
-
-
-# -- a raw connection: one request at a time ------------------------------------------------------
-
-
-class RawConnection:
-    """A blocking Kafka connection sending kafka-python requests and decoding the answers."""
-
-    def __init__(self, bootstrap: str) -> None:
-        host, port = bootstrap.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=15)
-        self.correlation_id = 0
-
-    def call(self, request: Any, response_class: Any) -> Any:
-        self.correlation_id += 1
-        frame = request_frame(request, self.correlation_id)
-        self.sock.sendall(struct.pack(">i", len(frame)) + frame)
-        (size,) = struct.unpack(">i", self._read(4))
-        return response_class.decode(self._read(size), version=request.API_VERSION, header=True)
-
-    def _read(self, n: int) -> bytes:
-        out = b""
-        while len(out) < n:
-            chunk = self.sock.recv(n - len(out))
-            if not chunk:
-                raise ConnectionError("the broker closed the connection")
-            out += chunk
-        return out
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def init_producer_id(conn: RawConnection, producer_id: int = -1, epoch: int = -1) -> Any:

@@ -1,0 +1,38 @@
+"""A blocking Kafka connection for tests that speak the protocol by hand (kafka-python's
+request and response classes, one request at a time)."""
+
+from __future__ import annotations
+
+import socket
+import struct
+from typing import Any
+
+from tests.protocol.kafka_oracle import request_frame
+
+
+class RawConnection:
+    """A blocking Kafka connection sending kafka-python requests and decoding the answers."""
+
+    def __init__(self, bootstrap: str) -> None:
+        host, port = bootstrap.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=15)
+        self.correlation_id = 0
+
+    def call(self, request: Any, response_class: Any) -> Any:
+        self.correlation_id += 1
+        frame = request_frame(request, self.correlation_id)
+        self.sock.sendall(struct.pack(">i", len(frame)) + frame)
+        (size,) = struct.unpack(">i", self._read(4))
+        return response_class.decode(self._read(size), version=request.API_VERSION, header=True)
+
+    def _read(self, n: int) -> bytes:
+        out = b""
+        while len(out) < n:
+            chunk = self.sock.recv(n - len(out))
+            if not chunk:
+                raise ConnectionError("the broker closed the connection")
+            out += chunk
+        return out
+
+    def close(self) -> None:
+        self.sock.close()
