@@ -16,6 +16,7 @@ from automq_py.apis import KafkaApis
 from automq_py.apis.context import BrokerContext
 from automq_py.config import BrokerConfig
 from automq_py.coordinator.group_coordinator import GroupConfig, GroupCoordinator
+from automq_py.loop_lag import LoopLagMonitor
 from automq_py.maintenance import Maintenance
 from automq_py.network.server import SocketServer
 from automq_py.replica_manager import ReplicaManager
@@ -33,9 +34,11 @@ class Broker:
         self.server: SocketServer | None = None
         self.groups: GroupCoordinator | None = None
         self.maintenance: Maintenance | None = None
+        self.loop_lag = LoopLagMonitor()
 
     async def start(self) -> None:
         config = self.config
+        self.loop_lag.start()
         group_config = GroupConfig.from_broker(config)  # a bad setting fails before any I/O
         self.storage = await S3Storage.start(config.storage)
         topics = TopicRegistry(self.storage.metadata)
@@ -84,6 +87,8 @@ class Broker:
             await self.replicas.close()
         if self.storage is not None:
             await self.storage.close()
+        await self.loop_lag.stop()
+        log.info("%s", self.loop_lag.summary())
         log.info("broker stopped")
 
 

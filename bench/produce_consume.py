@@ -19,6 +19,8 @@ a fresh topic made with AdminClient.create_topics. Figures:
 * produce MB/s: record bytes / time from the first produce() to the last delivery report;
 * produce latency p50/p99: each record's produce() to its delivery callback. At most
   ``--window-mib`` of records are outstanding, so latency includes client queueing up to that;
+  with ``--rate-mbps R`` records are offered at a fixed R MB/s and each one's latency counts
+  from the moment it was due, not from when the client got to send it;
 * consume MB/s: a Consumer assign()ed to every partition from offset 0 (no group join, Tansu's
   take ~20 s), record bytes / time from assign() until the expected record count has arrived.
   Records are counted, offsets are not trusted (Tansu's high watermark is wrong after
@@ -311,11 +313,19 @@ def produce(
         return i - len(latencies) - len(errors)
 
     deadline = time.monotonic() + args.timeout
+    # --rate-mbps: record i is due at t0 + i * interval, and its latency counts from then, so a
+    # stalled broker cannot hide the records it kept the client from sending (coordinated
+    # omission)
+    interval = args.record_size / (args.rate_mbps * 1e6) if args.rate_mbps else 0.0
     t0 = time.perf_counter()
     i = 0
     timed_out = False
     try:
         while i < n:
+            if interval:
+                due = t0 + i * interval
+                while (wait := due - time.perf_counter()) > 0:
+                    producer.poll(min(wait, 0.01))
             while outstanding() >= window:
                 producer.poll(0.05)
                 if time.monotonic() > deadline:
@@ -328,7 +338,7 @@ def produce(
                     topic,
                     payload,
                     partition=i % partitions,
-                    on_delivery=delivered(time.perf_counter()),
+                    on_delivery=delivered(due if interval else time.perf_counter()),
                 )
             except BufferError:
                 producer.poll(0.05)
@@ -447,6 +457,10 @@ def run_broker(broker: Broker, args: argparse.Namespace, results: list[Result]) 
         code = broker.stop()
         if code != 0:
             print(f"  {broker.name} exited with {code}:\n{broker.log_tail()}", flush=True)
+        if broker.name.startswith("automq"):  # what the broker measured of its own loop
+            lag = [x for x in broker.log_tail(40).splitlines() if "event loop lag" in x]
+            if lag:
+                print(f"  {broker.name}: {lag[-1].split(': ', 1)[-1]}", flush=True)
 
 
 # -- report -------------------------------------------------------------------------------------
@@ -533,6 +547,12 @@ def parse_args() -> argparse.Namespace:
         "--window-mib", type=int, default=16, help="max MiB of records awaiting delivery (16)"
     )
     parser.add_argument(
+        "--rate-mbps",
+        type=float,
+        default=0.0,
+        help="offer records at this fixed rate, MB/s (default: as fast as acknowledged)",
+    )
+    parser.add_argument(
         "--timeout",
         type=float,
         default=180,
@@ -559,7 +579,8 @@ def main() -> None:
             print(
                 f"# produce/consume bench, {time.strftime('%Y-%m-%d %H:%M')}, "
                 f"{os.cpu_count()} cores; {args.mib} MiB of {args.record_size} B records per "
-                f"case, acks=all, linger.ms={args.linger_ms}, partitions {args.partitions}"
+                f"case, acks=all, linger.ms={args.linger_ms}, partitions {args.partitions}, "
+                + (f"offered at {args.rate_mbps:g} MB/s" if args.rate_mbps else "saturated")
             )
             for name in brokers:
                 broker: Broker

@@ -352,6 +352,12 @@ class S3Storage:
         the WAL in that order; cancelling the caller does not cancel a write whose offset is
         taken.
         """
+        await asyncio.shield(self.submit(batch))
+
+    def submit(self, batch: StreamRecordBatch) -> asyncio.Future[None]:
+        """Start the WAL write of ``batch`` now; the future is done once it and every earlier
+        offset of its stream are durable. Submits made in offset order reach the WAL in that
+        order, and writes submitted together share a group commit (one fsync)."""
         if self._failed is not None:
             raise StreamClosedError(f"storage failed: {self._failed}")
         if self._closing:
@@ -369,8 +375,7 @@ class S3Storage:
             raise StreamClosedError(f"storage failed: {e}") from e
         state.inflight.add(done)
         durable.add_done_callback(lambda f: self._on_durable(state, batch, done, f))
-        # the caller may be cancelled; the write, whose offset is taken, goes on
-        await asyncio.shield(done)
+        return done
 
     def _on_durable(
         self,

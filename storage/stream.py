@@ -58,6 +58,16 @@ class S3Stream:
 
     async def append(self, payload: bytes | memoryview, count: int) -> int:
         """Append one batch covering ``count`` offsets; return its base offset once durable."""
+        base, durable = await self.start_append(payload, count)
+        await durable
+        return base
+
+    async def start_append(
+        self, payload: bytes | memoryview, count: int
+    ) -> tuple[int, Awaitable[None]]:
+        """Take the batch's offsets and start its WAL write; return its base offset and what
+        to await for its durability. What is started next on this loop (another stream's
+        batch, a time-index entry) joins the same WAL group commit when it can."""
         if count <= 0:
             raise ValueError(f"count must be positive, got {count}")
         self._check_writable()
@@ -66,17 +76,23 @@ class S3Stream:
         # from here to the WAL write nothing yields, so offsets reach the WAL in order
         base = self.next_offset
         self.next_offset += count
+        batch = StreamRecordBatch(self.stream_id, self.epoch, base, count, payload)
         try:
-            await self.storage.append(
-                StreamRecordBatch(self.stream_id, self.epoch, base, count, payload)
-            )
-        except asyncio.CancelledError:
-            raise  # the write goes on: the offset stays taken
+            done = self.storage.submit(batch)
         except BaseException:
-            # offsets after a failed append can no longer be trusted
-            self.closed = True
+            self.closed = True  # offsets after a failed append can no longer be trusted
             raise
-        return base
+        return base, self._durable(done)
+
+    async def _durable(self, done: asyncio.Future[None]) -> None:
+        try:
+            # the caller may be cancelled; the write, whose offset is taken, goes on
+            await asyncio.shield(done)
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            self.closed = True  # offsets after a failed append can no longer be trusted
+            raise
 
     async def fetch(self, start: int, end: int = -1, max_bytes: int = 1 << 20) -> FetchResult:
         """Batches from the one holding ``start`` towards ``end`` (-1: the confirmed end), about

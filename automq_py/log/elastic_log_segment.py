@@ -141,13 +141,21 @@ class ElasticLogSegment:
                 f"{expected}, the log stream {self.log_stream.stream_id} is at "
                 f"{self.log_stream.next_offset}"
             )
-        await self.log_stream.append(batch, record_count)
+        _, durable = await self.log_stream.start_append(batch, record_count)
+        # the time-index entry, when one is due, goes right behind its batch: one group commit
+        try:
+            indexed = await self.time_index.on_batch_submitted(
+                len(batch), max_timestamp, base_offset, base_offset + record_count - 1
+            )
+        except BaseException:
+            await durable  # the batch's offset is taken: its write completes either way
+            raise
+        await durable
+        if indexed is not None:
+            await indexed
         if self.size == 0:
             self.first_batch_timestamp = max_timestamp
         self.last_modified_timestamp = now
-        await self.time_index.on_batch_appended(
-            len(batch), max_timestamp, base_offset, base_offset + record_count - 1
-        )
         self.size += len(batch)
 
     async def seal(self, txn_end: int) -> None:

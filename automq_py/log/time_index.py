@@ -27,6 +27,7 @@ from __future__ import annotations
 import bisect
 import struct
 from array import array
+from collections.abc import Awaitable
 
 from automq_py.log.elastic_log_meta import NO_TIMESTAMP, NOOP_OFFSET, SliceRange, TimestampOffset
 from storage.stream import S3Stream
@@ -122,17 +123,36 @@ class SegmentTimeIndex:
     ) -> None:
         """Account for a batch appended to the segment; add an entry by Kafka's rule. During
         recovery, ``after`` is the last indexed offset: batches up to it are indexed already."""
+        pending = await self.on_batch_submitted(
+            size, max_timestamp, base_offset, last_offset, after=after
+        )
+        if pending is not None:
+            await pending
+
+    async def on_batch_submitted(
+        self, size: int, max_timestamp: int, base_offset: int, last_offset: int, *, after: int = -1
+    ) -> Awaitable[None] | None:
+        """:meth:`on_batch_appended` for a batch whose WAL write was just started: an entry
+        due is started behind it (the same group commit) and returned, to be awaited; the
+        index takes the entry once it is durable."""
         if max_timestamp > self.max_so_far.timestamp:
             self.max_so_far = TimestampOffset(max_timestamp, last_offset)
+        pending = None
         if self.bytes_since_last_entry > self.index_interval_bytes and base_offset > after:
-            await self.maybe_append(self.max_so_far)
+            pending = await self._start_entry(self.max_so_far)
             self.bytes_since_last_entry = 0
         self.bytes_since_last_entry += size
+        return pending
 
     async def maybe_append(self, entry: TimestampOffset) -> None:
         """Append ``entry`` if its timestamp is larger than the last entry's."""
+        pending = await self._start_entry(entry)
+        if pending is not None:
+            await pending
+
+    async def _start_entry(self, entry: TimestampOffset) -> Awaitable[None] | None:
         if entry.timestamp <= self.last_entry.timestamp:
-            return
+            return None
         if self.entries and entry.offset < self.last_entry.offset:
             raise TimeIndexError(
                 f"time index of segment {self.base_offset}: offset {entry.offset} is below the "
@@ -145,9 +165,13 @@ class SegmentTimeIndex:
                 f"time index stream {self.stream.stream_id} is at {self.stream.next_offset}, "
                 f"not on an entry boundary of the slice starting at {self.slice_start}"
             )
-        await self.stream.append(
+        _, durable = await self.stream.start_append(
             encode_entry(entry.timestamp, entry.offset - self.base_offset), ENTRY_SIZE
         )
+        return self._take(entry, durable)
+
+    async def _take(self, entry: TimestampOffset, durable: Awaitable[None]) -> None:
+        await durable
         if self._timestamps is not None and self._offsets is not None:
             self._timestamps.append(entry.timestamp)
             self._offsets.append(entry.offset)

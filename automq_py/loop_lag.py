@@ -1,0 +1,62 @@
+"""How late the event loop runs: a task sleeps ``interval`` and records how much later than
+that it woke. Anything that holds the loop (a long decode, a blocking call, the GIL taken by a
+busy thread) shows up here; produce and fetch latency cannot be better than it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+
+log = logging.getLogger("automq.loop")
+
+INTERVAL_S = 0.01
+WINDOW = 60_000  # samples kept: ten minutes at the interval
+SLOW_S = 0.5  # a single stall this long is logged as it happens
+
+
+class LoopLagMonitor:
+    def __init__(self, interval_s: float = INTERVAL_S, window: int = WINDOW) -> None:
+        self.interval_s = interval_s
+        self.samples: deque[float] = deque(maxlen=window)
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="loop-lag")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            before = loop.time()
+            await asyncio.sleep(self.interval_s)
+            lag = max(loop.time() - before - self.interval_s, 0.0)
+            self.samples.append(lag)
+            if lag >= SLOW_S:
+                log.warning("the event loop stalled for %.0f ms", lag * 1000)
+
+    def percentiles(self) -> dict[str, float]:
+        """p50, p99 and max lag in milliseconds over the samples kept (zeros if none)."""
+        ordered = sorted(self.samples)
+        if not ordered:
+            return {"p50": 0.0, "p99": 0.0, "max": 0.0}
+
+        def at(p: float) -> float:
+            return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))] * 1000
+
+        return {"p50": at(50), "p99": at(99), "max": ordered[-1] * 1000}
+
+    def summary(self) -> str:
+        p = self.percentiles()
+        return (
+            f"event loop lag over {len(self.samples)} samples: p50 {p['p50']:.1f} ms, "
+            f"p99 {p['p99']:.1f} ms, max {p['max']:.1f} ms"
+        )
