@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import dataclasses
 import errno
 import logging
@@ -230,6 +231,9 @@ class FileWAL:
         # One write+fsync at a time (record batch or header): an fsync error then belongs to
         # the operation whose pages it covers, and nothing after it is trusted.
         self._io_lock = asyncio.Lock()
+        # the WAL's own I/O thread: an fsync never queues behind other work in the default
+        # executor (object builds, local-store file writes, SQLite)
+        self._io_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="wal-io")
         self._writer: asyncio.Task[None] | None = None
         self._failed: WALError | None = None
         self._closing = False
@@ -574,7 +578,9 @@ class FileWAL:
             failure = self._failed
             if failure is None:
                 try:
-                    await asyncio.to_thread(self._write_and_sync, writes)
+                    await asyncio.get_running_loop().run_in_executor(
+                        self._io_thread, self._write_and_sync, writes
+                    )
                 except BaseException as exc:
                     # Never retry after a failed fsync: the kernel may have dropped the dirty
                     # pages, so a later "successful" fsync would acknowledge lost data.
@@ -679,7 +685,9 @@ class FileWAL:
                 shutdown_clean=shutdown_clean,
             )
             try:
-                await asyncio.to_thread(self._write_header_sync, updated)
+                await asyncio.get_running_loop().run_in_executor(
+                    self._io_thread, self._write_header_sync, updated
+                )
             except OSError as exc:
                 failure = WALError(f"WAL {self._path}: header write failed: {exc}")
                 failure.__cause__ = exc
@@ -720,4 +728,5 @@ class FileWAL:
                 await self._write_header(shutdown_clean=clean)
         finally:
             self._closed = True
+            self._io_thread.shutdown(wait=True)
             os.close(self._fd)
