@@ -28,6 +28,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -216,7 +217,15 @@ class SparkRunner:
         created = SparkContext._active_spark_context is None
         # Driver memory counts only when this process launches the JVM; under spark-submit
         # the JVM exists and its properties (master, name, memory) are read back below.
-        launch = SparkConf().set("spark.driver.memory", self.driver_memory)
+        # Spark's scratch (block manager, fetched files, native libraries it unpacks) under the
+        # temporary directory Python uses, so TMPDIR places it; Spark removes it at a clean
+        # stop, and a killed job leaves it where TMPDIR said
+        scratch = tempfile.gettempdir()
+        launch = (
+            SparkConf()
+            .set("spark.driver.memory", self.driver_memory)
+            .set("spark.driver.extraJavaOptions", f"-Djava.io.tmpdir={scratch}")
+        )
         SparkContext._ensure_initialized(conf=launch)
         conf = SparkConf()
         if self.master is not None:
@@ -226,6 +235,7 @@ class SparkRunner:
         if conf.get("spark.app.name") in (None, "pyspark-shell"):
             conf.setAppName(self.app_name)
         conf.setIfMissing("spark.ui.enabled", "false")
+        conf.setIfMissing("spark.local.dir", scratch)
         # Spark's console stage bars (on by default for pyspark) would garble ours.
         conf.set("spark.ui.showConsoleProgress", "false")
         try:

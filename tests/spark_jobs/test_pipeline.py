@@ -229,9 +229,12 @@ def test_killed_job_loses_nothing_and_gc_removes_its_objects(
             "s3.object.prepare.ttl.ms": "2000",
         },
     )
+    scratch = broker.data_dir.parent / "job-tmp"  # what the killed JVM leaves: pytest's to remove
+    scratch.mkdir()
     job = subprocess.Popen(
         command,
         cwd=REPO,
+        env={**os.environ, "TMPDIR": str(scratch)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,

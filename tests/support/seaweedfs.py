@@ -262,7 +262,13 @@ class SeaweedFS:
             "s3.config": str(self.config_file),
             "bucket": self.bucket,
         }
-        return [str(WEED), "mini", *(f"-{name}={value}" for name, value in flags.items())]
+        # -logdir: its glog files go under root, not into /tmp where nothing removes them
+        return [
+            str(WEED),
+            f"-logdir={self.root}",
+            "mini",
+            *(f"-{name}={value}" for name, value in flags.items()),
+        ]
 
     def _write_config(self) -> None:
         identity = {
