@@ -44,7 +44,7 @@ def parse_object_key(key: str, namespace: str) -> int | None:
 
 
 def destroyable(image: MetadataImage, now_ms: int, retention_ms: int) -> list[S3Object]:
-    """MARK_DESTROYED objects whose mark is older than ``retention_ms``, by id."""
+    """MARK_DESTROYED objects marked at least ``retention_ms`` ago, by id."""
     return image.objects_to_delete(now_ms - retention_ms)
 
 

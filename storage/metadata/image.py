@@ -94,14 +94,15 @@ class MetadataImage:
             if s.state is StreamState.OPENED and s.owner == node_id
         ]
 
-    def objects_to_delete(self, older_than_ms: int) -> list[S3Object]:
-        """MARK_DESTROYED objects whose mark is older than ``older_than_ms``, by id."""
+    def objects_to_delete(self, marked_by_ms: int) -> list[S3Object]:
+        """MARK_DESTROYED objects marked at or before ``marked_by_ms``, by id (a retention of
+        zero deletes what was marked in the same millisecond)."""
         return [
             o
             for _, o in sorted(self.objects.items())
             if o.state is ObjectState.MARK_DESTROYED
             and o.mark_destroyed_ms is not None
-            and o.mark_destroyed_ms < older_than_ms
+            and o.mark_destroyed_ms <= marked_by_ms
         ]
 
     def get_objects(

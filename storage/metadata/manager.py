@@ -233,9 +233,9 @@ class MetadataManager:
         """The stream's metadata, or None if it does not exist (or was deleted)."""
         return self.image.stream(stream_id)
 
-    def objects_to_delete(self, older_than_ms: int) -> list[S3Object]:
-        """MARK_DESTROYED objects marked before ``older_than_ms``: safe to delete from storage."""
-        return self.image.objects_to_delete(older_than_ms)
+    def objects_to_delete(self, marked_by_ms: int) -> list[S3Object]:
+        """MARK_DESTROYED objects marked at or before ``marked_by_ms``: safe to delete."""
+        return self.image.objects_to_delete(marked_by_ms)
 
     def streams_opened_by(self, node_id: int) -> list[StreamMetadata]:
         """The streams ``node_id`` has open (it must close or recover them on restart)."""

@@ -359,7 +359,10 @@ def test_broker_keeps_its_bucket_bounded_by_itself(make_broker: MakeBroker) -> N
     # 3 s retained, plus the delays of rolls, checks, compaction and GC (a few seconds of data
     # each): far below the 75 s written. Compaction that kept whole blocks holding a stream's
     # start held on to most of what was written (58-88% measured here).
-    assert max(b for _, _, b in late) <= written // 2
+    # (a single sample can catch a compaction's output beside its sources: the median is the
+    # level, the max only has to stay well below what was written)
+    sizes = sorted(b for _, _, b in late)
+    assert sizes[len(sizes) // 2] <= written // 2 and sizes[-1] <= written * 7 // 10
 
 
 def test_broker_compacts_through_spark_children_by_itself(make_broker: MakeBroker) -> None:
