@@ -106,8 +106,10 @@ def produce(
     per_partition: int,
     size: int,
     pause: float,
+    timestamp_ms: int = 0,
 ) -> list[Record]:
-    """``rounds`` rounds of records to every partition, ``pause`` apart (one upload each)."""
+    """``rounds`` rounds of records to every partition, ``pause`` apart (one upload each);
+    ``timestamp_ms`` sets their CreateTime (0: now)."""
     out: list[Record] = []
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all"})
 
@@ -119,7 +121,14 @@ def produce(
         for p in range(partitions):
             for i in range(per_partition):
                 key = f"{p}-{r}-{i}".encode()
-                producer.produce(topic, os.urandom(size), key, partition=p, on_delivery=delivered)
+                producer.produce(
+                    topic,
+                    os.urandom(size),
+                    key,
+                    partition=p,
+                    on_delivery=delivered,
+                    timestamp=timestamp_ms,
+                )
         producer.flush(30)
         time.sleep(pause)
     assert producer.flush(30) == 0
@@ -282,20 +291,29 @@ def _id(info: ObjectInfo, spec: StoreSpec) -> int:
 
 def test_retention_by_time_and_by_size(pipeline_broker: BrokerProcess) -> None:
     broker = pipeline_broker
-    create_topic(broker.bootstrap, "timed", 1, **{"retention.ms": "4000", "segment.ms": "500"})
+    # the old records carry timestamps an hour back: retention.ms of a minute expires them and
+    # not the new ones, however long the job takes to start on a busy machine
+    create_topic(broker.bootstrap, "timed", 1, **{"retention.ms": "60000", "segment.ms": "500"})
     create_topic(
         broker.bootstrap,
         "sized",
         1,
         **{"retention.bytes": "50000", "segment.bytes": "20000", "retention.ms": "-1"},
     )
+    an_hour_ago = int(time.time() * 1000) - 3_600_000
     old = produce(
-        broker.bootstrap, "timed", rounds=1, partitions=1, per_partition=300, size=3000, pause=0
+        broker.bootstrap,
+        "timed",
+        rounds=1,
+        partitions=1,
+        per_partition=300,
+        size=3000,
+        pause=0,
+        timestamp_ms=an_hour_ago,
     )
     sized = produce(
         broker.bootstrap, "sized", rounds=20, partitions=1, per_partition=10, size=1000, pause=0
     )
-    time.sleep(5)
     new = produce(
         broker.bootstrap, "timed", rounds=1, partitions=1, per_partition=50, size=3000, pause=0.5
     )
