@@ -2,14 +2,17 @@
 
 Produce: the records blob is split into batches, each validated (magic v2, sizes, CRC32C),
 copied once into a writable buffer, given its base offset and leader epoch in place (outside
-the CRC) and appended. Appends to one partition are serialized, so offsets are assigned in
-order; on a single broker the high watermark is the log end offset.
+the CRC) and appended. Appends to one partition are serialized up to the start of their WAL
+writes, so offsets are assigned in order; the wait for durability runs concurrently, so one
+request's batches and the next request's share group commits. The log end offset (assigned)
+runs ahead of the high watermark (durable); reads and acknowledgements follow the high
+watermark, and every advance of it wakes the fetches waiting on this partition.
 
 Idempotent producers: under the append lock, before any offset is assigned, the batches are
-checked against the log's producer state (:mod:`automq_py.producer_state`). A retried batch
-the partition already holds is answered with its original base offset and not appended again;
-an out-of-order sequence or a fenced epoch fails the whole request for this partition. The log
-records each appended batch in the producer state once it is durable.
+checked against the log's producer state (:mod:`automq_py.producer_state`), which records each
+batch when its append starts. A retried batch the partition already holds is answered with its
+original base offset, once that batch is durable, and not appended again; an out-of-order
+sequence or a fenced epoch fails the whole request for this partition.
 """
 
 from __future__ import annotations
@@ -41,17 +44,36 @@ class Partition:
         self.leader_epoch = leader_epoch
         self.max_message_bytes = max_message_bytes
         self._append_lock = asyncio.Lock()
+        # fetches waiting for data, and appends (duplicates) waiting for an offset to be durable
+        self._data_waiters: set[asyncio.Future[None]] = set()
+        self._durable_waiters: list[tuple[int, asyncio.Future[None]]] = []
 
     @property
     def high_watermark(self) -> int:
         return self.log.high_watermark
 
     @property
+    def log_end_offset(self) -> int:
+        return self.log.log_end_offset
+
+    @property
     def log_start_offset(self) -> int:
         return self.log.log_start_offset
 
     async def append_records(self, records: memoryview) -> AppendResult:
-        """Validate and append a Produce request's records for this partition."""
+        """Validate and append a Produce request's records; return once they are durable."""
+        started = await self.start_append(records)
+        if isinstance(started, AppendResult):
+            return started
+        return await asyncio.shield(started)
+
+    async def start_append(
+        self, records: memoryview
+    ) -> AppendResult | asyncio.Future[AppendResult]:
+        """Validate a Produce request's records for this partition and start their append:
+        an :class:`AppendResult` when the answer is known now (invalid, rejected), else the
+        future of the result, done once every batch is durable. Raises what the log raises
+        when an append cannot start (the caller maps it to the partition's error)."""
         try:
             batches = list(record_batch.iter_batches(records))
             if not batches:
@@ -71,17 +93,18 @@ class Partition:
         async with self._append_lock:
             check = self.log.producer_state.check([header for header, _ in batches])
             if check.duplicate is not None:
-                return AppendResult(
-                    ErrorCode.NONE, check.duplicate.first_offset, self.log.log_start_offset
-                )
+                # the original may still be on its way to the WAL: answer once it is durable
+                first, last = check.duplicate.first_offset, check.duplicate.last_offset
+                return self._result_when_durable(self.wait_durable(last + 1), first)
             if check.error != ErrorCode.NONE:
                 return AppendResult(check.error, message=check.message)
             first = -1
+            durable: asyncio.Future[None] | None = None
             for header, view in batches:
                 base = self.log.log_end_offset
                 buf = bytearray(view)
                 record_batch.assign_offsets(buf, base, self.leader_epoch)
-                await self.log.append(
+                durable = await self.log.start_append(
                     memoryview(buf),
                     base_offset=base,
                     record_count=header.last_offset_delta + 1,
@@ -90,7 +113,65 @@ class Partition:
                 )
                 if first < 0:
                     first = base
-        return AppendResult(ErrorCode.NONE, first, self.log.log_start_offset)
+        assert durable is not None
+        # the last batch durable means every one before it is
+        durable.add_done_callback(self._on_durable)
+        return self._result_when_durable(durable, first)
+
+    def _result_when_durable(
+        self, durable: asyncio.Future[None], base_offset: int
+    ) -> asyncio.Future[AppendResult]:
+        result: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
+
+        def done(f: asyncio.Future[None]) -> None:
+            if result.done():
+                return
+            if f.cancelled():
+                result.cancel()
+            elif (error := f.exception()) is not None:
+                result.set_exception(error)
+            else:
+                result.set_result(AppendResult(ErrorCode.NONE, base_offset, self.log_start_offset))
+
+        durable.add_done_callback(done)
+        return result
+
+    def _on_durable(self, durable: asyncio.Future[None]) -> None:
+        """The high watermark moved (or the log failed): wake whoever waits on it."""
+        for waiter in self._data_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._data_waiters.clear()
+        if self._durable_waiters:
+            hw = self.high_watermark
+            failed = durable.exception() if not durable.cancelled() else None
+            keep = []
+            for offset, waiter in self._durable_waiters:
+                if waiter.done():
+                    continue
+                if offset <= hw:
+                    waiter.set_result(None)
+                elif failed is not None:
+                    waiter.set_exception(failed)
+                else:
+                    keep.append((offset, waiter))
+            self._durable_waiters = keep
+
+    def wait_durable(self, offset: int) -> asyncio.Future[None]:
+        """A future done once the high watermark reaches ``offset``."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if offset <= self.high_watermark:
+            waiter.set_result(None)
+        else:
+            self._durable_waiters.append((offset, waiter))
+        return waiter
+
+    def add_data_waiter(self, waiter: asyncio.Future[None]) -> None:
+        """Complete ``waiter`` when the high watermark next moves (a delayed fetch)."""
+        self._data_waiters.add(waiter)
+
+    def remove_data_waiter(self, waiter: asyncio.Future[None]) -> None:
+        self._data_waiters.discard(waiter)
 
     async def read(self, offset: int, max_bytes: int) -> list[memoryview]:
         return await self.log.read(offset, max_bytes)

@@ -1,20 +1,69 @@
-"""ReplicaManager: the partitions this broker leads, opened lazily over S3Storage, and the
-signal that wakes long-polling fetches when data arrives."""
+"""ReplicaManager: the partitions this broker leads, opened lazily over S3Storage; appends and
+fetches are orchestrated here, as in Kafka's ReplicaManager.
+
+``append_records`` checks each entry (acks, topic, partition, internal topics), starts every
+partition's append in request order (offsets assigned, WAL writes started) and returns the
+future of the results: the wait for durability is the only part that runs concurrently with
+what the connection does next. ``fetch_messages`` reads the partitions asked for and, while
+fewer than ``min_bytes`` came back, waits on those partitions alone for their high watermark
+to move (Kafka's delayed fetch). A storage failure is the failing partition's error code (one
+mapping, :mod:`automq_py.errors`); the other partitions carry on.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 
+from automq_py.errors import describe, kafka_error
 from automq_py.log.elastic_log import ElasticLog
 from automq_py.log.log_config import LogConfig
-from automq_py.partition import Partition
+from automq_py.partition import AppendResult, Partition
 from automq_py.topics import TopicInfo
+from protocol.errors import ErrorCode
 from storage.s3_storage import S3Storage
 from storage.stream import StreamClient
 
 log = logging.getLogger("automq.replica")
+
+
+@dataclass(slots=True, frozen=True)
+class AppendEntry:
+    """One partition's records in an append: ``topic`` None when the name did not resolve
+    (``error`` says why)."""
+
+    topic: TopicInfo | None
+    index: int
+    records: memoryview | None
+    error: ErrorCode = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+
+@dataclass(slots=True, frozen=True)
+class FetchEntry:
+    """One partition to read: from ``offset``, at most ``max_bytes`` of it."""
+
+    topic: TopicInfo | None
+    index: int
+    offset: int
+    max_bytes: int
+    error: ErrorCode = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+
+@dataclass(slots=True)
+class FetchData:
+    """What a fetch read from one partition (Kafka's ``FetchPartitionData``)."""
+
+    error: ErrorCode
+    high_watermark: int = -1
+    log_start_offset: int = -1
+    records: list[memoryview] | None = None
+
+    @property
+    def size(self) -> int:
+        return sum(len(r) for r in self.records) if self.records else 0
 
 
 class ReplicaManager:
@@ -24,7 +73,6 @@ class ReplicaManager:
         self.topic_defaults = topic_defaults
         self._partitions: dict[tuple[str, int], Partition] = {}
         self._opening: dict[tuple[str, int], asyncio.Lock] = {}
-        self._data_arrived = asyncio.Event()
 
     def log_config(self, topic: TopicInfo) -> LogConfig:
         return LogConfig.from_properties({**self.topic_defaults, **topic.configs})
@@ -57,15 +105,136 @@ class ReplicaManager:
             log.info("opened partition %s-%d at epoch %d", topic.name, index, epoch)
             return partition
 
-    def notify_data(self) -> None:
-        """Wake every fetch waiting for data."""
-        self._data_arrived.set()
-        self._data_arrived = asyncio.Event()
+    def opened(self, topic: str) -> list[Partition]:
+        """The partitions of ``topic`` opened so far, in index order (a config change applies
+        to these; the others read the topic's configs when they open)."""
+        return [p for (name, _), p in sorted(self._partitions.items()) if name == topic]
 
-    async def wait_for_data(self, timeout: float) -> None:
-        if timeout > 0:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._data_arrived.wait(), timeout)
+    # -- append ----------------------------------------------------------------------------------
+
+    async def append_records(
+        self, entries: Sequence[AppendEntry], *, acks: int, internal_allowed: bool
+    ) -> asyncio.Future[list[AppendResult]]:
+        """Start the append of each entry, in order, and return the future of their results
+        (in the same order), done once every started append is durable or failed. Only
+        coordinators may append to internal topics (Kafka's ``internalTopicsAllowed``)."""
+        started: list[AppendResult | asyncio.Future[AppendResult]] = []
+        for entry in entries:
+            started.append(await self._start_append(entry, acks, internal_allowed))
+        results: asyncio.Future[list[AppendResult]] = asyncio.get_running_loop().create_future()
+        pending = [(i, f) for i, f in enumerate(started) if not isinstance(f, AppendResult)]
+        if not pending:
+            results.set_result([r for r in started if isinstance(r, AppendResult)])
+            return results
+        remaining = len(pending)
+
+        def one_done(i: int, entry: AppendEntry, f: asyncio.Future[AppendResult]) -> None:
+            nonlocal remaining
+            if f.cancelled():
+                started[i] = AppendResult(ErrorCode.REQUEST_TIMED_OUT)
+            elif (error := f.exception()) is not None:
+                started[i] = _failed(entry, error)
+            else:
+                started[i] = f.result()
+            remaining -= 1
+            if remaining == 0 and not results.done():
+                results.set_result([r for r in started if isinstance(r, AppendResult)])
+
+        for i, f in pending:
+            f.add_done_callback(lambda f, i=i, e=entries[i]: one_done(i, e, f))  # type: ignore[misc]
+        return results
+
+    async def _start_append(
+        self, entry: AppendEntry, acks: int, internal_allowed: bool
+    ) -> AppendResult | asyncio.Future[AppendResult]:
+        if acks not in (-1, 0, 1):
+            return AppendResult(ErrorCode.INVALID_REQUIRED_ACKS, message=f"acks={acks}")
+        topic = entry.topic
+        if topic is None:
+            return AppendResult(entry.error)
+        if not 0 <= entry.index < topic.partitions:
+            return AppendResult(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+        if topic.internal and not internal_allowed:
+            return AppendResult(
+                ErrorCode.INVALID_TOPIC_EXCEPTION,
+                message=f"cannot append to internal topic {topic.name}",
+            )
+        if entry.records is None:
+            return AppendResult(ErrorCode.CORRUPT_MESSAGE, message="null records")
+        try:
+            partition = await self.partition(topic, entry.index)
+            return await partition.start_append(entry.records)
+        except Exception as e:
+            return _failed(entry, e)
+
+    # -- fetch -----------------------------------------------------------------------------------
+
+    async def fetch_messages(
+        self,
+        entries: Sequence[FetchEntry],
+        *,
+        max_bytes: int,
+        min_bytes: int,
+        max_wait_s: float,
+    ) -> list[FetchData]:
+        """Read every entry (the first partition with data returns at least one batch, even
+        past ``max_bytes``); while fewer than ``min_bytes`` came back and no partition failed,
+        wait up to ``max_wait_s`` for one of them to get new data, and read again."""
+        deadline = time.monotonic() + max(0.0, max_wait_s)
+        while True:
+            partitions: list[Partition | None] = []
+            results = await self._read_all(entries, max_bytes, partitions)
+            total = sum(r.size for r in results)
+            remaining = deadline - time.monotonic()
+            if (
+                total >= min_bytes
+                or remaining <= 0
+                or any(r.error != ErrorCode.NONE for r in results)
+            ):
+                return results
+            waiting = [
+                (p, r.high_watermark)
+                for p, r in zip(partitions, results, strict=True)
+                if p is not None
+            ]
+            if not waiting:
+                return results
+            await _wait_for_data(waiting, remaining)
+
+    async def _read_all(
+        self, entries: Sequence[FetchEntry], max_bytes: int, partitions: list[Partition | None]
+    ) -> list[FetchData]:
+        total = 0
+        results: list[FetchData] = []
+        for entry in entries:
+            topic = entry.topic
+            if topic is None or not 0 <= entry.index < topic.partitions:
+                partitions.append(None)
+                results.append(FetchData(entry.error))
+                continue
+            try:
+                partition = await self.partition(topic, entry.index)
+            except Exception as e:
+                partitions.append(None)
+                results.append(FetchData(_failed_read(entry, e)))
+                continue
+            partitions.append(partition)
+            hw, start = partition.high_watermark, partition.log_start_offset
+            limit = min(entry.max_bytes, max(max_bytes - total, 0))
+            data = FetchData(ErrorCode.NONE, hw, start, [])
+            if entry.offset < start or entry.offset > partition.log_end_offset:
+                data.error = ErrorCode.OFFSET_OUT_OF_RANGE
+            elif entry.offset < hw and (limit > 0 or total == 0):
+                try:
+                    # the first partition with data returns at least one batch (Kafka's rule)
+                    data.records = await partition.read(
+                        entry.offset, limit if total else max(limit, 1)
+                    )
+                except Exception as e:  # out of range (a trim raced), or storage failing
+                    data.error = _failed_read(entry, e)
+            total += data.size
+            results.append(data)
+        return results
 
     async def close_topic(self, name: str) -> None:
         for key in [k for k in self._partitions if k[0] == name]:
@@ -79,3 +248,41 @@ class ReplicaManager:
             except Exception as e:
                 log.warning("closing %s-%d: %s", partition.topic, partition.index, e)
         self._partitions.clear()
+
+
+async def _wait_for_data(partitions: list[tuple[Partition, int]], timeout: float) -> None:
+    """Wait until one of ``partitions`` has new data (its high watermark moves from the one
+    read), or ``timeout``."""
+    waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    for p, _ in partitions:
+        p.add_data_waiter(waiter)
+    try:
+        # data may have arrived between the read and now
+        if any(p.high_watermark != hw for p, hw in partitions):
+            return
+        await asyncio.wait_for(asyncio.shield(waiter), timeout)
+    except TimeoutError:
+        pass
+    finally:
+        for p, _ in partitions:
+            p.remove_data_waiter(waiter)
+        if not waiter.done():
+            waiter.cancel()
+
+
+def _failed(entry: AppendEntry, error: BaseException) -> AppendResult:
+    code = kafka_error(error)
+    name = entry.topic.name if entry.topic else "?"
+    log.warning("produce to %s-%d failed: %s (%s)", name, entry.index, describe(error), code.name)
+    return AppendResult(code, message=describe(error))
+
+
+def _failed_read(entry: FetchEntry, error: BaseException) -> ErrorCode:
+    """A partition's read failed: its error code; the fetch's other partitions go on."""
+    code = kafka_error(error)
+    if code != ErrorCode.OFFSET_OUT_OF_RANGE:
+        name = entry.topic.name if entry.topic else "?"
+        log.warning(
+            "fetch from %s-%d failed: %s (%s)", name, entry.index, describe(error), code.name
+        )
+    return code

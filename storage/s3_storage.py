@@ -389,8 +389,10 @@ class S3Storage:
         if durable.cancelled() or durable.exception() is not None:
             self._fail(durable.exception() or WALError("WAL write was cancelled"))
             return
-        if done.done():  # failed meanwhile
+        if done.done() and not done.cancelled():  # failed meanwhile
             return
+        # (a caller that cancelled its future gave up waiting; the write is confirmed anyway,
+        # or every later offset of the stream would wait behind it forever)
         result = durable.result()
         state.waiting[batch.base_offset] = _Durable(batch, result.offset, result.next_offset, done)
         while state.confirmed in state.waiting:
@@ -398,7 +400,8 @@ class S3Storage:
             self.cache.put(record.batch, record.wal_offset, record.wal_next)
             state.confirmed = record.batch.last_offset
             state.inflight.discard(record.done)
-            record.done.set_result(None)
+            if not record.done.done():
+                record.done.set_result(None)
         if self.cache.active.size >= self.config.wal_upload_threshold:
             # seal now, so objects stay near the threshold however busy the uploads are
             self.cache.seal()

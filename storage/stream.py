@@ -59,15 +59,18 @@ class S3Stream:
     async def append(self, payload: bytes | memoryview, count: int) -> int:
         """Append one batch covering ``count`` offsets; return its base offset once durable."""
         base, durable = await self.start_append(payload, count)
-        await durable
+        # the caller may be cancelled; the write, whose offset is taken, goes on
+        await asyncio.shield(durable)
         return base
 
     async def start_append(
         self, payload: bytes | memoryview, count: int
-    ) -> tuple[int, Awaitable[None]]:
-        """Take the batch's offsets and start its WAL write; return its base offset and what
-        to await for its durability. What is started next on this loop (another stream's
-        batch, a time-index entry) joins the same WAL group commit when it can."""
+    ) -> tuple[int, asyncio.Future[None]]:
+        """Take the batch's offsets and start its WAL write; return its base offset and the
+        future of its durability (done once it and every earlier offset are durable; a
+        waiter that cancels it gives up waiting, the write goes on). What is started next on
+        this loop (another stream's batch, a time-index entry) joins the same WAL group
+        commit when it can."""
         if count <= 0:
             raise ValueError(f"count must be positive, got {count}")
         self._check_writable()
@@ -82,17 +85,12 @@ class S3Stream:
         except BaseException:
             self.closed = True  # offsets after a failed append can no longer be trusted
             raise
-        return base, self._durable(done)
+        done.add_done_callback(self._on_durable)
+        return base, done
 
-    async def _durable(self, done: asyncio.Future[None]) -> None:
-        try:
-            # the caller may be cancelled; the write, whose offset is taken, goes on
-            await asyncio.shield(done)
-        except asyncio.CancelledError:
-            raise
-        except BaseException:
+    def _on_durable(self, done: asyncio.Future[None]) -> None:
+        if not done.cancelled() and done.exception() is not None:
             self.closed = True  # offsets after a failed append can no longer be trusted
-            raise
 
     async def fetch(self, start: int, end: int = -1, max_bytes: int = 1 << 20) -> FetchResult:
         """Batches from the one holding ``start`` towards ``end`` (-1: the confirmed end), about

@@ -7,6 +7,7 @@ zero-copy path), or None (no response, as for acks=0 Produce).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
@@ -26,6 +27,7 @@ from automq_py.apis import (
     topics,
 )
 from automq_py.apis.context import BrokerContext
+from automq_py.apis.deferred import Deferred
 from automq_py.errors import describe, kafka_error
 from protocol import api_versions, build, wire
 from protocol.messages import Request, encode_response, response_schema
@@ -64,13 +66,30 @@ class KafkaApis:
     def supported(self) -> dict[int, tuple[int, int]]:
         return {key: (lo, hi) for key, (_, lo, hi) in self.table.items()}
 
-    async def handle(self, request: Request) -> list[wire.Buffer] | None:
+    async def handle(
+        self, request: Request
+    ) -> list[wire.Buffer] | asyncio.Future[list[wire.Buffer] | None] | None:
+        """Run ``request``'s handler: its encoded response, None (no response), or the future
+        of the response when the handler deferred the rest of its work (:class:`Deferred`)."""
         handler, _, _ = self.table[request.api_key]
         try:
             result = await handler(self.ctx, request)
         except Exception as e:
             # Kafka's handleError: the request is answered with the error, the connection stays
             return self.error_response(request, e)
+        if isinstance(result, Deferred):
+            return asyncio.ensure_future(self._finish(request, result.result))
+        return self._encode(request, result)
+
+    async def _finish(self, request: Request, pending: Awaitable[Any]) -> list[wire.Buffer] | None:
+        try:
+            result = await pending
+        except Exception as e:
+            return self.error_response(request, e)
+        return self._encode(request, result)
+
+    @staticmethod
+    def _encode(request: Request, result: Any) -> list[wire.Buffer] | None:
         if result is None or isinstance(result, list):
             return result
         return encode_response(request.response_info, result)

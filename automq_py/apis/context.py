@@ -43,9 +43,7 @@ class BrokerContext:
     def open_partitions(self, topic: str) -> list[Partition]:
         """The partitions of ``topic`` opened so far, to apply a config change to; the others
         read the topic's configs when they open."""
-        # ReplicaManager has no public view of what it opened; this is the one place that looks
-        opened = self.replicas._partitions
-        return [p for (name, _), p in sorted(opened.items(), key=lambda kv: kv[0]) if name == topic]
+        return self.replicas.opened(topic)
 
     async def topic_for_write(
         self, name: str, auto_create: bool

@@ -1,20 +1,21 @@
 """Fetch (1) and ListOffsets (2).
 
-Fetch reads every requested partition; while fewer than ``min_bytes`` came back it waits for
-new data (or ``max_wait``), then reads again: Kafka's delayed fetch. Record batches are handed
-to the transport as the buffers the log returned, not re-encoded.
+Fetch hands the partitions asked for to the ReplicaManager, which reads them and, while fewer
+than ``min_bytes`` came back, waits on them for new data (or ``max_wait``): Kafka's delayed
+fetch. Record batches are handed to the transport as the buffers the log returned, not
+re-encoded.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from automq_py.apis.context import BrokerContext
 from automq_py.errors import describe, kafka_error
 from automq_py.log.elastic_log import LogOffsetOutOfRangeError
 from automq_py.partition import Partition
+from automq_py.replica_manager import FetchEntry
 from protocol import build, record_batch, wire
 from protocol.errors import ErrorCode
 from protocol.fetch import FetchPartitionResult, FetchTopicResult, encode_fetch_response
@@ -36,89 +37,66 @@ async def handle_fetch(ctx: BrokerContext, request: Request) -> Any:
         if hasattr(body.max_wait, "total_seconds")
         else (body.max_wait / 1000)
     )
-    deadline = time.monotonic() + max(0.0, max_wait)
-    min_bytes = max(0, int(body.min_bytes))
     max_bytes = int(getattr(body, "max_bytes", 0x7FFFFFFF)) or 0x7FFFFFFF
-    while True:
-        topics, total, errors = await _read_all(ctx, body, max_bytes)
-        remaining = deadline - time.monotonic()
-        if total >= min_bytes or errors or remaining <= 0:
-            break
-        await ctx.replicas.wait_for_data(remaining)
-    return encode_fetch_response(request.api_version, request.correlation_id, topics, session_id=0)
-
-
-async def _read_all(
-    ctx: BrokerContext, body: Any, max_bytes: int
-) -> tuple[list[FetchTopicResult], int, bool]:
-    total = 0
-    errors = False
-    topics: list[FetchTopicResult] = []
+    names: list[str] = []
+    entries: list[FetchEntry] = []
     for t in body.topics:
         topic_id = getattr(t, "topic_id", None)
         name = getattr(t, "topic", None)
         info = (
             ctx.topics.by_id(topic_id) if name is None and topic_id else ctx.topics.get(str(name))
         )
-        parts: list[FetchPartitionResult] = []
+        names.append(str(name or (info.name if info else "")))
+        missing = (
+            ErrorCode.UNKNOWN_TOPIC_ID if name is None else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        )
         for p in t.partitions:
-            index = int(p.partition)
-            if info is None or not 0 <= index < info.partitions:
-                missing = (
-                    ErrorCode.UNKNOWN_TOPIC_ID
-                    if name is None
-                    else (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+            entries.append(
+                FetchEntry(
+                    info, int(p.partition), int(p.fetch_offset), int(p.partition_max_bytes), missing
                 )
-                parts.append(FetchPartitionResult(index, missing))
-                errors = True
-                continue
-            try:
-                partition = await ctx.replicas.partition(info, index)
-            except Exception as e:
-                parts.append(FetchPartitionResult(index, _failed(info.name, index, e)))
-                errors = True
-                continue
-            hw, start = partition.high_watermark, partition.log_start_offset
-            offset = int(p.fetch_offset)
-            limit = min(int(p.partition_max_bytes), max(max_bytes - total, 0))
-            records: list[memoryview] = []
-            error = ErrorCode.NONE
-            if offset < start or offset > hw:
-                error = ErrorCode.OFFSET_OUT_OF_RANGE
-                errors = True
-            elif offset < hw and (limit > 0 or total == 0):
-                try:
-                    # the first partition with data returns at least one batch (Kafka's rule)
-                    records = await partition.read(offset, limit if total else max(limit, 1))
-                except Exception as e:  # out of range (a trim raced), or storage failing
-                    error = _failed(info.name, index, e)
-                    errors = True
-            total += sum(len(r) for r in records)
+            )
+    results = await ctx.replicas.fetch_messages(
+        entries,
+        max_bytes=max_bytes,
+        min_bytes=max(0, int(body.min_bytes)),
+        max_wait_s=max_wait,
+    )
+    topics: list[FetchTopicResult] = []
+    i = 0
+    for t, name in zip(body.topics, names, strict=True):
+        parts: list[FetchPartitionResult] = []
+        info = None
+        for p in t.partitions:
+            entry, r = entries[i], results[i]
+            info = entry.topic
+            i += 1
             parts.append(
                 FetchPartitionResult(
-                    index,
-                    error,
-                    high_watermark=hw,
-                    last_stable_offset=hw,
-                    log_start_offset=start,
-                    records=records,
+                    int(p.partition),
+                    r.error,
+                    high_watermark=r.high_watermark,
+                    last_stable_offset=r.high_watermark,
+                    log_start_offset=r.log_start_offset,
+                    records=r.records or [],
                 )
             )
+        topic_id = getattr(t, "topic_id", None)
         topics.append(
             FetchTopicResult(
-                name=str(name or (info.name if info else "")),
-                partitions=parts,
-                topic_id=info.topic_id if info else topic_id,
+                name=name, partitions=parts, topic_id=info.topic_id if info else topic_id
             )
         )
-    return topics, total, errors
+    return encode_fetch_response(request.api_version, request.correlation_id, topics, session_id=0)
 
 
 def _failed(topic: str, index: int, error: Exception) -> ErrorCode:
-    """A partition's read failed: its error code; the fetch's other partitions go on."""
+    """A partition's ListOffsets failed: its error code; the other partitions go on."""
     code = kafka_error(error)
     if code != ErrorCode.OFFSET_OUT_OF_RANGE:
-        log.warning("fetch from %s-%d failed: %s (%s)", topic, index, describe(error), code.name)
+        log.warning(
+            "list offsets of %s-%d failed: %s (%s)", topic, index, describe(error), code.name
+        )
     return code
 
 

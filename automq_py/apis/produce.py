@@ -1,50 +1,68 @@
-"""Produce (0): validate, assign offsets and append each partition's batches.
+"""Produce (0): resolve each partition's topic, then hand the records to the ReplicaManager.
 
 Every acknowledgement (acks=1 and acks=all alike) is sent after the data is fsynced in the WAL,
-which is what acks=all promises; acks=0 gets no response at all.
+which is what acks=all promises; acks=0 gets no response at all. The handler returns as soon
+as every partition's append has started (offsets assigned, WAL writes queued), with the
+response still to come (:class:`Deferred`): the connection goes on to its next request while
+this one waits for durability, and the socket server writes the responses in request order.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
 
 from automq_py.apis.context import BrokerContext
-from automq_py.errors import describe, kafka_error
-from automq_py.partition import AppendResult, Partition
+from automq_py.apis.deferred import Deferred
+from automq_py.partition import AppendResult
+from automq_py.replica_manager import AppendEntry
 from protocol import build
 from protocol.errors import ErrorCode
 from protocol.messages import Request, response_schema
-from protocol.produce import ProducePartitionData
-
-log = logging.getLogger("automq.produce")
 
 
 async def handle_produce(ctx: BrokerContext, request: Request) -> Any:
     body = request.body
-    acks = body.acks
-    jobs: list[tuple[str, int, asyncio.Future[AppendResult] | AppendResult]] = []
+    names: list[str] = []
+    entries: list[AppendEntry] = []
     for t in body.topics:
         name = t.name
-        if name is None and t.topic_id is not None:
+        if not name and t.topic_id is not None:
             found = ctx.topics.by_id(t.topic_id)
             name = found.name if found else None
+        topic = None
+        error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        if name:
+            # as in Kafka, only Metadata auto-creates topics; Produce to an unknown one is an error
+            topic, error = await ctx.topic_for_write(name, auto_create=False)
         for p in t.partitions:
-            jobs.append((str(name), p.index, await _start(ctx, name, p, acks)))
-    results = [
-        (name, index, job if isinstance(job, AppendResult) else await job)
-        for name, index, job in jobs
-    ]
-    if any(r.error == ErrorCode.NONE for _, _, r in results):
-        ctx.replicas.notify_data()
-    if acks == 0:
+            names.append(str(name))
+            entries.append(AppendEntry(topic, p.index, p.records, error))
+    results = await ctx.replicas.append_records(entries, acks=body.acks, internal_allowed=False)
+    if body.acks == 0:
         return None
+    if results.done():
+        return _response(request, names, entries, results.result())
+    return Deferred(_respond_when_durable(request, names, entries, results))
+
+
+async def _respond_when_durable(
+    request: Request,
+    names: list[str],
+    entries: list[AppendEntry],
+    results: asyncio.Future[list[AppendResult]],
+) -> Any:
+    return _response(request, names, entries, await results)
+
+
+def _response(
+    request: Request, names: list[str], entries: list[AppendEntry], results: list[AppendResult]
+) -> Any:
     by_topic: dict[str, list[dict[str, Any]]] = {}
-    for name, index, r in results:
+    for name, entry, r in zip(names, entries, results, strict=True):
         by_topic.setdefault(name, []).append(
             {
-                "index": index,
+                "index": entry.index,
                 "error_code": r.error,
                 "base_offset": r.base_offset,
                 "log_append_time": -1,
@@ -61,50 +79,6 @@ async def handle_produce(ctx: BrokerContext, request: Request) -> Any:
             ],
         },
     )
-
-
-async def _start(
-    ctx: BrokerContext, name: str | None, p: ProducePartitionData, acks: int
-) -> asyncio.Future[AppendResult] | AppendResult:
-    """Begin the append of one partition (partitions append concurrently)."""
-    if acks not in (-1, 0, 1):
-        return AppendResult(ErrorCode.INVALID_REQUIRED_ACKS, message=f"acks={acks}")
-    topic = None
-    error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-    if name is not None:
-        # as in Kafka, only Metadata auto-creates topics; Produce to an unknown one is an error
-        topic, error = await ctx.topic_for_write(name, auto_create=False)
-    if topic is None:
-        return AppendResult(error)
-    if not 0 <= p.index < topic.partitions:
-        return AppendResult(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
-    if topic.internal:
-        # only the coordinators write there (Kafka's internalTopicsAllowed is false for clients)
-        return AppendResult(
-            ErrorCode.INVALID_TOPIC_EXCEPTION, message=f"cannot append to internal topic {name}"
-        )
-    if p.records is None:
-        return AppendResult(ErrorCode.CORRUPT_MESSAGE, message="null records")
-    try:
-        partition = await ctx.replicas.partition(topic, p.index)
-    except Exception as e:
-        return _failed(topic.name, p.index, e)
-    return asyncio.ensure_future(_append(partition, p.records))
-
-
-async def _append(partition: Partition, records: memoryview) -> AppendResult:
-    """The partition's append; a storage failure is this partition's error, as in Kafka's
-    ReplicaManager, and the other partitions and the connection carry on."""
-    try:
-        return await partition.append_records(records)
-    except Exception as e:
-        return _failed(partition.topic, partition.index, e)
-
-
-def _failed(topic: str, index: int, error: Exception) -> AppendResult:
-    code = kafka_error(error)
-    log.warning("produce to %s-%d failed: %s (%s)", topic, index, describe(error), code.name)
-    return AppendResult(code, message=describe(error))
 
 
 API_KEY = 0

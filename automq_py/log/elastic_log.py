@@ -347,13 +347,15 @@ class ElasticLog:
 
     @property
     def log_end_offset(self) -> int:
-        """The next offset to append at; every offset below is durable."""
-        return self._segments[-1].next_offset
+        """The next offset to append at (Kafka's log end offset): offsets below it are taken,
+        though the last appends may not be durable yet."""
+        return self._segments[-1].assigned_end
 
     @property
     def high_watermark(self) -> int:
-        """On a single node every durable offset is committed: the log end offset."""
-        return self.log_end_offset
+        """The end of the durable log: every offset below is acknowledged and may be read. On
+        a single node durable means committed, so this is Kafka's high watermark."""
+        return self._segments[-1].next_offset
 
     @property
     def segments(self) -> list[ElasticStreamSegmentMeta]:
@@ -386,9 +388,32 @@ class ElasticLog:
         max_timestamp: int,
         first_timestamp: int,
     ) -> None:
-        """Append one Kafka record batch whose header already says ``base_offset`` (which must
-        be :attr:`log_end_offset`); durable when this returns. Rolls the active segment first
-        when ``segment.bytes``, ``segment.ms`` or its time index says so.
+        """:meth:`start_append`, returning once the batch is durable."""
+        durable = await self.start_append(
+            batch,
+            base_offset=base_offset,
+            record_count=record_count,
+            max_timestamp=max_timestamp,
+            first_timestamp=first_timestamp,
+        )
+        await asyncio.shield(durable)
+
+    async def start_append(
+        self,
+        batch: bytes | memoryview,
+        *,
+        base_offset: int,
+        record_count: int,
+        max_timestamp: int,
+        first_timestamp: int,
+    ) -> asyncio.Future[None]:
+        """Start the append of one Kafka record batch whose header already says
+        ``base_offset`` (which must be :attr:`log_end_offset`) and return the future of its
+        durability: done once it and every batch before it are durable, when the high
+        watermark has passed it. Rolls the active segment first when ``segment.bytes``,
+        ``segment.ms`` or its time index says so. Appends started one after the other share
+        WAL group commits; the producer state records the batch now, so the next append's
+        sequence check sees it.
 
         ``first_timestamp`` (the batch's base timestamp) is accepted for symmetry with
         Kafka's append info; rolling and indexing use ``max_timestamp``, as Kafka does.
@@ -409,8 +434,11 @@ class ElasticLog:
                 self.config, len(batch), last_offset, max_timestamp, now
             ):
                 await self._roll(now)
-            await self._segments[-1].append(batch, base_offset, record_count, max_timestamp, now)
+            durable = await self._segments[-1].start_append(
+                batch, base_offset, record_count, max_timestamp, now
+            )
             self._track_producer(batch, base_offset, now)
+            return durable
 
     def _track_producer(self, batch: bytes | memoryview, base_offset: int, now: int) -> None:
         """Record an appended batch in the producer state (from its header alone)."""
@@ -455,9 +483,9 @@ class ElasticLog:
             self._check_open()
             if new_start <= self.log_start_offset:
                 return
-            if new_start > self.log_end_offset:
+            if new_start > self.high_watermark:
                 raise LogOffsetOutOfRangeError(
-                    new_start, self.log_start_offset, self.log_end_offset
+                    new_start, self.log_start_offset, self.high_watermark
                 )
             # the start offset first: once it is durable nothing below it is read again
             self._partition_meta = dataclasses.replace(self._partition_meta, start_offset=new_start)
@@ -539,11 +567,13 @@ class ElasticLog:
     ) -> list[memoryview]:
         """Kafka record batches from the one holding ``offset``: whole batches up to
         ``max_bytes``, at least one when any is available, none starting at or after
-        ``max_offset``. Raises :class:`LogOffsetOutOfRangeError` outside
-        ``[log_start_offset, log_end_offset]``."""
+        ``max_offset`` or at the high watermark. Raises :class:`LogOffsetOutOfRangeError`
+        outside ``[log_start_offset, log_end_offset]``."""
         start, end = self.log_start_offset, self.log_end_offset
         if offset < start or offset > end:
             raise LogOffsetOutOfRangeError(offset, start, end)
+        hw = self.high_watermark
+        max_offset = hw if max_offset is None else min(max_offset, hw)
         segments = self._segments  # a roll replaces nothing in place: a stable snapshot
         i = max(bisect.bisect_right([s.base_offset for s in segments], offset) - 1, 0)
         out: list[memoryview] = []

@@ -10,6 +10,7 @@ batch that holds it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -66,6 +67,12 @@ class ElasticLogSegment:
     def next_offset(self) -> int:
         """The Kafka offset after the segment's last durable batch."""
         end = self.log_stream.confirmed_offset if self.is_active else self.log_slice.end
+        return self.to_kafka(end)
+
+    @property
+    def assigned_end(self) -> int:
+        """The Kafka offset after the segment's last appended batch, durable or not."""
+        end = self.log_stream.next_offset if self.is_active else self.log_slice.end
         return self.to_kafka(end)
 
     def to_stream(self, offset: int) -> int:
@@ -132,8 +139,22 @@ class ElasticLogSegment:
         max_timestamp: int,
         now: int,
     ) -> None:
-        """Append one Kafka batch at ``base_offset`` (the segment's next offset); durable when
-        this returns."""
+        """Append one Kafka batch at ``base_offset``; durable when this returns."""
+        durable = await self.start_append(batch, base_offset, record_count, max_timestamp, now)
+        await asyncio.shield(durable)
+
+    async def start_append(
+        self,
+        batch: bytes | memoryview,
+        base_offset: int,
+        record_count: int,
+        max_timestamp: int,
+        now: int,
+    ) -> asyncio.Future[None]:
+        """Start the append of one Kafka batch at ``base_offset`` (the segment's assigned end)
+        and return the future of its durability, which is done once it and every batch before
+        it are durable. The time-index entry, when one is due, goes right behind the batch,
+        into the same group commit."""
         expected = self.to_stream(base_offset)
         if not self.is_active or self.log_stream.next_offset != expected:
             raise SegmentOffsetError(
@@ -142,21 +163,16 @@ class ElasticLogSegment:
                 f"{self.log_stream.next_offset}"
             )
         _, durable = await self.log_stream.start_append(batch, record_count)
-        # the time-index entry, when one is due, goes right behind its batch: one group commit
-        try:
-            indexed = await self.time_index.on_batch_submitted(
-                len(batch), max_timestamp, base_offset, base_offset + record_count - 1
-            )
-        except BaseException:
-            await durable  # the batch's offset is taken: its write completes either way
-            raise
-        await durable
-        if indexed is not None:
-            await indexed
+        # the batch's offsets are taken from here on: the segment accounts for it whatever
+        # happens to the index entry (a failed entry write fails the storage, and so the batch)
         if self.size == 0:
             self.first_batch_timestamp = max_timestamp
         self.last_modified_timestamp = now
         self.size += len(batch)
+        await self.time_index.on_batch_submitted(
+            len(batch), max_timestamp, base_offset, base_offset + record_count - 1
+        )
+        return durable
 
     async def seal(self, txn_end: int) -> None:
         """Stop being active: index the max timestamp so far, end every slice at its stream's

@@ -24,10 +24,10 @@ segment's last entry holds its largest timestamp.
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import struct
 from array import array
-from collections.abc import Awaitable
 
 from automq_py.log.elastic_log_meta import NO_TIMESTAMP, NOOP_OFFSET, SliceRange, TimestampOffset
 from storage.stream import S3Stream
@@ -100,6 +100,12 @@ class SegmentTimeIndex:
         self.bytes_since_last_entry = 0
         self._timestamps: array[int] | None = None
         self._offsets: array[int] | None = None
+        # entries this process started while the arrays were not loaded yet: they may not be
+        # durable (readable from the stream) when a lookup loads the arrays, so they are kept
+        # here, from stream position ``_tail_start`` on, and appended after the loaded ones
+        self._tail_start = -1
+        self._tail_timestamps: array[int] = array("q")
+        self._tail_offsets: array[int] = array("q")
 
     @property
     def is_active(self) -> bool:
@@ -131,10 +137,11 @@ class SegmentTimeIndex:
 
     async def on_batch_submitted(
         self, size: int, max_timestamp: int, base_offset: int, last_offset: int, *, after: int = -1
-    ) -> Awaitable[None] | None:
+    ) -> asyncio.Future[None] | None:
         """:meth:`on_batch_appended` for a batch whose WAL write was just started: an entry
-        due is started behind it (the same group commit) and returned, to be awaited; the
-        index takes the entry once it is durable."""
+        due is started behind it (the same group commit) and the future of its durability
+        returned. The index holds the entry from now on: lookups may find offsets the log has
+        not made durable yet, which readers bound by the high watermark."""
         if max_timestamp > self.max_so_far.timestamp:
             self.max_so_far = TimestampOffset(max_timestamp, last_offset)
         pending = None
@@ -148,9 +155,9 @@ class SegmentTimeIndex:
         """Append ``entry`` if its timestamp is larger than the last entry's."""
         pending = await self._start_entry(entry)
         if pending is not None:
-            await pending
+            await asyncio.shield(pending)
 
-    async def _start_entry(self, entry: TimestampOffset) -> Awaitable[None] | None:
+    async def _start_entry(self, entry: TimestampOffset) -> asyncio.Future[None] | None:
         if entry.timestamp <= self.last_entry.timestamp:
             return None
         if self.entries and entry.offset < self.last_entry.offset:
@@ -165,17 +172,19 @@ class SegmentTimeIndex:
                 f"time index stream {self.stream.stream_id} is at {self.stream.next_offset}, "
                 f"not on an entry boundary of the slice starting at {self.slice_start}"
             )
-        _, durable = await self.stream.start_append(
+        position, durable = await self.stream.start_append(
             encode_entry(entry.timestamp, entry.offset - self.base_offset), ENTRY_SIZE
         )
-        return self._take(entry, durable)
-
-    async def _take(self, entry: TimestampOffset, durable: Awaitable[None]) -> None:
-        await durable
         if self._timestamps is not None and self._offsets is not None:
             self._timestamps.append(entry.timestamp)
             self._offsets.append(entry.offset)
+        else:
+            if self._tail_start < 0:
+                self._tail_start = position
+            self._tail_timestamps.append(entry.timestamp)
+            self._tail_offsets.append(entry.offset)
         self.last_entry = entry
+        return durable
 
     def seal(self) -> SliceRange:
         """End the slice at the stream's end: the segment stops being active."""
@@ -201,14 +210,22 @@ class SegmentTimeIndex:
         self.max_so_far = UNKNOWN
         self.bytes_since_last_entry = 0
         self._timestamps = self._offsets = None
+        self._forget_tail()
         return self.last_entry.offset
+
+    def _forget_tail(self) -> None:
+        self._tail_start = -1
+        self._tail_timestamps = array("q")
+        self._tail_offsets = array("q")
 
     async def _load(self) -> tuple[array[int], array[int]]:
         if self._timestamps is not None and self._offsets is not None:
             return self._timestamps, self._offsets
         timestamps, offsets = array("q"), array("q")
         pos = self.slice_start
-        end = self.slice_start + self.entries * ENTRY_SIZE
+        # what earlier runs wrote is durable; what this one started is in the tail
+        tail_start = self._tail_start
+        end = tail_start if tail_start >= 0 else self.slice_start + self.entries * ENTRY_SIZE
         while pos < end:
             result = await self.stream.fetch(pos, end, FETCH_BYTES)
             for batch in result.batches:
@@ -221,5 +238,16 @@ class SegmentTimeIndex:
                     timestamps.append(timestamp)
                     offsets.append(self.base_offset + relative)
                 pos = batch.last_offset
+            if not result.batches:
+                raise TimeIndexError(
+                    f"time index stream {self.stream.stream_id}: entries [{pos}, {end}) are "
+                    "not readable"
+                )
+        if self._timestamps is not None and self._offsets is not None:
+            return self._timestamps, self._offsets  # a concurrent lookup loaded them first
+        # (the tail may have grown while the stream was read; nothing yields from here on)
+        timestamps.extend(self._tail_timestamps)
+        offsets.extend(self._tail_offsets)
+        self._forget_tail()
         self._timestamps, self._offsets = timestamps, offsets
         return timestamps, offsets

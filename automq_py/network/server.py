@@ -1,8 +1,11 @@
 """SocketServer: accepts Kafka client connections and runs their requests.
 
-Per connection, requests are handled one at a time in arrival order and responses are written
-in that order (Kafka mutes a connection while a request is in flight; clients pipeline and
-match responses by correlation id in order). Oversized or malformed frames close the
+Per connection, requests are handled in arrival order and responses are written in that order
+(clients pipeline and match responses by correlation id in order). A handler may return its
+response deferred (Produce, once its appends are started): the connection then reads and
+handles the next requests while the earlier ones wait for durability, up to
+``MAX_QUEUED_RESPONSES`` responses outstanding, after which it stops reading until the oldest
+is written. Oversized or malformed frames close the
 connection; so does an unsupported API version, except for ApiVersions, which is answered
 with the KIP-511 fallback. Idle connections close after ``connections.max.idle.ms``.
 """
@@ -10,11 +13,13 @@ with the KIP-511 fallback. Idle connections close after ``connections.max.idle.m
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 
 from automq_py.apis import API_VERSIONS, KafkaApis
 from automq_py.apis.context import CLIENT_HOST
+from protocol import wire
 from protocol.errors import InvalidRequestError, ProtocolError, UnsupportedVersionError
 from protocol.framing import FrameDecoder
 from protocol.messages import decode_request
@@ -22,6 +27,11 @@ from protocol.messages import decode_request
 log = logging.getLogger("automq.network")
 
 READ_SIZE = 256 * 1024
+# responses a connection may have outstanding (deferred or queued behind one) before it stops
+# reading requests; librdkafka's default max.in.flight is far larger, Kafka's clients use 5
+MAX_QUEUED_RESPONSES = 64
+
+Response = list[wire.Buffer] | None | asyncio.Future[list[wire.Buffer] | None]
 
 
 class SocketServer:
@@ -85,22 +95,95 @@ class SocketServer:
 
     async def _run(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         decoder = FrameDecoder(self.max_request_size)
-        while True:
-            data = await asyncio.wait_for(reader.read(READ_SIZE), self.idle_timeout_s)
-            if not data:
-                return
-            for frame in decoder.feed(data):
-                try:
-                    request = decode_request(frame, self.apis.supported)
-                except UnsupportedVersionError as e:
-                    if e.api_key != API_VERSIONS:
+        responses = _ResponseQueue(writer, MAX_QUEUED_RESPONSES)
+        try:
+            while True:
+                data = await asyncio.wait_for(reader.read(READ_SIZE), self.idle_timeout_s)
+                if not data:
+                    # the client may have shut down only its sending side: answer what it asked
+                    await responses.flush()
+                    return
+                for frame in decoder.feed(data):
+                    try:
+                        request = decode_request(frame, self.apis.supported)
+                    except UnsupportedVersionError as e:
+                        if e.api_key != API_VERSIONS:
+                            raise
+                        await responses.put(self.apis.unsupported_api_versions(e.correlation_id))
+                        continue
+                    except InvalidRequestError:
                         raise
-                    writer.writelines(self.apis.unsupported_api_versions(e.correlation_id))
-                    await writer.drain()
-                    continue
-                except InvalidRequestError:
-                    raise
-                response = await self.apis.handle(request)
+                    await responses.put(await self.apis.handle(request))
+        finally:
+            responses.abandon()
+
+
+class _ResponseQueue:
+    """A connection's responses in request order: written at once when nothing is ahead of
+    them, else queued behind the deferred ones and written by a flush task as they complete.
+    A response that fails (a deferred handler raising where no response can say so) closes the
+    connection, as an immediate one would."""
+
+    def __init__(self, writer: asyncio.StreamWriter, limit: int) -> None:
+        self._writer = writer
+        self._limit = limit
+        self._queue: collections.deque[Response] = collections.deque()
+        self._room = asyncio.Event()
+        self._flusher: asyncio.Task[None] | None = None
+        self._error: BaseException | None = None
+
+    async def put(self, response: Response) -> None:
+        self._check()
+        if not self._queue and not isinstance(response, asyncio.Future):
+            if response is not None:
+                self._writer.writelines(response)
+                await self._writer.drain()
+            return
+        self._queue.append(response)
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush())
+        while len(self._queue) >= self._limit:
+            self._room.clear()
+            await self._room.wait()
+            self._check()
+
+    async def flush(self) -> None:
+        """Wait until every queued response is written."""
+        if self._flusher is not None:
+            await asyncio.wait({self._flusher})
+        self._check()
+
+    def abandon(self) -> None:
+        """The connection is closing: stop writing; deferred work no longer needs an answer."""
+        if self._flusher is not None:
+            self._flusher.cancel()
+        for response in self._queue:
+            if isinstance(response, asyncio.Future):
+                response.cancel()
+        self._queue.clear()
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    async def _flush(self) -> None:
+        try:
+            while self._queue:
+                head = self._queue[0]
+                if isinstance(head, asyncio.Future):
+                    if not head.done():
+                        await asyncio.wait({head})
+                    response = head.result()
+                else:
+                    response = head
+                self._queue.popleft()
+                self._room.set()
                 if response is not None:
-                    writer.writelines(response)
-                    await writer.drain()
+                    self._writer.writelines(response)
+                    await self._writer.drain()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:
+            self._error = e
+            self._room.set()
+            self._writer.close()  # the read loop sees the connection end
