@@ -17,23 +17,36 @@ Every error is a :class:`ConfigError` naming the property and the bad value.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
-from automq_py.log.log_config import LogConfig, LogConfigError
-from storage.config import ConfigError, S3StreamConfig
+from automq_py.log.log_config import LogConfig
+from storage.config import S3StreamConfig
+from storage.config_def import (
+    INT_MAX,
+    ConfigError,
+    ConfigKey,
+    ConfigType,
+    config_field,
+    declared_keys,
+    format_value,
+    parse_declared,
+)
 
 __all__ = [
+    "TOPIC_CONFIG_SYNONYMS",
     "BrokerConfig",
     "ConfigError",
     "Listener",
+    "default_properties",
     "env_properties",
     "parse_listeners",
     "parse_override",
@@ -43,8 +56,6 @@ __all__ = [
 
 log = logging.getLogger("automq.config")
 
-INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
-INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 MINUTE_MS = 60_000
 HOUR_MS = 60 * MINUTE_MS
 
@@ -90,38 +101,58 @@ class Listener:
         return f"{self.name}://{host}:{self.port}"
 
 
-def _prop(name: str, default: Any, kind: str, minimum: int | None, doc: str) -> Any:
-    return field(
-        default=default, metadata={"property": name, "kind": kind, "min": minimum, "doc": doc}
-    )
+def _prop(name: str, default: Any, type: ConfigType, minimum: int | None, doc: str) -> Any:
+    return config_field(name, default, type, doc, minimum=minimum)
+
+
+def _composite(
+    name: str, default: Any, type: ConfigType, doc: str, minimum: int | None = None
+) -> ConfigKey:
+    return ConfigKey(name, type, default, doc, minimum=minimum)
 
 
 # Properties read by hand in BrokerConfig.from_properties (several names feed one attribute, or
-# the value is structured), with their defaults (None: no default, another property decides).
-_COMPOSITE_PROPERTIES: dict[str, str | None] = {
-    "listeners": DEFAULT_LISTENERS,
-    "advertised.listeners": None,
-    "listener.security.protocol.map": ",".join(f"{p}:{p}" for p in SECURITY_PROTOCOLS),
-    "controller.listener.names": "",
-    "log.dirs": None,
-    "log.dir": DEFAULT_DATA_DIR,
-    "log.retention.ms": None,
-    "log.retention.minutes": None,
-    "log.retention.hours": "168",
-    "log.roll.ms": None,
-    "log.roll.hours": "168",
+# the value is structured); a default of None: another property decides.
+_COMPOSITE_KEYS = {
+    key.name: key
+    for key in (
+        _composite(
+            "listeners", DEFAULT_LISTENERS, ConfigType.STRING, "NAME://HOST:PORT,... to bind"
+        ),
+        _composite(
+            "advertised.listeners",
+            None,
+            ConfigType.STRING,
+            "NAME://HOST:PORT,... clients connect to (default: listeners)",
+        ),
+        _composite(
+            "listener.security.protocol.map",
+            ",".join(f"{p}:{p}" for p in SECURITY_PROTOCOLS),
+            ConfigType.STRING,
+            "NAME:PROTOCOL,... (automq-py serves PLAINTEXT)",
+        ),
+        _composite("controller.listener.names", "", ConfigType.STRING, "listeners not advertised"),
+        _composite("log.dirs", None, ConfigType.STRING, "the data directory: WAL and metadata"),
+        _composite("log.dir", DEFAULT_DATA_DIR, ConfigType.STRING, "log.dirs, if that is unset"),
+        _composite("log.retention.ms", None, ConfigType.LONG, "keep data this long (-1: ever)"),
+        _composite("log.retention.minutes", None, ConfigType.INT, "log.retention.ms in minutes"),
+        _composite("log.retention.hours", 168, ConfigType.INT, "log.retention.ms in hours"),
+        _composite("log.roll.ms", None, ConfigType.LONG, "roll a segment after this long", 1),
+        _composite("log.roll.hours", 168, ConfigType.INT, "log.roll.ms in hours", 1),
+    )
 }
 
-# Broker property -> the topic-level property it is the default of (Kafka's mapping).
-_TOPIC_DEFAULTS = {
-    "log.segment.bytes": "segment.bytes",
-    "log.roll.ms": "segment.ms",
-    "log.retention.ms": "retention.ms",
-    "log.retention.bytes": "retention.bytes",
-    "log.index.interval.bytes": "index.interval.bytes",
-    "log.message.timestamp.type": "message.timestamp.type",
-    "log.cleanup.policy": "cleanup.policy",
-    "message.max.bytes": "max.message.bytes",
+# Topic property -> the broker properties its default is read from, highest precedence first:
+# Kafka's ServerTopicConfigSynonyms, for the ones automq-py reads (the keys of topic_defaults).
+TOPIC_CONFIG_SYNONYMS: dict[str, tuple[str, ...]] = {
+    "segment.bytes": ("log.segment.bytes",),
+    "segment.ms": ("log.roll.ms", "log.roll.hours"),
+    "retention.ms": ("log.retention.ms", "log.retention.minutes", "log.retention.hours"),
+    "retention.bytes": ("log.retention.bytes",),
+    "index.interval.bytes": ("log.index.interval.bytes",),
+    "max.message.bytes": ("message.max.bytes",),
+    "message.timestamp.type": ("log.message.timestamp.type",),
+    "cleanup.policy": ("log.cleanup.policy",),
 }
 
 
@@ -129,113 +160,145 @@ _TOPIC_DEFAULTS = {
 class BrokerConfig:
     """Everything the broker is configured with; build it with :meth:`load`."""
 
-    node_id: int = _prop("node.id", 0, "int", 0, "this broker's node id")
+    node_id: int = _prop("node.id", 0, ConfigType.INT, 0, "this broker's node id")
     cluster_id: str = _prop(
-        "cluster.id", "automq-py", "str", None, "cluster id; objects live under _kafka_<id>"
+        "cluster.id",
+        "automq-py",
+        ConfigType.STRING,
+        None,
+        "cluster id; objects live under _kafka_<id>",
     )
     listeners: tuple[Listener, ...] = (Listener("PLAINTEXT", "127.0.0.1", 9092),)
     advertised_listeners: tuple[Listener, ...] = (Listener("PLAINTEXT", "127.0.0.1", 9092),)
     data_dir: str = DEFAULT_DATA_DIR
     auto_create_topics_enable: bool = _prop(
-        "auto.create.topics.enable", True, "bool", None, "create unknown topics on metadata/produce"
+        "auto.create.topics.enable",
+        True,
+        ConfigType.BOOLEAN,
+        None,
+        "create unknown topics on metadata/produce",
     )
     num_partitions: int = _prop(
-        "num.partitions", 1, "int", 1, "partitions of an auto-created topic"
+        "num.partitions", 1, ConfigType.INT, 1, "partitions of an auto-created topic"
     )
     default_replication_factor: int = _prop(
         "default.replication.factor",
         1,
-        "int",
+        ConfigType.INT,
         None,
         "accepted for compatibility; object storage makes replication unnecessary",
     )
     message_max_bytes: int = _prop(
-        "message.max.bytes", 1048588, "int", 0, "largest record batch accepted"
+        "message.max.bytes", 1048588, ConfigType.INT, 0, "largest record batch accepted"
     )
     socket_request_max_bytes: int = _prop(
-        "socket.request.max.bytes", 104857600, "int", 1, "largest request the server reads"
+        "socket.request.max.bytes", 104857600, ConfigType.INT, 1, "largest request the server reads"
     )
     connections_max_idle_ms: int = _prop(
-        "connections.max.idle.ms", 600_000, "long", None, "close connections idle this long"
+        "connections.max.idle.ms",
+        600_000,
+        ConfigType.LONG,
+        None,
+        "close connections idle this long",
     )
     group_initial_rebalance_delay_ms: int = _prop(
-        "group.initial.rebalance.delay.ms", 3000, "int", 0, "wait for members of a new group"
+        "group.initial.rebalance.delay.ms",
+        3000,
+        ConfigType.INT,
+        0,
+        "wait for members of a new group",
     )
     offsets_topic_num_partitions: int = _prop(
-        "offsets.topic.num.partitions", 50, "int", 1, "partitions of __consumer_offsets"
+        "offsets.topic.num.partitions", 50, ConfigType.INT, 1, "partitions of __consumer_offsets"
     )
     offsets_retention_minutes: int = _prop(
         "offsets.retention.minutes",
         10080,
-        "int",
+        ConfigType.INT,
         1,
         "committed offsets of an empty group expire after this long",
     )
     offsets_retention_check_interval_ms: int = _prop(
-        "offsets.retention.check.interval.ms", 600_000, "long", 1, "how often offsets expire"
+        "offsets.retention.check.interval.ms",
+        600_000,
+        ConfigType.LONG,
+        1,
+        "how often offsets expire",
     )
     offset_metadata_max_bytes: int = _prop(
-        "offset.metadata.max.bytes", 4096, "int", 0, "largest metadata string of a commit"
+        "offset.metadata.max.bytes", 4096, ConfigType.INT, 0, "largest metadata string of a commit"
     )
     group_min_session_timeout_ms: int = _prop(
-        "group.min.session.timeout.ms", 6000, "int", 0, "smallest session timeout accepted"
+        "group.min.session.timeout.ms", 6000, ConfigType.INT, 0, "smallest session timeout accepted"
     )
     group_max_session_timeout_ms: int = _prop(
-        "group.max.session.timeout.ms", 1_800_000, "int", 0, "largest session timeout accepted"
+        "group.max.session.timeout.ms",
+        1_800_000,
+        ConfigType.INT,
+        0,
+        "largest session timeout accepted",
     )
     group_max_size: int = _prop(
-        "group.max.size", INT32_MAX, "int", 1, "members of a classic group at most"
+        "group.max.size", INT_MAX, ConfigType.INT, 1, "members of a classic group at most"
     )
     group_consumer_session_timeout_ms: int = _prop(
         "group.consumer.session.timeout.ms",
         45_000,
-        "int",
+        ConfigType.INT,
         1,
         "session timeout of consumer-protocol (KIP-848) members",
     )
     group_consumer_heartbeat_interval_ms: int = _prop(
         "group.consumer.heartbeat.interval.ms",
         5000,
-        "int",
+        ConfigType.INT,
         1,
         "heartbeat interval of consumer-protocol (KIP-848) members",
     )
     group_consumer_max_size: int = _prop(
-        "group.consumer.max.size", INT32_MAX, "int", 1, "members of a consumer group at most"
+        "group.consumer.max.size",
+        INT_MAX,
+        ConfigType.INT,
+        1,
+        "members of a consumer group at most",
     )
     group_consumer_assignors: tuple[str, ...] = _prop(
         "group.consumer.assignors",
         ("uniform", "range"),
-        "list",
+        ConfigType.LIST,
         None,
         "server-side assignors of consumer groups; the first is the default",
     )
     delete_topic_enable: bool = _prop(
-        "delete.topic.enable", True, "bool", None, "allow DeleteTopics"
+        "delete.topic.enable", True, ConfigType.BOOLEAN, None, "allow DeleteTopics"
     )
     log_retention_ms: int = 168 * HOUR_MS
     log_retention_bytes: int = _prop(
-        "log.retention.bytes", -1, "long", None, "bytes kept per partition (-1: no limit)"
+        "log.retention.bytes", -1, ConfigType.LONG, None, "bytes kept per partition (-1: no limit)"
     )
     log_retention_check_interval_ms: int = _prop(
         "log.retention.check.interval.ms",
         300_000,
-        "long",
+        ConfigType.LONG,
         1,
         "how often retention runs (then GC of objects)",
     )
     log_segment_bytes: int = _prop(
-        "log.segment.bytes", 1 << 30, "int", 14, "roll a segment at this size"
+        "log.segment.bytes", 1 << 30, ConfigType.INT, 14, "roll a segment at this size"
     )
     log_roll_ms: int = 168 * HOUR_MS
     log_index_interval_bytes: int = _prop(
-        "log.index.interval.bytes", 4096, "int", 0, "log bytes between two index entries"
+        "log.index.interval.bytes", 4096, ConfigType.INT, 0, "log bytes between two index entries"
     )
     log_message_timestamp_type: str = _prop(
-        "log.message.timestamp.type", "CreateTime", "str", None, "CreateTime or LogAppendTime"
+        "log.message.timestamp.type",
+        "CreateTime",
+        ConfigType.STRING,
+        None,
+        "CreateTime or LogAppendTime",
     )
     log_cleanup_policy: tuple[str, ...] = _prop(
-        "log.cleanup.policy", ("delete",), "list", None, "comma-separated: delete, compact"
+        "log.cleanup.policy", ("delete",), ConfigType.LIST, None, "comma-separated: delete, compact"
     )
     storage: S3StreamConfig = field(default_factory=S3StreamConfig)
     # Every property as given (after layering), known or not, for features that read more later.
@@ -285,16 +348,12 @@ class BrokerConfig:
         cls, props: Mapping[str, str], *, env: Mapping[str, str] | None = None
     ) -> BrokerConfig:
         """Build from ``name -> string value``; unknown names are kept and logged once each."""
-        by_name = _simple_fields()
-        known = set(by_name) | set(_COMPOSITE_PROPERTIES) | set(S3StreamConfig.properties())
+        known = cls.config_keys()
         for name in props:
             if name not in known:
                 log.warning("property %r is not used by automq-py; ignored", name)
 
-        values: dict[str, Any] = {}
-        for name, f in by_name.items():
-            if name in props:
-                values[f.name] = _parse(name, props[name], f.metadata["kind"], f.metadata["min"])
+        values = parse_declared(cls, props)
         values["log_retention_ms"] = _retention_ms(props)
         values["log_roll_ms"] = _roll_ms(props)
         listeners, advertised = _listeners(props)
@@ -312,9 +371,18 @@ class BrokerConfig:
         config._check_topic_defaults()
         return config
 
+    @classmethod
+    def config_keys(cls) -> dict[str, ConfigKey]:
+        """Every property automq-py reads (the broker's and the stream store's), by name."""
+        keys = {name: key for name, (_, key) in declared_keys(cls).items()}
+        keys.update(_COMPOSITE_KEYS)
+        keys.update((name, key) for name, (_, key) in S3StreamConfig.properties().items())
+        return keys
+
     def topic_defaults(self) -> dict[str, str]:
-        """The broker's ``log.*`` defaults under topic-level names, for
-        :meth:`LogConfig.from_properties` (a topic's own configs are layered on top)."""
+        """The broker's ``log.*`` defaults under topic-level names (the keys of
+        :data:`TOPIC_CONFIG_SYNONYMS`), which a topic's own configs override: see
+        :func:`automq_py.topic_config.effective_topic_config`."""
         return {
             "segment.bytes": str(self.log_segment_bytes),
             "segment.ms": str(self.log_roll_ms),
@@ -332,18 +400,20 @@ class BrokerConfig:
         With ``redact`` (the default) secrets read ``[hidden]``, as Kafka shows passwords: the
         ``secretKey`` of ``s3.data.buckets`` and properties named like a password or secret.
         """
-        out = {k: v for k, v in _COMPOSITE_PROPERTIES.items() if v is not None}
+        out = {
+            n: format_value(k.default) for n, k in _COMPOSITE_KEYS.items() if k.default is not None
+        }
         out.update(self.properties)
-        for name, f in _simple_fields().items():
-            out[name] = _format(getattr(self, f.name))
+        for name, (attr, _) in declared_keys(BrokerConfig).items():
+            out[name] = format_value(getattr(self, attr))
         out["listeners"] = ",".join(str(listener) for listener in self.listeners)
         out["advertised.listeners"] = ",".join(str(x) for x in self.advertised_listeners)
         out["log.dirs"] = self.data_dir
         out.pop("log.dir", None)
         out["log.retention.ms"] = str(self.log_retention_ms)
         out["log.roll.ms"] = str(self.log_roll_ms)
-        for name, (attr, _, _) in S3StreamConfig.properties().items():
-            out[name] = _format(getattr(self.storage, attr))
+        for name, (attr, _) in S3StreamConfig.properties().items():
+            out[name] = format_value(getattr(self.storage, attr))
         if redact:
             out = {name: _redacted(name, value) for name, value in out.items()}
         return dict(sorted(out.items()))
@@ -353,17 +423,22 @@ class BrokerConfig:
         # topic later, so fail now and name the broker property.
         try:
             LogConfig.from_properties(self.topic_defaults())
-        except LogConfigError as e:
+        except ConfigError as e:
             message = str(e)
-            for broker_name, topic_name in _TOPIC_DEFAULTS.items():
+            for topic_name, broker_names in TOPIC_CONFIG_SYNONYMS.items():
                 if message.startswith(f"{topic_name}:"):
+                    # the broker property as the user wrote it (log.retention.hours, say)
+                    given = [b for b in broker_names if b in self.properties]
+                    broker_name = given[0] if given else broker_names[0]
                     message = broker_name + message[len(topic_name) :]
                     break
             raise ConfigError(message) from None
 
 
-def _simple_fields() -> dict[str, Any]:
-    return {f.metadata["property"]: f for f in fields(BrokerConfig) if "property" in f.metadata}
+@functools.cache
+def default_properties() -> Mapping[str, str]:
+    """Every property's value when nothing is configured (DescribeConfigs' DEFAULT_CONFIG)."""
+    return MappingProxyType(BrokerConfig.from_properties({}).all_properties())
 
 
 # --- sources: properties files, --override, --s3-url --------------------------------------
@@ -520,56 +595,28 @@ def _encode_query(query: Mapping[str, str]) -> str:
 # --- composite properties ------------------------------------------------------------------
 
 
-def _parse(name: str, raw: str, kind: str, minimum: int | None) -> Any:
-    text = str(raw).strip()
-    if kind in ("int", "long"):
-        try:
-            value = int(text)
-        except ValueError:
-            raise ConfigError(f"{name}: expected an integer, got {raw!r}") from None
-        low, high = (INT32_MIN, INT32_MAX) if kind == "int" else (INT64_MIN, INT64_MAX)
-        if not low <= value <= high:
-            raise ConfigError(f"{name}: must fit in a {kind}, got {value}")
-        if minimum is not None and value < minimum:
-            raise ConfigError(f"{name}: must be at least {minimum}, got {value}")
-        return value
-    if kind == "bool":
-        if text.lower() not in ("true", "false"):
-            raise ConfigError(f"{name}: expected true or false, got {raw!r}")
-        return text.lower() == "true"
-    if kind == "list":
-        return tuple(item.strip() for item in text.split(",") if item.strip())
-    if not text:
-        raise ConfigError(f"{name}: must not be empty")
-    return text
-
-
-def _format(value: Any) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, tuple):
-        return ",".join(str(v) for v in value)
-    return str(value)
+def _composite_value(name: str, props: Mapping[str, str]) -> Any:
+    """A composite property's value: as given, else its default."""
+    key = _COMPOSITE_KEYS[name]
+    return key.parse(props.get(name, key.default))
 
 
 def _retention_ms(props: Mapping[str, str]) -> int:
     """Kafka's rule: ``log.retention.ms`` wins over ``.minutes`` over ``.hours``; negative: -1."""
     if "log.retention.ms" in props:
-        millis = _parse("log.retention.ms", props["log.retention.ms"], "long", None)
+        millis = int(_composite_value("log.retention.ms", props))
     elif "log.retention.minutes" in props:
-        minutes = _parse("log.retention.minutes", props["log.retention.minutes"], "int", None)
-        millis = minutes * MINUTE_MS
+        millis = int(_composite_value("log.retention.minutes", props)) * MINUTE_MS
     else:
-        hours = _parse("log.retention.hours", props.get("log.retention.hours", "168"), "int", None)
-        millis = hours * HOUR_MS
+        millis = int(_composite_value("log.retention.hours", props)) * HOUR_MS
     return -1 if millis < 0 else millis
 
 
 def _roll_ms(props: Mapping[str, str]) -> int:
     """Kafka's rule: ``log.roll.ms`` wins over ``log.roll.hours``."""
     if "log.roll.ms" in props:
-        return int(_parse("log.roll.ms", props["log.roll.ms"], "long", 1))
-    return int(_parse("log.roll.hours", props.get("log.roll.hours", "168"), "int", 1)) * HOUR_MS
+        return int(_composite_value("log.roll.ms", props))
+    return int(_composite_value("log.roll.hours", props)) * HOUR_MS
 
 
 def _data_dir(props: Mapping[str, str]) -> str:
@@ -598,10 +645,9 @@ def parse_listeners(name: str, text: str) -> tuple[Listener, ...]:
             raise ConfigError(f"{name}: expected NAME://HOST:PORT, got {item!r}")
         if host.startswith("[") and host.endswith("]"):  # IPv6 literal
             host = host[1:-1]
-        try:
-            port = int(port_text)
-        except ValueError:
-            raise ConfigError(f"{name}: bad port {port_text!r} in {item!r}") from None
+        if not (port_text.isascii() and port_text.isdigit()):
+            raise ConfigError(f"{name}: bad port {port_text!r} in {item!r}")
+        port = int(port_text)
         if not 0 <= port <= 65535:
             raise ConfigError(f"{name}: port must be in 0..65535, got {port} in {item!r}")
         # Kafka compares listener names case-insensitively by upper-casing them.
@@ -632,7 +678,7 @@ def _listeners(props: Mapping[str, str]) -> tuple[tuple[Listener, ...], tuple[Li
         advertised = tuple(x for x in listeners if x.name not in controller_names)
         if not advertised:
             raise ConfigError(
-                "listeners: every listener is a controller listener; add a client one"
+                "listeners: every listener is named in controller.listener.names; add a client one"
             )
     listener_names = {x.name for x in listeners}
     for x in advertised:
@@ -650,7 +696,7 @@ def _check_security_protocols(
     listeners: Iterable[Listener], props: Mapping[str, str], controller_names: set[str]
 ) -> None:
     name = "listener.security.protocol.map"
-    raw = props.get(name, _COMPOSITE_PROPERTIES[name] or "")
+    raw = props.get(name, _COMPOSITE_KEYS[name].default)
     protocols: dict[str, str] = {}
     for entry in filter(None, (e.strip() for e in raw.split(","))):
         listener_name, sep, protocol = entry.partition(":")

@@ -22,6 +22,7 @@ from automq_py.errors import describe, kafka_error
 from automq_py.log.elastic_log import ElasticLog
 from automq_py.log.log_config import LogConfig
 from automq_py.partition import AppendResult, Partition
+from automq_py.topic_config import effective_topic_config
 from automq_py.topics import TopicInfo
 from protocol.errors import ErrorCode
 from storage.s3_storage import S3Storage
@@ -75,7 +76,7 @@ class ReplicaManager:
         self._opening: dict[tuple[str, int], asyncio.Lock] = {}
 
     def log_config(self, topic: TopicInfo) -> LogConfig:
-        return LogConfig.from_properties({**self.topic_defaults, **topic.configs})
+        return effective_topic_config(self.topic_defaults, topic.configs).log_config
 
     async def partition(self, topic: TopicInfo, index: int) -> Partition:
         """The partition, opening its ElasticLog (creating it on first use) if needed."""

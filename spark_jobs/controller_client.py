@@ -38,6 +38,7 @@ from protocol.errors import ErrorCode as KafkaErrorCode
 from protocol.errors import ProtocolError
 from protocol.framing import SIZE
 from protocol.messages import BufferCollector, request_schema, response_schema
+from storage.config_def import split_list
 from storage.metadata.image import (
     MetadataImage,
     offset_range_order,
@@ -256,7 +257,7 @@ class ControllerClient:
         out = []
         for t in body["topics"]:
             policy = RetentionPolicy(
-                cleanup_policy=tuple(p.strip() for p in t["cleanup_policy"].split(",") if p),
+                cleanup_policy=split_list(t["cleanup_policy"]),
                 retention_ms=t["retention_ms"],
                 retention_bytes=t["retention_bytes"],
             )

@@ -2,12 +2,13 @@
 
 A topic's configs are the :class:`LogConfig` properties: the topic's own values (stored with
 the topic; source DYNAMIC_TOPIC_CONFIG) over the broker's ``log.*`` defaults
-(STATIC_BROKER_CONFIG when the broker's properties set them, else DEFAULT_CONFIG).
+(STATIC_BROKER_CONFIG when the broker's properties set them, else DEFAULT_CONFIG), merged and
+described by :mod:`automq_py.topic_config`.
 
-A change is validated by LogConfig, stored by :meth:`TopicRegistry.update` and handed to the
-partitions already open, so ``max.message.bytes``, ``segment.bytes`` and ``segment.ms`` act on
-the next append; what a segment fixes when it is created (``index.interval.bytes``,
-``segment.index.bytes``) acts from the next segment on.
+A change is validated by :func:`effective_topic_config`, stored by :meth:`TopicRegistry.update`
+and handed to the partitions already open, so ``max.message.bytes``, ``segment.bytes`` and
+``segment.ms`` act on the next append; what a segment fixes when it is created
+(``index.interval.bytes``, ``segment.index.bytes``) acts from the next segment on.
 
 The broker resource lists every broker property, read-only: automq-py reads its configuration
 once at start and keeps no dynamic broker configs, so altering one is refused as Kafka refuses
@@ -16,21 +17,20 @@ a static config (INVALID_REQUEST).
 
 from __future__ import annotations
 
-import functools
 from collections import Counter
-from collections.abc import Callable, Mapping
-from dataclasses import fields
+from collections.abc import Callable, Sequence
 from enum import IntEnum
 from typing import Any
 
 from automq_py.apis.context import BrokerContext
-from automq_py.config import BrokerConfig
-from automq_py.log.log_config import LogConfig, LogConfigError
+from automq_py.config import BrokerConfig, default_properties
+from automq_py.log.log_config import LogConfig
+from automq_py.topic_config import ConfigSource, ConfigSynonym, effective_topic_config
 from automq_py.topics import TopicInfo
 from protocol import build
 from protocol.errors import ErrorCode
 from protocol.messages import Request, response_schema
-from storage.config import S3StreamConfig
+from storage.config_def import ConfigError, ConfigType, split_list
 
 
 class ResourceType(IntEnum):
@@ -38,49 +38,11 @@ class ResourceType(IntEnum):
     BROKER = 4
 
 
-class ConfigSource(IntEnum):
-    DYNAMIC_TOPIC_CONFIG = 1
-    STATIC_BROKER_CONFIG = 4
-    DEFAULT_CONFIG = 5
-
-
-class ConfigType(IntEnum):
-    BOOLEAN = 1
-    STRING = 2
-    INT = 3
-    LONG = 5
-    LIST = 7
-
-
 class OpType(IntEnum):
     SET = 0
     DELETE = 1
     APPEND = 2
     SUBTRACT = 3
-
-
-# Kafka's ServerTopicConfigSynonyms for the topic properties this broker has a default for
-# (the keys of BrokerConfig.topic_defaults), highest precedence first.
-BROKER_SYNONYMS: dict[str, tuple[str, ...]] = {
-    "segment.bytes": ("log.segment.bytes",),
-    "segment.ms": ("log.roll.ms", "log.roll.hours"),
-    "retention.ms": ("log.retention.ms", "log.retention.minutes", "log.retention.hours"),
-    "retention.bytes": ("log.retention.bytes",),
-    "index.interval.bytes": ("log.index.interval.bytes",),
-    "max.message.bytes": ("message.max.bytes",),
-    "message.timestamp.type": ("log.message.timestamp.type",),
-    "cleanup.policy": ("log.cleanup.policy",),
-}
-# Topic properties Kafka types as INT; the other integers are LONG.
-_INT_TOPIC_PROPERTIES = frozenset(
-    ("segment.bytes", "segment.index.bytes", "index.interval.bytes", "max.message.bytes")
-)
-_BROKER_KINDS = {
-    "int": ConfigType.INT,
-    "long": ConfigType.LONG,
-    "bool": ConfigType.BOOLEAN,
-    "list": ConfigType.LIST,
-}
 
 
 class ConfigRequestError(Exception):
@@ -132,45 +94,20 @@ def describe_topic(
     ctx: BrokerContext, topic: TopicInfo, synonyms: bool, documentation: bool
 ) -> list[dict[str, Any]]:
     """Every LogConfig property of ``topic`` with its effective value and where it comes from."""
-    inherited = ctx.replicas.topic_defaults
-    effective = LogConfig.from_properties({**inherited, **topic.configs})
-    given = ctx.config.properties
-    defaults = _broker_defaults()
-    out = []
-    for name, (attr, default, doc) in LogConfig.properties().items():
-        # a broker property this broker does not read is no synonym, whatever Kafka says
-        broker_names = BROKER_SYNONYMS.get(name, ()) if name in inherited else ()
-        chain: list[tuple[str, str, ConfigSource]] = []
-        if name in topic.configs:
-            chain.append((name, topic.configs[name], ConfigSource.DYNAMIC_TOPIC_CONFIG))
-        chain += [
-            (b, given[b], ConfigSource.STATIC_BROKER_CONFIG) for b in broker_names if b in given
-        ]
-        # Kafka names the default after the broker property it is written as (log.retention.hours)
-        default_name = next((b for b in reversed(broker_names) if b in defaults), None)
-        if default_name is None:
-            chain.append((name, _format(default), ConfigSource.DEFAULT_CONFIG))
-        else:
-            chain.append((default_name, defaults[default_name], ConfigSource.DEFAULT_CONFIG))
-        if isinstance(default, tuple):
-            config_type = ConfigType.LIST
-        elif isinstance(default, int):
-            config_type = ConfigType.INT if name in _INT_TOPIC_PROPERTIES else ConfigType.LONG
-        else:
-            config_type = ConfigType.STRING
-        out.append(
-            {
-                "name": name,
-                "value": _format(getattr(effective, attr)),
-                "read_only": False,
-                "config_source": chain[0][2],
-                "is_sensitive": False,
-                "synonyms": _synonyms(chain) if synonyms else [],
-                "config_type": config_type,
-                "documentation": doc if documentation else None,
-            }
-        )
-    return out
+    effective = effective_topic_config(ctx.replicas.topic_defaults, topic.configs)
+    return [
+        {
+            "name": c.name,
+            "value": c.value,
+            "read_only": False,
+            "config_source": c.source,
+            "is_sensitive": False,
+            "synonyms": _synonyms(c.synonyms) if synonyms else [],
+            "config_type": c.type,
+            "documentation": c.doc if documentation else None,
+        }
+        for c in effective.describe(ctx.config)
+    ]
 
 
 def describe_broker(
@@ -183,17 +120,19 @@ def describe_broker(
     config = ctx.config
     shown = config.all_properties()
     plain = config.all_properties(redact=False)
-    defaults = _broker_defaults()
-    meta = _broker_metadata()
+    defaults = default_properties()
+    keys = BrokerConfig.config_keys()
     out = []
     for prop, value in shown.items():
-        chain: list[tuple[str, str, ConfigSource]] = []
+        chain: list[ConfigSynonym] = []
         if prop in config.properties:
-            chain.append((prop, value, ConfigSource.STATIC_BROKER_CONFIG))
+            chain.append(ConfigSynonym(prop, value, ConfigSource.STATIC_BROKER_CONFIG))
         if prop in defaults:
-            chain.append((prop, defaults[prop], ConfigSource.DEFAULT_CONFIG))
-        source = chain[0][2] if chain else ConfigSource.DEFAULT_CONFIG
-        config_type, doc = meta.get(prop, (ConfigType.STRING, None))
+            chain.append(ConfigSynonym(prop, defaults[prop], ConfigSource.DEFAULT_CONFIG))
+        source = chain[0].source if chain else ConfigSource.DEFAULT_CONFIG
+        key = keys.get(prop)
+        # a property automq-py does not read is shown as the text it was given
+        config_type, doc = (key.type, key.doc or None) if key else (ConfigType.STRING, None)
         out.append(
             {
                 "name": prop,
@@ -210,38 +149,8 @@ def describe_broker(
     return out
 
 
-def _synonyms(chain: list[tuple[str, str, ConfigSource]]) -> list[dict[str, Any]]:
-    return [{"name": n, "value": v, "source": s} for n, v, s in chain]
-
-
-@functools.cache
-def _broker_defaults() -> Mapping[str, str]:
-    """Every broker property's value when nothing is configured."""
-    return BrokerConfig.from_properties({}).all_properties()
-
-
-@functools.cache
-def _broker_metadata() -> Mapping[str, tuple[ConfigType, str | None]]:
-    """Broker property -> (type, documentation), for those declared with a description."""
-    out: dict[str, tuple[ConfigType, str | None]] = {}
-    for f in fields(BrokerConfig):
-        if "property" in f.metadata:
-            kind = _BROKER_KINDS.get(f.metadata["kind"], ConfigType.STRING)
-            out[f.metadata["property"]] = (kind, f.metadata["doc"])
-    for prop, (_, default, doc) in S3StreamConfig.properties().items():
-        if isinstance(default, bool):
-            out[prop] = (ConfigType.BOOLEAN, doc)
-        elif isinstance(default, int):
-            out[prop] = (ConfigType.LONG, doc)
-        else:
-            out[prop] = (ConfigType.STRING, doc)
-    return out
-
-
-def _format(value: Any) -> str:
-    if isinstance(value, tuple):
-        return ",".join(str(v) for v in value)
-    return str(value)
+def _synonyms(chain: Sequence[ConfigSynonym]) -> list[dict[str, Any]]:
+    return [{"name": c.name, "value": c.value, "source": c.source} for c in chain]
 
 
 # -- AlterConfigs, IncrementalAlterConfigs ---------------------------------------------------
@@ -298,6 +207,7 @@ def incremental_configs(ctx: BrokerContext, topic: TopicInfo, ops: Any) -> dict[
     """The topic's configs after ``ops`` (each with name, config_operation, value)."""
     configs = dict(topic.configs)
     properties = LogConfig.properties()
+    inherited = effective_topic_config(ctx.replicas.topic_defaults, {})
     for op in ops:
         name, value, kind = str(op.name), op.value, int(op.config_operation)
         if kind == OpType.DELETE:
@@ -313,15 +223,15 @@ def incremental_configs(ctx: BrokerContext, topic: TopicInfo, ops: Any) -> dict[
             configs[name] = str(value)
             continue
         found = properties.get(name)
-        if found is None or not isinstance(found[1], tuple):
+        if found is None or found[1].type is not ConfigType.LIST:
             verb = "append" if kind == OpType.APPEND else "subtract"
             raise ConfigRequestError(
                 ErrorCode.INVALID_CONFIG, f"{name}: {verb} applies to list configs only"
             )
         # the list the topic has now: its own value, else what it inherits
-        current = configs.get(name) or ctx.replicas.topic_defaults.get(name) or _format(found[1])
-        items = [v.strip() for v in current.split(",") if v.strip()]
-        given = [v.strip() for v in str(value).split(",") if v.strip()]
+        current = configs.get(name) or inherited.value(name)
+        items = list(split_list(current))
+        given = split_list(str(value))
         if kind == OpType.APPEND:
             items += [v for v in given if v not in items]
         else:
@@ -336,8 +246,8 @@ async def apply_topic_configs(
     """Validate ``configs`` as the topic's whole set; unless ``validate_only``, store them and
     hand the new LogConfig to the topic's open partitions."""
     try:
-        LogConfig.from_properties({**ctx.replicas.topic_defaults, **configs}, strict=True)
-    except LogConfigError as e:
+        effective_topic_config(ctx.replicas.topic_defaults, configs, strict=True)
+    except ConfigError as e:
         raise ConfigRequestError(ErrorCode.INVALID_CONFIG, str(e)) from None
     if validate_only:
         return

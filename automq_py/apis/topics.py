@@ -6,11 +6,12 @@ from collections import Counter
 from typing import Any
 
 from automq_py.apis.context import BrokerContext
-from automq_py.log.log_config import LogConfig, LogConfigError
+from automq_py.topic_config import effective_topic_config
 from automq_py.topics import INTERNAL_TOPICS, TopicError, check_partition_count, validate_name
 from protocol import build
 from protocol.errors import ErrorCode
 from protocol.messages import Request, response_schema
+from storage.config_def import ConfigError
 
 
 async def handle_create_topics(ctx: BrokerContext, request: Request) -> Any:
@@ -35,7 +36,7 @@ async def handle_create_topics(ctx: BrokerContext, request: Request) -> Any:
                     "store replicates the data); use 1 or -1",
                 )
             check_partition_count(partitions)
-            LogConfig.from_properties({**ctx.replicas.topic_defaults, **configs}, strict=True)
+            effective_topic_config(ctx.replicas.topic_defaults, configs, strict=True)
             if ctx.topics.get(name) is not None:
                 raise TopicError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
             if not body.validate_only:
@@ -59,7 +60,7 @@ async def handle_create_topics(ctx: BrokerContext, request: Request) -> Any:
             entry.update(
                 error_code=e.code, error_message=str(e), num_partitions=-1, replication_factor=-1
             )
-        except LogConfigError as e:
+        except ConfigError as e:
             entry.update(
                 error_code=ErrorCode.INVALID_CONFIG,
                 error_message=str(e),

@@ -10,6 +10,8 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from automq_py.config import (
     BrokerConfig,
@@ -22,6 +24,7 @@ from automq_py.config import (
 from automq_py.log.log_config import LogConfig
 from storage.metadata.store import sqlite_path
 from storage.operator import LocalObjectStore, S3ObjectStore, open_object_store
+from tests.storage.test_config_def import raw_text
 
 REPO = Path(__file__).resolve().parents[2]
 # The url automq-kafka-admin.sh generate-s3-url printed in seed 000 (MinIO on 192.168.31.129).
@@ -381,11 +384,13 @@ def test_a_controller_listener_is_not_advertised() -> None:
     [
         ({"listeners": "127.0.0.1:9092"}, r"listeners: expected NAME://HOST:PORT"),
         ({"listeners": "PLAINTEXT://h:x"}, r"listeners: bad port 'x'"),
+        ({"listeners": "PLAINTEXT://h:\u0661"}, r"listeners: bad port"),
         ({"listeners": "PLAINTEXT://h:70000"}, r"listeners: port must be in 0\.\.65535"),
         ({"listeners": "PLAINTEXT://a:1,PLAINTEXT://b:2"}, r"listeners: .*PLAINTEXT repeats"),
         ({"listeners": "SSL://h:9093"}, r"listeners: .*SSL.*PLAINTEXT only"),
         ({"listeners": "INTERNAL://h:9093"}, r"listener\.security\.protocol\.map"),
         ({"advertised.listeners": "OTHER://h:1"}, r"advertised\.listeners: OTHER://h:1 names no"),
+        ({"controller.listener.names": "PLAINTEXT"}, r"controller\.listener\.names"),
     ],
 )
 def test_bad_listeners_name_the_property(props: dict[str, str], message: str) -> None:
@@ -461,3 +466,16 @@ def test_serve_with_a_missing_config_file_exits_2_naming_it(tmp_path: Path) -> N
     out = run_cli("serve", "-c", str(tmp_path / "missing.properties"), cwd=tmp_path)
     assert out.returncode == 2
     assert "missing.properties" in out.stderr
+
+
+# --- fuzz: any value of any property, a config or an error naming the property ---------------
+
+
+@given(st.sampled_from(sorted(BrokerConfig.config_keys())), raw_text)
+def test_any_broker_property_value_gives_a_config_or_an_error_naming_it(
+    name: str, raw: str
+) -> None:
+    try:
+        BrokerConfig.from_properties({name: raw})
+    except ConfigError as e:
+        assert name in str(e)

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from automq_py.log.log_config import LogConfig, LogConfigError
+from automq_py.log.log_config import LogConfig
+from storage.config_def import ConfigError
+from tests.storage.test_config_def import raw_text
 
 
 def test_defaults_are_kafkas() -> None:
@@ -44,10 +48,20 @@ def test_from_properties_parses_strings_and_values() -> None:
     ],
 )
 def test_errors_name_the_property(props: dict[str, object], message: str) -> None:
-    with pytest.raises(LogConfigError, match=message):
+    with pytest.raises(ConfigError, match=message):
         LogConfig.from_properties(props)
 
 
 def test_strict_rejects_unknown_names() -> None:
-    with pytest.raises(LogConfigError, match=r"segment\.byte"):
+    with pytest.raises(ConfigError, match=r"segment\.byte"):
         LogConfig.from_properties({"segment.byte": "1"}, strict=True)
+
+
+@given(st.sampled_from(sorted(LogConfig.properties())), raw_text)
+def test_any_topic_property_value_gives_a_log_config_or_an_error_naming_it(
+    name: str, raw: str
+) -> None:
+    try:
+        LogConfig.from_properties({name: raw}, strict=True)
+    except ConfigError as e:
+        assert str(e).startswith(f"{name}: ")
