@@ -3,7 +3,7 @@
 Per connection, requests are handled in arrival order and responses are written in that order
 (clients pipeline and match responses by correlation id in order). A handler may return its
 response deferred (Produce, once its appends are started): the connection then reads and
-handles the next requests while the earlier ones wait for durability, up to
+handles the next Produce requests while the earlier ones wait for durability, up to
 ``MAX_QUEUED_RESPONSES`` responses outstanding, after which it stops reading until the oldest
 is written. Oversized or malformed frames close the
 connection; so does an unsupported API version, except for ApiVersions, which is answered
@@ -18,6 +18,7 @@ import contextlib
 import logging
 
 from automq_py.apis import API_VERSIONS, KafkaApis
+from automq_py.apis.produce import API_KEY as PRODUCE
 from automq_py.apis.context import CLIENT_HOST
 from protocol import wire
 from protocol.errors import InvalidRequestError, ProtocolError, UnsupportedVersionError
@@ -30,6 +31,11 @@ READ_SIZE = 256 * 1024
 # responses a connection may have outstanding (deferred or queued behind one) before it stops
 # reading requests; librdkafka's default max.in.flight is far larger, Kafka's clients use 5
 MAX_QUEUED_RESPONSES = 64
+
+# requests handled while earlier ones on the connection still wait for their responses:
+# consecutive Produce requests; any other request waits until the responses before it are
+# written, so it observes their effects (a ListOffsets after a Produce sees its records)
+PIPELINED = frozenset({PRODUCE})
 
 Response = list[wire.Buffer] | None | asyncio.Future[list[wire.Buffer] | None]
 
@@ -113,6 +119,9 @@ class SocketServer:
                         continue
                     except InvalidRequestError:
                         raise
+                    if request.api_key not in PIPELINED:
+                        # every other request sees what the ones before it did, as in Kafka
+                        await responses.flush()
                     await responses.put(await self.apis.handle(request))
         finally:
             responses.abandon()

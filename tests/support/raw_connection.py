@@ -1,5 +1,6 @@
 """A blocking Kafka connection for tests that speak the protocol by hand (kafka-python's
-request and response classes, one request at a time)."""
+request and response classes): one request at a time (``call``), or pipelined (``send`` many,
+then ``receive`` their responses in order)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,24 @@ class RawConnection:
         self.sock.sendall(struct.pack(">i", len(frame)) + frame)
         (size,) = struct.unpack(">i", self._read(4))
         return response_class.decode(self._read(size), version=request.API_VERSION, header=True)
+
+    def frame(self, request: Any) -> tuple[int, bytes]:
+        """The next correlation id and the size-prefixed frame of ``request`` (to send later,
+        possibly together with others)."""
+        self.correlation_id += 1
+        frame = request_frame(request, self.correlation_id)
+        return self.correlation_id, struct.pack(">i", len(frame)) + frame
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def receive(self, request: Any, response_class: Any) -> tuple[int, Any]:
+        """The next response on the wire, decoded as the answer to ``request``: its
+        correlation id and body."""
+        (size,) = struct.unpack(">i", self._read(4))
+        raw = self._read(size)
+        (correlation_id,) = struct.unpack_from(">i", raw)
+        return correlation_id, response_class.decode(raw, version=request.API_VERSION, header=True)
 
     def _read(self, n: int) -> bytes:
         out = b""
