@@ -49,7 +49,6 @@ MIN_VERSION = 4
 MAX_VERSION = 18
 FIRST_FLEXIBLE_VERSION = 12
 FIRST_TOPIC_ID_VERSION = 13
-API_KEY = 1
 
 # Records smaller than this are copied into the surrounding bytes: a separate list
 # item costs more than copying a few hundred bytes.

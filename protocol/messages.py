@@ -35,12 +35,11 @@ from kio.serial import entity_writer
 from kio.static.protocol import Entity
 
 from protocol import extensions, headers, produce, wire
+from protocol.api_keys import ApiKey
 from protocol.entity_reader import read_entity
 from protocol.errors import InvalidRequestError, ProtocolError, UnsupportedVersionError
 from protocol.framing import SIZE
 from protocol.headers import RequestHeader, ResponseHeaderInfo
-
-PRODUCE = 0
 
 SupportedVersions = Mapping[int, tuple[int, int]]
 """api_key -> (min_version, max_version), inclusive."""
@@ -93,7 +92,7 @@ def decode_request(frame: wire.Buffer, supported: SupportedVersions | None = Non
         header_version: int | None = extensions.REQUEST_HEADER_VERSION
     else:
         header_version = headers.request_header_version(api_key, api_version)
-    if header_version is None or (api_key == PRODUCE and api_version < produce.MIN_VERSION):
+    if header_version is None or (api_key == ApiKey.PRODUCE and api_version < produce.MIN_VERSION):
         raise UnsupportedVersionError(api_key, api_version, correlation_id)
     view = memoryview(frame)
     if not view.readonly:
@@ -116,7 +115,7 @@ def decode_request(frame: wire.Buffer, supported: SupportedVersions | None = Non
 
 
 def _decode_body(view: memoryview, pos: int, api_key: int, api_version: int) -> Any:
-    if api_key == PRODUCE:
+    if api_key == ApiKey.PRODUCE:
         return produce.decode_produce_request(view, pos, api_version)
     if extensions.serves(api_key, api_version):
         return extensions.decode_request_body(api_key, api_version, view, pos)

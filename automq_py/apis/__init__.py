@@ -28,6 +28,7 @@ from automq_py.apis import (
 from automq_py.apis.context import BrokerContext
 from automq_py.errors import describe, kafka_error
 from protocol import api_versions, build, wire
+from protocol.api_keys import ApiKey
 from protocol.messages import Request, encode_response, response_schema
 
 log = logging.getLogger("automq.apis")
@@ -35,7 +36,6 @@ log = logging.getLogger("automq.apis")
 Handler = Callable[[BrokerContext, Request], Awaitable[Any]]
 HandlerTable = dict[int, tuple[Handler, int, int]]
 
-API_VERSIONS = 18
 # each module of this package lists the APIs it handles as ``HANDLERS``
 MODULES = (
     produce,
@@ -58,7 +58,8 @@ class KafkaApis:
         self.table: HandlerTable = {}
         for module in MODULES:
             self.table.update(module.HANDLERS)
-        self.table[API_VERSIONS] = (metadata.api_versions_handler(lambda: self.supported), 0, 4)
+        api_versions_handler = metadata.api_versions_handler(lambda: self.supported)
+        self.table[ApiKey.API_VERSIONS] = (api_versions_handler, 0, 4)
 
     @property
     def supported(self) -> dict[int, tuple[int, int]]:
@@ -89,7 +90,7 @@ class KafkaApis:
             exc_info=error,
         )
         body = request.body
-        if request.api_key == produce.API_KEY and body.acks != 0:
+        if request.api_key == ApiKey.PRODUCE and body.acks != 0:
             topics = [
                 {
                     "name": t.name,
@@ -101,7 +102,7 @@ class KafkaApis:
                 for t in body.topics
             ]
             data: dict[str, Any] = {"responses": topics}
-        elif request.api_key == fetch.API_KEY:
+        elif request.api_key == ApiKey.FETCH:
             return fetch.error_response(request, code)
         else:
             schema = response_schema(request.api_key, request.api_version)

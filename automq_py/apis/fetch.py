@@ -16,6 +16,7 @@ from automq_py.errors import describe, kafka_error
 from automq_py.log.elastic_log import LogOffsetOutOfRangeError
 from automq_py.partition import Partition
 from protocol import build, record_batch, wire
+from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
 from protocol.fetch import FetchPartitionResult, FetchTopicResult, encode_fetch_response
 from protocol.messages import Request, response_schema
@@ -164,7 +165,10 @@ async def handle_list_offsets(ctx: BrokerContext, request: Request) -> Any:
             entry["old_style_offsets"] = [entry["offset"]] if entry["offset"] >= 0 else []
             parts.append(entry)
         out.append({"name": t.name, "partitions": parts})
-    return build.build(response_schema(2, request.api_version), {"throttle_time": 0, "topics": out})
+    return build.build(
+        response_schema(ApiKey.LIST_OFFSETS, request.api_version),
+        {"throttle_time": 0, "topics": out},
+    )
 
 
 async def first_record_at_or_after(partition: Partition, timestamp: int) -> tuple[int, int] | None:
@@ -220,8 +224,8 @@ def error_response(request: Request, code: ErrorCode) -> list[wire.Buffer]:
     )
 
 
-API_KEY = 1
+API_KEY = ApiKey.FETCH
 HANDLERS: dict[int, tuple[Any, int, int]] = {
     API_KEY: (handle_fetch, 4, 12),
-    2: (handle_list_offsets, 1, 8),
+    ApiKey.LIST_OFFSETS: (handle_list_offsets, 1, 8),
 }

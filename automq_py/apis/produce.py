@@ -14,6 +14,7 @@ from automq_py.apis.context import BrokerContext
 from automq_py.errors import describe, kafka_error
 from automq_py.partition import AppendResult, Partition
 from protocol import build
+from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
 from protocol.messages import Request, response_schema
 from protocol.produce import ProducePartitionData
@@ -107,6 +108,6 @@ def _failed(topic: str, index: int, error: Exception) -> AppendResult:
     return AppendResult(code, message=describe(error))
 
 
-API_KEY = 0
+API_KEY = ApiKey.PRODUCE
 # Produce >= 3: magic v2 only (Kafka 4 clients need it).
 HANDLERS: dict[int, tuple[Any, int, int]] = {API_KEY: (handle_produce, 3, 11)}

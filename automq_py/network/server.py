@@ -13,8 +13,9 @@ import asyncio
 import contextlib
 import logging
 
-from automq_py.apis import API_VERSIONS, KafkaApis
+from automq_py.apis import KafkaApis
 from automq_py.apis.context import CLIENT_HOST
+from protocol.api_keys import ApiKey
 from protocol.errors import InvalidRequestError, ProtocolError, UnsupportedVersionError
 from protocol.framing import FrameDecoder
 from protocol.messages import decode_request
@@ -93,7 +94,7 @@ class SocketServer:
                 try:
                     request = decode_request(frame, self.apis.supported)
                 except UnsupportedVersionError as e:
-                    if e.api_key != API_VERSIONS:
+                    if e.api_key != ApiKey.API_VERSIONS:
                         raise
                     writer.writelines(self.apis.unsupported_api_versions(e.correlation_id))
                     await writer.drain()
