@@ -13,12 +13,17 @@ A response is ``[size prefix, response header v0/v1, body buffers...]``.
 
 Decoding paths:
 
-* Produce (api_key 0, v3-v13) is parsed by ``produce.decode_produce_request`` so that
-  record bytes stay views into the frame; its body is a ``ProduceRequestData``.
+* Produce (``produce.MIN_VERSION``-``MAX_VERSION``) is parsed by
+  ``produce.decode_produce_request`` so that record bytes stay views into the frame; its body
+  is a ``ProduceRequestData``.
 * The controller's extension APIs (AutoMQ's 5xx/6xx keys and automq-py's 1000+), which kio
   does not have, use request header v2 and are read by ``extensions``; their body is a dict.
 * Every other API is read by ``entity_reader.read_entity`` from kio's schema classes
   (kio's native whole-entity reader is unsafe on untrusted input: see that module).
+
+Which versions are accepted is the ``supported`` table given to ``decode_request``: the broker
+passes the one it advertises in ApiVersions, so a request is decoded exactly when its version
+was advertised.
 
 Every failure comes out as ``UnsupportedVersionError`` or ``InvalidRequestError``
 (with the correlation id once the first 8 bytes were read).
@@ -80,8 +85,9 @@ class Request:
 def decode_request(frame: wire.Buffer, supported: SupportedVersions | None = None) -> Request:
     """Decode one request frame (size prefix stripped).
 
-    ``supported`` limits the accepted API keys/versions (the broker's table);
-    without it, everything kio or ``extensions`` has a schema for is accepted (Produce: v3+).
+    ``supported`` limits the accepted API keys/versions (the broker's table: the versions it
+    advertises in ApiVersions); without it, everything kio or ``extensions`` has a schema for
+    is accepted (Produce: what ``produce`` decodes).
     """
     api_key, api_version, correlation_id = headers.peek_request_ids(frame)
     if supported is not None:
@@ -92,7 +98,9 @@ def decode_request(frame: wire.Buffer, supported: SupportedVersions | None = Non
         header_version: int | None = extensions.REQUEST_HEADER_VERSION
     else:
         header_version = headers.request_header_version(api_key, api_version)
-    if header_version is None or (api_key == ApiKey.PRODUCE and api_version < produce.MIN_VERSION):
+    if header_version is None or (
+        api_key == ApiKey.PRODUCE and not produce.MIN_VERSION <= api_version <= produce.MAX_VERSION
+    ):
         raise UnsupportedVersionError(api_key, api_version, correlation_id)
     view = memoryview(frame)
     if not view.readonly:

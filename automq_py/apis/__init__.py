@@ -1,7 +1,14 @@
 """KafkaApis: one table from ApiKey to (handler, min version, max version).
 
-The same table answers ApiVersions, so what is advertised is exactly what is handled. A
-handler returns a kio response entity (encoded here), already-encoded buffers (Fetch's
+The table is the one source of the versions served: the socket server decodes a request only
+at a version the table lists (``decode_request``'s ``supported``) and ApiVersions advertises
+the same table, so what is advertised is what is decoded and handled. A version is listed
+only where its handler implements what the version means. Each handler module lists its APIs
+as ``HANDLERS``; the hand-written codecs (Produce's decoder, Fetch's encoder) cover exactly
+those ranges, the controller's extensions take theirs from ``extensions.MESSAGES``, and kio
+has a schema for every version listed (``tests/automq_py/apis/test_versions.py``).
+
+A handler returns a kio response entity (encoded here), already-encoded buffers (Fetch's
 zero-copy path), or None (no response, as for acks=0 Produce).
 """
 

@@ -208,7 +208,6 @@ async def first_record_at_or_after(partition: Partition, timestamp: int) -> tupl
     return None
 
 
-# Fetch >= 4, or librdkafka falls back to legacy message sets; topic ids (13+) come later.
 def error_response(request: Request, code: ErrorCode) -> list[wire.Buffer]:
     """A Fetch response giving ``code`` for every partition asked for (and at the top)."""
     topics = [
@@ -225,7 +224,8 @@ def error_response(request: Request, code: ErrorCode) -> list[wire.Buffer]:
 
 
 API_KEY = ApiKey.FETCH
+# Fetch >= 4, or librdkafka falls back to legacy message sets; 13+ names topics by id (KIP-516).
 HANDLERS: dict[int, tuple[Any, int, int]] = {
-    API_KEY: (handle_fetch, 4, 12),
+    API_KEY: (handle_fetch, 4, 17),
     ApiKey.LIST_OFFSETS: (handle_list_offsets, 1, 8),
 }

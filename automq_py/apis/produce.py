@@ -28,9 +28,6 @@ async def handle_produce(ctx: BrokerContext, request: Request) -> Any:
     jobs: list[tuple[str, int, asyncio.Future[AppendResult] | AppendResult]] = []
     for t in body.topics:
         name = t.name
-        if name is None and t.topic_id is not None:
-            found = ctx.topics.by_id(t.topic_id)
-            name = found.name if found else None
         for p in t.partitions:
             jobs.append((str(name), p.index, await _start(ctx, name, p, acks)))
     results = [
@@ -109,5 +106,5 @@ def _failed(topic: str, index: int, error: Exception) -> AppendResult:
 
 
 API_KEY = ApiKey.PRODUCE
-# Produce >= 3: magic v2 only (Kafka 4 clients need it).
-HANDLERS: dict[int, tuple[Any, int, int]] = {API_KEY: (handle_produce, 3, 11)}
+# Produce >= 3: magic v2 only (Kafka 4 clients need it). v13 names topics by id: not handled.
+HANDLERS: dict[int, tuple[Any, int, int]] = {API_KEY: (handle_produce, 3, 12)}
