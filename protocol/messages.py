@@ -31,6 +31,7 @@ Every failure comes out as ``UnsupportedVersionError`` or ``InvalidRequestError`
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import IO, Any, cast
@@ -180,14 +181,20 @@ def encode_response(info: ResponseHeaderInfo, body: Entity) -> list[wire.Buffer]
     return parts
 
 
+@functools.cache
 def response_schema(api_key: int, api_version: int) -> type[Entity]:
-    """kio's response class for this API version (raises ``UnsupportedVersionError``)."""
+    """kio's response class for this API version (raises ``UnsupportedVersionError``).
+
+    Cached (both lookups): kio resolves the class by name on every call, as costly as building
+    a small response.
+    """
     try:
         return load_response_schema(api_key, api_version)
     except KioIndexError:
         raise UnsupportedVersionError(api_key, api_version, -1) from None
 
 
+@functools.cache
 def request_schema(api_key: int, api_version: int) -> type[Entity]:
     """kio's request class for this API version (raises ``UnsupportedVersionError``)."""
     try:

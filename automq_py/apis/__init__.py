@@ -115,7 +115,9 @@ class KafkaApis:
             schema = response_schema(request.api_key, request.api_version)
             if "error_code" not in {f.name for f in dataclasses.fields(schema)}:
                 raise error
-            data = {"error_code": code, "error_message": describe(error)}
+            data = {"error_code": code}
+            if "error_message" in build.field_names(schema):
+                data["error_message"] = describe(error)
         schema = response_schema(request.api_key, request.api_version)
         return encode_response(request.response_info, build.build(schema, data))
 

@@ -161,8 +161,6 @@ async def handle_list_offsets(ctx: BrokerContext, request: Request) -> Any:
                 continue
             if entry["offset"] >= 0:
                 entry["leader_epoch"] = partition.leader_epoch
-            # v0 answers with a list of offsets
-            entry["old_style_offsets"] = [entry["offset"]] if entry["offset"] >= 0 else []
             parts.append(entry)
         out.append({"name": t.name, "partitions": parts})
     return build.build(

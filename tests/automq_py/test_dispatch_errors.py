@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from kafka.protocol.admin.cluster import DescribeClusterRequest, DescribeClusterResponse
 from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
+from kafka.protocol.consumer.group import HeartbeatRequest, HeartbeatResponse
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 
 from automq_py.apis import KafkaApis
@@ -44,6 +45,14 @@ async def test_describe_cluster_gets_the_error_at_the_top() -> None:
     response = await answer(apis, DescribeClusterRequest[0](), DescribeClusterResponse)
     assert response.error_code == ErrorCode.UNKNOWN_SERVER_ERROR
     assert "RuntimeError: a bug" in response.error_message
+
+
+async def test_a_response_without_error_message_gets_the_code_alone() -> None:
+    # no version of HeartbeatResponse has error_message: the answer must not name it
+    apis = apis_raising(ApiKey.HEARTBEAT, RuntimeError("a bug"))
+    message = HeartbeatRequest[4](group_id="g", generation_id=1, member_id="m")
+    response = await answer(apis, message, HeartbeatResponse)
+    assert response.error_code == ErrorCode.UNKNOWN_SERVER_ERROR
 
 
 def produce_request(acks: int) -> Any:
