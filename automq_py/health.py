@@ -1,8 +1,8 @@
 """``python -m automq_py.health [HOST:PORT]``: exit 0 when a broker answers ApiVersions.
 
-The container's health check. It uses the socket module only (no broker imports), so a check
-every few seconds costs a few milliseconds: one ApiVersions v0 request, and its response must
-carry the request's correlation id and error code 0.
+The container's health check. It uses the socket module and ``ApiKey`` only (no broker
+imports), so a check every few seconds costs a few milliseconds: one ApiVersions v0 request,
+and its response must carry the request's correlation id and error code 0.
 """
 
 from __future__ import annotations
@@ -12,14 +12,17 @@ import socket
 import struct
 import sys
 
-API_VERSIONS = 18
+from protocol.api_keys import ApiKey
+
 CORRELATION_ID = 0x48454C54  # "HELT"
 CLIENT_ID = b"automq-py-health"
 
 
 def check(host: str, port: int, timeout: float) -> str | None:
     """None when the broker at ``host:port`` answered ApiVersions without error, else why."""
-    header = struct.pack(">hhih", API_VERSIONS, 0, CORRELATION_ID, len(CLIENT_ID)) + CLIENT_ID
+    header = (
+        struct.pack(">hhih", ApiKey.API_VERSIONS, 0, CORRELATION_ID, len(CLIENT_ID)) + CLIENT_ID
+    )
     try:
         with socket.create_connection((host, port), timeout=timeout) as s:
             s.sendall(struct.pack(">i", len(header)) + header)

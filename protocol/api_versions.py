@@ -27,11 +27,12 @@ from typing import Any
 from kio.static.primitive import i16, i32Timedelta
 
 from protocol import wire
+from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
 from protocol.headers import ResponseHeaderInfo
 from protocol.messages import encode_response, response_schema
 
-API_KEY = 18
+API_KEY = ApiKey.API_VERSIONS
 
 
 def build_api_versions_response(

@@ -6,6 +6,14 @@ that description to the schema class of the negotiated version: fields the versi
 ignored, fields it has but the description omits take the schema default (or a zero value), and
 plain values are converted to what kio's writers expect (``timedelta`` for durations, the error
 code enum, ``UUID`` for topic ids, tuples of nested entities for arrays).
+
+A name that no version of the message has is a mistake in the description (a typo would
+otherwise leave the field at its default without a word): ``build`` raises
+``UnknownFieldError`` naming it and the schema.
+
+Each class's fields are compiled once into a plan (name, converter, zero value); ``build`` then
+only looks values up and calls the converters the fields need, because it is on the Produce
+path.
 """
 
 from __future__ import annotations
@@ -13,10 +21,12 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
+import importlib
+import pkgutil
 import types
 import typing
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from protocol.errors import ErrorCode
@@ -25,29 +35,102 @@ E = TypeVar("E")
 
 _ZERO_UUID = uuid.UUID(int=0)
 
+Converter = Callable[[Any], Any]
 
-@functools.cache
-def _fields(cls: type) -> tuple[tuple[str, Any, str | None, bool], ...]:
-    """(name, type hint, kafka_type, has default) for each field of a kio entity class."""
-    hints = typing.get_type_hints(cls)
-    out = []
-    for f in dataclasses.fields(cls):
-        has_default = (
-            f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+
+class UnknownFieldError(ValueError):
+    """A description names a field that no version of the schema has."""
+
+    def __init__(self, cls: type, names: list[str], known: frozenset[str]) -> None:
+        where = f"{cls.__module__}.{cls.__qualname__}"
+        super().__init__(
+            f"{where} has no field {', '.join(map(repr, names))} in any version"
+            f" (its fields: {', '.join(sorted(known))})"
         )
-        out.append((f.name, hints[f.name], f.metadata.get("kafka_type"), has_default))
-    return tuple(out)
+        self.schema = cls
+        self.names = names
+
+
+@dataclasses.dataclass(slots=True, frozen=True)
+class _Field:
+    """How ``build`` fills one field of a class."""
+
+    name: str
+    convert: Converter | None  # applied to a non-None value; None: stored as given
+    nullable: bool
+    zero: Any  # for None on a non-nullable field, and for an omitted field without default
+    required: bool  # no schema default: an omitted field gets ``zero``
+
+
+@dataclasses.dataclass(slots=True, frozen=True)
+class _Plan:
+    fields: tuple[_Field, ...]
+    known: frozenset[str]  # every field name of any version of the class
 
 
 def build(cls: type[E], data: Mapping[str, Any]) -> E:
-    """An instance of kio entity ``cls`` from ``data`` (missing fields default)."""
+    """An instance of kio entity ``cls`` from ``data`` (missing fields default).
+
+    Raises ``UnknownFieldError`` if ``data`` names a field that no version of ``cls`` has.
+    """
+    plan = _plan(cls)  # type: ignore[arg-type]  # a class is hashable
+    if not plan.known.issuperset(data):
+        names = sorted(name for name in data if name not in plan.known)
+        raise UnknownFieldError(cls, names, plan.known)
     kwargs: dict[str, Any] = {}
-    for name, hint, kafka_type, has_default in _fields(cls):  # type: ignore[arg-type]
-        if name in data:
-            kwargs[name] = _convert(hint, kafka_type, data[name])
-        elif not has_default:
-            kwargs[name] = _zero(hint, kafka_type)
+    for f in plan.fields:
+        if f.name in data:
+            value = data[f.name]
+            if value is None:
+                kwargs[f.name] = None if f.nullable else f.zero
+            elif f.convert is None:
+                kwargs[f.name] = value
+            else:
+                kwargs[f.name] = f.convert(value)
+        elif f.required:
+            kwargs[f.name] = f.zero
     return cls(**kwargs)
+
+
+def field_names(cls: type) -> frozenset[str]:
+    """Every field name that some version of kio entity ``cls`` has (what ``build`` accepts)."""
+    return _plan(cls).known
+
+
+@functools.cache
+def _plan(cls: type) -> _Plan:
+    hints = typing.get_type_hints(cls)
+    fields = []
+    for f in dataclasses.fields(cls):
+        kafka_type = f.metadata.get("kafka_type")
+        convert, nullable, zero = _compile(hints[f.name], kafka_type)
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        fields.append(_Field(f.name, convert, nullable, zero, required))
+    return _Plan(tuple(fields), _names_in_every_version(cls))
+
+
+def _names_in_every_version(cls: type) -> frozenset[str]:
+    """The field names of ``cls`` and of its namesakes in the other versions of its message.
+
+    kio generates one module per version (``kio.schema.<message>.v<N>.<kind>``) with one class
+    per struct, named as in Kafka's JSON schema.
+    """
+    names = {f.name for f in dataclasses.fields(cls)}
+    parts = cls.__module__.split(".")
+    if len(parts) != 5 or parts[:2] != ["kio", "schema"]:
+        return frozenset(names)
+    message = importlib.import_module(".".join(parts[:3]))
+    for info in pkgutil.iter_modules(message.__path__):
+        if not (info.name.startswith("v") and info.name[1:].isdigit()):
+            continue
+        try:
+            module = importlib.import_module(f"{message.__name__}.{info.name}.{parts[4]}")
+        except ImportError:
+            continue
+        other = getattr(module, cls.__name__, None)
+        if isinstance(other, type) and dataclasses.is_dataclass(other):
+            names.update(f.name for f in dataclasses.fields(other))
+    return frozenset(names)
 
 
 def _entity_of(hint: Any) -> type | None:
@@ -62,40 +145,80 @@ def _optional(hint: Any) -> tuple[Any, bool]:
     return hint, False
 
 
-def _convert(hint: Any, kafka_type: str | None, value: Any) -> Any:
+def _compile(hint: Any, kafka_type: str | None) -> tuple[Converter | None, bool, Any]:
+    """(converter of a non-None value or None, nullable, zero value) for a field's type."""
     inner, nullable = _optional(hint)
-    if value is None:
-        return None if nullable else _zero(hint, kafka_type)
+    zero = _zero(inner, nullable, kafka_type)
     if typing.get_origin(inner) is tuple:
         (item_hint, *_) = typing.get_args(inner)
-        return tuple(_convert(item_hint, kafka_type, v) for v in value)
+        item = _compile(item_hint, kafka_type)
+        return _array(*item), nullable, zero
     entity = _entity_of(inner)
     if entity is not None:
+        return _entity(entity), nullable, zero
+    convert = _CONVERTERS.get(kafka_type) if kafka_type is not None else None
+    return convert, nullable, zero
+
+
+def _array(convert: Converter | None, nullable: bool, zero: Any) -> Converter:
+    if convert is None:
+        if nullable:
+            return tuple
+        return lambda values: tuple(zero if v is None else v for v in values)
+
+    def items(values: Any) -> tuple[Any, ...]:
+        return tuple(((None if nullable else zero) if v is None else convert(v)) for v in values)
+
+    return items
+
+
+def _entity(entity: type) -> Converter:
+    def convert(value: Any) -> Any:
         return value if isinstance(value, entity) else build(entity, value)
-    if kafka_type in ("timedelta_i32", "timedelta_i64") and not isinstance(
-        value, datetime.timedelta
-    ):
-        return datetime.timedelta(milliseconds=int(value))
-    if kafka_type == "error_code":
-        return ErrorCode(int(value))
-    if kafka_type == "datetime_i64" and isinstance(value, int):
-        # Kafka's "no time" is -1
-        if value < 0:
-            return None
-        return datetime.datetime.fromtimestamp(value / 1000, tz=datetime.UTC)
-    if kafka_type == "uuid":
-        return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
-    return value
+
+    return convert
 
 
-def _zero(hint: Any, kafka_type: str | None) -> Any:
-    inner, nullable = _optional(hint)
+def _timedelta(value: Any) -> datetime.timedelta:
+    if isinstance(value, datetime.timedelta):
+        return value
+    return datetime.timedelta(milliseconds=int(value))
+
+
+def _error_code(value: Any) -> ErrorCode:
+    return value if type(value) is ErrorCode else ErrorCode(int(value))
+
+
+def _datetime(value: Any) -> Any:
+    if not isinstance(value, int):
+        return value
+    # Kafka's "no time" is -1
+    if value < 0:
+        return None
+    return datetime.datetime.fromtimestamp(value / 1000, tz=datetime.UTC)
+
+
+def _uuid(value: Any) -> uuid.UUID:
+    return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+
+
+_CONVERTERS: dict[str, Converter] = {
+    "timedelta_i32": _timedelta,
+    "timedelta_i64": _timedelta,
+    "error_code": _error_code,
+    "datetime_i64": _datetime,
+    "uuid": _uuid,
+}
+
+
+def _zero(inner: Any, nullable: bool, kafka_type: str | None) -> Any:
     if typing.get_origin(inner) is tuple:
         return ()
     if nullable:
         return None
-    if _entity_of(inner) is not None:
-        return build(inner, {})
+    entity = _entity_of(inner)
+    if entity is not None:
+        return build(entity, {})  # kio entities are frozen: one instance serves every use
     if kafka_type in ("timedelta_i32", "timedelta_i64"):
         return datetime.timedelta(0)
     if kafka_type == "error_code":
@@ -104,7 +227,7 @@ def _zero(hint: Any, kafka_type: str | None) -> Any:
         return _ZERO_UUID
     if kafka_type == "bool":
         return False
-    if kafka_type in ("string",):
+    if kafka_type == "string":
         return ""
     if kafka_type in ("bytes", "records"):
         return b""

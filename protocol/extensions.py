@@ -64,6 +64,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocol import headers, wire
+from protocol.api_keys import ApiKey
 from protocol.errors import InvalidRequestError, ProtocolError, UnsupportedVersionError
 from protocol.framing import SIZE
 
@@ -122,7 +123,7 @@ class Array:
 class Message:
     """One API: its key, name, version range and request/response bodies."""
 
-    api_key: int
+    api_key: ApiKey
     name: str
     min_version: int
     max_version: int
@@ -143,19 +144,10 @@ BOOL, STRING, UUID = Kind.BOOL, Kind.STRING, Kind.UUID
 INT64S = Array(Kind.INT64)
 ERROR_AND_THROTTLE = (_f("error_code", I16), _f("throttle_time_ms", I32))
 
-PREPARE_S3_OBJECT = 505
-COMMIT_STREAM_SET_OBJECT = 506
-COMMIT_STREAM_OBJECT = 507
-GET_KVS = 509
-DESCRIBE_STREAMS = 601
-DESCRIBE_S3_METADATA = 1000
-EXPIRE_PREPARED_OBJECTS = 1001
-DESTROY_S3_OBJECTS = 1002
-DESCRIBE_LOG_SEGMENTS = 1003
 
 _MESSAGES = (
     Message(
-        PREPARE_S3_OBJECT,
+        ApiKey.PREPARE_S3_OBJECT,
         "PrepareS3Object",
         0,
         0,
@@ -163,7 +155,7 @@ _MESSAGES = (
         _s(*ERROR_AND_THROTTLE, _f("first_s3_object_id", I64)),
     ),
     Message(
-        COMMIT_STREAM_SET_OBJECT,
+        ApiKey.COMMIT_STREAM_SET_OBJECT,
         "CommitStreamSetObject",
         0,
         1,
@@ -200,7 +192,7 @@ _MESSAGES = (
         _s(*ERROR_AND_THROTTLE, _f("attributes", I32, since=1)),
     ),
     Message(
-        COMMIT_STREAM_OBJECT,
+        ApiKey.COMMIT_STREAM_OBJECT,
         "CommitStreamObject",
         0,
         1,
@@ -219,7 +211,7 @@ _MESSAGES = (
         _s(*ERROR_AND_THROTTLE),
     ),
     Message(
-        GET_KVS,
+        ApiKey.GET_KVS,
         "GetKVs",
         0,
         1,
@@ -230,7 +222,7 @@ _MESSAGES = (
         ),
     ),
     Message(
-        DESCRIBE_STREAMS,
+        ApiKey.DESCRIBE_STREAMS,
         "DescribeStreams",
         0,
         0,
@@ -262,7 +254,7 @@ _MESSAGES = (
         ),
     ),
     Message(
-        DESCRIBE_S3_METADATA,
+        ApiKey.DESCRIBE_S3_METADATA,
         "DescribeS3Metadata",
         0,
         0,
@@ -340,7 +332,7 @@ _MESSAGES = (
         ),
     ),
     Message(
-        EXPIRE_PREPARED_OBJECTS,
+        ApiKey.EXPIRE_PREPARED_OBJECTS,
         "ExpirePreparedObjects",
         0,
         0,
@@ -348,7 +340,7 @@ _MESSAGES = (
         _s(*ERROR_AND_THROTTLE, _f("object_ids", INT64S)),
     ),
     Message(
-        DESTROY_S3_OBJECTS,
+        ApiKey.DESTROY_S3_OBJECTS,
         "DestroyS3Objects",
         0,
         0,
@@ -356,7 +348,7 @@ _MESSAGES = (
         _s(*ERROR_AND_THROTTLE),
     ),
     Message(
-        DESCRIBE_LOG_SEGMENTS,
+        ApiKey.DESCRIBE_LOG_SEGMENTS,
         "DescribeLogSegments",
         0,
         0,

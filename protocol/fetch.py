@@ -5,7 +5,7 @@ and then copies it again into its output. Here each partition's records are a
 sequence of buffers (one per batch or cache block) that end up, untouched, as
 separate items of the returned buffer list, ready for ``transport.writelines``.
 
-Fetch response body, v4-v18 (v12+ flexible: compact lengths and TAGGED_FIELDS):
+Fetch response body, v4-v17 (v12+ flexible: compact lengths and TAGGED_FIELDS):
 
 =========================  =========  ===============================================
 field                      versions   type
@@ -33,6 +33,10 @@ responses                  all        ARRAY of topic
                                       int32, host STRING, port int32, rack
                                       nullable STRING)
 =========================  =========  ===============================================
+
+``MIN_VERSION``..``MAX_VERSION`` is the range the broker advertises for Fetch (a test holds
+the two equal), Kafka 4.0's. v18 (Kafka 4.1) only adds the high watermark that KRaft voters
+send (KIP-1166), nothing a consumer uses.
 """
 
 from __future__ import annotations
@@ -46,10 +50,9 @@ from protocol import headers, wire
 from protocol.framing import SIZE
 
 MIN_VERSION = 4
-MAX_VERSION = 18
+MAX_VERSION = 17
 FIRST_FLEXIBLE_VERSION = 12
 FIRST_TOPIC_ID_VERSION = 13
-API_KEY = 1
 
 # Records smaller than this are copied into the surrounding bytes: a separate list
 # item costs more than copying a few hundred bytes.

@@ -13,12 +13,17 @@ A response is ``[size prefix, response header v0/v1, body buffers...]``.
 
 Decoding paths:
 
-* Produce (api_key 0, v3-v13) is parsed by ``produce.decode_produce_request`` so that
-  record bytes stay views into the frame; its body is a ``ProduceRequestData``.
+* Produce (``produce.MIN_VERSION``-``MAX_VERSION``) is parsed by
+  ``produce.decode_produce_request`` so that record bytes stay views into the frame; its body
+  is a ``ProduceRequestData``.
 * The controller's extension APIs (AutoMQ's 5xx/6xx keys and automq-py's 1000+), which kio
   does not have, use request header v2 and are read by ``extensions``; their body is a dict.
 * Every other API is read by ``entity_reader.read_entity`` from kio's schema classes
   (kio's native whole-entity reader is unsafe on untrusted input: see that module).
+
+Which versions are accepted is the ``supported`` table given to ``decode_request``: the broker
+passes the one it advertises in ApiVersions, so a request is decoded exactly when its version
+was advertised.
 
 Every failure comes out as ``UnsupportedVersionError`` or ``InvalidRequestError``
 (with the correlation id once the first 8 bytes were read).
@@ -26,6 +31,7 @@ Every failure comes out as ``UnsupportedVersionError`` or ``InvalidRequestError`
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import IO, Any, cast
@@ -35,12 +41,11 @@ from kio.serial import entity_writer
 from kio.static.protocol import Entity
 
 from protocol import extensions, headers, produce, wire
+from protocol.api_keys import ApiKey
 from protocol.entity_reader import read_entity
 from protocol.errors import InvalidRequestError, ProtocolError, UnsupportedVersionError
 from protocol.framing import SIZE
 from protocol.headers import RequestHeader, ResponseHeaderInfo
-
-PRODUCE = 0
 
 SupportedVersions = Mapping[int, tuple[int, int]]
 """api_key -> (min_version, max_version), inclusive."""
@@ -81,8 +86,9 @@ class Request:
 def decode_request(frame: wire.Buffer, supported: SupportedVersions | None = None) -> Request:
     """Decode one request frame (size prefix stripped).
 
-    ``supported`` limits the accepted API keys/versions (the broker's table);
-    without it, everything kio or ``extensions`` has a schema for is accepted (Produce: v3+).
+    ``supported`` limits the accepted API keys/versions (the broker's table: the versions it
+    advertises in ApiVersions); without it, everything kio or ``extensions`` has a schema for
+    is accepted (Produce: what ``produce`` decodes).
     """
     api_key, api_version, correlation_id = headers.peek_request_ids(frame)
     if supported is not None:
@@ -93,7 +99,9 @@ def decode_request(frame: wire.Buffer, supported: SupportedVersions | None = Non
         header_version: int | None = extensions.REQUEST_HEADER_VERSION
     else:
         header_version = headers.request_header_version(api_key, api_version)
-    if header_version is None or (api_key == PRODUCE and api_version < produce.MIN_VERSION):
+    if header_version is None or (
+        api_key == ApiKey.PRODUCE and not produce.MIN_VERSION <= api_version <= produce.MAX_VERSION
+    ):
         raise UnsupportedVersionError(api_key, api_version, correlation_id)
     view = memoryview(frame)
     if not view.readonly:
@@ -116,7 +124,7 @@ def decode_request(frame: wire.Buffer, supported: SupportedVersions | None = Non
 
 
 def _decode_body(view: memoryview, pos: int, api_key: int, api_version: int) -> Any:
-    if api_key == PRODUCE:
+    if api_key == ApiKey.PRODUCE:
         return produce.decode_produce_request(view, pos, api_version)
     if extensions.serves(api_key, api_version):
         return extensions.decode_request_body(api_key, api_version, view, pos)
@@ -173,14 +181,20 @@ def encode_response(info: ResponseHeaderInfo, body: Entity) -> list[wire.Buffer]
     return parts
 
 
+@functools.cache
 def response_schema(api_key: int, api_version: int) -> type[Entity]:
-    """kio's response class for this API version (raises ``UnsupportedVersionError``)."""
+    """kio's response class for this API version (raises ``UnsupportedVersionError``).
+
+    Cached (both lookups): kio resolves the class by name on every call, as costly as building
+    a small response.
+    """
     try:
         return load_response_schema(api_key, api_version)
     except KioIndexError:
         raise UnsupportedVersionError(api_key, api_version, -1) from None
 
 
+@functools.cache
 def request_schema(api_key: int, api_version: int) -> type[Entity]:
     """kio's request class for this API version (raises ``UnsupportedVersionError``)."""
     try:

@@ -4,17 +4,17 @@ kio's decoder copies each partition's ``records`` into a new ``bytes``; for the
 broker's hottest request that copy is the main cost, so Produce bodies are parsed
 here and ``records`` is a read-only ``memoryview`` slice of the request frame.
 
-Produce request body, v3-v13 (v9+ flexible: compact lengths, TAGGED_FIELDS after
-every struct; v13 names topics by id):
+Produce request body, v3-v12 (v9+ flexible: compact lengths, TAGGED_FIELDS after
+every struct):
 
 ==================  ================================  ================================
-field               v3-v8                             v9-v13
+field               v3-v8                             v9-v12
 ==================  ================================  ================================
 transactional_id    NULLABLE_STRING                   COMPACT_NULLABLE_STRING
 acks                int16                             int16
 timeout_ms          int32                             int32
 topic_data          ARRAY of topic                    COMPACT_ARRAY of topic
-  name / topic_id   STRING                            COMPACT_STRING (v9-12), UUID (v13)
+  name              STRING                            COMPACT_STRING
   partition_data    ARRAY of partition                COMPACT_ARRAY of partition
     index           int32                             int32
     records         RECORDS (int32 length, -1 null)   COMPACT_RECORDS (uvarint N+1)
@@ -22,21 +22,25 @@ topic_data          ARRAY of topic                    COMPACT_ARRAY of topic
   (tags)            -                                 TAGGED_FIELDS (none known)
 (tags)              -                                 TAGGED_FIELDS (none known)
 ==================  ================================  ================================
+
+``MIN_VERSION``..``MAX_VERSION`` is the range the broker advertises for Produce (a test holds
+the two equal). v12 is v11 on the wire; what it adds (KIP-890) concerns transactional
+producers of ``transaction.version`` 2, a feature this broker does not advertise. v13 names
+topics by id (KIP-516), which the Produce handler does not resolve, so it is neither served
+nor decoded.
 """
 
 from __future__ import annotations
 
 import struct
-import uuid
 from dataclasses import dataclass
 
 from protocol import wire
 from protocol.errors import InvalidRequestError
 
 MIN_VERSION = 3
-MAX_VERSION = 13
+MAX_VERSION = 12
 FIRST_FLEXIBLE_VERSION = 9
-FIRST_TOPIC_ID_VERSION = 13
 
 _INT32 = struct.Struct(">i")
 _ACKS_TIMEOUT = struct.Struct(">hi")
@@ -54,11 +58,10 @@ class ProducePartitionData:
 
 @dataclass(slots=True, frozen=True)
 class ProduceTopicData:
-    """One topic of a Produce request; ``name`` is "" when v13 names it by ``topic_id``."""
+    """One topic of a Produce request."""
 
     name: str
     partitions: tuple[ProducePartitionData, ...]
-    topic_id: uuid.UUID | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -77,7 +80,7 @@ def decode_produce_request(body: memoryview, pos: int, version: int) -> ProduceR
 
     ``body`` should be read-only (a frame from ``FrameDecoder``): the records views
     share its memory. Raises ``InvalidRequestError`` (without correlation id) on
-    malformed input and ``ValueError`` for versions outside 3..13.
+    malformed input and ``ValueError`` for versions outside ``MIN_VERSION``..``MAX_VERSION``.
     """
     if not MIN_VERSION <= version <= MAX_VERSION:
         raise ValueError(f"Produce v{version} is not handled here")
@@ -119,22 +122,13 @@ def _decode_legacy(body: memoryview, pos: int, version: int) -> ProduceRequestDa
 
 def _decode_flexible(body: memoryview, pos: int, version: int) -> ProduceRequestData:
     end = len(body)
-    by_id = version >= FIRST_TOPIC_ID_VERSION
     txn_id, pos = wire.read_compact_nullable_string(body, pos)
     acks, timeout_ms = _ACKS_TIMEOUT.unpack_from(body, pos)
     pos += _ACKS_TIMEOUT.size
     n_topics, pos = wire.read_uvarint(body, pos)
     topics: list[ProduceTopicData] = []
     for _ in range(n_topics - 1):
-        topic_id = None
-        name = ""
-        if by_id:
-            if pos + 16 > end:
-                raise InvalidRequestError("truncated topic id")
-            topic_id = uuid.UUID(bytes=bytes(body[pos : pos + 16]))
-            pos += 16
-        else:
-            name, pos = wire.read_compact_string(body, pos)
+        name, pos = wire.read_compact_string(body, pos)
         n_parts, pos = wire.read_uvarint(body, pos)
         partitions: list[ProducePartitionData] = []
         for _ in range(n_parts - 1):
@@ -151,7 +145,7 @@ def _decode_flexible(body: memoryview, pos: int, version: int) -> ProduceRequest
             pos = pos + 1 if body[pos] == 0 else wire.skip_tagged_fields(body, pos)
             partitions.append(ProducePartitionData(index, records))
         pos = pos + 1 if body[pos] == 0 else wire.skip_tagged_fields(body, pos)
-        topics.append(ProduceTopicData(name, tuple(partitions), topic_id))
+        topics.append(ProduceTopicData(name, tuple(partitions)))
     if pos >= end:
         raise InvalidRequestError("truncated Produce request")
     pos = pos + 1 if body[pos] == 0 else wire.skip_tagged_fields(body, pos)

@@ -33,6 +33,7 @@ from kio.serial import entity_writer
 
 from protocol import build, headers
 from protocol import extensions as ext
+from protocol.api_keys import ApiKey
 from protocol.entity_reader import read_entity
 from protocol.errors import ErrorCode as KafkaErrorCode
 from protocol.errors import ProtocolError
@@ -67,7 +68,6 @@ from storage.retention import PartitionLog, RetentionPolicy, SegmentInfo
 log = logging.getLogger("automq.controller_client")
 
 CLIENT_ID = "automq-py-jobs"
-API_VERSIONS, DELETE_RECORDS = 18, 21
 API_VERSIONS_VERSION = 3
 DELETE_RECORDS_MAX_VERSION = 2
 # a sanity bound on an answer's size prefix; DescribeS3Metadata of a large cluster stays far below
@@ -149,7 +149,7 @@ class ControllerClient:
 
     async def describe_s3_metadata(self) -> tuple[MetadataImage, int]:
         """The controller's streams, nodes and objects as an image, and its clock (ms)."""
-        body = await self._extension(ext.DESCRIBE_S3_METADATA, {})
+        body = await self._extension(ApiKey.DESCRIBE_S3_METADATA, {})
         try:
             return _image(body), body["now_ms"]
         except ValueError as e:  # an enum value this client does not know
@@ -158,7 +158,7 @@ class ControllerClient:
     async def prepare_objects(self, count: int, ttl_ms: int) -> int:
         """Reserve ``count`` consecutive object ids, PREPARED for ``ttl_ms``; the first id."""
         body = await self._extension(
-            ext.PREPARE_S3_OBJECT,
+            ApiKey.PREPARE_S3_OBJECT,
             {"node_id": -1, "prepared_count": count, "time_to_live_in_ms": ttl_ms},
         )
         first: int = body["first_s3_object_id"]
@@ -178,7 +178,7 @@ class ControllerClient:
         """Commit a Stream Set Object (``object_id`` -1: Stream Objects only) for ``node_id``,
         replacing ``compacted_object_ids``; raises ``MetadataError`` when refused."""
         await self._extension(
-            ext.COMMIT_STREAM_SET_OBJECT,
+            ApiKey.COMMIT_STREAM_SET_OBJECT,
             {
                 "node_id": node_id,
                 "node_epoch": node_epoch,
@@ -221,7 +221,7 @@ class ControllerClient:
         """Replace a stream's Stream Objects ``source_object_ids`` by ``object_id``; raises
         ``MetadataError`` when refused."""
         await self._extension(
-            ext.COMMIT_STREAM_OBJECT,
+            ApiKey.COMMIT_STREAM_OBJECT,
             {
                 "node_id": -1,
                 "node_epoch": -1,
@@ -237,13 +237,13 @@ class ControllerClient:
 
     async def expire_prepared_objects(self) -> list[int]:
         """Mark PREPARED objects past their deadline MARK_DESTROYED; their ids."""
-        body = await self._extension(ext.EXPIRE_PREPARED_OBJECTS, {})
+        body = await self._extension(ApiKey.EXPIRE_PREPARED_OBJECTS, {})
         ids: list[int] = body["object_ids"]
         return ids
 
     async def destroy_objects(self, object_ids: Sequence[int]) -> None:
         """Tell the controller these MARK_DESTROYED objects are deleted from object storage."""
-        await self._extension(ext.DESTROY_S3_OBJECTS, {"object_ids": list(object_ids)})
+        await self._extension(ApiKey.DESTROY_S3_OBJECTS, {"object_ids": list(object_ids)})
 
     # -- partitions ----------------------------------------------------------------------------
 
@@ -253,7 +253,7 @@ class ControllerClient:
         """Every partition of ``topics`` (all topics when empty; unknown names are left out)
         with its segments and effective retention, and the controller's clock (ms). A
         partition the broker could not open is left out too (logged)."""
-        body = await self._extension(ext.DESCRIBE_LOG_SEGMENTS, {"topics": list(topics)})
+        body = await self._extension(ApiKey.DESCRIBE_LOG_SEGMENTS, {"topics": list(topics)})
         out = []
         for t in body["topics"]:
             policy = RetentionPolicy(
@@ -294,7 +294,7 @@ class ControllerClient:
     ) -> dict[tuple[str, int], tuple[int, int]]:
         """Kafka's DeleteRecords: move each (topic, partition)'s log start up to its offset
         (-1: the high watermark). (topic, partition) -> (error_code, low_watermark)."""
-        version = self._version(DELETE_RECORDS, DELETE_RECORDS_MAX_VERSION)
+        version = self._version(ApiKey.DELETE_RECORDS, DELETE_RECORDS_MAX_VERSION)
         by_topic: dict[str, list[dict[str, int]]] = {}
         for (topic, partition), offset in offsets.items():
             by_topic.setdefault(topic, []).append({"partition_index": partition, "offset": offset})
@@ -302,7 +302,7 @@ class ControllerClient:
             "topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()],
             "timeout": datetime.timedelta(seconds=self._timeout_s),
         }
-        response = await self._kio_call(DELETE_RECORDS, version, body)
+        response = await self._kio_call(ApiKey.DELETE_RECORDS, version, body)
         return {
             (str(t.name), int(p.partition_index)): (int(p.error_code), int(p.low_watermark))
             for t in response.topics
@@ -313,7 +313,7 @@ class ControllerClient:
 
     async def _negotiate(self) -> None:
         response = await self._kio_call(
-            API_VERSIONS,
+            ApiKey.API_VERSIONS,
             API_VERSIONS_VERSION,
             {"client_software_name": CLIENT_ID, "client_software_version": "1"},
         )

@@ -1,7 +1,14 @@
 """KafkaApis: one table from ApiKey to (handler, min version, max version).
 
-The same table answers ApiVersions, so what is advertised is exactly what is handled. A
-handler returns a kio response entity (encoded here), already-encoded buffers (Fetch's
+The table is the one source of the versions served: the socket server decodes a request only
+at a version the table lists (``decode_request``'s ``supported``) and ApiVersions advertises
+the same table, so what is advertised is what is decoded and handled. A version is listed
+only where its handler implements what the version means. Each handler module lists its APIs
+as ``HANDLERS``; the hand-written codecs (Produce's decoder, Fetch's encoder) cover exactly
+those ranges, the controller's extensions take theirs from ``extensions.MESSAGES``, and kio
+has a schema for every version listed (``tests/automq_py/apis/test_versions.py``).
+
+A handler returns a kio response entity (encoded here), already-encoded buffers (Fetch's
 zero-copy path), or None (no response, as for acks=0 Produce).
 """
 
@@ -30,6 +37,7 @@ from automq_py.apis.context import BrokerContext
 from automq_py.apis.deferred import Deferred
 from automq_py.errors import describe, kafka_error
 from protocol import api_versions, build, wire
+from protocol.api_keys import ApiKey
 from protocol.messages import Request, encode_response, response_schema
 
 log = logging.getLogger("automq.apis")
@@ -37,7 +45,6 @@ log = logging.getLogger("automq.apis")
 Handler = Callable[[BrokerContext, Request], Awaitable[Any]]
 HandlerTable = dict[int, tuple[Handler, int, int]]
 
-API_VERSIONS = 18
 # each module of this package lists the APIs it handles as ``HANDLERS``
 MODULES = (
     produce,
@@ -60,7 +67,8 @@ class KafkaApis:
         self.table: HandlerTable = {}
         for module in MODULES:
             self.table.update(module.HANDLERS)
-        self.table[API_VERSIONS] = (metadata.api_versions_handler(lambda: self.supported), 0, 4)
+        api_versions_handler = metadata.api_versions_handler(lambda: self.supported)
+        self.table[ApiKey.API_VERSIONS] = (api_versions_handler, 0, 4)
 
     @property
     def supported(self) -> dict[int, tuple[int, int]]:
@@ -108,7 +116,7 @@ class KafkaApis:
             exc_info=error,
         )
         body = request.body
-        if request.api_key == produce.API_KEY and body.acks != 0:
+        if request.api_key == ApiKey.PRODUCE and body.acks != 0:
             topics = [
                 {
                     "name": t.name,
@@ -120,13 +128,15 @@ class KafkaApis:
                 for t in body.topics
             ]
             data: dict[str, Any] = {"responses": topics}
-        elif request.api_key == fetch.API_KEY:
+        elif request.api_key == ApiKey.FETCH:
             return fetch.error_response(request, code)
         else:
             schema = response_schema(request.api_key, request.api_version)
             if "error_code" not in {f.name for f in dataclasses.fields(schema)}:
                 raise error
-            data = {"error_code": code, "error_message": describe(error)}
+            data = {"error_code": code}
+            if "error_message" in build.field_names(schema):
+                data["error_message"] = describe(error)
         schema = response_schema(request.api_key, request.api_version)
         return encode_response(request.response_info, build.build(schema, data))
 

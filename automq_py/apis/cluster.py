@@ -6,6 +6,7 @@ from typing import Any
 
 from automq_py.apis.context import BrokerContext
 from protocol import build
+from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
 from protocol.messages import Request, response_schema
 
@@ -33,9 +34,9 @@ async def handle_describe_cluster(ctx: BrokerContext, request: Request) -> Any:
             error_message=f"this broker serves endpoint type {BROKER_ENDPOINT} only",
             brokers=[],
         )
-    return build.build(response_schema(60, request.api_version), data)
+    return build.build(response_schema(ApiKey.DESCRIBE_CLUSTER, request.api_version), data)
 
 
 HANDLERS: dict[int, tuple[Any, int, int]] = {
-    60: (handle_describe_cluster, 0, 1),
+    ApiKey.DESCRIBE_CLUSTER: (handle_describe_cluster, 0, 1),
 }

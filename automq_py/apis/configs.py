@@ -28,6 +28,7 @@ from automq_py.log.log_config import LogConfig
 from automq_py.topic_config import ConfigSource, ConfigSynonym, effective_topic_config
 from automq_py.topics import TopicInfo
 from protocol import build
+from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
 from protocol.messages import Request, response_schema
 from storage.config_def import ConfigError, ConfigType, split_list
@@ -86,7 +87,8 @@ async def handle_describe_configs(ctx: BrokerContext, request: Request) -> Any:
             entry.update(error_code=e.code, error_message=str(e))
         results.append(entry)
     return build.build(
-        response_schema(32, request.api_version), {"throttle_time": 0, "results": results}
+        response_schema(ApiKey.DESCRIBE_CONFIGS, request.api_version),
+        {"throttle_time": 0, "results": results},
     )
 
 
@@ -316,7 +318,7 @@ def _check_broker(ctx: BrokerContext, name: str) -> None:
 
 HANDLERS: dict[int, tuple[Any, int, int]] = {
     # v0 is not in kio's schemas (Kafka 4 dropped it too)
-    32: (handle_describe_configs, 1, 4),
-    33: (handle_alter_configs, 0, 2),
-    44: (handle_incremental_alter_configs, 0, 1),
+    ApiKey.DESCRIBE_CONFIGS: (handle_describe_configs, 1, 4),
+    ApiKey.ALTER_CONFIGS: (handle_alter_configs, 0, 2),
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: (handle_incremental_alter_configs, 0, 1),
 }

@@ -35,6 +35,7 @@ from automq_py.log.elastic_log import STREAM_ID, meta_stream_key
 from automq_py.topics import TopicInfo
 from protocol import extensions as ext
 from protocol import wire
+from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
 from protocol.messages import Request
 from storage.metadata.model import CommitRange, CommitStreamObject, MetadataError
@@ -336,15 +337,15 @@ async def describe_log_segments(ctx: BrokerContext, body: Body, version: int) ->
 
 
 _ANSWERS: dict[int, Answer] = {
-    ext.PREPARE_S3_OBJECT: prepare_s3_object,
-    ext.COMMIT_STREAM_SET_OBJECT: commit_stream_set_object,
-    ext.COMMIT_STREAM_OBJECT: commit_stream_object,
-    ext.GET_KVS: get_kvs,
-    ext.DESCRIBE_STREAMS: describe_streams,
-    ext.DESCRIBE_S3_METADATA: describe_s3_metadata,
-    ext.EXPIRE_PREPARED_OBJECTS: expire_prepared_objects,
-    ext.DESTROY_S3_OBJECTS: destroy_s3_objects,
-    ext.DESCRIBE_LOG_SEGMENTS: describe_log_segments,
+    ApiKey.PREPARE_S3_OBJECT: prepare_s3_object,
+    ApiKey.COMMIT_STREAM_SET_OBJECT: commit_stream_set_object,
+    ApiKey.COMMIT_STREAM_OBJECT: commit_stream_object,
+    ApiKey.GET_KVS: get_kvs,
+    ApiKey.DESCRIBE_STREAMS: describe_streams,
+    ApiKey.DESCRIBE_S3_METADATA: describe_s3_metadata,
+    ApiKey.EXPIRE_PREPARED_OBJECTS: expire_prepared_objects,
+    ApiKey.DESTROY_S3_OBJECTS: destroy_s3_objects,
+    ApiKey.DESCRIBE_LOG_SEGMENTS: describe_log_segments,
 }
 
 HANDLERS: dict[int, tuple[Any, int, int]] = {

@@ -11,6 +11,7 @@ from typing import Any
 
 from automq_py.apis.context import BrokerContext
 from protocol import build
+from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
 from protocol.messages import Request, response_schema
 
@@ -37,7 +38,9 @@ async def handle_find_coordinator(ctx: BrokerContext, request: Request) -> Any:
                 {"key": key, "error_code": error, **me} for key in body.coordinator_keys
             ],
         }
-    return build.build(response_schema(10, version), data)
+    return build.build(response_schema(ApiKey.FIND_COORDINATOR, version), data)
 
 
-HANDLERS: dict[int, tuple[Any, int, int]] = {10: (handle_find_coordinator, 0, 6)}
+HANDLERS: dict[int, tuple[Any, int, int]] = {
+    ApiKey.FIND_COORDINATOR: (handle_find_coordinator, 0, 6)
+}

@@ -17,6 +17,7 @@ from automq_py.log.elastic_log import LogOffsetOutOfRangeError
 from automq_py.partition import Partition
 from automq_py.replica_manager import FetchEntry
 from protocol import build, record_batch, wire
+from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
 from protocol.fetch import FetchPartitionResult, FetchTopicResult, encode_fetch_response
 from protocol.messages import Request, response_schema
@@ -138,11 +139,12 @@ async def handle_list_offsets(ctx: BrokerContext, request: Request) -> Any:
                 continue
             if entry["offset"] >= 0:
                 entry["leader_epoch"] = partition.leader_epoch
-            # v0 answers with a list of offsets
-            entry["old_style_offsets"] = [entry["offset"]] if entry["offset"] >= 0 else []
             parts.append(entry)
         out.append({"name": t.name, "partitions": parts})
-    return build.build(response_schema(2, request.api_version), {"throttle_time": 0, "topics": out})
+    return build.build(
+        response_schema(ApiKey.LIST_OFFSETS, request.api_version),
+        {"throttle_time": 0, "topics": out},
+    )
 
 
 async def first_record_at_or_after(partition: Partition, timestamp: int) -> tuple[int, int] | None:
@@ -182,7 +184,6 @@ async def first_record_at_or_after(partition: Partition, timestamp: int) -> tupl
     return None
 
 
-# Fetch >= 4, or librdkafka falls back to legacy message sets; topic ids (13+) come later.
 def error_response(request: Request, code: ErrorCode) -> list[wire.Buffer]:
     """A Fetch response giving ``code`` for every partition asked for (and at the top)."""
     topics = [
@@ -198,8 +199,9 @@ def error_response(request: Request, code: ErrorCode) -> list[wire.Buffer]:
     )
 
 
-API_KEY = 1
+API_KEY = ApiKey.FETCH
+# Fetch >= 4, or librdkafka falls back to legacy message sets; 13+ names topics by id (KIP-516).
 HANDLERS: dict[int, tuple[Any, int, int]] = {
-    API_KEY: (handle_fetch, 4, 12),
-    2: (handle_list_offsets, 1, 8),
+    API_KEY: (handle_fetch, 4, 17),
+    ApiKey.LIST_OFFSETS: (handle_list_offsets, 1, 8),
 }

@@ -25,13 +25,10 @@ from automq_py.coordinator.group_coordinator import (
     OffsetCommit,
 )
 from protocol import build
+from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
 from protocol.messages import Request, response_schema
 
-JOIN_GROUP, SYNC_GROUP, HEARTBEAT, LEAVE_GROUP = 11, 14, 12, 13
-OFFSET_COMMIT, OFFSET_FETCH, OFFSET_DELETE = 8, 9, 47
-LIST_GROUPS, DESCRIBE_GROUPS, DELETE_GROUPS = 16, 15, 42
-CONSUMER_GROUP_HEARTBEAT, CONSUMER_GROUP_DESCRIBE = 68, 69
 # DescribeGroups' "not requested" value of authorized operations
 NO_OPERATIONS = -2147483648
 
@@ -536,16 +533,16 @@ async def handle_consumer_group_describe(ctx: BrokerContext, request: Request) -
 
 
 HANDLERS: dict[int, tuple[Any, int, int]] = {
-    JOIN_GROUP: (handle_join_group, 0, 9),
-    SYNC_GROUP: (handle_sync_group, 0, 5),
-    HEARTBEAT: (handle_heartbeat, 0, 4),
-    LEAVE_GROUP: (handle_leave_group, 0, 5),
-    OFFSET_COMMIT: (handle_offset_commit, 2, 9),
-    OFFSET_FETCH: (handle_offset_fetch, 1, 9),
-    OFFSET_DELETE: (handle_offset_delete, 0, 0),
-    LIST_GROUPS: (handle_list_groups, 0, 5),
-    DESCRIBE_GROUPS: (handle_describe_groups, 0, 5),
-    DELETE_GROUPS: (handle_delete_groups, 0, 2),
-    CONSUMER_GROUP_HEARTBEAT: (handle_consumer_group_heartbeat, 0, 1),
-    CONSUMER_GROUP_DESCRIBE: (handle_consumer_group_describe, 0, 1),
+    ApiKey.JOIN_GROUP: (handle_join_group, 0, 9),
+    ApiKey.SYNC_GROUP: (handle_sync_group, 0, 5),
+    ApiKey.HEARTBEAT: (handle_heartbeat, 0, 4),
+    ApiKey.LEAVE_GROUP: (handle_leave_group, 0, 5),
+    ApiKey.OFFSET_COMMIT: (handle_offset_commit, 2, 9),
+    ApiKey.OFFSET_FETCH: (handle_offset_fetch, 1, 9),
+    ApiKey.OFFSET_DELETE: (handle_offset_delete, 0, 0),
+    ApiKey.LIST_GROUPS: (handle_list_groups, 0, 5),
+    ApiKey.DESCRIBE_GROUPS: (handle_describe_groups, 0, 5),
+    ApiKey.DELETE_GROUPS: (handle_delete_groups, 0, 2),
+    ApiKey.CONSUMER_GROUP_HEARTBEAT: (handle_consumer_group_heartbeat, 0, 1),
+    ApiKey.CONSUMER_GROUP_DESCRIBE: (handle_consumer_group_describe, 0, 1),
 }

@@ -8,6 +8,7 @@ from typing import Any
 from automq_py.apis.context import BrokerContext
 from automq_py.topics import TopicInfo
 from protocol import api_versions, build
+from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
 from protocol.messages import Request, response_schema
 
@@ -75,7 +76,7 @@ async def handle_metadata(ctx: BrokerContext, request: Request) -> Any:
             else:
                 topics.append(_topic_entry(topic, ctx))
     return build.build(
-        response_schema(3, version),
+        response_schema(ApiKey.METADATA, version),
         {
             "throttle_time": 0,
             "brokers": [ctx.broker_entry()],
@@ -88,4 +89,4 @@ async def handle_metadata(ctx: BrokerContext, request: Request) -> Any:
 
 
 # ApiVersions (18) is added by KafkaApis, which knows the whole table.
-HANDLERS: dict[int, tuple[Any, int, int]] = {3: (handle_metadata, 0, 12)}
+HANDLERS: dict[int, tuple[Any, int, int]] = {ApiKey.METADATA: (handle_metadata, 0, 12)}

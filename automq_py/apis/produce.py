@@ -17,6 +17,7 @@ from automq_py.apis.deferred import Deferred
 from automq_py.partition import AppendResult
 from automq_py.replica_manager import AppendEntry
 from protocol import build
+from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
 from protocol.messages import Request, response_schema
 
@@ -27,9 +28,6 @@ async def handle_produce(ctx: BrokerContext, request: Request) -> Any:
     entries: list[AppendEntry] = []
     for t in body.topics:
         name = t.name
-        if not name and t.topic_id is not None:
-            found = ctx.topics.by_id(t.topic_id)
-            name = found.name if found else None
         topic = None
         error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         if name:
@@ -71,7 +69,7 @@ def _response(
             }
         )
     return build.build(
-        response_schema(0, request.api_version),
+        response_schema(API_KEY, request.api_version),
         {
             "throttle_time": 0,
             "responses": [
@@ -81,6 +79,6 @@ def _response(
     )
 
 
-API_KEY = 0
-# Produce >= 3: magic v2 only (Kafka 4 clients need it).
-HANDLERS: dict[int, tuple[Any, int, int]] = {API_KEY: (handle_produce, 3, 11)}
+API_KEY = ApiKey.PRODUCE
+# Produce >= 3: magic v2 only (Kafka 4 clients need it). v13 names topics by id: not handled.
+HANDLERS: dict[int, tuple[Any, int, int]] = {API_KEY: (handle_produce, 3, 12)}

@@ -27,13 +27,13 @@ from typing import Any
 
 from automq_py.apis.context import BrokerContext
 from protocol import build
+from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
 from protocol.messages import Request, response_schema
 from storage.metadata.manager import MetadataManager
 
 log = logging.getLogger("automq.producer")
 
-INIT_PRODUCER_ID = 22
 PRODUCER_ID_BLOCK_KEY = "producer_id_block"
 PRODUCER_ID_BLOCK_SIZE = 1000
 MAX_PRODUCER_EPOCH = 0x7FFF
@@ -116,7 +116,7 @@ async def handle_init_producer_id(ctx: BrokerContext, request: Request) -> Any:
             int(getattr(body, "producer_id", -1)), int(getattr(body, "producer_epoch", -1))
         )
     return build.build(
-        response_schema(INIT_PRODUCER_ID, request.api_version),
+        response_schema(ApiKey.INIT_PRODUCER_ID, request.api_version),
         {
             "throttle_time": 0,
             "error_code": error,
@@ -128,5 +128,5 @@ async def handle_init_producer_id(ctx: BrokerContext, request: Request) -> Any:
 
 # v6 adds two-phase commit (KIP-939), which needs transactions: 0..5 as Kafka 4.0 has.
 HANDLERS: dict[int, tuple[Any, int, int]] = {
-    INIT_PRODUCER_ID: (handle_init_producer_id, 0, 5),
+    ApiKey.INIT_PRODUCER_ID: (handle_init_producer_id, 0, 5),
 }

@@ -13,6 +13,7 @@ from automq_py.apis.context import BrokerContext
 from automq_py.log.elastic_log import LogOffsetOutOfRangeError
 from automq_py.partition import Partition
 from protocol import build
+from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
 from protocol.messages import Request, response_schema
 
@@ -41,7 +42,8 @@ async def handle_delete_records(ctx: BrokerContext, request: Request) -> Any:
             parts.append(entry)
         topics.append({"name": name, "partitions": parts})
     return build.build(
-        response_schema(21, request.api_version), {"throttle_time": 0, "topics": topics}
+        response_schema(ApiKey.DELETE_RECORDS, request.api_version),
+        {"throttle_time": 0, "topics": topics},
     )
 
 
@@ -62,5 +64,5 @@ async def delete_records_before(partition: Partition, offset: int) -> ErrorCode:
 
 
 HANDLERS: dict[int, tuple[Any, int, int]] = {
-    21: (handle_delete_records, 0, 2),
+    ApiKey.DELETE_RECORDS: (handle_delete_records, 0, 2),
 }

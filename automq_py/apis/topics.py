@@ -9,6 +9,7 @@ from automq_py.apis.context import BrokerContext
 from automq_py.topic_config import effective_topic_config
 from automq_py.topics import INTERNAL_TOPICS, TopicError, check_partition_count, validate_name
 from protocol import build
+from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
 from protocol.messages import Request, response_schema
 from storage.config_def import ConfigError
@@ -69,7 +70,8 @@ async def handle_create_topics(ctx: BrokerContext, request: Request) -> Any:
             )
         results.append(entry)
     return build.build(
-        response_schema(19, request.api_version), {"throttle_time": 0, "topics": results}
+        response_schema(ApiKey.CREATE_TOPICS, request.api_version),
+        {"throttle_time": 0, "topics": results},
     )
 
 
@@ -104,7 +106,8 @@ async def handle_delete_topics(ctx: BrokerContext, request: Request) -> Any:
             entry.update(error_code=e.code, error_message=str(e))
         responses.append(entry)
     return build.build(
-        response_schema(20, request.api_version), {"throttle_time": 0, "responses": responses}
+        response_schema(ApiKey.DELETE_TOPICS, request.api_version),
+        {"throttle_time": 0, "responses": responses},
     )
 
 
@@ -140,12 +143,13 @@ async def handle_create_partitions(ctx: BrokerContext, request: Request) -> Any:
             entry.update(error_code=e.code, error_message=str(e))
         results.append(entry)
     return build.build(
-        response_schema(37, request.api_version), {"throttle_time": 0, "results": results}
+        response_schema(ApiKey.CREATE_PARTITIONS, request.api_version),
+        {"throttle_time": 0, "results": results},
     )
 
 
 HANDLERS: dict[int, tuple[Any, int, int]] = {
-    19: (handle_create_topics, 2, 7),
-    20: (handle_delete_topics, 1, 6),
-    37: (handle_create_partitions, 0, 3),
+    ApiKey.CREATE_TOPICS: (handle_create_topics, 2, 7),
+    ApiKey.DELETE_TOPICS: (handle_delete_topics, 1, 6),
+    ApiKey.CREATE_PARTITIONS: (handle_create_partitions, 0, 3),
 }

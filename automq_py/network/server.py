@@ -17,10 +17,10 @@ import collections
 import contextlib
 import logging
 
-from automq_py.apis import API_VERSIONS, KafkaApis
-from automq_py.apis.produce import API_KEY as PRODUCE
+from automq_py.apis import KafkaApis
 from automq_py.apis.context import CLIENT_HOST
 from protocol import wire
+from protocol.api_keys import ApiKey
 from protocol.errors import InvalidRequestError, ProtocolError, UnsupportedVersionError
 from protocol.framing import FrameDecoder
 from protocol.messages import decode_request
@@ -35,7 +35,7 @@ MAX_QUEUED_RESPONSES = 64
 # requests handled while earlier ones on the connection still wait for their responses:
 # consecutive Produce requests; any other request waits until the responses before it are
 # written, so it observes their effects (a ListOffsets after a Produce sees its records)
-PIPELINED = frozenset({PRODUCE})
+PIPELINED = frozenset({ApiKey.PRODUCE})
 
 Response = list[wire.Buffer] | None | asyncio.Future[list[wire.Buffer] | None]
 
@@ -113,7 +113,7 @@ class SocketServer:
                     try:
                         request = decode_request(frame, self.apis.supported)
                     except UnsupportedVersionError as e:
-                        if e.api_key != API_VERSIONS:
+                        if e.api_key != ApiKey.API_VERSIONS:
                             raise
                         await responses.put(self.apis.unsupported_api_versions(e.correlation_id))
                         continue

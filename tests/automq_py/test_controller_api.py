@@ -23,6 +23,7 @@ from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 from protocol import extensions as ext
+from protocol.api_keys import ApiKey
 from spark_jobs.controller_client import ControllerClient, ControllerError
 from storage.metadata.image import MetadataImage
 from storage.metadata.model import (
@@ -185,7 +186,7 @@ async def test_describe_streams_and_get_kvs(produced: Produced) -> None:
     port = produced.broker.port
     body = call(
         port,
-        ext.DESCRIBE_STREAMS,
+        ApiKey.DESCRIBE_STREAMS,
         0,
         {"topic_partitions": [{"topic_name": TOPIC, "partitions": [{"partition_index": 1}]}]},
     )
@@ -197,15 +198,15 @@ async def test_describe_streams_and_get_kvs(produced: Produced) -> None:
     }
     topic_id = streams[0]["topic_id"]
     assert topic_id != uuid.UUID(int=0)
-    every = call(port, ext.DESCRIBE_STREAMS, 0, {})["stream_metadata_list"]
+    every = call(port, ApiKey.DESCRIBE_STREAMS, 0, {})["stream_metadata_list"]
     assert {s["stream_id"] for s in streams} < {s["stream_id"] for s in every}
-    one = call(port, ext.DESCRIBE_STREAMS, 0, {"stream_id": streams[0]["stream_id"]})
+    one = call(port, ApiKey.DESCRIBE_STREAMS, 0, {"stream_id": streams[0]["stream_id"]})
     assert one["stream_metadata_list"] == [streams[0]]
 
     namespace = namespace_for_cluster(produced.cluster_id)
     kvs = call(
         port,
-        ext.GET_KVS,
+        ApiKey.GET_KVS,
         1,
         {
             "get_key_requests": [
@@ -384,9 +385,13 @@ async def test_a_dead_connection_raises_connection_error(produced: Produced) -> 
 def _extension_payloads() -> list[bytes]:
     """Well-formed requests of every extension API (header + body, no size prefix)."""
     requests: list[tuple[int, int, dict[str, Any]]] = [
-        (ext.PREPARE_S3_OBJECT, 0, {"node_id": 0, "prepared_count": 1, "time_to_live_in_ms": 1000}),
         (
-            ext.COMMIT_STREAM_SET_OBJECT,
+            ApiKey.PREPARE_S3_OBJECT,
+            0,
+            {"node_id": 0, "prepared_count": 1, "time_to_live_in_ms": 1000},
+        ),
+        (
+            ApiKey.COMMIT_STREAM_SET_OBJECT,
             1,
             {
                 "node_id": 0,
@@ -410,7 +415,7 @@ def _extension_payloads() -> list[bytes]:
             },
         ),
         (
-            ext.COMMIT_STREAM_OBJECT,
+            ApiKey.COMMIT_STREAM_OBJECT,
             0,
             {
                 "object_id": NO_SUCH_OBJECT,
@@ -422,16 +427,16 @@ def _extension_payloads() -> list[bytes]:
                 "stream_epoch": -1,
             },
         ),
-        (ext.GET_KVS, 1, {"get_key_requests": [{"key": "k", "namespace": "ns"}]}),
+        (ApiKey.GET_KVS, 1, {"get_key_requests": [{"key": "k", "namespace": "ns"}]}),
         (
-            ext.DESCRIBE_STREAMS,
+            ApiKey.DESCRIBE_STREAMS,
             0,
             {"topic_partitions": [{"topic_name": "fuzz", "partitions": [{"partition_index": 0}]}]},
         ),
-        (ext.DESCRIBE_S3_METADATA, 0, {}),
-        (ext.EXPIRE_PREPARED_OBJECTS, 0, {}),
-        (ext.DESTROY_S3_OBJECTS, 0, {"object_ids": [NO_SUCH_OBJECT]}),
-        (ext.DESCRIBE_LOG_SEGMENTS, 0, {"topics": ["fuzz"]}),
+        (ApiKey.DESCRIBE_S3_METADATA, 0, {}),
+        (ApiKey.EXPIRE_PREPARED_OBJECTS, 0, {}),
+        (ApiKey.DESTROY_S3_OBJECTS, 0, {"object_ids": [NO_SUCH_OBJECT]}),
+        (ApiKey.DESCRIBE_LOG_SEGMENTS, 0, {"topics": ["fuzz"]}),
     ]
     return [
         ext.encode_request(key, version, n + 1, body, "fuzz")[4:]
@@ -453,9 +458,9 @@ def test_extension_requests_are_answered(controller_fuzz_broker: BrokerProcess) 
     """Each seed gets one well-formed answer with its correlation id: the commits and the
     DestroyS3Objects name objects (and a stream: no partition is open) that do not exist."""
     refused = {
-        ext.COMMIT_STREAM_SET_OBJECT: ErrorCode.OBJECT_NOT_EXIST,
-        ext.COMMIT_STREAM_OBJECT: ErrorCode.STREAM_NOT_EXIST,
-        ext.DESTROY_S3_OBJECTS: ErrorCode.OBJECT_NOT_EXIST,
+        ApiKey.COMMIT_STREAM_SET_OBJECT: ErrorCode.OBJECT_NOT_EXIST,
+        ApiKey.COMMIT_STREAM_OBJECT: ErrorCode.STREAM_NOT_EXIST,
+        ApiKey.DESTROY_S3_OBJECTS: ErrorCode.OBJECT_NOT_EXIST,
     }
     for payload in EXTENSION_PAYLOADS:
         api_key, version, correlation_id = struct.unpack_from(">hhi", payload)
@@ -504,7 +509,7 @@ def test_mutated_extension_requests_do_not_break_the_broker(
     exchange(controller_fuzz_broker.port, data)
     assert_serving(controller_fuzz_broker)
     # the controller APIs still answer too
-    answer = call(controller_fuzz_broker.port, ext.DESCRIBE_S3_METADATA, 0, {})
+    answer = call(controller_fuzz_broker.port, ApiKey.DESCRIBE_S3_METADATA, 0, {})
     assert answer["error_code"] == 0
 
 
@@ -512,6 +517,6 @@ def test_absurd_prepare_counts_are_refused(controller_fuzz_broker: BrokerProcess
     """2**31 - 1 ids would be one record each in one transaction: refused, not attempted."""
     for count, ttl in ((0x7FFFFFFF, 1000), (1, (1 << 63) - 1), (-1, 1000), (1, -1)):
         body = {"node_id": 0, "prepared_count": count, "time_to_live_in_ms": ttl}
-        answer = call(controller_fuzz_broker.port, ext.PREPARE_S3_OBJECT, 0, body)
+        answer = call(controller_fuzz_broker.port, ApiKey.PREPARE_S3_OBJECT, 0, body)
         assert answer["error_code"] == INVALID_REQUEST, (count, ttl)
     assert_serving(controller_fuzz_broker)

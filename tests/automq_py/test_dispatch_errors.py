@@ -9,10 +9,12 @@ from typing import Any
 import pytest
 from kafka.protocol.admin.cluster import DescribeClusterRequest, DescribeClusterResponse
 from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
+from kafka.protocol.consumer.group import HeartbeatRequest, HeartbeatResponse
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 
 from automq_py.apis import KafkaApis
 from protocol import messages
+from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
 from storage.errors import StreamFencedError
 from storage.operator.base import ObjectStoreError
@@ -39,10 +41,18 @@ async def answer(apis: KafkaApis, message: Any, response_class: Any) -> Any:
 
 
 async def test_describe_cluster_gets_the_error_at_the_top() -> None:
-    apis = apis_raising(60, RuntimeError("a bug"))
+    apis = apis_raising(ApiKey.DESCRIBE_CLUSTER, RuntimeError("a bug"))
     response = await answer(apis, DescribeClusterRequest[0](), DescribeClusterResponse)
     assert response.error_code == ErrorCode.UNKNOWN_SERVER_ERROR
     assert "RuntimeError: a bug" in response.error_message
+
+
+async def test_a_response_without_error_message_gets_the_code_alone() -> None:
+    # no version of HeartbeatResponse has error_message: the answer must not name it
+    apis = apis_raising(ApiKey.HEARTBEAT, RuntimeError("a bug"))
+    message = HeartbeatRequest[4](group_id="g", generation_id=1, member_id="m")
+    response = await answer(apis, message, HeartbeatResponse)
+    assert response.error_code == ErrorCode.UNKNOWN_SERVER_ERROR
 
 
 def produce_request(acks: int) -> Any:
@@ -64,7 +74,7 @@ def produce_request(acks: int) -> Any:
 
 
 async def test_produce_gets_the_error_on_every_partition() -> None:
-    apis = apis_raising(0, StreamFencedError("epoch 4 > 3"))
+    apis = apis_raising(ApiKey.PRODUCE, StreamFencedError("epoch 4 > 3"))
     response = await answer(apis, produce_request(-1), ProduceResponse)
     (topic,) = response.responses
     assert topic.name == "t"
@@ -75,14 +85,14 @@ async def test_produce_gets_the_error_on_every_partition() -> None:
 
 
 async def test_acks_0_produce_that_fails_closes_the_connection() -> None:
-    apis = apis_raising(0, RuntimeError("a bug"))
+    apis = apis_raising(ApiKey.PRODUCE, RuntimeError("a bug"))
     request = messages.decode_request(request_frame(produce_request(0)), apis.supported)
     with pytest.raises(RuntimeError, match="a bug"):
         await apis.handle(request)
 
 
 async def test_fetch_gets_the_error_on_every_partition() -> None:
-    apis = apis_raising(1, ObjectStoreError("s3 down"))
+    apis = apis_raising(ApiKey.FETCH, ObjectStoreError("s3 down"))
     t = FetchRequest.FetchTopic
     message = FetchRequest[7](
         replica_id=-1,

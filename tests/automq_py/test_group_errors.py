@@ -26,6 +26,7 @@ from kafka.protocol.consumer import OffsetCommitRequest  # type: ignore[import-u
 from kio.serial import entity_writer
 
 from protocol import build, headers
+from protocol.api_keys import ApiKey
 from protocol.entity_reader import read_entity
 from protocol.errors import ErrorCode
 from protocol.messages import BufferCollector, request_schema, response_schema
@@ -34,12 +35,6 @@ from tests.protocol.kafka_oracle import request_frame
 from tests.support.broker import BrokerProcess
 
 pytestmark = pytest.mark.integration
-
-JOIN_GROUP, SYNC_GROUP, HEARTBEAT, LEAVE_GROUP = 11, 14, 12, 13
-OFFSET_COMMIT, OFFSET_FETCH, OFFSET_DELETE = 8, 9, 47
-LIST_GROUPS, DESCRIBE_GROUPS, DELETE_GROUPS = 16, 15, 42
-CREATE_TOPICS, API_VERSIONS = 19, 18
-CONSUMER_GROUP_HEARTBEAT, CONSUMER_GROUP_DESCRIBE = 68, 69
 
 TOPIC = "orders"
 TIMEOUT_S = 10.0
@@ -111,10 +106,13 @@ def assert_serving(b: BrokerProcess) -> None:
     process = b._process
     assert process is not None and process.poll() is None, f"broker died:\n{b.log_tail()}"
     try:
-        versions = call(b, API_VERSIONS, 3, {"client_software_name": "errors"})
+        versions = call(b, ApiKey.API_VERSIONS, 3, {"client_software_name": "errors"})
         assert versions.error_code == ErrorCode.NONE
-        assert {k.api_key for k in versions.api_keys} >= {JOIN_GROUP, CONSUMER_GROUP_HEARTBEAT}
-        groups = call(b, LIST_GROUPS, 5, {})
+        assert {k.api_key for k in versions.api_keys} >= {
+            ApiKey.JOIN_GROUP,
+            ApiKey.CONSUMER_GROUP_HEARTBEAT,
+        }
+        groups = call(b, ApiKey.LIST_GROUPS, 5, {})
         assert groups.error_code == ErrorCode.NONE
     except (AssertionError, OSError) as e:
         raise AssertionError(f"broker stopped serving: {e!r}\n{b.log_tail()}") from e
@@ -128,7 +126,7 @@ def broker(make_broker: MakeBroker) -> BrokerProcess:
 
 def with_orders_topic(b: BrokerProcess) -> BrokerProcess:
     topic = {"name": TOPIC, "num_partitions": 2, "replication_factor": 1}
-    created = call(b, CREATE_TOPICS, 5, {"topics": [topic], "timeout": 5000})
+    created = call(b, ApiKey.CREATE_TOPICS, 5, {"topics": [topic], "timeout": 5000})
     assert [t.error_code for t in created.topics] == [ErrorCode.NONE]
     return b
 
@@ -150,7 +148,7 @@ def join(
 ) -> Any:
     return call(
         b,
-        JOIN_GROUP,
+        ApiKey.JOIN_GROUP,
         version,
         {
             "group_id": group,
@@ -186,7 +184,7 @@ def sync(
 ) -> Any:
     return call(
         b,
-        SYNC_GROUP,
+        ApiKey.SYNC_GROUP,
         5,
         {
             "group_id": group,
@@ -216,7 +214,7 @@ def heartbeat(
         "member_id": member_id,
         "group_instance_id": instance_id,
     }
-    return ErrorCode(call(b, HEARTBEAT, 4, body).error_code)
+    return ErrorCode(call(b, ApiKey.HEARTBEAT, 4, body).error_code)
 
 
 def commit(
@@ -236,7 +234,7 @@ def commit(
     ]
     response = call(
         b,
-        OFFSET_COMMIT,
+        ApiKey.OFFSET_COMMIT,
         version,
         {
             "group_id": group,
@@ -257,7 +255,7 @@ def fetch_offsets(b: BrokerProcess, group: str) -> dict[int, tuple[int, str | No
     body = {
         "groups": [{"group_id": group, "topics": [{"name": TOPIC, "partition_indexes": [0, 1]}]}]
     }
-    (found,) = call(b, OFFSET_FETCH, 8, body).groups
+    (found,) = call(b, ApiKey.OFFSET_FETCH, 8, body).groups
     assert found.error_code == ErrorCode.NONE
     return {
         p.partition_index: (p.committed_offset, p.metadata)
@@ -287,7 +285,7 @@ def stable_member(b: BrokerProcess, group: str, **options: Any) -> tuple[str, in
 
 
 def group_state(b: BrokerProcess, group: str) -> str:
-    (described,) = call(b, DESCRIBE_GROUPS, 5, {"groups": [group]}).groups
+    (described,) = call(b, ApiKey.DESCRIBE_GROUPS, 5, {"groups": [group]}).groups
     assert described.error_code == ErrorCode.NONE
     return str(described.group_state)
 
@@ -381,7 +379,9 @@ def test_an_unknown_member_is_refused(broker: BrokerProcess) -> None:
         0: ErrorCode.UNKNOWN_MEMBER_ID
     }
     assert join(broker, "members", ghost).error_code == ErrorCode.UNKNOWN_MEMBER_ID
-    left = call(broker, LEAVE_GROUP, 5, {"group_id": "members", "members": [{"member_id": ghost}]})
+    left = call(
+        broker, ApiKey.LEAVE_GROUP, 5, {"group_id": "members", "members": [{"member_id": ghost}]}
+    )
     assert left.error_code == ErrorCode.NONE
     assert [(m.member_id, m.error_code) for m in left.members] == [
         (ghost, ErrorCode.UNKNOWN_MEMBER_ID)
@@ -435,7 +435,7 @@ def test_a_replaced_static_member_is_fenced(broker: BrokerProcess) -> None:
     }
     left = call(
         broker,
-        LEAVE_GROUP,
+        ApiKey.LEAVE_GROUP,
         5,
         {"group_id": "statics", "members": [{"member_id": old, "group_instance_id": "host-1"}]},
     )
@@ -451,7 +451,7 @@ def test_a_replaced_static_member_is_fenced(broker: BrokerProcess) -> None:
 
 EMPTY_GROUP_ID_REQUESTS: dict[str, tuple[int, int, dict[str, Any]]] = {
     "JoinGroup": (
-        JOIN_GROUP,
+        ApiKey.JOIN_GROUP,
         9,
         {
             "group_id": "",
@@ -463,14 +463,14 @@ EMPTY_GROUP_ID_REQUESTS: dict[str, tuple[int, int, dict[str, Any]]] = {
         },
     ),
     "SyncGroup": (
-        SYNC_GROUP,
+        ApiKey.SYNC_GROUP,
         5,
         {"group_id": "", "generation_id": 1, "member_id": "m", "assignments": []},
     ),
-    "Heartbeat": (HEARTBEAT, 4, {"group_id": "", "generation_id": 1, "member_id": "m"}),
-    "LeaveGroup": (LEAVE_GROUP, 5, {"group_id": "", "members": [{"member_id": "m"}]}),
+    "Heartbeat": (ApiKey.HEARTBEAT, 4, {"group_id": "", "generation_id": 1, "member_id": "m"}),
+    "LeaveGroup": (ApiKey.LEAVE_GROUP, 5, {"group_id": "", "members": [{"member_id": "m"}]}),
     "OffsetDelete": (
-        OFFSET_DELETE,
+        ApiKey.OFFSET_DELETE,
         0,
         {"group_id": "", "topics": [{"name": TOPIC, "partitions": [{"partition_index": 0}]}]},
     ),
@@ -561,7 +561,7 @@ def test_any_offset_retention_time_is_answered(broker: BrokerProcess, retention_
     correlation_id, pos = headers.decode_response_header(response, 0)
     assert correlation_id == 5
     decoded: Any
-    decoded, _ = read_entity(response_schema(OFFSET_COMMIT, 2), memoryview(response), pos)
+    decoded, _ = read_entity(response_schema(ApiKey.OFFSET_COMMIT, 2), memoryview(response), pos)
     assert [p.error_code for t in decoded.topics for p in t.partitions] == [ErrorCode.NONE]
     assert fetch_offsets(broker, "retained") == {0: (5, "")}
     assert_serving(broker)
@@ -603,7 +603,7 @@ def test_delete_groups_refuses_busy_and_unknown_groups(broker: BrokerProcess) ->
     stable_member(broker, "busy")
     assert commit(broker, "idle", -1, "", {0: (1, "")}) == {0: ErrorCode.NONE}
 
-    deleted = call(broker, DELETE_GROUPS, 2, {"groups_names": ["busy", "never-was", "idle"]})
+    deleted = call(broker, ApiKey.DELETE_GROUPS, 2, {"groups_names": ["busy", "never-was", "idle"]})
     assert [(r.group_id, r.error_code) for r in deleted.results] == [
         ("busy", ErrorCode.NON_EMPTY_GROUP),
         ("never-was", ErrorCode.GROUP_ID_NOT_FOUND),
@@ -631,7 +631,7 @@ def consumer_heartbeat(
     timeout) unchanged, as a steady heartbeat does."""
     return call(
         b,
-        CONSUMER_GROUP_HEARTBEAT,
+        ApiKey.CONSUMER_GROUP_HEARTBEAT,
         version,
         {
             "group_id": group,
@@ -700,7 +700,7 @@ def test_offset_commit_with_a_stale_member_epoch(broker: BrokerProcess) -> None:
 
     fetched = call(
         broker,
-        OFFSET_FETCH,
+        ApiKey.OFFSET_FETCH,
         9,
         {
             "groups": [

@@ -34,23 +34,12 @@ from hypothesis import strategies as st
 
 from automq_py.apis.groups import HANDLERS
 from protocol import headers
+from protocol.api_keys import ApiKey
 from protocol.entity_reader import read_entity
 from protocol.messages import response_schema
 from tests.automq_py.conftest import MakeBroker
 from tests.automq_py.test_broker_fuzz import exchange, frame, mutated_frames
 from tests.automq_py.test_group_errors import (
-    CONSUMER_GROUP_DESCRIBE,
-    CONSUMER_GROUP_HEARTBEAT,
-    DELETE_GROUPS,
-    DESCRIBE_GROUPS,
-    HEARTBEAT,
-    JOIN_GROUP,
-    LEAVE_GROUP,
-    LIST_GROUPS,
-    OFFSET_COMMIT,
-    OFFSET_DELETE,
-    OFFSET_FETCH,
-    SYNC_GROUP,
     TOPIC,
     assert_serving,
     commit,
@@ -72,7 +61,7 @@ FUZZ = settings(
 )
 INT32 = st.integers(-(1 << 31), (1 << 31) - 1)
 # JoinGroup and SyncGroup may wait for the rest of the group; nothing else waits
-WAITING_APIS = {JOIN_GROUP, SYNC_GROUP}
+WAITING_APIS = {ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP}
 
 
 @dataclass(slots=True, frozen=True)
@@ -187,35 +176,35 @@ def seed_requests(k: KnownGroups) -> list[tuple[int, int, dict[str, Any]]]:
         "topic_partitions": [{"topic_id": k.topic_id, "partitions": [0]}],
     }
     return [
-        (JOIN_GROUP, 9, {**join_body, "member_id": ""}),
-        (JOIN_GROUP, 5, join_body),
-        (JOIN_GROUP, 1, join_body),
-        (SYNC_GROUP, 5, sync_body),
-        (SYNC_GROUP, 2, sync_body),
-        (HEARTBEAT, 4, {**beat, "member_id": k.classic_member}),
-        (HEARTBEAT, 0, beat),
-        (LEAVE_GROUP, 5, {"group_id": "fuzz-other", "members": [{"member_id": "x"}]}),
-        (LEAVE_GROUP, 0, {"group_id": "fuzz-other", "member_id": "x"}),
-        (OFFSET_COMMIT, 9, commit_body),
-        (OFFSET_COMMIT, 2, commit_body),
-        (OFFSET_FETCH, 9, {"groups": [{"group_id": k.modern_group, "topics": wanted}]}),
-        (OFFSET_FETCH, 3, {"group_id": k.classic_group, "topics": wanted}),
-        (OFFSET_FETCH, 1, {"group_id": k.classic_group, "topics": wanted}),
+        (ApiKey.JOIN_GROUP, 9, {**join_body, "member_id": ""}),
+        (ApiKey.JOIN_GROUP, 5, join_body),
+        (ApiKey.JOIN_GROUP, 1, join_body),
+        (ApiKey.SYNC_GROUP, 5, sync_body),
+        (ApiKey.SYNC_GROUP, 2, sync_body),
+        (ApiKey.HEARTBEAT, 4, {**beat, "member_id": k.classic_member}),
+        (ApiKey.HEARTBEAT, 0, beat),
+        (ApiKey.LEAVE_GROUP, 5, {"group_id": "fuzz-other", "members": [{"member_id": "x"}]}),
+        (ApiKey.LEAVE_GROUP, 0, {"group_id": "fuzz-other", "member_id": "x"}),
+        (ApiKey.OFFSET_COMMIT, 9, commit_body),
+        (ApiKey.OFFSET_COMMIT, 2, commit_body),
+        (ApiKey.OFFSET_FETCH, 9, {"groups": [{"group_id": k.modern_group, "topics": wanted}]}),
+        (ApiKey.OFFSET_FETCH, 3, {"group_id": k.classic_group, "topics": wanted}),
+        (ApiKey.OFFSET_FETCH, 1, {"group_id": k.classic_group, "topics": wanted}),
         (
-            OFFSET_DELETE,
+            ApiKey.OFFSET_DELETE,
             0,
             {"group_id": k.classic_group, "topics": [{"name": "gone", "partitions": [{}]}]},
         ),
-        (LIST_GROUPS, 5, {"states_filter": ["Stable"], "types_filter": ["classic"]}),
-        (LIST_GROUPS, 0, {}),
-        (DESCRIBE_GROUPS, 5, {"groups": [k.classic_group, k.modern_group, "none"]}),
-        (DESCRIBE_GROUPS, 0, {"groups": [k.classic_group]}),
-        (DELETE_GROUPS, 2, {"groups_names": ["fuzz-other", "none"]}),
-        (DELETE_GROUPS, 0, {"groups_names": ["none"]}),
-        (CONSUMER_GROUP_HEARTBEAT, 1, cgh),
-        (CONSUMER_GROUP_HEARTBEAT, 0, {**cgh, "member_id": "", "member_epoch": 0}),
-        (CONSUMER_GROUP_DESCRIBE, 1, {"group_ids": [k.modern_group, k.classic_group]}),
-        (CONSUMER_GROUP_DESCRIBE, 0, {"group_ids": [k.modern_group]}),
+        (ApiKey.LIST_GROUPS, 5, {"states_filter": ["Stable"], "types_filter": ["classic"]}),
+        (ApiKey.LIST_GROUPS, 0, {}),
+        (ApiKey.DESCRIBE_GROUPS, 5, {"groups": [k.classic_group, k.modern_group, "none"]}),
+        (ApiKey.DESCRIBE_GROUPS, 0, {"groups": [k.classic_group]}),
+        (ApiKey.DELETE_GROUPS, 2, {"groups_names": ["fuzz-other", "none"]}),
+        (ApiKey.DELETE_GROUPS, 0, {"groups_names": ["none"]}),
+        (ApiKey.CONSUMER_GROUP_HEARTBEAT, 1, cgh),
+        (ApiKey.CONSUMER_GROUP_HEARTBEAT, 0, {**cgh, "member_id": "", "member_epoch": 0}),
+        (ApiKey.CONSUMER_GROUP_DESCRIBE, 1, {"group_ids": [k.modern_group, k.classic_group]}),
+        (ApiKey.CONSUMER_GROUP_DESCRIBE, 0, {"group_ids": [k.modern_group]}),
     ]
 
 
@@ -299,7 +288,7 @@ def random_requests(k: KnownGroups) -> st.SearchStrategy[tuple[int, int, dict[st
     )
     names = st.lists(topics, max_size=3)
     bodies: dict[int, st.SearchStrategy[dict[str, Any]]] = {
-        JOIN_GROUP: st.fixed_dictionaries(
+        ApiKey.JOIN_GROUP: st.fixed_dictionaries(
             {
                 "group_id": group_ids,
                 "session_timeout": timeouts,
@@ -311,7 +300,7 @@ def random_requests(k: KnownGroups) -> st.SearchStrategy[tuple[int, int, dict[st
                 "reason": st.one_of(st.none(), st.text(max_size=8)),
             }
         ),
-        SYNC_GROUP: st.fixed_dictionaries(
+        ApiKey.SYNC_GROUP: st.fixed_dictionaries(
             {
                 "group_id": group_ids,
                 "generation_id": generations,
@@ -322,7 +311,7 @@ def random_requests(k: KnownGroups) -> st.SearchStrategy[tuple[int, int, dict[st
                 "assignments": assignments,
             }
         ),
-        HEARTBEAT: st.fixed_dictionaries(
+        ApiKey.HEARTBEAT: st.fixed_dictionaries(
             {
                 "group_id": group_ids,
                 "generation_id": generations,
@@ -330,7 +319,7 @@ def random_requests(k: KnownGroups) -> st.SearchStrategy[tuple[int, int, dict[st
                 "group_instance_id": instance_ids,
             }
         ),
-        LEAVE_GROUP: st.fixed_dictionaries(
+        ApiKey.LEAVE_GROUP: st.fixed_dictionaries(
             {
                 "group_id": group_ids,
                 "member_id": member_ids,
@@ -342,7 +331,7 @@ def random_requests(k: KnownGroups) -> st.SearchStrategy[tuple[int, int, dict[st
                 ),
             }
         ),
-        OFFSET_COMMIT: st.fixed_dictionaries(
+        ApiKey.OFFSET_COMMIT: st.fixed_dictionaries(
             {
                 "group_id": group_ids,
                 "generation_id_or_member_epoch": generations,
@@ -354,7 +343,7 @@ def random_requests(k: KnownGroups) -> st.SearchStrategy[tuple[int, int, dict[st
                 "topics": committed,
             }
         ),
-        OFFSET_FETCH: st.fixed_dictionaries(
+        ApiKey.OFFSET_FETCH: st.fixed_dictionaries(
             {
                 "group_id": group_ids,
                 "topics": fetched,
@@ -372,7 +361,7 @@ def random_requests(k: KnownGroups) -> st.SearchStrategy[tuple[int, int, dict[st
                 ),
             }
         ),
-        OFFSET_DELETE: st.fixed_dictionaries(
+        ApiKey.OFFSET_DELETE: st.fixed_dictionaries(
             {
                 "group_id": group_ids,
                 "topics": st.lists(
@@ -389,7 +378,7 @@ def random_requests(k: KnownGroups) -> st.SearchStrategy[tuple[int, int, dict[st
                 ),
             }
         ),
-        LIST_GROUPS: st.fixed_dictionaries(
+        ApiKey.LIST_GROUPS: st.fixed_dictionaries(
             {
                 "states_filter": st.lists(
                     st.one_of(
@@ -404,17 +393,17 @@ def random_requests(k: KnownGroups) -> st.SearchStrategy[tuple[int, int, dict[st
                 ),
             }
         ),
-        DESCRIBE_GROUPS: st.fixed_dictionaries(
+        ApiKey.DESCRIBE_GROUPS: st.fixed_dictionaries(
             {
                 "groups": st.lists(group_ids, max_size=4),
                 "include_authorized_operations": st.booleans(),
             }
         ),
-        DELETE_GROUPS: st.fixed_dictionaries(
+        ApiKey.DELETE_GROUPS: st.fixed_dictionaries(
             # the known groups are left alone: the seeds of the other test name them
             {"groups_names": st.lists(st.text(max_size=12), max_size=3)}
         ),
-        CONSUMER_GROUP_HEARTBEAT: st.fixed_dictionaries(
+        ApiKey.CONSUMER_GROUP_HEARTBEAT: st.fixed_dictionaries(
             {
                 "group_id": group_ids,
                 "member_id": member_ids,
@@ -432,7 +421,7 @@ def random_requests(k: KnownGroups) -> st.SearchStrategy[tuple[int, int, dict[st
                 "topic_partitions": owned,
             }
         ),
-        CONSUMER_GROUP_DESCRIBE: st.fixed_dictionaries(
+        ApiKey.CONSUMER_GROUP_DESCRIBE: st.fixed_dictionaries(
             {
                 "group_ids": st.lists(group_ids, max_size=4),
                 "include_authorized_operations": st.booleans(),

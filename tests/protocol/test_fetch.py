@@ -99,7 +99,7 @@ def kio_encoding(version: int, correlation_id: int, records: list[bytes]) -> byt
     return header + b"".join(bytes(p) for p in out.finish())
 
 
-@pytest.mark.parametrize("version", range(4, 19))
+@pytest.mark.parametrize("version", range(fetch.MIN_VERSION, fetch.MAX_VERSION + 1))
 def test_fetch_response_is_byte_identical_to_kio(version: int) -> None:
     records = batches()
     parts = fetch.encode_fetch_response(version, 321, topics(records))
@@ -108,7 +108,7 @@ def test_fetch_response_is_byte_identical_to_kio(version: int) -> None:
     assert data[4:] == kio_encoding(version, 321, records)
 
 
-@pytest.mark.parametrize("version", range(4, 19))
+@pytest.mark.parametrize("version", range(fetch.MIN_VERSION, fetch.MAX_VERSION + 1))
 def test_fetch_response_decodes_with_kafka_python(version: int) -> None:
     records = batches()
     data = b"".join(bytes(p) for p in fetch.encode_fetch_response(version, 5, topics(records)))
