@@ -68,12 +68,15 @@ class Partition:
         return await asyncio.shield(started)
 
     async def start_append(
-        self, records: memoryview
+        self, records: memoryview, deadline: float | None = None
     ) -> AppendResult | asyncio.Future[AppendResult]:
         """Validate a Produce request's records for this partition and start their append:
         an :class:`AppendResult` when the answer is known now (invalid, rejected), else the
         future of the result, done once every batch is durable. Raises what the log raises
-        when an append cannot start (the caller maps it to the partition's error)."""
+        when an append cannot start (the caller maps it to the partition's error), and
+        ``TimeoutError`` when it could not start by ``deadline`` (event-loop time: the
+        partition's lock or the WAL cache's room waited for too long; no batch was appended
+        then, or only the first ones, which complete as usual)."""
         try:
             batches = list(record_batch.iter_batches(records))
             if not batches:
@@ -90,7 +93,12 @@ class Partition:
             return AppendResult(ErrorCode.UNSUPPORTED_FOR_MESSAGE_FORMAT, message=str(e))
         except InvalidRecordBatchError as e:
             return AppendResult(ErrorCode.CORRUPT_MESSAGE, message=str(e))
-        async with self._append_lock:
+        loop = asyncio.get_running_loop()
+        if self._append_lock.locked() and deadline is not None:
+            await asyncio.wait_for(self._append_lock.acquire(), deadline - loop.time())
+        else:
+            await self._append_lock.acquire()
+        try:
             check = self.log.producer_state.check([header for header, _ in batches])
             if check.duplicate is not None:
                 # the original may still be on its way to the WAL: answer once it is durable
@@ -110,9 +118,14 @@ class Partition:
                     record_count=header.last_offset_delta + 1,
                     max_timestamp=header.max_timestamp,
                     first_timestamp=header.base_timestamp,
+                    # only the first batch may time out: a request is never half appended
+                    # for lack of room
+                    timeout=None if deadline is None or first >= 0 else deadline - loop.time(),
                 )
                 if first < 0:
                     first = base
+        finally:
+            self._append_lock.release()
         assert durable is not None
         # the last batch durable means every one before it is
         durable.add_done_callback(self._on_durable)

@@ -114,23 +114,48 @@ class ReplicaManager:
     # -- append ----------------------------------------------------------------------------------
 
     async def append_records(
-        self, entries: Sequence[AppendEntry], *, acks: int, internal_allowed: bool
+        self,
+        entries: Sequence[AppendEntry],
+        *,
+        acks: int,
+        internal_allowed: bool,
+        timeout_ms: int = 0,
     ) -> asyncio.Future[list[AppendResult]]:
         """Start the append of each entry, in order, and return the future of their results
         (in the same order), done once every started append is durable or failed. Only
-        coordinators may append to internal topics (Kafka's ``internalTopicsAllowed``)."""
+        coordinators may append to internal topics (Kafka's ``internalTopicsAllowed``).
+
+        ``timeout_ms`` (a Produce request's, when positive) bounds the whole append: a
+        partition whose append could not start in time (no room in the WAL cache), or is not
+        durable in time, is answered REQUEST_TIMED_OUT; as in Kafka, its records may still
+        land in the log."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000 if timeout_ms > 0 else None
         started: list[AppendResult | asyncio.Future[AppendResult]] = []
         for entry in entries:
-            started.append(await self._start_append(entry, acks, internal_allowed))
-        results: asyncio.Future[list[AppendResult]] = asyncio.get_running_loop().create_future()
+            started.append(await self._start_append(entry, acks, internal_allowed, deadline))
+        results: asyncio.Future[list[AppendResult]] = loop.create_future()
         pending = [(i, f) for i, f in enumerate(started) if not isinstance(f, AppendResult)]
         if not pending:
             results.set_result([r for r in started if isinstance(r, AppendResult)])
             return results
         remaining = len(pending)
 
+        def finish() -> None:
+            if not results.done():
+                results.set_result(
+                    [
+                        r
+                        if isinstance(r, AppendResult)
+                        else AppendResult(ErrorCode.REQUEST_TIMED_OUT)
+                        for r in started
+                    ]
+                )
+
         def one_done(i: int, entry: AppendEntry, f: asyncio.Future[AppendResult]) -> None:
             nonlocal remaining
+            if results.done():
+                return
             if f.cancelled():
                 started[i] = AppendResult(ErrorCode.REQUEST_TIMED_OUT)
             elif (error := f.exception()) is not None:
@@ -138,15 +163,18 @@ class ReplicaManager:
             else:
                 started[i] = f.result()
             remaining -= 1
-            if remaining == 0 and not results.done():
-                results.set_result([r for r in started if isinstance(r, AppendResult)])
+            if remaining == 0:
+                finish()
 
         for i, f in pending:
             f.add_done_callback(lambda f, i=i, e=entries[i]: one_done(i, e, f))  # type: ignore[misc]
+        if deadline is not None and not results.done():
+            timer = loop.call_at(deadline, finish)
+            results.add_done_callback(lambda _: timer.cancel())
         return results
 
     async def _start_append(
-        self, entry: AppendEntry, acks: int, internal_allowed: bool
+        self, entry: AppendEntry, acks: int, internal_allowed: bool, deadline: float | None
     ) -> AppendResult | asyncio.Future[AppendResult]:
         if acks not in (-1, 0, 1):
             return AppendResult(ErrorCode.INVALID_REQUIRED_ACKS, message=f"acks={acks}")
@@ -164,7 +192,7 @@ class ReplicaManager:
             return AppendResult(ErrorCode.CORRUPT_MESSAGE, message="null records")
         try:
             partition = await self.partition(topic, entry.index)
-            return await partition.start_append(entry.records)
+            return await partition.start_append(entry.records, deadline)
         except Exception as e:
             return _failed(entry, e)
 

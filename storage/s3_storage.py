@@ -335,15 +335,25 @@ class S3Storage:
 
     # -- write path ------------------------------------------------------------------------------
 
-    async def wait_for_room(self) -> None:
-        """Backpressure: wait while data not yet in object storage fills ``s3.wal.cache.size``.
+    async def wait_for_room(self, timeout: float | None = None) -> None:
+        """Backpressure: wait while data not yet in object storage fills ``s3.wal.cache.size``;
+        ``TimeoutError`` after ``timeout`` seconds (None: no limit).
 
-        Callers wait *before* taking an offset, so appends reach the WAL in offset order.
+        Callers wait *before* taking an offset, so appends reach the WAL in offset order and
+        one that times out has taken nothing.
         """
         limit = self.config.wal_cache_size
         if self.cache.unuploaded_size >= limit:
             self._upload_wanted.set()
-            await self._wait_until(lambda: self.cache.unuploaded_size < limit)
+            try:
+                await asyncio.wait_for(
+                    self._wait_until(lambda: self.cache.unuploaded_size < limit), timeout
+                )
+            except TimeoutError:
+                raise TimeoutError(
+                    f"no room for appends for {timeout:.3f} s: {self.cache.unuploaded_size} "
+                    f"bytes are not in object storage yet (s3.wal.cache.size {limit})"
+                ) from None
 
     async def append(self, batch: StreamRecordBatch) -> None:
         """Make ``batch`` durable; return once it and every earlier offset of its stream are.

@@ -64,18 +64,28 @@ class S3Stream:
         return base
 
     async def start_append(
-        self, payload: bytes | memoryview, count: int
+        self,
+        payload: bytes | memoryview,
+        count: int,
+        *,
+        room_timeout: float | None = None,
+        backpressure: bool = True,
     ) -> tuple[int, asyncio.Future[None]]:
         """Take the batch's offsets and start its WAL write; return its base offset and the
         future of its durability (done once it and every earlier offset are durable; a
         waiter that cancels it gives up waiting, the write goes on). What is started next on
         this loop (another stream's batch, a time-index entry) joins the same WAL group
-        commit when it can."""
+        commit when it can.
+
+        Before taking offsets it waits for room in the WAL cache (``TimeoutError`` after
+        ``room_timeout`` seconds, nothing taken); a small record that must follow another
+        (a time-index entry) passes ``backpressure=False`` and never waits."""
         if count <= 0:
             raise ValueError(f"count must be positive, got {count}")
         self._check_writable()
-        await self.storage.wait_for_room()
-        self._check_writable()
+        if backpressure:
+            await self.storage.wait_for_room(room_timeout)
+            self._check_writable()
         # from here to the WAL write nothing yields, so offsets reach the WAL in order
         base = self.next_offset
         self.next_offset += count

@@ -36,7 +36,9 @@ async def handle_produce(ctx: BrokerContext, request: Request) -> Any:
         for p in t.partitions:
             names.append(str(name))
             entries.append(AppendEntry(topic, p.index, p.records, error))
-    results = await ctx.replicas.append_records(entries, acks=body.acks, internal_allowed=False)
+    results = await ctx.replicas.append_records(
+        entries, acks=body.acks, internal_allowed=False, timeout_ms=body.timeout_ms
+    )
     if body.acks == 0:
         return None
     if results.done():

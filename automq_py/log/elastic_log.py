@@ -406,6 +406,7 @@ class ElasticLog:
         record_count: int,
         max_timestamp: int,
         first_timestamp: int,
+        timeout: float | None = None,
     ) -> asyncio.Future[None]:
         """Start the append of one Kafka record batch whose header already says
         ``base_offset`` (which must be :attr:`log_end_offset`) and return the future of its
@@ -417,6 +418,7 @@ class ElasticLog:
 
         ``first_timestamp`` (the batch's base timestamp) is accepted for symmetry with
         Kafka's append info; rolling and indexing use ``max_timestamp``, as Kafka does.
+        ``TimeoutError`` when the WAL cache has had no room for ``timeout`` seconds.
         """
         if record_count <= 0:
             raise ValueError(f"record_count must be positive, got {record_count}")
@@ -435,7 +437,7 @@ class ElasticLog:
             ):
                 await self._roll(now)
             durable = await self._segments[-1].start_append(
-                batch, base_offset, record_count, max_timestamp, now
+                batch, base_offset, record_count, max_timestamp, now, timeout
             )
             self._track_producer(batch, base_offset, now)
             return durable

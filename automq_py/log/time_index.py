@@ -172,8 +172,11 @@ class SegmentTimeIndex:
                 f"time index stream {self.stream.stream_id} is at {self.stream.next_offset}, "
                 f"not on an entry boundary of the slice starting at {self.slice_start}"
             )
+        # no waiting for WAL cache room: the entry follows a batch that just got it
         position, durable = await self.stream.start_append(
-            encode_entry(entry.timestamp, entry.offset - self.base_offset), ENTRY_SIZE
+            encode_entry(entry.timestamp, entry.offset - self.base_offset),
+            ENTRY_SIZE,
+            backpressure=False,
         )
         if self._timestamps is not None and self._offsets is not None:
             self._timestamps.append(entry.timestamp)
