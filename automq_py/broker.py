@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 
@@ -35,6 +36,7 @@ class Broker:
         self.groups: GroupCoordinator | None = None
         self.maintenance: Maintenance | None = None
         self.loop_lag = LoopLagMonitor()
+        self._settling: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         config = self.config
@@ -59,8 +61,9 @@ class Broker:
         self.groups = GroupCoordinator(group_config, topics, self.replicas)
         ctx.groups = self.groups
         await self.groups.start()
+        apis = KafkaApis(ctx)
         self.server = SocketServer(
-            KafkaApis(ctx),
+            apis,
             max_request_size=config.socket_request_max_bytes,
             idle_timeout_s=config.connections_max_idle_ms / 1000,
         )
@@ -68,6 +71,7 @@ class Broker:
         own_host = listener.host if listener.host not in ("", "0.0.0.0", "::") else "127.0.0.1"
         self.maintenance = Maintenance(config, f"{own_host}:{listener.port}")
         self.maintenance.start()
+        self._settling = asyncio.create_task(self._settle(apis), name="settle")
         log.info(
             "automq-py broker %d of cluster %s serving on %s:%d",
             config.node_id,
@@ -77,6 +81,8 @@ class Broker:
         )
 
     async def stop(self) -> None:
+        if self._settling is not None:
+            self._settling.cancel()
         if self.maintenance is not None:
             await self.maintenance.stop()
         if self.groups is not None:
@@ -90,6 +96,28 @@ class Broker:
         await self.loop_lag.stop()
         log.info("%s", self.loop_lag.summary())
         log.info("broker stopped")
+
+    async def _settle(self, apis: KafkaApis) -> None:
+        """Right after startup: load the hot APIs' schemas, then settle the collector."""
+        try:
+            loaded = await apis.warm_up()
+        except Exception:  # a cost saved, not a function: serving goes on regardless
+            log.exception("loading the request schemas failed")
+            return
+        log.debug("loaded %d request/response schema versions", loaded)
+        _settle_garbage_collector()
+
+
+def _settle_garbage_collector() -> None:
+    """Move what startup built (modules, schemas, the metadata image) out of the cyclic
+    collector's reach, so a full collection no longer walks it: on a 2-core machine that walk
+    paused the event loop for 25-50 ms, and every produce waited behind it. Objects made from
+    here on are collected as usual; frozen ones are still freed by reference counting."""
+    gc.collect()
+    gc.freeze()
+    # fewer, larger young collections: each request allocates hundreds of short-lived objects
+    gc.set_threshold(10_000, 20, 20)
+    log.debug("garbage collector: %d startup objects frozen", gc.get_freeze_count())
 
 
 async def run(config: BrokerConfig) -> None:

@@ -65,7 +65,7 @@ class _Field:
 @dataclasses.dataclass(slots=True, frozen=True)
 class _Plan:
     fields: tuple[_Field, ...]
-    known: frozenset[str]  # every field name of any version of the class
+    own: frozenset[str]  # the field names of this version
 
 
 def build(cls: type[E], data: Mapping[str, Any]) -> E:
@@ -74,9 +74,12 @@ def build(cls: type[E], data: Mapping[str, Any]) -> E:
     Raises ``UnknownFieldError`` if ``data`` names a field that no version of ``cls`` has.
     """
     plan = _plan(cls)  # type: ignore[arg-type]  # a class is hashable
-    if not plan.known.issuperset(data):
-        names = sorted(name for name in data if name not in plan.known)
-        raise UnknownFieldError(cls, names, plan.known)
+    if not plan.own.issuperset(data):
+        # names of other versions are dropped; only then are those versions loaded
+        known = _names_in_every_version(cls)  # type: ignore[arg-type]
+        if not known.issuperset(data):
+            names = sorted(name for name in data if name not in known)
+            raise UnknownFieldError(cls, names, known)
     kwargs: dict[str, Any] = {}
     for f in plan.fields:
         if f.name in data:
@@ -92,9 +95,14 @@ def build(cls: type[E], data: Mapping[str, Any]) -> E:
     return cls(**kwargs)
 
 
+def plan(cls: type) -> None:
+    """Prepare ``build`` for kio entity ``cls`` (and the entities it nests) ahead of use."""
+    _plan(cls)
+
+
 def field_names(cls: type) -> frozenset[str]:
     """Every field name that some version of kio entity ``cls`` has (what ``build`` accepts)."""
-    return _plan(cls).known
+    return _names_in_every_version(cls)
 
 
 @functools.cache
@@ -106,9 +114,22 @@ def _plan(cls: type) -> _Plan:
         convert, nullable, zero = _compile(hints[f.name], kafka_type)
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         fields.append(_Field(f.name, convert, nullable, zero, required))
-    return _Plan(tuple(fields), _names_in_every_version(cls))
+    return _Plan(tuple(fields), frozenset(f.name for f in fields))
 
 
+@functools.cache
+def _versions(message: str) -> tuple[str, ...]:
+    """The version packages (``v0``, ``v1``...) of kio message package ``message``; listed once
+    per message, not once per struct (a directory scan each time)."""
+    path = importlib.import_module(message).__path__
+    return tuple(
+        info.name
+        for info in pkgutil.iter_modules(path)
+        if info.name.startswith("v") and info.name[1:].isdigit()
+    )
+
+
+@functools.cache
 def _names_in_every_version(cls: type) -> frozenset[str]:
     """The field names of ``cls`` and of its namesakes in the other versions of its message.
 
@@ -119,12 +140,10 @@ def _names_in_every_version(cls: type) -> frozenset[str]:
     parts = cls.__module__.split(".")
     if len(parts) != 5 or parts[:2] != ["kio", "schema"]:
         return frozenset(names)
-    message = importlib.import_module(".".join(parts[:3]))
-    for info in pkgutil.iter_modules(message.__path__):
-        if not (info.name.startswith("v") and info.name[1:].isdigit()):
-            continue
+    message = ".".join(parts[:3])
+    for version in _versions(message):
         try:
-            module = importlib.import_module(f"{message.__name__}.{info.name}.{parts[4]}")
+            module = importlib.import_module(f"{message}.{version}.{parts[4]}")
         except ImportError:
             continue
         other = getattr(module, cls.__name__, None)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from automq_py.apis import (
@@ -38,7 +38,7 @@ from automq_py.apis.deferred import Deferred
 from automq_py.errors import describe, kafka_error
 from protocol import api_versions, build, wire
 from protocol.api_keys import ApiKey
-from protocol.messages import Request, encode_response, response_schema
+from protocol.messages import Request, encode_response, request_schema, response_schema
 
 log = logging.getLogger("automq.apis")
 
@@ -58,6 +58,16 @@ MODULES = (
     coordinator,
     groups,
     controller,
+)
+
+
+# what producers and consumers send all the time: loaded at startup (``warm_up``)
+HOT_APIS = (
+    ApiKey.PRODUCE,
+    ApiKey.FETCH,
+    ApiKey.LIST_OFFSETS,
+    ApiKey.METADATA,
+    ApiKey.API_VERSIONS,
 )
 
 
@@ -101,6 +111,22 @@ class KafkaApis:
         if result is None or isinstance(result, list):
             return result
         return encode_response(request.response_info, result)
+
+    async def warm_up(self, keys: Iterable[int] = HOT_APIS) -> int:
+        """Load the request and response schemas (and response build plans) of every
+        advertised version of ``keys`` now, rather than inside the first such request: the
+        first build of a kio response imports all its versions' modules, tens of ms on the
+        event loop. One version at a time, yielding in between, so requests are served
+        meanwhile. Returns how many versions were loaded."""
+        loaded = 0
+        for key in keys:
+            _, low, high = self.table[key]
+            for version in range(low, high + 1):
+                request_schema(key, version)
+                build.plan(response_schema(key, version))
+                loaded += 1
+                await asyncio.sleep(0)
+        return loaded
 
     def error_response(self, request: Request, error: Exception) -> list[wire.Buffer]:
         """The response to ``request`` that reports ``error`` on everything it asked for.
