@@ -439,6 +439,16 @@ def run_broker(broker: Broker, args: argparse.Namespace, results: list[Result]) 
             results.append(Result(broker.name, partitions, records, notes=[f"start failed: {e}"]))
         return
     try:
+        if args.warmup_mib > 0:  # not measured: first-use costs of client and broker alike
+            warm = Result(
+                broker.name, max(args.partitions), args.warmup_mib * MiB // args.record_size
+            )
+            topic = f"bench-warmup-{time.monotonic_ns()}"
+            try:
+                create_topic(broker.bootstrap, topic, warm.partitions)
+                produce(broker.bootstrap, topic, warm.partitions, args, warm)
+            except (KafkaException, RuntimeError) as e:
+                print(f"  {broker.name}: warm-up failed: {e}", flush=True)
         for partitions in args.partitions:
             result = Result(broker.name, partitions, records)
             results.append(result)
@@ -560,6 +570,13 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument(
         "--brokers", nargs="+", choices=BROKERS, default=list(BROKERS), help="brokers to run"
+    )
+    parser.add_argument(
+        "--warmup-mib",
+        type=int,
+        default=8,
+        help="MiB produced (same settings, not measured) to a topic of its own before the "
+        "cases, per broker (8; 0: none)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     return parser.parse_args()
