@@ -16,10 +16,11 @@ from automq_py.apis.context import BrokerContext
 from automq_py.apis.deferred import Deferred
 from automq_py.partition import AppendResult
 from automq_py.replica_manager import AppendEntry
-from protocol import build
+from protocol import wire
 from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
-from protocol.messages import Request, response_schema
+from protocol.messages import Request
+from protocol.produce import ProducePartitionResponse, encode_produce_response
 
 
 async def handle_produce(ctx: BrokerContext, request: Request) -> Any:
@@ -57,27 +58,16 @@ async def _respond_when_durable(
 
 def _response(
     request: Request, names: list[str], entries: list[AppendEntry], results: list[AppendResult]
-) -> Any:
-    by_topic: dict[str, list[dict[str, Any]]] = {}
+) -> list[wire.Buffer]:
+    by_topic: dict[str, list[ProducePartitionResponse]] = {}
     for name, entry, r in zip(names, entries, results, strict=True):
         by_topic.setdefault(name, []).append(
-            {
-                "index": entry.index,
-                "error_code": r.error,
-                "base_offset": r.base_offset,
-                "log_append_time": -1,
-                "log_start_offset": r.log_start_offset,
-                "error_message": r.message,
-            }
+            ProducePartitionResponse(
+                entry.index, r.error, r.base_offset, -1, r.log_start_offset, r.message
+            )
         )
-    return build.build(
-        response_schema(API_KEY, request.api_version),
-        {
-            "throttle_time": 0,
-            "responses": [
-                {"name": name, "partition_responses": parts} for name, parts in by_topic.items()
-            ],
-        },
+    return encode_produce_response(
+        request.api_version, request.correlation_id, list(by_topic.items())
     )
 
 

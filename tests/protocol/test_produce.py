@@ -108,3 +108,68 @@ def test_records_overrunning_the_frame_are_rejected(version: int) -> None:
     with pytest.raises(InvalidRequestError) as info:
         messages.decode_request(frame[:-40])
     assert info.value.correlation_id == 8
+
+
+# -- response encoding: byte for byte what kio encodes --------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from protocol import build  # noqa: E402
+from protocol.messages import ResponseHeaderInfo, encode_response, response_schema  # noqa: E402
+from protocol.produce import ProducePartitionResponse, encode_produce_response  # noqa: E402
+
+_int64 = st.integers(-(1 << 63), (1 << 63) - 1)
+_partition = st.builds(
+    ProducePartitionResponse,
+    index=st.integers(0, (1 << 31) - 1),
+    error_code=st.integers(-1, 120),
+    base_offset=_int64,
+    log_append_time_ms=st.just(-1) | st.integers(0, 4_000_000_000_000),
+    log_start_offset=_int64,
+    error_message=st.none() | st.text(max_size=40),
+)
+_topics = st.lists(
+    st.tuples(st.text(min_size=1, max_size=30), st.lists(_partition, max_size=4)), max_size=4
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    version=st.integers(produce.MIN_VERSION, produce.MAX_VERSION),
+    correlation_id=st.integers(-(1 << 31), (1 << 31) - 1),
+    topics=_topics,
+    throttle=st.integers(0, (1 << 31) - 1),
+)
+def test_response_encoding_is_kios(
+    version: int, correlation_id: int, topics: list, throttle: int
+) -> None:
+    ours = b"".join(
+        bytes(b) for b in encode_produce_response(version, correlation_id, topics, throttle)
+    )
+    body = build.build(
+        response_schema(0, version),
+        {
+            "throttle_time": throttle,
+            "responses": [
+                {
+                    "name": name,
+                    "partition_responses": [
+                        {
+                            "index": p.index,
+                            "error_code": p.error_code,
+                            "base_offset": p.base_offset,
+                            "log_append_time": p.log_append_time_ms,
+                            "log_start_offset": p.log_start_offset,
+                            "error_message": p.error_message,
+                        }
+                        for p in parts
+                    ],
+                }
+                for name, parts in topics
+            ],
+        },
+    )
+    info = ResponseHeaderInfo(correlation_id=correlation_id, api_key=0, api_version=version)
+    theirs = b"".join(bytes(b) for b in encode_response(info, body))
+    assert ours == theirs
