@@ -137,6 +137,7 @@ class S3Storage:
                 max_concurrency=config.max_concurrent_requests,
                 retry_timeout_s=config.request_retry_timeout_ms / 1000,
             )
+        await store.connect()
         owns_metadata = metadata is None
         if metadata is None:
             metadata = await MetadataManager.open(config.metadata_url)

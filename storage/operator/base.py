@@ -81,6 +81,11 @@ class ObjectStore(abc.ABC):
     stats: RequestStats
     part_size: int
 
+    async def connect(self) -> None:
+        """Make ready what the first request would otherwise set up (a client, its service
+        model): called at startup, so no request in the middle of serving pays for it."""
+        return None
+
     @abc.abstractmethod
     async def put(self, key: str, data: Data) -> None:
         """Write ``data`` (a buffer or a list of buffers, concatenated) as the object ``key``.

@@ -142,12 +142,17 @@ class S3ObjectStore(ObjectStore):
         self._client = None
         await self._exit_stack.aclose()
 
+    async def connect(self) -> None:
+        # botocore loads its S3 service model (JSON, ~150 ms) when the client is made: at
+        # startup, not inside the first upload while produce requests wait on the loop
+        await self._get_client()
+
     async def put(self, key: str, data: Data) -> None:
         """PutObject, or a multipart upload (parts sent concurrently) above ``part_size``."""
         buffers = as_buffers(data)
         total = sum(len(b) for b in buffers)
         if total <= self.part_size:
-            await self._put_object(key, join(buffers))
+            await self._put_object(key, await _joined(buffers))
             return
         ranges = plan_put_parts(total, self.part_size)
         await self._multipart(
@@ -413,7 +418,7 @@ class S3ObjectStore(ObjectStore):
         self, key: str, number: int, buffers: Sequence[memoryview]
     ) -> Callable[[str], Awaitable[CompletedPartTypeDef]]:
         async def run(upload_id: str) -> CompletedPartTypeDef:
-            return await self._upload_part(key, upload_id, number, join(buffers))
+            return await self._upload_part(key, upload_id, number, await _joined(buffers))
 
         return run
 
@@ -653,3 +658,13 @@ def _code(error: ClientError) -> str:
 
 def _message(error: ClientError) -> str:
     return str(error.response.get("Error", {}).get("Message", ""))
+
+
+async def _joined(buffers: Sequence[memoryview]) -> bytes:
+    """``join(buffers)``; a copy of megabytes is made off the event loop (tens of ms on it)."""
+    if sum(len(b) for b in buffers) < _JOIN_ON_LOOP:
+        return join(buffers)
+    return await asyncio.to_thread(join, buffers)
+
+
+_JOIN_ON_LOOP = 256 << 10
