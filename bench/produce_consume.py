@@ -574,9 +574,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--warmup-mib",
         type=int,
-        default=8,
+        default=32,
         help="MiB produced (same settings, not measured) to a topic of its own before the "
-        "cases, per broker (8; 0: none)",
+        "cases, per broker (32; 0: none)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     return parser.parse_args()

@@ -102,6 +102,11 @@ def load_config(args: argparse.Namespace, command: str) -> BrokerConfig | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # kio's phantom types register hypothesis strategies whenever hypothesis is importable (as
+    # in a venv with the test extra); some of them scan the time-zone database, stalling the
+    # event loop while schemas load. The broker never generates test data: hide hypothesis.
+    if "kio" not in sys.modules:
+        sys.modules.setdefault("hypothesis", None)  # type: ignore[arg-type]
     config = load_config(args, "serve")
     if config is None:
         return 2
