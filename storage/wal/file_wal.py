@@ -32,6 +32,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import errno
+import fcntl
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -138,6 +139,19 @@ def _pwrite_all(fd: int, buffers: Sequence[Buffer], position: int) -> None:
             else:
                 views[i] = views[i][written:]
                 written = 0
+
+
+def _lock(fd: int, path: str) -> None:
+    """Take the WAL for this process alone, for as long as ``fd`` is open: a second writer
+    (another broker started on the same data) would interleave records and trim the ring
+    under the first."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise WALError(
+            f"WAL file {path} is in use by another process: is another broker running on the "
+            f"same s3.wal.path?"
+        ) from None
 
 
 def _fsync_dir(path: str) -> None:
@@ -248,7 +262,7 @@ class FileWAL:
         """Open the WAL at ``path``, creating and preallocating it if it does not exist.
 
         ``capacity`` is the ring size in bytes (``s3.wal.capacity``); it must match an existing
-        file's. A file owned by another node id is refused.
+        file's. A file owned by another node id, or open in another process, is refused.
         """
         if capacity < MIN_CAPACITY:
             raise WALError(f"s3.wal.capacity must be at least {MIN_CAPACITY} bytes, got {capacity}")
@@ -266,6 +280,7 @@ class FileWAL:
             await asyncio.to_thread(_create_file, path, capacity, node_id)
         fd = os.open(path, os.O_RDWR)
         try:
+            _lock(fd, path)
             copies = [os.pread(fd, wal_header.ENCODED_SIZE, slot * SLOT_SIZE) for slot in (0, 1)]
             found, problems = wal_header.choose(copies)
             for problem in problems:

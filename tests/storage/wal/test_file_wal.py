@@ -394,6 +394,17 @@ async def test_another_nodes_wal_is_refused(tmp_path: Path) -> None:
         await FileWAL.open(str(path), CAPACITY, node_id=2)
 
 
+async def test_a_wal_open_elsewhere_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "wal"
+    wal = await FileWAL.open(str(path), CAPACITY)
+    with pytest.raises(WALError, match="in use by another process"):
+        await FileWAL.open(str(path), CAPACITY)
+    await wal.close()
+    wal, records = await reopen(path)  # closing released it
+    assert records == []
+    await wal.close()
+
+
 async def test_an_existing_wal_must_be_recovered_before_appending(tmp_path: Path) -> None:
     path = tmp_path / "wal"
     wal = await FileWAL.open(str(path), CAPACITY)
