@@ -336,23 +336,29 @@ class S3Storage:
     # -- write path ------------------------------------------------------------------------------
 
     async def wait_for_room(self, timeout: float | None = None) -> None:
-        """Backpressure: wait while data not yet in object storage fills ``s3.wal.cache.size``;
-        ``TimeoutError`` after ``timeout`` seconds (None: no limit).
+        """Backpressure: wait while data not yet in object storage fills ``s3.wal.cache.size``
+        or the WAL ring; ``TimeoutError`` after ``timeout`` seconds (None: no limit).
 
         Callers wait *before* taking an offset, so appends reach the WAL in offset order and
-        one that times out has taken nothing.
+        one that times out has taken nothing. (Waiting in the WAL instead, for ring space,
+        an append would hold offsets that later appends queue behind however long object
+        storage is down, and would still land after its request timed out.)
         """
         limit = self.config.wal_cache_size
-        if self.cache.unuploaded_size >= limit:
+
+        def room() -> bool:
+            return self.cache.unuploaded_size < limit and self.wal.free_space > 0
+
+        if not room():
             self._upload_wanted.set()
             try:
-                await asyncio.wait_for(
-                    self._wait_until(lambda: self.cache.unuploaded_size < limit), timeout
-                )
+                await asyncio.wait_for(self._wait_until(room), timeout)
             except TimeoutError:
                 raise TimeoutError(
                     f"no room for appends for {timeout:.3f} s: {self.cache.unuploaded_size} "
-                    f"bytes are not in object storage yet (s3.wal.cache.size {limit})"
+                    f"bytes are not in object storage yet (s3.wal.cache.size {limit}; "
+                    f"{max(self.wal.free_space, 0)} of s3.wal.capacity {self.wal.capacity} "
+                    f"bytes free)"
                 ) from None
 
     async def append(self, batch: StreamRecordBatch) -> None:

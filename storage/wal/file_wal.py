@@ -240,6 +240,7 @@ class FileWAL:
         self._recovered = created
         self._started = False
         self._queue: collections.deque[_Pending] = collections.deque()
+        self._unwritten = 0  # bytes of records submitted and not yet written (or failed)
         self._wake = asyncio.Event()
         self._space_freed = asyncio.Event()
         # One write+fsync at a time (record batch or header): an fsync error then belongs to
@@ -333,6 +334,12 @@ class FileWAL:
     def next_offset(self) -> int:
         """The end of the durable log (meaningful once recovery has run)."""
         return self._next
+
+    @property
+    def free_space(self) -> int:
+        """Ring bytes neither live nor promised to a record waiting to be written; at or below
+        zero, the next record waits for ``trim()`` (padding at a lap end is not counted)."""
+        return self._trim + self._capacity - self._next - self._unwritten
 
     @property
     def stats(self) -> WALStats:
@@ -508,6 +515,7 @@ class FileWAL:
         self._started = True
         future: asyncio.Future[WALAppendResult] = asyncio.get_running_loop().create_future()
         self._queue.append(_Pending(parts, length, future))
+        self._unwritten += record.record_size(length)
         self._wake.set()
         return future
 
@@ -554,6 +562,7 @@ class FileWAL:
             pending = self._queue[0]
             if pending.future.done():  # cancelled by its caller before being written
                 self._queue.popleft()
+                self._unwritten -= record.record_size(pending.length)
                 continue
             size = record.record_size(pending.length)
             start, padding = _place(cursor, size, self._capacity)
@@ -607,6 +616,8 @@ class FileWAL:
                     if not isinstance(exc, Exception):
                         self._fail_batch(acked, failure)
                         raise
+        # written (the log end moves past them now) or failed: no longer waiting for space
+        self._unwritten -= sum(stop - start for _, start, stop in acked)
         if failure is not None:
             self._fail_batch(acked, failure)
             self._enter_failed(failure)
@@ -657,6 +668,7 @@ class FileWAL:
     def _fail_queued(self, failure: WALError) -> None:
         while self._queue:
             pending = self._queue.popleft()
+            self._unwritten -= record.record_size(pending.length)
             if not pending.future.done():
                 pending.future.set_exception(failure)
 
