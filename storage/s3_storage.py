@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from storage import stream_record_batch
 from storage.block_cache import BlockCache
 from storage.config import S3StreamConfig
-from storage.errors import StreamClosedError
+from storage.errors import StorageFailedError, StreamClosedError
 from storage.log_cache import LogCache, LogCacheBlock
 from storage.metadata.manager import MetadataManager
 from storage.metadata.model import (
@@ -210,6 +210,11 @@ class S3Storage:
         if self._owns_metadata:
             await self.metadata.close()
 
+    @property
+    def failed(self) -> BaseException | None:
+        """The error the write path could not get past, once it failed."""
+        return self._failed
+
     def _notify(self) -> None:
         """Wake everything waiting for a change (uploads done, room freed, failure, close)."""
         self._changed.set()
@@ -219,7 +224,7 @@ class S3Storage:
         """Wait until ``ready()`` holds; StreamClosedError if the storage fails or closes."""
         while not ready():
             if self._failed is not None:
-                raise StreamClosedError(f"storage failed: {self._failed}")
+                raise StorageFailedError(f"storage failed: {self._failed}")
             if self._closing:
                 raise StreamClosedError("storage is closing")
             await self._changed.wait()
@@ -229,7 +234,7 @@ class S3Storage:
         if self._failed is None:
             self._failed = error
             log.critical("S3Storage failed; no more appends are accepted: %s", error)
-        self._fail_waiting(StreamClosedError(f"storage failed: {error}"))
+        self._fail_waiting(StorageFailedError(f"storage failed: {error}"))
         self._notify()
 
     def _fail_waiting(self, error: StreamClosedError) -> None:
@@ -301,7 +306,7 @@ class S3Storage:
             await self._upload_in_order(block, previous, committed)
             previous = committed
         if self._failed is not None:
-            raise StreamClosedError(f"WAL recovery failed: {self._failed}")
+            raise StorageFailedError(f"WAL recovery failed: {self._failed}")
         await self.wal.trim(self.wal.next_offset)
 
     # -- streams ---------------------------------------------------------------------------------
@@ -375,7 +380,7 @@ class S3Storage:
         offset of its stream are durable. Submits made in offset order reach the WAL in that
         order, and writes submitted together share a group commit (one fsync)."""
         if self._failed is not None:
-            raise StreamClosedError(f"storage failed: {self._failed}")
+            raise StorageFailedError(f"storage failed: {self._failed}")
         if self._closing:
             raise StreamClosedError("storage is closing")
         state = self._streams.get(batch.stream_id)
@@ -388,7 +393,7 @@ class S3Storage:
             durable = self.wal.submit([header, batch.payload])
         except Exception as e:
             self._fail(e)
-            raise StreamClosedError(f"storage failed: {e}") from e
+            raise StorageFailedError(f"storage failed: {e}") from e
         state.inflight.add(done)
         durable.add_done_callback(lambda f: self._on_durable(state, batch, done, f))
         return done
