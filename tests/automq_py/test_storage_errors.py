@@ -1,12 +1,19 @@
 """Storage failures reach clients as Kafka error codes on a connection that stays usable
-(Kafka's ReplicaManager and handleError): a fenced stream, a closed stream (its topic deleted
-under a producer), object storage down (for fetch, and for produce until the WAL cache, or the
-WAL ring, is full) and a second broker on the same data."""
+(Kafka's ReplicaManager and handleError): a fenced stream (NOT_LEADER_OR_FOLLOWER), a closed
+stream (its topic deleted under a producer: UNKNOWN_TOPIC_OR_PARTITION), object storage down
+(KAFKA_STORAGE_ERROR for a cold fetch; for produce, REQUEST_TIMED_OUT once the WAL cache or
+the WAL ring is full), a failed WAL write (KAFKA_STORAGE_ERROR); and a second broker on the
+same data is refused rather than allowed to fence the first behind its back.
+
+The tests with a real broker process use kafka-python's protocol classes on one connection;
+the two that reach into the storage (another node taking the partition over, a disk failing)
+run the broker in the test's event loop, still serving on a real socket."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import os
 import threading
 import time
@@ -276,7 +283,7 @@ def test_a_topic_deleted_under_a_producer_answers_unknown_topic(tmp_path: Path) 
         create_topic(broker.bootstrap, "doomed", 1)
         conn, admin = RawConnection(broker.bootstrap), RawConnection(broker.bootstrap)
         request = produce_request("doomed", numbered_batch(0), 10_000)
-        count = 1500
+        count = 500
         frames = b"".join(conn.frame(request)[1] for _ in range(count))
         sender = threading.Thread(target=conn.send, args=(frames,))
         sender.start()
@@ -398,6 +405,7 @@ async def test_a_fenced_partition_answers_not_leader_and_the_connection_stays(
                 storage.node_epoch + 1,
                 broker.replicas.log_config(topic),
             )
+            assert new_owner.log_end_offset == RECORDS_PER_BATCH  # it has what was acknowledged
             code, _ = await asyncio.to_thread(
                 produce, conn, "handed-over", numbered_batch(1), 10_000
             )
@@ -408,5 +416,33 @@ async def test_a_fenced_partition_answers_not_leader_and_the_connection_stays(
             await new_owner.close()
         finally:
             await other.close()
+    finally:
+        conn.close()
+
+
+async def test_a_failed_wal_write_is_a_storage_error_and_the_connection_stays(
+    inproc_broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk fails under the WAL: the append is answered KAFKA_STORAGE_ERROR (Kafka's
+    answer for an offline log directory, not NOT_LEADER_OR_FOLLOWER: this broker still leads
+    the partition), so is every later one, since the store accepts nothing more until a
+    restart recovers it; the connection goes on answering."""
+    broker = inproc_broker
+    assert broker.server is not None and broker.storage is not None
+    await broker.server.apis.ctx.topics.create("disk", 1)
+    bootstrap = f"127.0.0.1:{broker.config.listeners[0].port}"
+    conn = await asyncio.to_thread(RawConnection, bootstrap)
+    try:
+        code, _ = await asyncio.to_thread(produce, conn, "disk", numbered_batch(0), 10_000)
+        assert code == ErrorCode.NONE
+
+        def disk_failed(writes: object) -> None:
+            raise OSError(errno.EIO, "injected: the disk failed")
+
+        monkeypatch.setattr(broker.storage.wal, "_write_and_sync", disk_failed)
+        for n in (1, 2):
+            code, _ = await asyncio.to_thread(produce, conn, "disk", numbered_batch(n), 10_000)
+            assert code == ErrorCode.KAFKA_STORAGE_ERROR, ErrorCode(code)
+        await asyncio.to_thread(assert_usable, conn)
     finally:
         conn.close()
