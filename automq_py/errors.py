@@ -11,7 +11,12 @@ for whatever still escapes a handler.
 from __future__ import annotations
 
 from protocol.errors import ErrorCode
-from storage.errors import OffsetOutOfRangeError, StreamClosedError, StreamFencedError
+from storage.errors import (
+    OffsetOutOfRangeError,
+    StorageFailedError,
+    StreamClosedError,
+    StreamFencedError,
+)
 from storage.metadata.model import ErrorCode as MetadataCode
 from storage.metadata.model import MetadataError
 from storage.object_format import CorruptObjectError
@@ -31,6 +36,7 @@ _NOT_OURS = frozenset(
 # checked in order: subclasses before their bases
 _BY_TYPE: tuple[tuple[type[BaseException], ErrorCode], ...] = (
     (StreamFencedError, ErrorCode.NOT_LEADER_OR_FOLLOWER),
+    (StorageFailedError, ErrorCode.KAFKA_STORAGE_ERROR),  # Kafka's offline log directory
     (StreamClosedError, ErrorCode.NOT_LEADER_OR_FOLLOWER),
     (OffsetOutOfRangeError, ErrorCode.OFFSET_OUT_OF_RANGE),
     (WALError, ErrorCode.KAFKA_STORAGE_ERROR),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -23,7 +24,7 @@ from automq_py.log.elastic_log import ElasticLog
 from automq_py.log.log_config import LogConfig
 from automq_py.partition import AppendResult, Partition
 from automq_py.topic_config import effective_topic_config
-from automq_py.topics import TopicInfo
+from automq_py.topics import TopicError, TopicInfo
 from protocol.errors import ErrorCode
 from storage.s3_storage import S3Storage
 from storage.stream import StreamClient
@@ -74,6 +75,10 @@ class ReplicaManager:
         self.topic_defaults = topic_defaults
         self._partitions: dict[tuple[str, int], Partition] = {}
         self._opening: dict[tuple[str, int], asyncio.Lock] = {}
+        # topics whose partitions were closed to be deleted, by id (a new topic may take the
+        # name): never opened again; a request that raced the deletion is told the topic is
+        # gone, as Kafka's getPartitionOrException does once the metadata dropped it
+        self._deleted: set[uuid.UUID] = set()
 
     def log_config(self, topic: TopicInfo) -> LogConfig:
         return effective_topic_config(self.topic_defaults, topic.configs).log_config
@@ -84,11 +89,13 @@ class ReplicaManager:
         found = self._partitions.get(key)
         if found is not None:
             return found
+        self._check_not_deleted(topic)
         lock = self._opening.setdefault(key, asyncio.Lock())
         async with lock:
             found = self._partitions.get(key)
             if found is not None:
                 return found
+            self._check_not_deleted(topic)
             config = self.log_config(topic)
             # every broker start opens with a newer node epoch, fencing any older owner
             epoch = self.storage.node_epoch
@@ -101,10 +108,26 @@ class ReplicaManager:
                 epoch,
                 config,
             )
+            if topic.topic_id in self._deleted:  # deleted while it opened
+                await elastic_log.close()
+                self._check_not_deleted(topic)
             partition = Partition(topic.name, index, elastic_log, epoch, config.max_message_bytes)
             self._partitions[key] = partition
             log.info("opened partition %s-%d at epoch %d", topic.name, index, epoch)
             return partition
+
+    def _check_not_deleted(self, topic: TopicInfo) -> None:
+        if topic.topic_id in self._deleted:
+            raise TopicError(
+                ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {topic.name!r} was deleted"
+            )
+
+    def _error(self, topic: TopicInfo | None, error: BaseException) -> ErrorCode:
+        """The code for a partition whose append or read raised ``error``: the topic is
+        unknown once deleted, whatever its closing log raised; else the one mapping."""
+        if topic is not None and topic.topic_id in self._deleted:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        return kafka_error(error)
 
     def opened(self, topic: str) -> list[Partition]:
         """The partitions of ``topic`` opened so far, in index order (a config change applies
@@ -159,7 +182,7 @@ class ReplicaManager:
             if f.cancelled():
                 started[i] = AppendResult(ErrorCode.REQUEST_TIMED_OUT)
             elif (error := f.exception()) is not None:
-                started[i] = _failed(entry, error)
+                started[i] = _failed(entry, error, self._error(entry.topic, error))
             else:
                 started[i] = f.result()
             remaining -= 1
@@ -194,7 +217,7 @@ class ReplicaManager:
             partition = await self.partition(topic, entry.index)
             return await partition.start_append(entry.records, deadline)
         except Exception as e:
-            return _failed(entry, e)
+            return _failed(entry, e, self._error(topic, e))
 
     # -- fetch -----------------------------------------------------------------------------------
 
@@ -245,7 +268,7 @@ class ReplicaManager:
                 partition = await self.partition(topic, entry.index)
             except Exception as e:
                 partitions.append(None)
-                results.append(FetchData(_failed_read(entry, e)))
+                results.append(FetchData(_failed_read(entry, e, self._error(topic, e))))
                 continue
             partitions.append(partition)
             hw, start = partition.high_watermark, partition.log_start_offset
@@ -260,13 +283,16 @@ class ReplicaManager:
                         entry.offset, limit if total else max(limit, 1)
                     )
                 except Exception as e:  # out of range (a trim raced), or storage failing
-                    data.error = _failed_read(entry, e)
+                    data.error = _failed_read(entry, e, self._error(topic, e))
             total += data.size
             results.append(data)
         return results
 
-    async def close_topic(self, name: str) -> None:
-        for key in [k for k in self._partitions if k[0] == name]:
+    async def close_topic(self, topic: TopicInfo) -> None:
+        """Close the partitions of ``topic``, which is being deleted: they are never opened
+        again, and appends still waiting for them fail UNKNOWN_TOPIC_OR_PARTITION."""
+        self._deleted.add(topic.topic_id)
+        for key in [k for k in self._partitions if k[0] == topic.name]:
             partition = self._partitions.pop(key)
             await partition.log.close()
 
@@ -299,16 +325,14 @@ async def _wait_for_data(partitions: list[tuple[Partition, int]], timeout: float
             waiter.cancel()
 
 
-def _failed(entry: AppendEntry, error: BaseException) -> AppendResult:
-    code = kafka_error(error)
+def _failed(entry: AppendEntry, error: BaseException, code: ErrorCode) -> AppendResult:
     name = entry.topic.name if entry.topic else "?"
     log.warning("produce to %s-%d failed: %s (%s)", name, entry.index, describe(error), code.name)
     return AppendResult(code, message=describe(error))
 
 
-def _failed_read(entry: FetchEntry, error: BaseException) -> ErrorCode:
-    """A partition's read failed: its error code; the fetch's other partitions go on."""
-    code = kafka_error(error)
+def _failed_read(entry: FetchEntry, error: BaseException, code: ErrorCode) -> ErrorCode:
+    """A partition's read failed with ``code``; the fetch's other partitions go on."""
     if code != ErrorCode.OFFSET_OUT_OF_RANGE:
         name = entry.topic.name if entry.topic else "?"
         log.warning(

@@ -15,5 +15,10 @@ class StreamClosedError(StorageError):
     """The stream was closed (or failed) on this node."""
 
 
+class StorageFailedError(StreamClosedError):
+    """The stream store failed (a WAL write or fsync, or a metadata commit): it accepts no
+    more appends until the node restarts and recovers."""
+
+
 class OffsetOutOfRangeError(StorageError):
     """The requested offset lies outside ``[start_offset, confirmed end]``."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from storage import stream_record_batch
 from storage.block_cache import BlockCache
 from storage.config import S3StreamConfig
-from storage.errors import StreamClosedError
+from storage.errors import StorageFailedError, StreamClosedError
 from storage.log_cache import LogCache, LogCacheBlock
 from storage.metadata.manager import MetadataManager
 from storage.metadata.model import (
@@ -211,6 +211,11 @@ class S3Storage:
         if self._owns_metadata:
             await self.metadata.close()
 
+    @property
+    def failed(self) -> BaseException | None:
+        """The error the write path could not get past, once it failed."""
+        return self._failed
+
     def _notify(self) -> None:
         """Wake everything waiting for a change (uploads done, room freed, failure, close)."""
         self._changed.set()
@@ -220,7 +225,7 @@ class S3Storage:
         """Wait until ``ready()`` holds; StreamClosedError if the storage fails or closes."""
         while not ready():
             if self._failed is not None:
-                raise StreamClosedError(f"storage failed: {self._failed}")
+                raise StorageFailedError(f"storage failed: {self._failed}")
             if self._closing:
                 raise StreamClosedError("storage is closing")
             await self._changed.wait()
@@ -230,7 +235,7 @@ class S3Storage:
         if self._failed is None:
             self._failed = error
             log.critical("S3Storage failed; no more appends are accepted: %s", error)
-        self._fail_waiting(StreamClosedError(f"storage failed: {error}"))
+        self._fail_waiting(StorageFailedError(f"storage failed: {error}"))
         self._notify()
 
     def _fail_waiting(self, error: StreamClosedError) -> None:
@@ -302,7 +307,7 @@ class S3Storage:
             await self._upload_in_order(block, previous, committed)
             previous = committed
         if self._failed is not None:
-            raise StreamClosedError(f"WAL recovery failed: {self._failed}")
+            raise StorageFailedError(f"WAL recovery failed: {self._failed}")
         await self.wal.trim(self.wal.next_offset)
 
     # -- streams ---------------------------------------------------------------------------------
@@ -337,23 +342,29 @@ class S3Storage:
     # -- write path ------------------------------------------------------------------------------
 
     async def wait_for_room(self, timeout: float | None = None) -> None:
-        """Backpressure: wait while data not yet in object storage fills ``s3.wal.cache.size``;
-        ``TimeoutError`` after ``timeout`` seconds (None: no limit).
+        """Backpressure: wait while data not yet in object storage fills ``s3.wal.cache.size``
+        or the WAL ring; ``TimeoutError`` after ``timeout`` seconds (None: no limit).
 
         Callers wait *before* taking an offset, so appends reach the WAL in offset order and
-        one that times out has taken nothing.
+        one that times out has taken nothing. (Waiting in the WAL instead, for ring space,
+        an append would hold offsets that later appends queue behind however long object
+        storage is down, and would still land after its request timed out.)
         """
         limit = self.config.wal_cache_size
-        if self.cache.unuploaded_size >= limit:
+
+        def room() -> bool:
+            return self.cache.unuploaded_size < limit and self.wal.free_space > 0
+
+        if not room():
             self._upload_wanted.set()
             try:
-                await asyncio.wait_for(
-                    self._wait_until(lambda: self.cache.unuploaded_size < limit), timeout
-                )
+                await asyncio.wait_for(self._wait_until(room), timeout)
             except TimeoutError:
                 raise TimeoutError(
                     f"no room for appends for {timeout:.3f} s: {self.cache.unuploaded_size} "
-                    f"bytes are not in object storage yet (s3.wal.cache.size {limit})"
+                    f"bytes are not in object storage yet (s3.wal.cache.size {limit}; "
+                    f"{max(self.wal.free_space, 0)} of s3.wal.capacity {self.wal.capacity} "
+                    f"bytes free)"
                 ) from None
 
     async def append(self, batch: StreamRecordBatch) -> None:
@@ -370,7 +381,7 @@ class S3Storage:
         offset of its stream are durable. Submits made in offset order reach the WAL in that
         order, and writes submitted together share a group commit (one fsync)."""
         if self._failed is not None:
-            raise StreamClosedError(f"storage failed: {self._failed}")
+            raise StorageFailedError(f"storage failed: {self._failed}")
         if self._closing:
             raise StreamClosedError("storage is closing")
         state = self._streams.get(batch.stream_id)
@@ -383,7 +394,7 @@ class S3Storage:
             durable = self.wal.submit([header, batch.payload])
         except Exception as e:
             self._fail(e)
-            raise StreamClosedError(f"storage failed: {e}") from e
+            raise StorageFailedError(f"storage failed: {e}") from e
         state.inflight.add(done)
         durable.add_done_callback(lambda f: self._on_durable(state, batch, done, f))
         return done

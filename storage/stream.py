@@ -12,7 +12,12 @@ import asyncio
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
-from storage.errors import OffsetOutOfRangeError, StreamClosedError, StreamFencedError
+from storage.errors import (
+    OffsetOutOfRangeError,
+    StorageFailedError,
+    StreamClosedError,
+    StreamFencedError,
+)
 from storage.metadata.model import ErrorCode, MetadataError
 from storage.s3_storage import S3Storage
 from storage.stream_record_batch import StreamRecordBatch
@@ -43,6 +48,10 @@ class S3Stream:
         return self.storage.confirmed_offset(self.stream_id)
 
     def _check_writable(self) -> None:
+        if self.storage.failed is not None:  # what closed the stream, if a write failed
+            raise StorageFailedError(
+                f"stream {self.stream_id}: storage failed: {self.storage.failed}"
+            )
         if self.closed:
             raise StreamClosedError(f"stream {self.stream_id} is closed")
         self._check_not_fenced()

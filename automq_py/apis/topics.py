@@ -96,7 +96,9 @@ async def handle_delete_topics(ctx: BrokerContext, request: Request) -> Any:
                 raise TopicError(
                     ErrorCode.INVALID_TOPIC_EXCEPTION, f"{name} is internal: it cannot be deleted"
                 )
-            await ctx.replicas.close_topic(name)
+            found = ctx.topics.get(name)
+            if found is not None:
+                await ctx.replicas.close_topic(found)
             info = await ctx.topics.delete(name)
             entry["topic_id"] = info.topic_id
             if ctx.groups is not None:

@@ -3,11 +3,16 @@
 WAL journal mode with ``synchronous=FULL``: a transaction that returned from COMMIT survives a
 power loss. The blocking sqlite3 calls run in a worker thread (``asyncio.to_thread``); one
 transaction runs at a time.
+
+A database file serves one process: its image is that process's alone, so a second broker on
+the same file would check its changes against stale state and overwrite the first's. The file
+is locked (``flock``) while the store is open, and a second opener is refused.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import sqlite3
 import threading
@@ -19,18 +24,23 @@ from storage.metadata.image import MetadataImage
 from storage.metadata.records import Record
 
 
+class StoreInUseError(RuntimeError):
+    """Another process has the database file open as its metadata store."""
+
+
 class SQLiteStore:
     """A metadata store in one SQLite database file (or in memory, for tests)."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, lock_fd: int | None = None) -> None:
         self._conn = conn
+        self._lock_fd = lock_fd  # held open: the file's flock lasts as long as the store
         # The connection crosses worker threads; never let two of them use it at once.
         self._lock = threading.Lock()
 
     @classmethod
     async def open(cls, path: str) -> Self:
         """Open (creating if needed) the database at ``path``, or ``:memory:``."""
-        return cls(await asyncio.to_thread(_connect, path))
+        return cls(*await asyncio.to_thread(_connect, path))
 
     async def load(self) -> MetadataImage:
         return await asyncio.to_thread(self._load)
@@ -70,14 +80,39 @@ class SQLiteStore:
     def _close(self) -> None:
         with self._lock:
             self._conn.close()
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
 
 
-def _connect(path: str) -> sqlite3.Connection:
+def _lock_file(path: str) -> int:
+    """Open ``path`` (creating it) and take it for this process alone; the descriptor holds
+    the lock until closed."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreInUseError(
+            f"metadata database {path} is in use by another process: is another broker "
+            f"running on the same metadata.store.url? (SQLite metadata serves one broker)"
+        ) from None
+    return fd
+
+
+def _connect(path: str) -> tuple[sqlite3.Connection, int | None]:
+    lock_fd = None
     if path != ":memory:":
         parent = os.path.dirname(os.path.abspath(path))
         os.makedirs(parent, exist_ok=True)
-    # isolation_level=None: transactions are begun and ended explicitly in _persist.
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        lock_fd = _lock_file(path)
+    try:
+        # isolation_level=None: transactions are begun and ended explicitly in _persist.
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    except BaseException:
+        if lock_fd is not None:
+            os.close(lock_fd)
+        raise
     try:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")
@@ -87,5 +122,7 @@ def _connect(path: str) -> sqlite3.Connection:
         conn.execute("COMMIT")
     except BaseException:
         conn.close()
+        if lock_fd is not None:
+            os.close(lock_fd)
         raise
-    return conn
+    return conn, lock_fd

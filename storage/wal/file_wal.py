@@ -32,6 +32,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import errno
+import fcntl
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -140,6 +141,19 @@ def _pwrite_all(fd: int, buffers: Sequence[Buffer], position: int) -> None:
                 written = 0
 
 
+def _lock(fd: int, path: str) -> None:
+    """Take the WAL for this process alone, for as long as ``fd`` is open: a second writer
+    (another broker started on the same data) would interleave records and trim the ring
+    under the first."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise WALError(
+            f"WAL file {path} is in use by another process: is another broker running on the "
+            f"same s3.wal.path?"
+        ) from None
+
+
 def _fsync_dir(path: str) -> None:
     fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
     try:
@@ -226,6 +240,7 @@ class FileWAL:
         self._recovered = created
         self._started = False
         self._queue: collections.deque[_Pending] = collections.deque()
+        self._unwritten = 0  # bytes of records submitted and not yet written (or failed)
         self._wake = asyncio.Event()
         self._space_freed = asyncio.Event()
         # One write+fsync at a time (record batch or header): an fsync error then belongs to
@@ -248,7 +263,7 @@ class FileWAL:
         """Open the WAL at ``path``, creating and preallocating it if it does not exist.
 
         ``capacity`` is the ring size in bytes (``s3.wal.capacity``); it must match an existing
-        file's. A file owned by another node id is refused.
+        file's. A file owned by another node id, or open in another process, is refused.
         """
         if capacity < MIN_CAPACITY:
             raise WALError(f"s3.wal.capacity must be at least {MIN_CAPACITY} bytes, got {capacity}")
@@ -266,6 +281,7 @@ class FileWAL:
             await asyncio.to_thread(_create_file, path, capacity, node_id)
         fd = os.open(path, os.O_RDWR)
         try:
+            _lock(fd, path)
             copies = [os.pread(fd, wal_header.ENCODED_SIZE, slot * SLOT_SIZE) for slot in (0, 1)]
             found, problems = wal_header.choose(copies)
             for problem in problems:
@@ -318,6 +334,12 @@ class FileWAL:
     def next_offset(self) -> int:
         """The end of the durable log (meaningful once recovery has run)."""
         return self._next
+
+    @property
+    def free_space(self) -> int:
+        """Ring bytes neither live nor promised to a record waiting to be written; at or below
+        zero, the next record waits for ``trim()`` (padding at a lap end is not counted)."""
+        return self._trim + self._capacity - self._next - self._unwritten
 
     @property
     def stats(self) -> WALStats:
@@ -493,6 +515,7 @@ class FileWAL:
         self._started = True
         future: asyncio.Future[WALAppendResult] = asyncio.get_running_loop().create_future()
         self._queue.append(_Pending(parts, length, future))
+        self._unwritten += record.record_size(length)
         self._wake.set()
         return future
 
@@ -539,6 +562,7 @@ class FileWAL:
             pending = self._queue[0]
             if pending.future.done():  # cancelled by its caller before being written
                 self._queue.popleft()
+                self._unwritten -= record.record_size(pending.length)
                 continue
             size = record.record_size(pending.length)
             start, padding = _place(cursor, size, self._capacity)
@@ -592,6 +616,8 @@ class FileWAL:
                     if not isinstance(exc, Exception):
                         self._fail_batch(acked, failure)
                         raise
+        # written (the log end moves past them now) or failed: no longer waiting for space
+        self._unwritten -= sum(stop - start for _, start, stop in acked)
         if failure is not None:
             self._fail_batch(acked, failure)
             self._enter_failed(failure)
@@ -642,6 +668,7 @@ class FileWAL:
     def _fail_queued(self, failure: WALError) -> None:
         while self._queue:
             pending = self._queue.popleft()
+            self._unwritten -= record.record_size(pending.length)
             if not pending.future.done():
                 pending.future.set_exception(failure)
 

@@ -7,7 +7,7 @@ import pytest
 from automq_py.errors import describe, kafka_error
 from automq_py.log.elastic_log import CorruptLogMetaError, LogOffsetOutOfRangeError
 from protocol.errors import ErrorCode
-from storage.errors import StreamClosedError, StreamFencedError
+from storage.errors import StorageFailedError, StreamClosedError, StreamFencedError
 from storage.metadata.model import ErrorCode as MetadataCode
 from storage.metadata.model import MetadataError
 from storage.object_format import CorruptObjectError
@@ -20,6 +20,7 @@ from storage.wal.errors import CorruptWALError, WALError
     [
         (StreamFencedError("epoch 3 > 2"), ErrorCode.NOT_LEADER_OR_FOLLOWER),
         (StreamClosedError("closed"), ErrorCode.NOT_LEADER_OR_FOLLOWER),
+        (StorageFailedError("fsync failed"), ErrorCode.KAFKA_STORAGE_ERROR),
         (LogOffsetOutOfRangeError(5, 10, 20), ErrorCode.OFFSET_OUT_OF_RANGE),
         (WALError("disk"), ErrorCode.KAFKA_STORAGE_ERROR),
         (CorruptWALError("crc"), ErrorCode.KAFKA_STORAGE_ERROR),

@@ -17,7 +17,7 @@ from storage.metadata.model import (
     CommitStreamObject,
     ObjectState,
 )
-from storage.metadata.sqlite_store import SQLiteStore
+from storage.metadata.sqlite_store import SQLiteStore, StoreInUseError
 from storage.metadata.store import open_store, sqlite_path
 from storage.object_format import StreamOffsetRange
 from tests.storage.metadata.helpers import (
@@ -170,6 +170,17 @@ async def test_a_transaction_is_all_or_nothing(tmp_path: Path, clock: FakeClock)
         assert await reopened.load() == after
     finally:
         await reopened.close()
+
+
+async def test_a_database_open_elsewhere_is_refused(tmp_path: Path) -> None:
+    """Its image is one process's alone: a second opener would overwrite the first's state."""
+    url = f"sqlite:///{tmp_path}/meta.db"
+    m = await MetadataManager.open(url)
+    with pytest.raises(StoreInUseError, match="in use by another process"):
+        await MetadataManager.open(url)
+    await m.close()
+    again = await MetadataManager.open(url)  # closing released it
+    await again.close()
 
 
 async def test_if_applying_fails_the_image_is_reloaded(manager: MetadataManager) -> None:

@@ -234,6 +234,25 @@ async def test_a_full_ring_blocks_appends_until_trim(tmp_path: Path) -> None:
     await wal.close()
 
 
+async def test_free_space_counts_the_live_log_and_the_records_waiting_for_it(
+    tmp_path: Path,
+) -> None:
+    capacity = 8192
+    wal = await FileWAL.open(str(tmp_path / "wal"), capacity)
+    assert wal.free_space == capacity
+    body = b"r" * (1024 - HEADER_SIZE)
+    written = [await wal.append(body) for _ in range(7)]
+    assert wal.free_space == 1024
+    waiting = [asyncio.create_task(wal.append(body)) for _ in range(2)]
+    await asyncio.sleep(0.05)
+    assert waiting[0].done() and not waiting[1].done()  # the ring is full: one waits
+    assert wal.free_space == -1024
+    await wal.trim(written[1].offset)
+    await asyncio.wait_for(waiting[1], 5)
+    assert wal.free_space == 0
+    await wal.close()
+
+
 async def test_close_fails_appends_still_waiting_for_space(tmp_path: Path) -> None:
     wal = await FileWAL.open(str(tmp_path / "wal"), 4096)
     await wal.append(b"x" * (4096 - HEADER_SIZE))
@@ -392,6 +411,17 @@ async def test_another_nodes_wal_is_refused(tmp_path: Path) -> None:
     await wal.close()
     with pytest.raises(WALError, match="belongs to node 1"):
         await FileWAL.open(str(path), CAPACITY, node_id=2)
+
+
+async def test_a_wal_open_elsewhere_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "wal"
+    wal = await FileWAL.open(str(path), CAPACITY)
+    with pytest.raises(WALError, match="in use by another process"):
+        await FileWAL.open(str(path), CAPACITY)
+    await wal.close()
+    wal, records = await reopen(path)  # closing released it
+    assert records == []
+    await wal.close()
 
 
 async def test_an_existing_wal_must_be_recovered_before_appending(tmp_path: Path) -> None:
