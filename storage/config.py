@@ -80,9 +80,16 @@ class S3StreamConfig:
     )
     object_block_size: int = _count("s3.object.block.size", 512 * KiB, "data block size")
     object_part_size: int = _count("s3.object.part.size", 16 * MiB, "multipart upload part size")
-    block_cache_size: int = _count("s3.block.cache.size", 128 * MiB, "cold-read block cache bytes")
+    block_cache_size: int = _count(
+        "s3.block.cache.size",
+        256 * MiB,
+        "bytes of data blocks read from object storage kept in memory (read-ahead included)",
+    )
     readahead_size: int = _count(
-        "s3.block.cache.readahead.size", 2 * MiB, "bytes read ahead for sequential cold reads"
+        "s3.block.cache.readahead.size",
+        32 * MiB,
+        "most bytes one sequential cold reader reads ahead (it starts at 1 MiB and doubles; "
+        "less when the active readers' read-ahead would not fit in s3.block.cache.size)",
     )
     object_prepare_ttl_ms: int = _count(
         "s3.object.prepare.ttl.ms", 3_600_000, "a PREPARED object not committed by then expires"

@@ -138,6 +138,64 @@ def decode_block(buf: bytes | memoryview, pos: int = 0) -> tuple[list[StreamReco
     return batches, end
 
 
+def check_block(buf: bytes | memoryview, entry: DataBlockIndex) -> None:
+    """Check a data block read from object storage against its index entry: the header's magic
+    and length, and the stream of its first batch. Cheap: the batches are parsed when read."""
+    view = memoryview(buf)
+    if len(view) != entry.size or len(view) < BLOCK_HEADER_SIZE:
+        raise CorruptObjectError(
+            f"data block at {entry.start_position}: {len(view)} bytes, the index says {entry.size}"
+        )
+    magic, _flag, _count, data_length = BLOCK_HEADER.unpack_from(view, 0)
+    if magic != BLOCK_MAGIC or data_length != entry.size - BLOCK_HEADER_SIZE:
+        raise CorruptObjectError(
+            f"data block at {entry.start_position} mismatches its index entry "
+            f"(magic 0x{magic:02x}, data length {data_length})"
+        )
+    if data_length >= stream_record_batch.HEADER_SIZE:
+        stream_id = stream_record_batch.HEADER.unpack_from(view, BLOCK_HEADER_SIZE)[1]
+        if stream_id != entry.stream_id:
+            raise CorruptObjectError(
+                f"data block at {entry.start_position} holds stream {stream_id}, "
+                f"the index says {entry.stream_id}"
+            )
+
+
+def block_batches(
+    buf: bytes | memoryview, start_offset: int, end_offset: int, max_bytes: int
+) -> list[StreamRecordBatch]:
+    """The batches of one data block from the one holding ``start_offset``, none starting at or
+    after ``end_offset`` (-1 = no bound), until their sizes reach ``max_bytes`` (at least one).
+
+    Headers before ``start_offset`` are only stepped over, so a read that needs the end of a
+    block costs no objects for its beginning. Payloads are zero-copy views of ``buf``.
+    """
+    view = memoryview(buf)
+    header = stream_record_batch.HEADER
+    pos = BLOCK_HEADER_SIZE
+    end = len(view)
+    out: list[StreamRecordBatch] = []
+    size = 0
+    while pos < end:
+        if end - pos < stream_record_batch.HEADER_SIZE:
+            raise CorruptObjectError(f"truncated StreamRecordBatch header in a data block at {pos}")
+        magic, stream_id, epoch, base, count, length = header.unpack_from(view, pos)
+        nxt = pos + stream_record_batch.HEADER_SIZE + length
+        if magic != stream_record_batch.MAGIC or length < 0 or count < 0 or nxt > end:
+            raise CorruptObjectError(f"corrupt StreamRecordBatch in a data block at {pos}")
+        if base + count > start_offset:
+            if (end_offset >= 0 and base >= end_offset) or (out and size >= max_bytes):
+                break
+            out.append(
+                StreamRecordBatch(
+                    stream_id, epoch, base, count, view[pos + stream_record_batch.HEADER_SIZE : nxt]
+                )
+            )
+            size += nxt - pos
+        pos = nxt
+    return out
+
+
 # -- index block -------------------------------------------------------------------------------
 
 

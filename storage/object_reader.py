@@ -1,26 +1,29 @@
-"""ObjectReader: the cold read path over objects in object storage.
+"""ObjectReader: reads objects in object storage, block by block.
 
 The footer and index of an object are fetched once (one ranged GET of the object's tail, a
-second only when the index is larger than the tail) and kept in a bounded cache. A read binary-
-searches the index for the blocks holding the wanted offsets and issues one ranged GET per run
-of adjacent blocks that are not in the block cache. Sequential readers get read-ahead: the GET
-is stretched over the stream's following blocks, which land in the block cache.
+second only when the index is larger than the tail) and kept in a bounded cache. Blocks are
+loaded with one ranged GET per run of adjacent blocks missing from the block cache; a block
+already being read is waited for rather than read twice. Which blocks to load, and read-ahead
+for sequential readers, is the StreamReader's business (``storage/stream_reader.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from storage import object_format
-from storage.block_cache import BlockCache
+from storage.block_cache import Block, BlockCache, SharedBuffer
 from storage.object_format import CorruptObjectError, DataBlockIndex
 from storage.operator.base import ObjectStore
 from storage.stream_record_batch import StreamRecordBatch
 
 TAIL_READ = 64 * 1024
+# largest merged ranged GET: 8-16 MiB is where a GET's time-to-first-byte stops mattering
+MAX_GET_BYTES = 16 << 20
 
 T = TypeVar("T")
 
@@ -33,6 +36,7 @@ class ObjectReader:
         block_cache: BlockCache,
         *,
         index_cache_entries: int = 1 << 20,
+        max_get_bytes: int = MAX_GET_BYTES,
     ) -> None:
         self.store = store
         self.namespace = namespace
@@ -40,7 +44,12 @@ class ObjectReader:
         self._indexes: OrderedDict[int, list[DataBlockIndex]] = OrderedDict()
         self._index_cache_entries = index_cache_entries  # index entries, summed over objects
         self._index_entries = 0
+        self.max_get_bytes = max_get_bytes
         self._inflight: dict[tuple[int, ...], asyncio.Future[Any]] = {}
+        self._loading: dict[tuple[int, int], asyncio.Future[Block]] = {}  # block being read
+        self._runs: set[asyncio.Future[dict[int, Block]]] = set()  # GETs in flight
+        self.prefetching = 0  # bytes of read-ahead GETs in flight
+        self.waited = 0  # load_blocks calls that waited for object storage
 
     def key(self, object_id: int) -> str:
         return object_format.object_key(self.namespace, object_id)
@@ -103,6 +112,17 @@ class ObjectReader:
                 raise CorruptObjectError(
                     f"object {key}: index entry {entry} points outside the data"
                 )
+        if tail_start == 0 and index:
+            # the tail read was the whole (small) object: its blocks need no GET of their own
+            buffer = SharedBuffer(len(tail))
+            view = memoryview(tail)
+            for entry in index:
+                block = view[entry.start_position : entry.end_position]
+                try:
+                    object_format.check_block(block, entry)
+                except CorruptObjectError as e:
+                    raise CorruptObjectError(f"object {key}: {e}") from e
+                self.block_cache.put(object_id, entry.start_position, block, buffer=buffer)
         return index
 
     async def read(
@@ -113,7 +133,6 @@ class ObjectReader:
         start: int,
         end: int,
         max_bytes: int,
-        readahead: int = 0,
     ) -> list[StreamRecordBatch]:
         """Batches of ``stream_id`` in this object from the one holding ``start`` on, up to
         ``end`` (exclusive, -1 = no bound) and about ``max_bytes`` (at least one batch)."""
@@ -126,83 +145,139 @@ class ObjectReader:
                 break
             wanted.append(b)
             budget -= b.size
-        ahead: list[DataBlockIndex] = []
-        extra = readahead
-        for b in blocks[len(wanted) :]:
-            if extra <= 0:
-                break
-            ahead.append(b)
-            extra -= b.size
-        decoded = await self.read_blocks(object_id, wanted, ahead)
+        loaded = await self.load_blocks(object_id, wanted)
         out: list[StreamRecordBatch] = []
         size = 0
-        for batches in decoded:
-            for batch in batches:
-                if batch.last_offset <= start:
-                    continue
-                if (end >= 0 and batch.base_offset >= end) or (out and size >= max_bytes):
-                    return out
-                out.append(batch)
-                size += batch.size
+        for b in wanted:
+            if out and size >= max_bytes:
+                break
+            got = object_format.block_batches(
+                loaded[b.start_position], start, end, max_bytes - size
+            )
+            out.extend(got)
+            size += sum(x.size for x in got)
+            if got and end >= 0 and got[-1].last_offset >= end:
+                break
         return out
 
-    async def read_blocks(
-        self,
-        object_id: int,
-        blocks: list[DataBlockIndex],
-        readahead: list[DataBlockIndex] | None = None,
-    ) -> list[list[StreamRecordBatch]]:
-        """Decoded batches of each block in ``blocks``; ``readahead`` blocks only fill the cache."""
-        results: dict[int, list[StreamRecordBatch]] = {}
+    async def load_blocks(
+        self, object_id: int, blocks: list[DataBlockIndex], *, unread: bool = False
+    ) -> dict[int, Block]:
+        """The bytes of each block (by start position), from the block cache or object storage.
+
+        Blocks missing from the cache are read with one ranged GET per run of adjacent blocks
+        (at most ``max_get_bytes``); a block another caller is already reading is waited for, not
+        read again. ``unread`` puts the blocks in the cache as read-ahead (see BlockCache).
+        """
+        out: dict[int, Block] = {}
+        waits: list[tuple[int, asyncio.Future[Block]]] = []
         missing: list[DataBlockIndex] = []
         for b in blocks:
-            hit = self.block_cache.get(object_id, b.start_position)
-            if hit is None:
-                missing.append(b)
+            data = self.block_cache.get(object_id, b.start_position)
+            if data is not None:
+                out[b.start_position] = data
+                continue
+            loading = self._loading.get((object_id, b.start_position))
+            if loading is not None:
+                waits.append((b.start_position, loading))
             else:
-                results[b.start_position] = hit
-        if missing:
-            fetch = missing + [
-                b
-                for b in readahead or []
-                if self.block_cache.get(object_id, b.start_position) is None
-            ]
-            runs = _adjacent_runs(fetch)
-            loaded = await asyncio.gather(*(self._read_run(object_id, run) for run in runs))
-            for run_result in loaded:
-                results.update(run_result)
-        return [results[b.start_position] for b in blocks]
+                missing.append(b)
+        for run in merge_runs(missing, self.max_get_bytes):
+            futures = self._start_run(object_id, run, unread)
+            waits.extend((b.start_position, f) for b, f in zip(run, futures, strict=True))
+        if waits:
+            self.waited += 1
+            for position, future in waits:
+                out[position] = await asyncio.shield(future)
+        return out
+
+    def prefetch(self, object_id: int, blocks: list[DataBlockIndex]) -> None:
+        """Start loading the blocks that are neither cached nor being read, as unread read-ahead;
+        do not wait for them."""
+        missing = [
+            b
+            for b in blocks
+            if (object_id, b.start_position) not in self.block_cache
+            and (object_id, b.start_position) not in self._loading
+        ]
+        for run in merge_runs(missing, self.max_get_bytes):
+            self._start_run(object_id, run, True)
+
+    def has_block(self, object_id: int, position: int) -> bool:
+        """Whether the block is in the cache or being read."""
+        key = (object_id, position)
+        return key in self.block_cache or key in self._loading
+
+    def _start_run(
+        self, object_id: int, run: list[DataBlockIndex], unread: bool
+    ) -> list[asyncio.Future[Block]]:
+        """Start the GET of a run of adjacent blocks as its own task (a cancelled caller cancels
+        neither it nor other callers); one future per block, done when the GET is."""
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[Block]] = []
+        for b in run:
+            future: asyncio.Future[Block] = loop.create_future()
+            future.add_done_callback(_retrieve)
+            self._loading[(object_id, b.start_position)] = future
+            futures.append(future)
+        task = asyncio.ensure_future(self._read_run(object_id, run, unread))
+        self._runs.add(task)
+        size = run[-1].end_position - run[0].start_position if unread else 0
+        self.prefetching += size
+
+        def finish(task: asyncio.Future[dict[int, Block]]) -> None:
+            self._runs.discard(task)
+            self.prefetching -= size
+            for b, future in zip(run, futures, strict=True):
+                if self._loading.get((object_id, b.start_position)) is future:
+                    del self._loading[(object_id, b.start_position)]
+                if future.done():
+                    continue
+                if task.cancelled():
+                    future.cancel()
+                elif (error := task.exception()) is not None:
+                    future.set_exception(error)
+                else:
+                    future.set_result(task.result()[b.start_position])
+
+        task.add_done_callback(finish)
+        return futures
 
     async def _read_run(
-        self, object_id: int, run: list[DataBlockIndex]
-    ) -> dict[int, list[StreamRecordBatch]]:
+        self, object_id: int, run: list[DataBlockIndex], unread: bool
+    ) -> dict[int, Block]:
         first, last = run[0].start_position, run[-1].end_position
         key = self.key(object_id)
-
-        async def get() -> bytes:
-            data = await self.store.get(key, first, last)
-            if len(data) != last - first:
-                raise CorruptObjectError(
-                    f"object {key} is truncated: blocks {first}-{last} returned {len(data)} bytes"
-                )
-            return data
-
-        data = await self._once((object_id, first, last), get)
-        out: dict[int, list[StreamRecordBatch]] = {}
+        data = await self.store.get(key, first, last)
+        if len(data) != last - first:
+            raise CorruptObjectError(
+                f"object {key} is truncated: blocks {first}-{last} returned {len(data)} bytes"
+            )
         view = memoryview(data)
+        buffer = SharedBuffer(len(data))  # the blocks are views of it, not copies
+        out: dict[int, Block] = {}
         for b in run:
             rel = b.start_position - first
+            block = view[rel : rel + b.size]
             try:
-                batches, pos = object_format.decode_block(view[rel : rel + b.size])
+                object_format.check_block(block, b)
             except CorruptObjectError as e:
                 raise CorruptObjectError(f"object {key}: {e}") from e
-            if pos != b.size or (batches and batches[0].stream_id != b.stream_id):
-                raise CorruptObjectError(
-                    f"object {key}: block at {b.start_position} mismatches index"
-                )
-            self.block_cache.put(object_id, b.start_position, b.size, batches)
-            out[b.start_position] = batches
+            out[b.start_position] = block
+        for b in run:
+            self.block_cache.put(
+                object_id, b.start_position, out[b.start_position], unread=unread, buffer=buffer
+            )
         return out
+
+    async def close(self) -> None:
+        """Cancel the GETs in flight (their waiters see them cancelled)."""
+        runs = list(self._runs)
+        for task in runs:
+            task.cancel()
+        for task in runs:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
     def forget(self, object_id: int) -> None:
         self._index_entries -= len(self._indexes.pop(object_id, []))
@@ -212,11 +287,24 @@ class ObjectReader:
         self._index_entries = 0
 
 
-def _adjacent_runs(blocks: list[DataBlockIndex]) -> list[list[DataBlockIndex]]:
+def merge_runs(blocks: list[DataBlockIndex], max_bytes: int) -> list[list[DataBlockIndex]]:
+    """Group blocks of one object into runs of adjacent blocks, each one ranged GET of at most
+    ``max_bytes`` (a single larger block is a run of its own)."""
     runs: list[list[DataBlockIndex]] = []
     for b in sorted(blocks, key=lambda b: b.start_position):
-        if runs and runs[-1][-1].end_position == b.start_position:
-            runs[-1].append(b)
+        last = runs[-1] if runs else None
+        if (
+            last is not None
+            and last[-1].end_position == b.start_position
+            and b.end_position - last[0].start_position <= max_bytes
+        ):
+            last.append(b)
         else:
             runs.append([b])
     return runs
+
+
+def _retrieve(future: asyncio.Future[Block]) -> None:
+    """Mark a future's exception as seen: every caller waiting on it may have gone."""
+    if not future.cancelled():
+        future.exception()

@@ -9,6 +9,10 @@ the WAL trims behind them, happen strictly in block order.
 
 Start: everything in the WAL after its trim point is replayed and uploaded before the storage
 serves, so a crash loses nothing that was acknowledged.
+
+Read: what is still in the LogCache is served from it; what lies before comes from objects
+through StreamReaders (``stream_reader.py``): blocks located across objects, merged ranged GETs,
+read-ahead into the BlockCache for sequential readers.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from storage.object_reader import ObjectReader
 from storage.object_writer import BuiltObject
 from storage.operator import open_object_store
 from storage.operator.base import ObjectStore
+from storage.stream_reader import StreamReaders
 from storage.stream_record_batch import StreamRecordBatch
 from storage.upload import build_object, plan_upload
 from storage.wal import FileWAL, WALAppendResult, WALError
@@ -105,11 +110,11 @@ class S3Storage:
         self.cache = LogCache(config.wal_cache_size)
         self.block_cache = BlockCache(config.block_cache_size)
         self.reader = ObjectReader(store, config.namespace, self.block_cache)
+        self.readers = StreamReaders(metadata, self.reader, self.block_cache, config.readahead_size)
         self.uploads = 0
         self._owns_metadata = owns_metadata
         self._owns_store = owns_store
         self._streams: dict[int, _StreamState] = {}
-        self._last_cold_read_end: dict[int, int] = {}
         self._upload_wanted = asyncio.Event()
         self._changed = asyncio.Event()  # replaced on every notification: see _notify
         self._uploader: asyncio.Task[None] | None = None
@@ -203,9 +208,22 @@ class S3Storage:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self.readers.close()
+        await self.reader.close()
         self._fail_waiting(StreamClosedError("storage is closed"))
 
     async def _release(self) -> None:
+        counters = " ".join(f"{k} {v}" for k, v in self.store.stats.snapshot().items())
+        log.info("object store requests: %s", counters)
+        cache = self.block_cache
+        log.info(
+            "block cache: hits %d misses %d evicted_unread %d; reads that waited for object "
+            "storage %d",
+            cache.hits,
+            cache.misses,
+            cache.evicted_unread,
+            self.reader.waited,
+        )
         if self._owns_store:
             await self.store.close()
         if self._owns_metadata:
@@ -324,7 +342,7 @@ class S3Storage:
         state = self._streams.get(stream_id)
         if state is not None and (epoch is None or state.epoch == epoch):
             del self._streams[stream_id]
-            self._last_cold_read_end.pop(stream_id, None)
+            self.readers.forget(stream_id)
 
     def confirmed_offset(self, stream_id: int) -> int:
         state = self._streams.get(stream_id)
@@ -657,42 +675,12 @@ class S3Storage:
     async def _read_cold(
         self, stream_id: int, start: int, end: int, max_bytes: int
     ) -> list[StreamRecordBatch]:
-        out: list[StreamRecordBatch] = []
-        size = 0
-        pos = start
-        sequential = self._last_cold_read_end.get(stream_id) == start
-        readahead = self.config.readahead_size if sequential else 0
-        while pos < end and (not out or size < max_bytes):
-            objects = self.metadata.get_objects(stream_id, pos, end, 16)
-            progressed = False
-            for obj in objects:
-                if obj.start_offset > pos or obj.end_offset <= pos:
-                    break
-                got = await self.reader.read(
-                    obj.object_id,
-                    obj.object_size,
-                    stream_id,
-                    pos,
-                    end,
-                    max(max_bytes - size, 1),
-                    readahead,
-                )
-                if not got:
-                    break
-                out.extend(got)
-                size += sum(b.size for b in got)
-                pos = got[-1].last_offset
-                progressed = True
-                if pos >= end or size >= max_bytes:
-                    break
-            if not progressed:
-                break
-        self._last_cold_read_end[stream_id] = pos
-        return out
+        return await self.readers.read(stream_id, start, end, max_bytes)
 
     def drop_cache(self) -> None:
         """Forget uploaded data held in memory, so later reads go to object storage."""
         self.cache.drop_uploaded()
+        self.readers.clear()
         self.block_cache.clear()
         self.reader.forget_all()
 
