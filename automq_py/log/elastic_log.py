@@ -236,7 +236,7 @@ class ElasticLog:
             )
         if not partition_meta.cleaned_shutdown:
             await elastic_log._recover()
-        await elastic_log._load_producer_state()
+        await elastic_log._load_producer_state(partition_meta.cleaned_shutdown)
         # from now on a crash must be noticed on the next open
         elastic_log._partition_meta = dataclasses.replace(
             elastic_log._partition_meta, cleaned_shutdown=False
@@ -288,15 +288,20 @@ class ElasticLog:
         if changed:
             await self._persist_leader_epochs()
 
-    async def _load_producer_state(self) -> None:
+    async def _load_producer_state(self, clean: bool) -> None:
         """Restore ``PRODUCER_SNAPSHOTS``, then replay the batches appended after it.
 
         Without a usable snapshot only the active segment is replayed: every roll writes a
         snapshot, so only a log from before snapshots existed lacks one, and reading all of its
         segments back from object storage on open would cost more than the state is worth.
+        After a ``clean`` close there is nothing to replay without one: the close writes a
+        snapshot whenever it holds producer state (and replaying would read the whole active
+        segment back from object storage on the first fetch after a restart).
         """
         start = self._segments[-1].base_offset
         raw = self.meta_stream.get(keys.PRODUCER_SNAPSHOTS)
+        if raw is None and clean:
+            return
         if raw is not None:
             try:
                 state, offset = ProducerStateManager.from_snapshot(raw)

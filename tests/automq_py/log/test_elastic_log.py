@@ -6,12 +6,14 @@ from __future__ import annotations
 import itertools
 import struct
 from pathlib import Path
+from typing import Any
 
+import crc32c
 import pytest
 
 from automq_py.log import meta_stream_record as keys
 from automq_py.log.elastic_log import ElasticLog, LogOffsetOutOfRangeError, meta_stream_key
-from automq_py.log.elastic_log_meta import ElasticLogMeta, ElasticPartitionMeta
+from automq_py.log.elastic_log_meta import LOG_STREAM, ElasticLogMeta, ElasticPartitionMeta
 from automq_py.log.meta_stream import MetaStream
 from automq_py.log.meta_stream_record import LeaderEpochCheckpoint
 from protocol.record_batch import parse_header
@@ -272,3 +274,46 @@ async def test_kafka_batch_helper_builds_valid_batches() -> None:
     h = parse_header(data)
     assert (h.base_offset, h.records_count, h.max_timestamp) == (30, 3, T0 + 7)
     assert crc_is_valid(data, h)
+
+
+def batch_without_producer(base_offset: int, count: int, timestamp: int) -> bytes:
+    """A batch from a producer that is not idempotent: producer id, epoch and sequence -1."""
+    batch = bytearray(kafka_batch(base_offset, count, timestamp))
+    struct.pack_into(">qhi", batch, 43, -1, -1, -1)
+    struct.pack_into(">I", batch, 17, crc32c.crc32c(bytes(batch[21:])))
+    return bytes(batch)
+
+
+async def test_a_clean_reopen_without_producer_state_reads_no_batches(
+    make_storage: StorageFactory,
+) -> None:
+    # a clean close writes PRODUCER_SNAPSHOTS whenever it has producer state: without one there
+    # is nothing to rebuild, and the first fetch after a restart must not wait for the whole
+    # active segment to be read back from object storage
+    storage = await make_storage()
+    log = await open_log(storage)
+    batches = []
+    for i in range(20):
+        base = log.log_end_offset
+        batch = batch_without_producer(base, 3, T0 + i)
+        await log.append(
+            batch, base_offset=base, record_count=3, max_timestamp=T0 + i, first_timestamp=T0 + i
+        )
+        batches.append(batch)
+    log_stream = log.stream_map[LOG_STREAM]
+    await log.close()
+    assert log.meta_stream.get(keys.PRODUCER_SNAPSHOTS) is None
+    storage.drop_cache()
+    read_streams = []
+    real_read = storage.read
+
+    async def spy(stream_id: int, start: int, end: int, max_bytes: int) -> list[Any]:
+        read_streams.append(stream_id)
+        return await real_read(stream_id, start, end, max_bytes)
+
+    storage.read = spy  # type: ignore[method-assign]
+    reopened = await open_log(storage, epoch=1)
+    assert log_stream not in read_streams
+    assert len(reopened.producer_state) == 0
+    assert await read_everything(reopened) == batches
+    await reopened.close()
