@@ -256,37 +256,58 @@ class ReplicaManager:
     async def _read_all(
         self, entries: Sequence[FetchEntry], max_bytes: int, partitions: list[Partition | None]
     ) -> list[FetchData]:
+        # open the partitions concurrently: a first open after a start reads from object storage
+        opened = await asyncio.gather(*(self._open_for_read(entry) for entry in entries))
+        partitions.extend(p if isinstance(p, Partition) else None for p in opened)
+        if all(e.max_bytes > 0 for e in entries) and sum(e.max_bytes for e in entries) <= max_bytes:
+            # every partition's limit fits in max_bytes: no read's limit depends on another's
+            # result, so they run concurrently (a cold read waits for object storage)
+            return list(
+                await asyncio.gather(
+                    *(
+                        self._read_partition(entry, p, entry.max_bytes)
+                        if isinstance(p, Partition)
+                        else _done(p)
+                        for entry, p in zip(entries, opened, strict=True)
+                    )
+                )
+            )
         total = 0
         results: list[FetchData] = []
-        for entry in entries:
-            topic = entry.topic
-            if topic is None or not 0 <= entry.index < topic.partitions:
-                partitions.append(None)
-                results.append(FetchData(entry.error))
+        for entry, p in zip(entries, opened, strict=True):
+            if not isinstance(p, Partition):
+                results.append(p)
                 continue
-            try:
-                partition = await self.partition(topic, entry.index)
-            except Exception as e:
-                partitions.append(None)
-                results.append(FetchData(_failed_read(entry, e, self._error(topic, e))))
-                continue
-            partitions.append(partition)
-            hw, start = partition.high_watermark, partition.log_start_offset
             limit = min(entry.max_bytes, max(max_bytes - total, 0))
-            data = FetchData(ErrorCode.NONE, hw, start, [])
-            if entry.offset < start or entry.offset > partition.log_end_offset:
-                data.error = ErrorCode.OFFSET_OUT_OF_RANGE
-            elif entry.offset < hw and (limit > 0 or total == 0):
-                try:
-                    # the first partition with data returns at least one batch (Kafka's rule)
-                    data.records = await partition.read(
-                        entry.offset, limit if total else max(limit, 1)
-                    )
-                except Exception as e:  # out of range (a trim raced), or storage failing
-                    data.error = _failed_read(entry, e, self._error(topic, e))
+            # the first partition with data returns at least one batch (Kafka's rule)
+            data = await self._read_partition(entry, p, limit if total else max(limit, 1))
             total += data.size
             results.append(data)
         return results
+
+    async def _open_for_read(self, entry: FetchEntry) -> Partition | FetchData:
+        """The entry's partition, or the FetchData of its error."""
+        topic = entry.topic
+        if topic is None or not 0 <= entry.index < topic.partitions:
+            return FetchData(entry.error)
+        try:
+            return await self.partition(topic, entry.index)
+        except Exception as e:
+            return FetchData(_failed_read(entry, e, self._error(topic, e)))
+
+    async def _read_partition(
+        self, entry: FetchEntry, partition: Partition, limit: int
+    ) -> FetchData:
+        hw, start = partition.high_watermark, partition.log_start_offset
+        data = FetchData(ErrorCode.NONE, hw, start, [])
+        if entry.offset < start or entry.offset > partition.log_end_offset:
+            data.error = ErrorCode.OFFSET_OUT_OF_RANGE
+        elif entry.offset < hw and limit > 0:
+            try:
+                data.records = await partition.read(entry.offset, limit)
+            except Exception as e:  # out of range (a trim raced), or storage failing
+                data.error = _failed_read(entry, e, self._error(entry.topic, e))
+        return data
 
     async def close_topic(self, topic: TopicInfo) -> None:
         """Close the partitions of ``topic``, which is being deleted: they are never opened
@@ -329,6 +350,10 @@ def _failed(entry: AppendEntry, error: BaseException, code: ErrorCode) -> Append
     name = entry.topic.name if entry.topic else "?"
     log.warning("produce to %s-%d failed: %s (%s)", name, entry.index, describe(error), code.name)
     return AppendResult(code, message=describe(error))
+
+
+async def _done(data: FetchData) -> FetchData:
+    return data
 
 
 def _failed_read(entry: FetchEntry, error: BaseException, code: ErrorCode) -> ErrorCode:

@@ -1,0 +1,99 @@
+"""ReplicaManager.fetch_messages over a real embedded store: partitions whose limits fit in the
+request's max_bytes are read concurrently, with the same results as one at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import crc32c
+import pytest
+
+from automq_py.partition import Partition
+from automq_py.replica_manager import AppendEntry, FetchEntry, ReplicaManager
+from automq_py.topics import TopicInfo
+from protocol.errors import ErrorCode
+from storage.config import S3StreamConfig
+from storage.s3_storage import S3Storage
+from tests.protocol.test_record_batch import make_batch
+from tests.storage.conftest import storage_properties
+
+TOPIC = TopicInfo("t", uuid.uuid4(), 4)
+DELAY_S = 0.3
+
+
+def plain_batch(fill: int) -> bytes:
+    """Five records from a producer that is not idempotent (no sequence to deduplicate)."""
+    batch = bytearray(make_batch(0, 5, bytes([fill]) * 200))
+    struct.pack_into(">qhi", batch, 43, -1, -1, -1)
+    struct.pack_into(">I", batch, 17, crc32c.crc32c(bytes(batch[21:])))
+    return bytes(batch)
+
+
+BATCH = len(plain_batch(0))
+
+
+@pytest.fixture
+async def replicas(tmp_path: Path) -> AsyncIterator[ReplicaManager]:
+    props = storage_properties(tmp_path, f"file://{tmp_path}/objects")
+    storage = await S3Storage.start(S3StreamConfig.from_properties(props))
+    manager = ReplicaManager(storage, {})
+    for index in range(TOPIC.partitions):
+        for _ in range(3):
+            batch = memoryview(plain_batch(index))
+            done = await manager.append_records(
+                [AppendEntry(TOPIC, index, batch)], acks=-1, internal_allowed=False
+            )
+            assert [r.error for r in await done] == [ErrorCode.NONE]
+    yield manager
+    await manager.close()
+    await storage.close()
+
+
+def entries(max_bytes: int) -> list[FetchEntry]:
+    return [FetchEntry(TOPIC, i, 0, max_bytes) for i in range(TOPIC.partitions)]
+
+
+def slow_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_read = Partition.read
+
+    async def read(self: Partition, offset: int, max_bytes: int) -> Any:
+        await asyncio.sleep(DELAY_S)
+        return await real_read(self, offset, max_bytes)
+
+    monkeypatch.setattr(Partition, "read", read)
+
+
+async def test_partitions_that_fit_the_request_are_read_concurrently(
+    replicas: ReplicaManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    one_at_a_time = []
+    for i in range(TOPIC.partitions):
+        partition = await replicas.partition(TOPIC, i)
+        one_at_a_time.append(b"".join(await partition.read(0, 10_000)))
+    slow_reads(monkeypatch)
+    started = time.monotonic()
+    results = await replicas.fetch_messages(
+        entries(10_000), max_bytes=4 * 10_000, min_bytes=0, max_wait_s=0
+    )
+    assert time.monotonic() - started < 3 * DELAY_S
+    assert [b"".join(r.records or []) for r in results] == one_at_a_time
+    assert all(len(r) == 3 * BATCH for r in one_at_a_time)
+
+
+async def test_partitions_sharing_a_tight_max_bytes_are_read_in_order(
+    replicas: ReplicaManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slow_reads(monkeypatch)
+    started = time.monotonic()
+    # room for four batches in all: the first partition takes three, the second one
+    results = await replicas.fetch_messages(
+        entries(10_000), max_bytes=4 * BATCH, min_bytes=0, max_wait_s=0
+    )
+    assert time.monotonic() - started >= 2 * DELAY_S  # each read waited for the one before
+    assert [r.size for r in results] == [3 * BATCH, BATCH, 0, 0]
