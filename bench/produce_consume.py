@@ -25,7 +25,14 @@ a fresh topic made with AdminClient.create_topics. Figures:
   take ~20 s), record bytes / time from assign() until the expected record count has arrived.
   Records are counted, offsets are not trusted (Tansu's high watermark is wrong after
   multi-record batches). A case that does not finish within ``--timeout`` is reported as a
-  timeout with what arrived by then.
+  timeout with what arrived by then;
+* ``--cold``: after producing, the broker is stopped cleanly (automq-py uploads its WAL) and
+  started again on the same store with empty caches, so the consume reads every byte from
+  object storage. For automq-py the bench also prints the GETs the restarted broker issued (its
+  log's ``object store requests`` line at stop; startup's few reads included), GETs per MB
+  consumed and the restarted broker's event-loop lag; for both brokers the CPU seconds per GB
+  consumed of the broker and of SeaweedFS while consuming (unlike MB/s, these do not depend on
+  what else the machine runs). Tansu's memory engine loses its data on restart and is skipped.
 
 MB = 10^6 bytes. Progress bars go to stderr, figures to stdout.
 """
@@ -96,13 +103,20 @@ def free_seaweedfs_base() -> int:
 
 
 class Broker:
-    """One broker process on 127.0.0.1: start(), bootstrap, stop() -> exit code, log_tail()."""
+    """One broker process on 127.0.0.1: start(), bootstrap, stop() -> exit code, log_tail().
+
+    A stopped broker starts again on the same port and data (``--cold``)."""
 
     name: str
     engine: str
+    s3: SeaweedFS | None = None
 
     @property
     def bootstrap(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def pid(self) -> int | None:
         raise NotImplementedError
 
     def start(self) -> None:
@@ -122,6 +136,7 @@ class Broker:
 class AutomqBroker(Broker):
     def __init__(self, name: str, data_dir: Path, s3: SeaweedFS | None) -> None:
         self.name = name
+        self.s3 = s3
         overrides = {"cluster.id": f"bench{time.monotonic_ns()}"}
         if s3 is not None:
             overrides["s3.data.buckets"] = s3.url()
@@ -133,6 +148,10 @@ class AutomqBroker(Broker):
     @property
     def bootstrap(self) -> str:
         return self.process.bootstrap
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
 
     @property
     def log_path(self) -> Path:
@@ -151,6 +170,7 @@ class AutomqBroker(Broker):
 class TansuBroker(Broker):
     def __init__(self, name: str, workdir: Path, s3: SeaweedFS | None) -> None:
         self.name = name
+        self.s3 = s3
         self.binary = tansu_binary()
         self.port = free_port()
         self.env = dict(os.environ)
@@ -174,6 +194,10 @@ class TansuBroker(Broker):
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
 
     @property
     def log_path(self) -> Path:
@@ -249,7 +273,18 @@ class Result:
     p99_ms: float | None = None
     produced: int = 0
     consumed: int = 0
+    consumed_bytes: int = 0
+    gets: int | None = None  # --cold, automq-py: GETs of the restarted broker
+    get_bytes: int | None = None
+    cpu_s: dict[str, float] = field(default_factory=dict)  # --cold: CPU seconds while consuming
+    loop_lag: str | None = None  # --cold, automq-py: the restarted broker's event-loop lag
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def gets_per_mb(self) -> float | None:
+        if self.gets is None or not self.consumed_bytes:
+            return None
+        return self.gets / (self.consumed_bytes / 1e6)
 
 
 def pct(values: list[float], p: int) -> float:
@@ -418,6 +453,7 @@ def consume(
         bar.close()
         consumer.close()
     result.consumed = got
+    result.consumed_bytes = nbytes
     if got:
         result.consume_mbs = nbytes / elapsed / 1e6
     if nbytes != got * args.record_size:
@@ -428,9 +464,77 @@ def consume(
         result.notes.append(f"consume TIMEOUT after {args.timeout}s ({got}/{expected} records)")
 
 
+def object_store_requests(broker: Broker) -> dict[str, int] | None:
+    """The request counters an automq-py broker logged when it last stopped."""
+    marker = "object store requests: "
+    lines = [x for x in broker.log_tail(60).splitlines() if marker in x]
+    if not lines:
+        return None
+    words = lines[-1].split(marker, 1)[1].split()
+    return {k: int(v) for k, v in zip(words[::2], words[1::2], strict=False) if v.isdigit()}
+
+
+def logged_loop_lag(broker: Broker) -> str | None:
+    """The event-loop lag an automq-py broker logged when it last stopped."""
+    lag = [x for x in broker.log_tail(60).splitlines() if "event loop lag" in x]
+    return lag[-1].split(": ", 1)[-1] if lag else None
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds of a process so far (Linux /proc), None if unknown."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def restart(broker: Broker) -> None:
+    """Stop cleanly and start again on the same data: caches start empty."""
+    code = broker.stop()
+    if code != 0:
+        raise RuntimeError(f"{broker.name} exited with {code} at the restart")
+    broker.start()
+
+
+def run_case(broker: Broker, partitions: int, args: argparse.Namespace, result: Result) -> None:
+    topic = f"bench-p{partitions}-{time.monotonic_ns()}"
+    create_topic(broker.bootstrap, topic, partitions)
+    produce(broker.bootstrap, topic, partitions, args, result)
+    if not args.cold:
+        consume(broker.bootstrap, topic, partitions, args, result)
+        return
+    restart(broker)
+    # CPU time the broker and the S3 server spent serving the consume: unlike MB/s it does not
+    # depend on what else the machine is running
+    pids = {"broker": broker.pid, "S3": broker.s3.pid if broker.s3 else None}
+    before = {k: cpu_seconds(pid) for k, pid in pids.items()}
+    consume(broker.bootstrap, topic, partitions, args, result)
+    for k, pid in pids.items():
+        used, start = cpu_seconds(pid), before[k]
+        if used is not None and start is not None:
+            result.cpu_s[k] = used - start
+    if broker.name.startswith("automq"):
+        # the counters are logged at stop; the next case (if any) starts it again
+        code = broker.stop()
+        requests = object_store_requests(broker)
+        if code != 0 or requests is None:
+            result.notes.append(f"no request counters (exit code {code})")
+        else:
+            result.gets, result.get_bytes = requests.get("get", 0), requests.get("bytes_get", 0)
+        result.loop_lag = logged_loop_lag(broker)
+        broker.start()
+
+
 def run_broker(broker: Broker, args: argparse.Namespace, results: list[Result]) -> None:
     records = args.mib * MiB // args.record_size
     print(f"# {LABELS[broker.name]}: {broker.engine}; log {broker.log_path}", flush=True)
+    if args.cold and broker.name == "tansu-mem":
+        print("  tansu-mem: skipped, its memory engine loses the data on restart", flush=True)
+        return
     try:
         broker.start()
     except Exception as e:  # report and go on with the other brokers
@@ -452,14 +556,13 @@ def run_broker(broker: Broker, args: argparse.Namespace, results: list[Result]) 
         for partitions in args.partitions:
             result = Result(broker.name, partitions, records)
             results.append(result)
-            topic = f"bench-p{partitions}-{time.monotonic_ns()}"
             try:
-                create_topic(broker.bootstrap, topic, partitions)
-                produce(broker.bootstrap, topic, partitions, args, result)
-                consume(broker.bootstrap, topic, partitions, args, result)
+                run_case(broker, partitions, args, result)
             except (KafkaException, RuntimeError) as e:
                 result.notes.append(f"failed: {e}")
             print(f"  {line(result)}", flush=True)
+            if result.loop_lag:
+                print(f"  {broker.name} after the restart: {result.loop_lag}", flush=True)
             if result.notes:
                 tail = "\n    ".join(broker.log_tail(15).splitlines())
                 print(f"    {broker.name} log tail:\n    {tail}", flush=True)
@@ -467,10 +570,10 @@ def run_broker(broker: Broker, args: argparse.Namespace, results: list[Result]) 
         code = broker.stop()
         if code != 0:
             print(f"  {broker.name} exited with {code}:\n{broker.log_tail()}", flush=True)
-        if broker.name.startswith("automq"):  # what the broker measured of its own loop
-            lag = [x for x in broker.log_tail(40).splitlines() if "event loop lag" in x]
+        if broker.name.startswith("automq") and not args.cold:
+            lag = logged_loop_lag(broker)  # what the broker measured of its own loop
             if lag:
-                print(f"  {broker.name}: {lag[-1].split(': ', 1)[-1]}", flush=True)
+                print(f"  {broker.name}: {lag}", flush=True)
 
 
 # -- report -------------------------------------------------------------------------------------
@@ -482,19 +585,33 @@ def fmt(value: float | None, width: int = 8, digits: int = 1) -> str:
 
 def line(r: Result) -> str:
     notes = f"  [{'; '.join(r.notes)}]" if r.notes else ""
+    gets = ""
+    if r.gets is not None:
+        gets = (
+            f"  {r.gets} GETs ({fmt(r.gets_per_mb, 0, 2)}/MB, "
+            f"{(r.get_bytes or 0) / 1e6:.1f} MB downloaded)"
+        )
+    if r.cpu_s and r.consumed_bytes:
+        gb = r.consumed_bytes / 1e9
+        gets += "  CPU/GB " + ", ".join(f"{k} {v / gb:.1f} s" for k, v in r.cpu_s.items())
     return (
         f"{LABELS[r.broker]:<15} p={r.partitions}: produce {fmt(r.produce_mbs)} MB/s  "
         f"p50 {fmt(r.p50_ms, 7, 2)} ms  p99 {fmt(r.p99_ms, 7, 2)} ms  "
-        f"consume {fmt(r.consume_mbs)} MB/s  ({r.produced}/{r.records} acked, "
+        f"consume {fmt(r.consume_mbs)} MB/s{gets}  ({r.produced}/{r.records} acked, "
         f"{r.consumed} read){notes}"
     )
+
+
+def cpu_per_gb(r: Result, who: str) -> float | None:
+    used = r.cpu_s.get(who)
+    return used / (r.consumed_bytes / 1e9) if used is not None and r.consumed_bytes else None
 
 
 def ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:8.2f}x" if a is not None and b else f"{'-':>9}"
 
 
-def table(results: list[Result], brokers: list[str], partitions: list[int]) -> None:
+def table(results: list[Result], brokers: list[str], partitions: list[int], cold: bool) -> None:
     by_key = {(r.broker, r.partitions): r for r in results}
     ours = [b for b in brokers if b.startswith("automq")]
     theirs = [b for b in brokers if b.startswith("tansu")]
@@ -503,9 +620,13 @@ def table(results: list[Result], brokers: list[str], partitions: list[int]) -> N
         ("produce MB/s", lambda r: r.produce_mbs, 1),
         ("produce p50 ms", lambda r: r.p50_ms, 2),
         ("produce p99 ms", lambda r: r.p99_ms, 2),
-        ("consume MB/s", lambda r: r.consume_mbs, 1),
+        ("cold consume MB/s" if cold else "consume MB/s", lambda r: r.consume_mbs, 1),
     ]
-    head = f"{'case':<6}{'metric':<16}" + "".join(f"{LABELS[b]:>16}" for b in brokers)
+    if cold:
+        metrics.append(("cold GETs/MB", lambda r: r.gets_per_mb, 2))
+        metrics.append(("broker CPU s/GB", lambda r: cpu_per_gb(r, "broker"), 1))
+        metrics.append(("S3 CPU s/GB", lambda r: cpu_per_gb(r, "S3"), 1))
+    head = f"{'case':<6}{'metric':<18}" + "".join(f"{LABELS[b]:>16}" for b in brokers)
     head += "".join(f"{LABELS[o].split()[-1] + '/' + LABELS[t]:>18}" for o, t in pairs)
     print()
     print("# summary (ratio columns: automq-py <store> / Tansu <engine>; MB/s >1 = automq-py")
@@ -513,7 +634,7 @@ def table(results: list[Result], brokers: list[str], partitions: list[int]) -> N
     print(head)
     for p in partitions:
         for name, get, digits in metrics:
-            row = f"{'p=' + str(p):<6}{name:<16}"
+            row = f"{'p=' + str(p):<6}{name:<18}"
             for b in brokers:
                 r = by_key.get((b, p))
                 row += fmt(get(r) if r else None, 16, digits)
@@ -578,6 +699,11 @@ def parse_args() -> argparse.Namespace:
         help="MiB produced (same settings, not measured) to a topic of its own before the "
         "cases, per broker (32; 0: none)",
     )
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="restart the broker between produce and consume: every byte read from the store",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     return parser.parse_args()
 
@@ -598,6 +724,7 @@ def main() -> None:
                 f"{os.cpu_count()} cores; {args.mib} MiB of {args.record_size} B records per "
                 f"case, acks=all, linger.ms={args.linger_ms}, partitions {args.partitions}, "
                 + (f"offered at {args.rate_mbps:g} MB/s" if args.rate_mbps else "saturated")
+                + (", cold consume after a restart" if args.cold else "")
             )
             for name in brokers:
                 broker: Broker
@@ -607,7 +734,7 @@ def main() -> None:
                 else:
                     broker = TansuBroker(name, root / name, s3 if name.endswith("-s3") else None)
                 run_broker(broker, args, results)
-        table(results, brokers, args.partitions)
+        table(results, brokers, args.partitions, args.cold)
     finally:
         if args.keep or any(r.notes for r in results):
             print(f"# work directory kept: {root}", file=sys.stderr)

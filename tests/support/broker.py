@@ -42,6 +42,10 @@ class BrokerProcess:
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
     def start(self, timeout: float = 30) -> None:
         args = [sys.executable, "-m", "automq_py", "serve"]
         for key, value in self.overrides.items():

@@ -157,6 +157,10 @@ class SeaweedFS:
         """True while the process is alive."""
         return self._process is not None and self._process.poll() is None
 
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
     # -- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> None:
