@@ -436,7 +436,8 @@ def consume(
         consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         deadline = time.monotonic() + args.timeout
         while got < expected and time.monotonic() < deadline:
-            batch = consumer.consume(1000, 0.2)
+            # never more than are still due: the last call would wait out its timeout
+            batch = consumer.consume(min(1000, expected - got), 0.2)
             n = 0
             for msg in batch:
                 err = msg.error()
