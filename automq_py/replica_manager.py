@@ -75,6 +75,7 @@ class ReplicaManager:
         self.topic_defaults = topic_defaults
         self._partitions: dict[tuple[str, int], Partition] = {}
         self._opening: dict[tuple[str, int], asyncio.Lock] = {}
+        self._background: set[asyncio.Task[None]] = set()
         # topics whose partitions were closed to be deleted, by id (a new topic may take the
         # name): never opened again; a request that raced the deletion is told the topic is
         # gone, as Kafka's getPartitionOrException does once the metadata dropped it
@@ -82,6 +83,21 @@ class ReplicaManager:
 
     def log_config(self, topic: TopicInfo) -> LogConfig:
         return effective_topic_config(self.topic_defaults, topic.configs).log_config
+
+    def open_in_background(self, topic: TopicInfo) -> None:
+        """Open a new topic's partitions now, as Kafka creates a topic's logs when the topic
+        is created, rather than inside the first produce to each (which would wait for it)."""
+        task = asyncio.create_task(self._open_all(topic), name=f"open-{topic.name}")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _open_all(self, topic: TopicInfo) -> None:
+        for index in range(topic.partitions):
+            try:
+                await self.partition(topic, index)
+            except Exception as e:  # the first request to it opens it again, or says why
+                log.info("opening %s-%d after its creation: %s", topic.name, index, e)
+                return
 
     async def partition(self, topic: TopicInfo, index: int) -> Partition:
         """The partition, opening its ElasticLog (creating it on first use) if needed."""
@@ -318,6 +334,10 @@ class ReplicaManager:
             await partition.log.close()
 
     async def close(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        if self._background:
+            await asyncio.wait(list(self._background))
         for partition in list(self._partitions.values()):
             try:
                 await partition.log.close()

@@ -55,7 +55,9 @@ class BrokerContext:
         if not (auto_create and self.auto_create_topics):
             return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         try:
-            return await self.topics.create(name, self.num_partitions), ErrorCode.NONE
+            created = await self.topics.create(name, self.num_partitions)
+            self.replicas.open_in_background(created)
+            return created, ErrorCode.NONE
         except TopicError as e:
             if e.code == ErrorCode.TOPIC_ALREADY_EXISTS:
                 return self.topics.get(name), ErrorCode.NONE

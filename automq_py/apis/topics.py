@@ -42,6 +42,7 @@ async def handle_create_topics(ctx: BrokerContext, request: Request) -> Any:
                 raise TopicError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
             if not body.validate_only:
                 info = await ctx.topics.create(name, partitions, configs)
+                ctx.replicas.open_in_background(info)
                 entry["topic_id"] = info.topic_id
             entry.update(
                 num_partitions=partitions,

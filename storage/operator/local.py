@@ -143,10 +143,18 @@ class LocalObjectStore(ObjectStore):
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             try:
+                unsynced = 0
                 for buffer in buffers:
                     written = 0
                     while written < len(buffer):
-                        written += os.write(fd, buffer[written:])
+                        n = os.write(fd, buffer[written : written + _SYNC_EVERY])
+                        written += n
+                        unsynced += n
+                        if unsynced >= _SYNC_EVERY:
+                            # little dirty data at a time: the WAL's fsyncs, on the same disk,
+                            # never wait behind the whole object's writeback
+                            os.fdatasync(fd)
+                            unsynced = 0
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -255,3 +263,6 @@ def _fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+_SYNC_EVERY = 1 << 20
