@@ -84,12 +84,13 @@ class ReplicaManager:
     def log_config(self, topic: TopicInfo) -> LogConfig:
         return effective_topic_config(self.topic_defaults, topic.configs).log_config
 
-    def open_in_background(self, topic: TopicInfo) -> None:
+    def open_in_background(self, topic: TopicInfo) -> asyncio.Task[None]:
         """Open a new topic's partitions now, as Kafka creates a topic's logs when the topic
         is created, rather than inside the first produce to each (which would wait for it)."""
         task = asyncio.create_task(self._open_all(topic), name=f"open-{topic.name}")
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
 
     async def _open_all(self, topic: TopicInfo) -> None:
         for index in range(topic.partitions):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from typing import Any
 
@@ -14,10 +15,14 @@ from protocol.errors import ErrorCode
 from protocol.messages import Request, response_schema
 from storage.config_def import ConfigError
 
+# longest a CreateTopics waits for its partitions to open before answering
+CREATE_WAIT_S = 5.0
+
 
 async def handle_create_topics(ctx: BrokerContext, request: Request) -> Any:
     body = request.body
     results = []
+    opening: list[asyncio.Task[None]] = []
     for t in body.topics:
         name = str(t.name)
         entry: dict[str, Any] = {"name": name, "error_code": ErrorCode.NONE}
@@ -42,7 +47,7 @@ async def handle_create_topics(ctx: BrokerContext, request: Request) -> Any:
                 raise TopicError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
             if not body.validate_only:
                 info = await ctx.topics.create(name, partitions, configs)
-                ctx.replicas.open_in_background(info)
+                opening.append(ctx.replicas.open_in_background(info))
                 entry["topic_id"] = info.topic_id
             entry.update(
                 num_partitions=partitions,
@@ -70,6 +75,13 @@ async def handle_create_topics(ctx: BrokerContext, request: Request) -> Any:
                 replication_factor=-1,
             )
         results.append(entry)
+    if opening:
+        # answer once the new partitions are open (within the request's timeout), so the
+        # first produce does not wait for it; they go on opening if the wait runs out
+        timeout = body.timeout
+        seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout / 1000
+        if seconds > 0:
+            await asyncio.wait(opening, timeout=min(seconds, CREATE_WAIT_S))
     return build.build(
         response_schema(ApiKey.CREATE_TOPICS, request.api_version),
         {"throttle_time": 0, "topics": results},

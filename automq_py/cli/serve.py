@@ -160,8 +160,16 @@ def keep_large_buffers_in_heap() -> None:
         log.warning("mallopt refused the heap settings; large buffers stay in their own mappings")
 
 
+SWITCH_INTERVAL_S = 0.0005
+
+
 def _run_event_loop(main: Coroutine[Any, Any, None]) -> None:
     """Run ``main`` on uvloop when it is installed (faster sockets), else on asyncio's loop."""
+    # The event loop shares the GIL with the WAL's I/O thread and the threads that build
+    # objects for upload; Python hands the GIL over every 5 ms by default, so each time the
+    # loop woke while an object was being built it could wait that long (produce p99 at
+    # 20 MB/s: 39 -> 28 ms with 0.5 ms)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         import uvloop
     except ImportError:
