@@ -420,7 +420,7 @@ def _extension_payloads() -> list[bytes]:
             {
                 "object_id": NO_SUCH_OBJECT,
                 "object_size": 10,
-                "stream_id": 0,
+                "stream_id": NO_SUCH_OBJECT,  # the topic's partitions opened streams 0-8
                 "start_offset": 0,
                 "end_offset": 1,
                 "source_object_ids": [NO_SUCH_OBJECT + 1],
@@ -456,7 +456,7 @@ def controller_fuzz_broker(make_broker: MakeBroker) -> BrokerProcess:
 
 def test_extension_requests_are_answered(controller_fuzz_broker: BrokerProcess) -> None:
     """Each seed gets one well-formed answer with its correlation id: the commits and the
-    DestroyS3Objects name objects (and a stream: no partition is open) that do not exist."""
+    DestroyS3Objects name objects (and a stream) that do not exist."""
     refused = {
         ApiKey.COMMIT_STREAM_SET_OBJECT: ErrorCode.OBJECT_NOT_EXIST,
         ApiKey.COMMIT_STREAM_OBJECT: ErrorCode.STREAM_NOT_EXIST,
