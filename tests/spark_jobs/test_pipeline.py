@@ -187,7 +187,7 @@ def test_compaction_of_200_partitions_cuts_objects_and_keeps_every_record(
     broker = pipeline_broker
     create_topic(broker.bootstrap, "many", 200)
     produced = produce(
-        broker.bootstrap, "many", rounds=30, partitions=200, per_partition=3, size=300, pause=0.3
+        broker.bootstrap, "many", rounds=36, partitions=200, per_partition=3, size=300, pause=0.3
     )
     ends = {p: 1 + max(o for q, o, _, _ in produced if q == p) for p in range(200)}
     before = settled(broker)
