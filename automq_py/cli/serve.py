@@ -117,10 +117,17 @@ def run(args: argparse.Namespace) -> int:
         "\n".join(f"\t{k} = {v}" for k, v in config.all_properties().items()),
     )
     keep_large_buffers_in_heap()
+    from storage.metadata.sqlite_store import StoreInUseError
+    from storage.wal.errors import WALError
+
     try:
         _run_event_loop(_serve(config))
     except KeyboardInterrupt:  # a second Ctrl-C while shutting down
         return 130
+    except (StoreInUseError, WALError) as e:  # the data is another broker's, or unusable
+        log.error("%s", e)
+        print(f"automq-py serve: {e}", file=sys.stderr)
+        return 1
     return 0
 
 
