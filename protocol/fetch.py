@@ -135,11 +135,6 @@ class _Output:
         return self.parts
 
 
-def _length(n: int, flexible: bool) -> bytes:
-    """An ARRAY/BYTES length (int32) or its compact form (uvarint N+1); n = -1 is null."""
-    return wire.write_uvarint(n + 1) if flexible else _I32.pack(n)
-
-
 def encode_fetch_response(
     version: int,
     correlation_id: int,
@@ -163,7 +158,7 @@ def encode_fetch_response(
     cur += _I32.pack(throttle_time_ms)
     if version >= 7:
         cur += _I16.pack(error_code) + _I32.pack(session_id)
-    cur += _length(len(topics), flexible)
+    cur += wire.encode_array_length(len(topics), flexible)
     for topic in topics:
         cur = out.cur
         if version >= FIRST_TOPIC_ID_VERSION:
@@ -172,7 +167,7 @@ def encode_fetch_response(
             cur += wire.encode_compact_nullable_string(topic.name)
         else:
             cur += wire.encode_nullable_string(topic.name)
-        cur += _length(len(topic.partitions), flexible)
+        cur += wire.encode_array_length(len(topic.partitions), flexible)
         for p in topic.partitions:
             _encode_partition(out, p, version, flexible)
         if flexible:
@@ -196,9 +191,9 @@ def _encode_partition(out: _Output, p: FetchPartitionResult, version: int, flexi
         cur += _I64.pack(p.log_start_offset)
     aborted = p.aborted_transactions
     if aborted is None:
-        cur += _length(-1, flexible)
+        cur += wire.encode_array_length(-1, flexible)
     else:
-        cur += _length(len(aborted), flexible)
+        cur += wire.encode_array_length(len(aborted), flexible)
         for txn in aborted:
             cur += _ABORTED.pack(txn.producer_id, txn.first_offset)
             if flexible:
@@ -206,9 +201,9 @@ def _encode_partition(out: _Output, p: FetchPartitionResult, version: int, flexi
     if version >= 11:
         cur += _I32.pack(p.preferred_read_replica)
     if p.records is None:
-        cur += _length(-1, flexible)
+        cur += wire.encode_array_length(-1, flexible)
     else:
-        cur += _length(sum(len(r) for r in p.records), flexible)
+        cur += wire.encode_array_length(sum(len(r) for r in p.records), flexible)
         for r in p.records:
             out.add_buffer(r)
     if flexible:

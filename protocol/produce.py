@@ -172,10 +172,7 @@ def _decode_flexible(body: memoryview, pos: int, version: int) -> ProduceRequest
 #   throttle_time_ms     int32
 #   (tags)               v9+: none sent (node_endpoints, tag 0)
 
-_I16 = struct.Struct(">h")
-_I32 = struct.Struct(">i")
 _PARTITION = struct.Struct(">ihqq")
-_I64 = struct.Struct(">q")
 
 
 @dataclass(slots=True, frozen=True)
@@ -200,16 +197,20 @@ def encode_produce_response(
         raise ValueError(f"Produce v{version} is not handled here")
     flexible = version >= FIRST_FLEXIBLE_VERSION
     out = bytearray(headers.encode_response_header(correlation_id, 1 if flexible else 0))
-    out += _length(len(topics), flexible)
+    out += wire.encode_array_length(len(topics), flexible)
     for name, partitions in topics:
-        out += wire.encode_compact_nullable_string(name) if flexible else _string(name)
-        out += _length(len(partitions), flexible)
+        out += (
+            wire.encode_compact_nullable_string(name)
+            if flexible
+            else wire.encode_nullable_string(name)
+        )
+        out += wire.encode_array_length(len(partitions), flexible)
         for p in partitions:
             out += _PARTITION.pack(p.index, p.error_code, p.base_offset, p.log_append_time_ms)
             if version >= 5:
-                out += _I64.pack(p.log_start_offset)
+                out += wire.INT64.pack(p.log_start_offset)
             if version >= 8:
-                out += _length(0, flexible)  # record_errors
+                out += wire.encode_array_length(0, flexible)  # record_errors
                 out += (
                     wire.encode_compact_nullable_string(p.error_message)
                     if flexible
@@ -219,16 +220,7 @@ def encode_produce_response(
                 out += b"\x00"
         if flexible:
             out += b"\x00"
-    out += _I32.pack(throttle_time_ms)
+    out += wire.INT32.pack(throttle_time_ms)
     if flexible:
         out += b"\x00"
-    return [_I32.pack(len(out)), out]
-
-
-def _length(n: int, flexible: bool) -> bytes:
-    return wire.write_uvarint(n + 1) if flexible else _I32.pack(n)
-
-
-def _string(value: str) -> bytes:
-    data = value.encode()
-    return _I16.pack(len(data)) + data
+    return [wire.INT32.pack(len(out)), out]

@@ -148,6 +148,11 @@ def skip_tagged_fields(buf: Buffer, pos: int) -> int:
     return pos
 
 
+def encode_array_length(n: int, flexible: bool) -> bytes:
+    """An ARRAY/BYTES length (int32) or its compact form (uvarint N+1); n = -1 is null."""
+    return write_uvarint(n + 1) if flexible else INT32.pack(n)
+
+
 def encode_nullable_string(value: str | None) -> bytes:
     """Encode a (legacy, int16-length) NULLABLE_STRING."""
     if value is None:

@@ -131,18 +131,6 @@ class ElasticLogSegment:
             return message_timestamp - self.first_batch_timestamp
         return now - self.create_timestamp
 
-    async def append(
-        self,
-        batch: bytes | memoryview,
-        base_offset: int,
-        record_count: int,
-        max_timestamp: int,
-        now: int,
-    ) -> None:
-        """Append one Kafka batch at ``base_offset``; durable when this returns."""
-        durable = await self.start_append(batch, base_offset, record_count, max_timestamp, now)
-        await asyncio.shield(durable)
-
     async def start_append(
         self,
         batch: bytes | memoryview,
