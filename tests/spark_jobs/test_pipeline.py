@@ -214,16 +214,18 @@ def test_compaction_of_200_partitions_cuts_objects_and_keeps_every_record(
     assert sorted(consumed) == sorted(produced)  # byte-identical, offsets unchanged
 
 
-def _uncommitted_new(broker: BrokerProcess, spec: StoreSpec, first_new: int) -> list[str]:
-    new = {_id(i, spec): i.key for i in bucket(broker) if _id(i, spec) >= first_new}
+def _job_objects(
+    broker: BrokerProcess, spec: StoreSpec, first_new: int, brokers: set[int]
+) -> list[int]:
+    """New object ids in the bucket that no commit names; committed ones join ``brokers``.
+    The metadata is asked only when an unseen key appears, so the bucket is polled fast."""
+    new = {_id(i, spec) for i in bucket(broker) if _id(i, spec) >= first_new} - brokers
     if not new:
         return []
     objects = describe(broker).objects
-    return [
-        key
-        for object_id, key in new.items()
-        if (o := objects.get(object_id)) is None or o.state is not ObjectState.COMMITTED
-    ]
+    committed = {i for i in new if (o := objects.get(i)) and o.state is ObjectState.COMMITTED}
+    brokers |= committed
+    return sorted(new - committed)
 
 
 def test_killed_job_loses_nothing_and_gc_removes_its_objects(
@@ -262,8 +264,10 @@ def test_killed_job_loses_nothing_and_gc_removes_its_objects(
     )
     try:
         deadline = time.monotonic() + 120
-        # the job's objects: new ones no commit names (the broker may upload meanwhile too)
-        while not _uncommitted_new(broker, spec, first_new):
+        # wait for an object of the job's: a new key that no commit names (the broker may
+        # upload meanwhile too: keys it committed are set aside, not waited for)
+        brokers: set[int] = set()
+        while not _job_objects(broker, spec, first_new, brokers):
             assert job.poll() is None, "the job finished before it could be killed"
             assert time.monotonic() < deadline
             time.sleep(0.05)
