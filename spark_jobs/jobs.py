@@ -13,7 +13,9 @@ returns counters that the command prints as its summary line.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 from collections import Counter
 from collections.abc import Sequence
 from typing import TextIO
@@ -49,6 +51,10 @@ MINUTE_MS = 60_000
 INDEXES_PER_UNIT = 64  # SSO indexes one unit reads (one small GET each)
 PARTITIONS_PER_UNIT = 1000  # partitions one retention planning unit decides
 PREFIXES_PER_UNIT = 4  # key prefixes one listing unit walks (16 in all)
+# Tests only: with ``AUTOMQ_JOB_FAULT=pause-before-commit`` a compaction job holds forever
+# between writing its objects and committing them, so that a test can kill it there.
+FAULT_ENV = "AUTOMQ_JOB_FAULT"
+PAUSE_BEFORE_COMMIT = "pause-before-commit"
 
 
 async def run_compaction(
@@ -151,6 +157,7 @@ async def _compact_node(
         [SSOCompactionUnit(spec, plan, first, epochs)],
         desc=f"node {node.node_id}: compact SSOs",
     )
+    await _fault_point(PAUSE_BEFORE_COMMIT, out)
     try:
         await client.commit_stream_set_object(
             node.node_id,
@@ -194,6 +201,7 @@ async def _compact_stream_objects(
     first = await client.prepare_objects(len(groups), config.object_prepare_ttl_ms)
     units = [SOCompactionUnit(spec, g, first + i) for i, g in enumerate(groups)]
     results = await run_units(runner, compact_stream_objects, units, desc="merge stream objects")
+    await _fault_point(PAUSE_BEFORE_COMMIT, out)
     by_id = {u.object_id: u.group for u in units}
     refused: list[str] = []
     for result in results:
@@ -218,6 +226,13 @@ async def _compact_stream_objects(
         counters["so_copied"] += 1 if result.copied else 0
     if refused:
         await _delete(runner, spec, refused)
+
+
+async def _fault_point(name: str, out: TextIO) -> None:
+    """Hold here forever when the tests' fault variable names this point."""
+    if os.environ.get(FAULT_ENV) == name:
+        print(f"fault point {name}: holding", file=out, flush=True)
+        await asyncio.Event().wait()
 
 
 async def run_retention(

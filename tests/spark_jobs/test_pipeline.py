@@ -16,6 +16,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from spark_jobs.controller_client import ControllerClient
+from spark_jobs.jobs import FAULT_ENV, PAUSE_BEFORE_COMMIT
 from storage.compaction.units import ListUnit, StoreSpec, list_keys
 from storage.metadata.image import MetadataImage
 from storage.metadata.model import ObjectState
@@ -214,20 +215,6 @@ def test_compaction_of_200_partitions_cuts_objects_and_keeps_every_record(
     assert sorted(consumed) == sorted(produced)  # byte-identical, offsets unchanged
 
 
-def _job_objects(
-    broker: BrokerProcess, spec: StoreSpec, first_new: int, brokers: set[int]
-) -> list[int]:
-    """New object ids in the bucket that no commit names; committed ones join ``brokers``.
-    The metadata is asked only when an unseen key appears, so the bucket is polled fast."""
-    new = {_id(i, spec) for i in bucket(broker) if _id(i, spec) >= first_new} - brokers
-    if not new:
-        return []
-    objects = describe(broker).objects
-    committed = {i for i in new if (o := objects.get(i)) and o.state is ObjectState.COMMITTED}
-    brokers |= committed
-    return sorted(new - committed)
-
-
 def test_killed_job_loses_nothing_and_gc_removes_its_objects(
     pipeline_broker: BrokerProcess,
 ) -> None:
@@ -254,23 +241,25 @@ def test_killed_job_loses_nothing_and_gc_removes_its_objects(
     )
     scratch = broker.data_dir.parent / "job-tmp"  # what the killed JVM leaves: pytest's to remove
     scratch.mkdir()
-    job = subprocess.Popen(
-        command,
-        cwd=REPO,
-        env={**os.environ, "TMPDIR": str(scratch)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    printed = scratch / "job.out"
+    with printed.open("w") as stdout:
+        job = subprocess.Popen(
+            command,
+            cwd=REPO,
+            env={**os.environ, "TMPDIR": str(scratch), FAULT_ENV: PAUSE_BEFORE_COMMIT},
+            stdout=stdout,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     try:
-        deadline = time.monotonic() + 120
-        # wait for an object of the job's: a new key that no commit names (the broker may
-        # upload meanwhile too: keys it committed are set aside, not waited for)
-        brokers: set[int] = set()
-        while not _job_objects(broker, spec, first_new, brokers):
-            assert job.poll() is None, "the job finished before it could be killed"
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        # the job holds between writing its objects and committing them: kill it there
+        deadline = time.monotonic() + 180
+        while f"fault point {PAUSE_BEFORE_COMMIT}" not in printed.read_text():
+            assert job.poll() is None, "the job ended without reaching its commit:\n" + (
+                printed.read_text()
+            )
+            assert time.monotonic() < deadline, printed.read_text()
+            time.sleep(0.1)
     finally:
         os.killpg(job.pid, signal.SIGKILL)  # the driver, Spark's JVM and its Python workers
         job.wait()
