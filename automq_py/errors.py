@@ -10,6 +10,8 @@ for whatever still escapes a handler.
 
 from __future__ import annotations
 
+import logging
+
 from protocol.errors import ErrorCode
 from storage.errors import (
     OffsetOutOfRangeError,
@@ -22,6 +24,8 @@ from storage.metadata.model import MetadataError
 from storage.object_format import CorruptObjectError
 from storage.operator.base import ObjectNotFoundError, ObjectStoreError
 from storage.wal.errors import WALError
+
+log = logging.getLogger("automq.errors")
 
 # metadata refusals that mean another epoch or node owns the stream now
 _NOT_OURS = frozenset(
@@ -68,3 +72,13 @@ def describe(error: BaseException) -> str:
     """The error message sent beside the code: the exception's type and text."""
     text = str(error)
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def partition_failed(action: str, topic: str, index: int, error: BaseException) -> ErrorCode:
+    """Log that ``action`` on partition ``topic``-``index`` raised ``error`` and return its code
+    (an offset out of range is the client's business, not logged); the request's other
+    partitions go on."""
+    code = kafka_error(error)
+    if code != ErrorCode.OFFSET_OUT_OF_RANGE:
+        log.warning("%s %s-%d failed: %s (%s)", action, topic, index, describe(error), code.name)
+    return code

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from automq_py.errors import describe, kafka_error
+from automq_py.errors import describe, partition_failed
 from automq_py.log.elastic_log import ElasticLog
 from automq_py.log.log_config import LogConfig
 from automq_py.partition import AppendResult, Partition
@@ -139,12 +139,21 @@ class ReplicaManager:
                 ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {topic.name!r} was deleted"
             )
 
-    def _error(self, topic: TopicInfo | None, error: BaseException) -> ErrorCode:
+    def _failed(
+        self, action: str, entry: AppendEntry | FetchEntry, error: BaseException
+    ) -> ErrorCode:
         """The code for a partition whose append or read raised ``error``: the topic is
         unknown once deleted, whatever its closing log raised; else the one mapping."""
+        topic = entry.topic
         if topic is not None and topic.topic_id in self._deleted:
             return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-        return kafka_error(error)
+        return partition_failed(action, topic.name if topic else "?", entry.index, error)
+
+    def _append_failed(self, entry: AppendEntry, error: BaseException) -> AppendResult:
+        return AppendResult(self._failed("produce to", entry, error), message=describe(error))
+
+    def _read_failed(self, entry: FetchEntry, error: BaseException) -> ErrorCode:
+        return self._failed("fetch from", entry, error)
 
     def opened(self, topic: str) -> list[Partition]:
         """The partitions of ``topic`` opened so far, in index order (a config change applies
@@ -199,7 +208,7 @@ class ReplicaManager:
             if f.cancelled():
                 started[i] = AppendResult(ErrorCode.REQUEST_TIMED_OUT)
             elif (error := f.exception()) is not None:
-                started[i] = _failed(entry, error, self._error(entry.topic, error))
+                started[i] = self._append_failed(entry, error)
             else:
                 started[i] = f.result()
             remaining -= 1
@@ -234,7 +243,7 @@ class ReplicaManager:
             partition = await self.partition(topic, entry.index)
             return await partition.start_append(entry.records, deadline)
         except Exception as e:
-            return _failed(entry, e, self._error(topic, e))
+            return self._append_failed(entry, e)
 
     # -- fetch -----------------------------------------------------------------------------------
 
@@ -310,7 +319,7 @@ class ReplicaManager:
         try:
             return await self.partition(topic, entry.index)
         except Exception as e:
-            return FetchData(_failed_read(entry, e, self._error(topic, e)))
+            return FetchData(self._read_failed(entry, e))
 
     async def _read_partition(
         self, entry: FetchEntry, partition: Partition, limit: int
@@ -323,7 +332,7 @@ class ReplicaManager:
             try:
                 data.records = await partition.read(entry.offset, limit)
             except Exception as e:  # out of range (a trim raced), or storage failing
-                data.error = _failed_read(entry, e, self._error(entry.topic, e))
+                data.error = self._read_failed(entry, e)
         return data
 
     async def close_topic(self, topic: TopicInfo) -> None:
@@ -367,21 +376,5 @@ async def _wait_for_data(partitions: list[tuple[Partition, int]], timeout: float
             waiter.cancel()
 
 
-def _failed(entry: AppendEntry, error: BaseException, code: ErrorCode) -> AppendResult:
-    name = entry.topic.name if entry.topic else "?"
-    log.warning("produce to %s-%d failed: %s (%s)", name, entry.index, describe(error), code.name)
-    return AppendResult(code, message=describe(error))
-
-
 async def _done(data: FetchData) -> FetchData:
     return data
-
-
-def _failed_read(entry: FetchEntry, error: BaseException, code: ErrorCode) -> ErrorCode:
-    """A partition's read failed with ``code``; the fetch's other partitions go on."""
-    if code != ErrorCode.OFFSET_OUT_OF_RANGE:
-        name = entry.topic.name if entry.topic else "?"
-        log.warning(
-            "fetch from %s-%d failed: %s (%s)", name, entry.index, describe(error), code.name
-        )
-    return code

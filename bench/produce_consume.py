@@ -581,6 +581,9 @@ def run_broker(broker: Broker, args: argparse.Namespace, results: list[Result]) 
             lag = logged_loop_lag(broker)  # what the broker measured of its own loop
             if lag:
                 print(f"  {broker.name}: {lag}", flush=True)
+            commits = [x for x in broker.log_tail(60).splitlines() if "group commits" in x]
+            if commits:  # and of its WAL's writes and fsyncs
+                print(f"  {broker.name} WAL: {commits[-1].split(': ', 2)[-1]}", flush=True)
 
 
 # -- report -------------------------------------------------------------------------------------

@@ -8,11 +8,10 @@ re-encoded.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from automq_py.apis.context import BrokerContext
-from automq_py.errors import describe, kafka_error
+from automq_py.errors import partition_failed
 from automq_py.log.elastic_log import LogOffsetOutOfRangeError
 from automq_py.partition import Partition
 from automq_py.replica_manager import FetchEntry
@@ -27,8 +26,6 @@ from protocol.records import parse_records
 EARLIEST = -2
 LATEST = -1
 MAX_TIMESTAMP = -3
-
-log = logging.getLogger("automq.fetch")
 
 
 async def handle_fetch(ctx: BrokerContext, request: Request) -> Any:
@@ -91,16 +88,6 @@ async def handle_fetch(ctx: BrokerContext, request: Request) -> Any:
     return encode_fetch_response(request.api_version, request.correlation_id, topics, session_id=0)
 
 
-def _failed(topic: str, index: int, error: Exception) -> ErrorCode:
-    """A partition's ListOffsets failed: its error code; the other partitions go on."""
-    code = kafka_error(error)
-    if code != ErrorCode.OFFSET_OUT_OF_RANGE:
-        log.warning(
-            "list offsets of %s-%d failed: %s (%s)", topic, index, describe(error), code.name
-        )
-    return code
-
-
 async def handle_list_offsets(ctx: BrokerContext, request: Request) -> Any:
     out = []
     for t in request.body.topics:
@@ -134,7 +121,7 @@ async def handle_list_offsets(ctx: BrokerContext, request: Request) -> Any:
                     if found is not None:
                         entry.update(offset=found[0], timestamp=found[1])
             except Exception as e:
-                entry["error_code"] = _failed(info.name, index, e)
+                entry["error_code"] = partition_failed("list offsets of", info.name, index, e)
                 parts.append(entry)
                 continue
             if entry["offset"] >= 0:

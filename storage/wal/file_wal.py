@@ -35,6 +35,7 @@ import errno
 import fcntl
 import logging
 import os
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -52,6 +53,7 @@ MIN_CAPACITY = 4096
 DEFAULT_WINDOW = 8 * 1024 * 1024
 _WINDOW_GRANULE = 1024 * 1024
 _READ_CHUNK = 1024 * 1024
+_TIMINGS_KEPT = 100_000  # the latest group commits whose write and fdatasync times are kept
 _ZEROS = bytes(1024 * 1024)
 try:
     _IOV_MAX = os.sysconf("SC_IOV_MAX")
@@ -257,6 +259,9 @@ class FileWAL:
         self._fsyncs = 0
         self._bytes = 0
         self._header_writes = 0
+        # seconds each recent group commit spent in pwritev and in fdatasync (logged at close)
+        self._write_times: collections.deque[float] = collections.deque(maxlen=_TIMINGS_KEPT)
+        self._sync_times: collections.deque[float] = collections.deque(maxlen=_TIMINGS_KEPT)
 
     @classmethod
     async def open(cls, path: str, capacity: int, *, node_id: int = 0) -> FileWAL:
@@ -344,6 +349,21 @@ class FileWAL:
     @property
     def stats(self) -> WALStats:
         return WALStats(self._appends, self._fsyncs, self._bytes, self._header_writes)
+
+    def timing_summary(self) -> str:
+        """p50, p99 and max of the recent group commits' write and fdatasync times."""
+        if not self._sync_times:
+            return "no group commits"
+
+        def spread(times: collections.deque[float]) -> str:
+            ordered = sorted(times)
+            p50, p99 = (ordered[min(len(ordered) - 1, int(p * len(ordered)))] for p in (0.5, 0.99))
+            return f"p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms, max {ordered[-1] * 1e3:.1f} ms"
+
+        return (
+            f"{len(self._sync_times)} group commits: write {spread(self._write_times)}; "
+            f"fdatasync {spread(self._sync_times)}"
+        )
 
     # --- recovery -----------------------------------------------------------------------
 
@@ -647,9 +667,13 @@ class FileWAL:
                 runs.append((position, buffers))
             # Padding is followed by a jump to the ring start, never by contiguous bytes.
             contiguous_at = -1 if write.parts is None else position + write.size
+        started = time.perf_counter()
         for position, buffers in runs:
             _pwrite_all(self._fd, buffers, position)
+        written = time.perf_counter()
         os.fdatasync(self._fd)
+        self._write_times.append(written - started)
+        self._sync_times.append(time.perf_counter() - written)
 
     @staticmethod
     def _fail_batch(acked: list[tuple[_Pending, int, int]], failure: WALError) -> None:
@@ -753,6 +777,7 @@ class FileWAL:
                 await self._writer
             if self._failed is None and self._recovered:
                 await self._write_header(shutdown_clean=clean)
+            logger.info("WAL %s: %s", self._path, self.timing_summary())
         finally:
             self._closed = True
             self._io_thread.shutdown(wait=True)
