@@ -348,11 +348,17 @@ class ReplicaManager:
             task.cancel()
         if self._background:
             await asyncio.wait(list(self._background))
-        for partition in list(self._partitions.values()):
-            try:
-                await partition.log.close()
-            except Exception as e:
-                log.warning("closing %s-%d: %s", partition.topic, partition.index, e)
+        # all at once: the closes' final uploads then share a few objects, instead of one
+        # small object per partition
+        partitions = list(self._partitions.values())
+        outcomes = await asyncio.gather(
+            *(p.log.close() for p in partitions), return_exceptions=True
+        )
+        for partition, outcome in zip(partitions, outcomes, strict=True):
+            if isinstance(outcome, Exception):
+                log.warning("closing %s-%d: %s", partition.topic, partition.index, outcome)
+            elif isinstance(outcome, BaseException):
+                raise outcome
         self._partitions.clear()
 
 
