@@ -137,10 +137,12 @@ class Broker:
 
 
 class AutomqBroker(Broker):
-    def __init__(self, name: str, data_dir: Path, s3: SeaweedFS | None) -> None:
+    def __init__(
+        self, name: str, data_dir: Path, s3: SeaweedFS | None, config: dict[str, str]
+    ) -> None:
         self.name = name
         self.s3 = s3
-        overrides = {"cluster.id": f"bench{time.monotonic_ns()}"}
+        overrides = {"cluster.id": f"bench{time.monotonic_ns()}", **config}
         if s3 is not None:
             overrides["s3.data.buckets"] = s3.url()
             self.engine = f"S3 SeaweedFS {s3.endpoint} bucket {s3.bucket}, file WAL"
@@ -325,6 +327,7 @@ def produce(
         }
     )
     latencies: list[float] = []
+    sent_at: list[float] = []  # --timeline: when each acknowledged record was due
     errors: list[str] = []
     bar = tqdm(
         total=n,
@@ -343,6 +346,7 @@ def produce(
                     errors.append(str(err))
                 return
             latencies.append(time.perf_counter() - sent)
+            sent_at.append(sent)
             bar_pending += 1
 
         return callback
@@ -404,10 +408,36 @@ def produce(
         result.produce_mbs = len(latencies) * args.record_size / elapsed / 1e6
         result.p50_ms = pct(latencies, 50) * 1e3
         result.p99_ms = pct(latencies, 99) * 1e3
+    if args.timeline and latencies:
+        started = time.time() - (time.perf_counter() - t0)
+        print(
+            f"    timeline from {time.strftime('%H:%M:%S', time.localtime(started))}"
+            f".{int(started % 1 * 1000):03d}",
+            flush=True,
+        )
+        print_timeline([t - t0 for t in sent_at], latencies)
     if errors:
         result.notes.append(f"produce errors: {len(errors)}+ e.g. {errors[0]}")
     if timed_out:
         result.notes.append(f"produce TIMEOUT after {args.timeout}s ({len(latencies)}/{n} acked)")
+
+
+def print_timeline(due: list[float], latencies: list[float], bucket_s: float = 0.25) -> None:
+    """Where a case's tail comes from: each ``bucket_s`` of due time with records over 10 ms,
+    with how many, the bucket's p50 and its max latency."""
+    buckets: dict[int, list[float]] = {}
+    for t, latency in zip(due, latencies, strict=True):
+        buckets.setdefault(int(t / bucket_s), []).append(latency)
+    slow_total = sum(1 for latency in latencies if latency > 0.010)
+    print(f"    {slow_total} of {len(latencies)} records over 10 ms", flush=True)
+    for b, values in sorted(buckets.items()):
+        slow = sum(1 for v in values if v > 0.010)
+        if slow >= max(10, len(values) // 100):
+            print(
+                f"    t={b * bucket_s:6.2f}s  {len(values):6d} records, {slow:5d} over 10 ms  "
+                f"p50 {pct(values, 50) * 1e3:6.1f} ms  max {max(values) * 1e3:6.1f} ms",
+                flush=True,
+            )
 
 
 def consume(
@@ -715,7 +745,29 @@ def parse_args() -> argparse.Namespace:
         help="restart the broker between produce and consume: every byte read from the store",
     )
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    parser.add_argument(
+        "--broker-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a property for the automq-py brokers (repeatable), e.g. s3.wal.upload.threshold=...",
+    )
+    parser.add_argument(
+        "--timeline",
+        action="store_true",
+        help="print each 250 ms of a produce case with records over 10 ms (where the tail is)",
+    )
     return parser.parse_args()
+
+
+def broker_config(args: argparse.Namespace) -> dict[str, str]:
+    config = {}
+    for item in args.broker_config:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--broker-config wants KEY=VALUE, not {item!r}")
+        config[key.strip()] = value.strip()
+    return config
 
 
 def main() -> None:
@@ -740,7 +792,9 @@ def main() -> None:
                 broker: Broker
                 if name.startswith("automq"):
                     data = root / name
-                    broker = AutomqBroker(name, data, s3 if name.endswith("-s3") else None)
+                    broker = AutomqBroker(
+                        name, data, s3 if name.endswith("-s3") else None, broker_config(args)
+                    )
                 else:
                     broker = TansuBroker(name, root / name, s3 if name.endswith("-s3") else None)
                 run_broker(broker, args, results)

@@ -23,6 +23,7 @@ class LogCacheBlock:
 
     block_id: int
     first_put_at: float = -1.0  # time.monotonic() of the first record, -1 while empty
+    sealed_at: float = -1.0  # time.monotonic() of the seal
     records: dict[int, list[StreamRecordBatch]] = field(default_factory=dict)
     size: int = 0
     wal_start: int = -1  # smallest WAL offset of a record in the block
@@ -100,6 +101,7 @@ class LogCache:
         if not block.records:
             return None
         block.sealed = True
+        block.sealed_at = time.monotonic()
         self._blocks.append(self._new_block())
         return block
 

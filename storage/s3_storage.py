@@ -52,6 +52,11 @@ log = logging.getLogger("automq.storage")
 
 WAL_FILE = "wal.log"
 UPLOADS_IN_FLIGHT = 2  # blocks being written to object storage at once (commits stay ordered)
+_PUTS_IN_FLIGHT = 2  # objects one upload sends at once while it builds the next
+# Uploads are paced at the rate their block filled, measured over at most this long (AutoMQ's
+# rule); a block sealed sooner after its first record than the floor is not paced
+_PACE_WINDOW_S = 5.0
+_PACE_FLOOR_S = 0.1
 CLOSE_FLUSH_TIMEOUT_S = 60.0
 # a commit refused for these streams drops their data from the upload instead of retrying
 _UNWRITABLE = (ErrorCode.STREAM_FENCED, ErrorCode.STREAM_NOT_OPENED, ErrorCode.STREAM_NOT_EXIST)
@@ -85,6 +90,9 @@ class _Staged:
     sso_size: int
     ranges: list[CommitRange]
     stream_objects: list[CommitStreamObject]
+    build_s: float = 0.0  # seconds spent building the objects
+    put_s: float = 0.0  # the rest of the staging: PUTs not overlapped by a build
+    rate: float | None = None  # bytes/s the PUTs were paced at (None: full speed)
 
 
 class S3Storage:
@@ -120,6 +128,8 @@ class S3Storage:
         self._uploader: asyncio.Task[None] | None = None
         self._upload_tasks: dict[int, asyncio.Task[None]] = {}
         self._upload_slots = asyncio.Semaphore(UPLOADS_IN_FLIGHT)
+        self._max_write_rate = 0.0  # the fastest rate a block filled at, bytes/s
+        self._unpaced_through = -1  # blocks up to this id upload at full speed (forced)
         self._closing = False
         self._failed: BaseException | None = None
 
@@ -462,6 +472,7 @@ class S3Storage:
         target = block.block_id if block is not None else (sealed[-1].block_id if sealed else -1)
         if target < 0:
             return
+        self._unpaced_through = max(self._unpaced_through, target)
         self._upload_wanted.set()
         await self._wait_until(lambda: all(b.block_id > target for b in self.cache.sealed_blocks()))
 
@@ -499,6 +510,7 @@ class S3Storage:
         then trim the WAL. Object storage errors are retried until they pass (an outage stalls
         uploads); a metadata refusal either drops the refused streams or fails the storage."""
         delay = 0.5
+        started = time.monotonic()
         try:
             staged: _Staged | None = None
             while True:
@@ -517,6 +529,21 @@ class S3Storage:
                             await commit
                         raise
                     if outcome == "done":
+                        if staged is not None:
+                            log.info(
+                                "uploaded cache block %d: %d bytes of %d streams in %d objects "
+                                "in %.2f s (build %.2f s, PUT %.2f s; %s)",
+                                block.block_id,
+                                block.size,
+                                len(block.records),
+                                len(staged.stream_objects) + (staged.sso_id >= 0),
+                                time.monotonic() - started,
+                                staged.build_s,
+                                staged.put_s,
+                                "full speed"
+                                if staged.rate is None
+                                else f"paced at {staged.rate / 1e6:.1f} MB/s",
+                            )
                         break
                     staged = None  # streams were dropped: build the objects again
                 except asyncio.CancelledError:
@@ -563,30 +590,79 @@ class S3Storage:
         sso_id = next(ids) if plan.stream_set else -1
         so_ids = [next(ids) for _ in plan.stream_objects]
         block_size = self.config.object_block_size
-        # building walks and copies every batch: keep that off the event loop
-        sso, sos = await asyncio.to_thread(
-            lambda: (
-                build_object(plan.stream_set, block_size),
-                [build_object([run], block_size) for run in plan.stream_objects],
-            )
-        )
-        puts = [self._put(oid, built) for oid, built in zip(so_ids, sos, strict=True)]
+        # one object at a time: build it (off the event loop: building walks and copies every
+        # batch), start its PUT, build the next while at most _PUTS_IN_FLIGHT are sent. An
+        # upload's CPU (copies, the object store's work on the same host) is spread out, not
+        # spent in one burst that delays the appends meanwhile
+        objects = [(oid, [run]) for oid, run in zip(so_ids, plan.stream_objects, strict=True)]
         if sso_id >= 0:
-            puts.append(self._put(sso_id, sso))
-        await asyncio.gather(*puts)
+            objects.append((sso_id, plan.stream_set))
+        sizes: dict[int, int] = {}
+        build_s = 0.0
+        started = time.monotonic()
+        slots = asyncio.Semaphore(_PUTS_IN_FLIGHT)
+        puts: list[asyncio.Task[None]] = []
+        rate = self._upload_rate(block)
+        sent = 0
+        try:
+            for oid, runs in objects:
+                await slots.acquire()
+                built_at = time.monotonic()
+                built = await asyncio.to_thread(build_object, runs, block_size)
+                build_s += time.monotonic() - built_at
+                if rate is not None and self._paced(block):
+                    await asyncio.sleep(started + sent / rate - time.monotonic())
+                sent += built.size
+                sizes[oid] = built.size
+                put = asyncio.create_task(self._put(oid, built), name=f"put-object-{oid}")
+                put.add_done_callback(lambda _: slots.release())
+                puts.append(put)
+            await asyncio.gather(*puts)
+        except BaseException:
+            for put in puts:
+                put.cancel()
+            await asyncio.gather(*puts, return_exceptions=True)
+            raise
         return _Staged(
             sso_id=sso_id,
-            sso_size=sso.size if sso_id >= 0 else 0,
+            sso_size=sizes.get(sso_id, 0),
             ranges=[
                 CommitRange(run[0].stream_id, _epoch(run), run[0].base_offset, run[-1].last_offset)
                 for run in plan.stream_set
             ],
             stream_objects=[
                 CommitStreamObject(
-                    oid, run[0].stream_id, run[0].base_offset, run[-1].last_offset, built.size
+                    oid, run[0].stream_id, run[0].base_offset, run[-1].last_offset, sizes[oid]
                 )
-                for oid, run, built in zip(so_ids, plan.stream_objects, sos, strict=True)
+                for oid, run in zip(so_ids, plan.stream_objects, strict=True)
             ],
+            build_s=build_s,
+            put_s=time.monotonic() - started - build_s,
+            rate=rate,
+        )
+
+    def _upload_rate(self, block: LogCacheBlock) -> float | None:
+        """Bytes/s to pace ``block``'s PUTs at, None for full speed. As AutoMQ does: the rate
+        the block filled at (over at most ``_PACE_WINDOW_S``), or the fastest seen before.
+        Paced, an upload's CPU (ours, and an object store's on the same host) is spread over
+        about the time the data took to arrive instead of spent in one burst that delays the
+        appends meanwhile; a pace at the fill rate keeps up with the appends."""
+        elapsed = block.sealed_at - block.first_put_at
+        if block.first_put_at < 0 or elapsed <= _PACE_FLOOR_S:
+            return None
+        rate = block.size / min(_PACE_WINDOW_S, elapsed)
+        self._max_write_rate = max(self._max_write_rate, rate)
+        return self._max_write_rate
+
+    def _paced(self, block: LogCacheBlock) -> bool:
+        """Whether ``block`` may still be paced: not once it is forced (a force_upload, a
+        close), once the data waiting for upload fills half of ``s3.wal.cache.size``, or once
+        the WAL ring has less than an upload threshold free."""
+        return (
+            block.block_id > self._unpaced_through
+            and not self._closing
+            and self.cache.unuploaded_size < self.config.wal_cache_size // 2
+            and self.wal.free_space > self.config.wal_upload_threshold
         )
 
     async def _commit(self, block: LogCacheBlock, staged: _Staged | None) -> str:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -165,3 +168,50 @@ async def test_corrupt_wal_tail_is_cut_and_the_rest_recovers(
     reopened = await StreamClient(storage).open(s.stream_id, 1)
     assert reopened.next_offset == 27  # the last append of 3 offsets was cut
     assert await read_all(reopened) == payloads[:9]
+
+
+async def _put_times(storage: S3Storage) -> list[float]:
+    """Record when each PUT of ``storage`` starts."""
+    times: list[float] = []
+    real_put = storage.store.put
+
+    async def put(key: str, data: Any) -> None:
+        times.append(time.monotonic())
+        await real_put(key, data)
+
+    storage.store.put = put  # type: ignore[method-assign]
+    return times
+
+
+async def _fill_slowly(streams: list[S3Stream], rounds: int, seconds: float) -> None:
+    for _ in range(rounds):
+        for s in streams:
+            await s.append(payload_for(s.stream_id, s.next_offset, 64 << 10), 1)
+        await asyncio.sleep(seconds / rounds)
+
+
+async def test_uploads_are_paced_at_the_rate_their_block_filled(
+    make_storage: StorageFactory,
+) -> None:
+    # four streams of 256 KiB each become four Stream Objects; the block fills in about 1 s,
+    # so its four PUTs are spread over about 3/4 s (AutoMQ's pacing), not sent in one burst
+    storage = await make_storage(
+        **{"s3.wal.upload.threshold": 1 << 20, "s3.stream.object.split.size": 150_000}
+    )
+    client = StreamClient(storage)
+    streams = [await client.create_and_open() for _ in range(4)]
+    times = await _put_times(storage)
+    await _fill_slowly(streams, 4, 1.0)
+    async with asyncio.timeout(30):
+        while storage.uploads == 0:
+            await asyncio.sleep(0.05)
+    assert len(times) == 4
+    assert times[-1] - times[0] >= 0.55  # 3/4 of the block's ~0.75 s fill time, at least
+
+    # a forced upload is not paced: a close, or a caller that needs the data in objects now
+    times.clear()
+    await _fill_slowly(streams, 3, 1.0)  # under the threshold: nothing uploads by itself
+    assert times == []
+    await storage.force_upload()
+    assert len(times) == 4
+    assert times[-1] - times[0] < 0.4
