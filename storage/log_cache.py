@@ -26,6 +26,7 @@ class LogCacheBlock:
     sealed_at: float = -1.0  # time.monotonic() of the seal
     records: dict[int, list[StreamRecordBatch]] = field(default_factory=dict)
     size: int = 0
+    stream_sizes: dict[int, int] = field(default_factory=dict)  # bytes per stream
     wal_start: int = -1  # smallest WAL offset of a record in the block
     wal_end: int = -1  # WAL offset just past the block's last record
     sealed: bool = False
@@ -42,7 +43,9 @@ class LogCacheBlock:
         records.append(record)
         if self.first_put_at < 0:
             self.first_put_at = time.monotonic()
-        self.size += record.size
+        size = record.size
+        self.size += size
+        self.stream_sizes[record.stream_id] = self.stream_sizes.get(record.stream_id, 0) + size
         if self.wal_start < 0 or wal_offset < self.wal_start:
             self.wal_start = wal_offset
         self.wal_end = max(self.wal_end, wal_next_offset)
@@ -130,8 +133,8 @@ class LogCache:
             if block.uploaded:
                 continue
             records = block.records.pop(stream_id, None)
+            dropped = block.stream_sizes.pop(stream_id, 0)
             if records:
-                dropped = sum(r.size for r in records)
                 block.size -= dropped
                 self.size -= dropped
                 self.unuploaded_size -= dropped

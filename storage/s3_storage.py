@@ -578,7 +578,7 @@ class S3Storage:
 
     async def _stage(self, block: LogCacheBlock) -> _Staged | None:
         """Reserve object ids, build the objects and PUT them; None if there is nothing."""
-        plan = plan_upload(block.records, self.config.stream_object_split_size)
+        plan = plan_upload(block.records, self.config.stream_object_split_size, block.stream_sizes)
         if plan.object_count == 0:
             return None
         first_id = await self.metadata.prepare_object(

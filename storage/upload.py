@@ -24,14 +24,21 @@ class UploadPlan:
         return len(self.stream_objects) + (1 if self.stream_set else 0)
 
 
-def plan_upload(records: dict[int, list[StreamRecordBatch]], split_size: int) -> UploadPlan:
+def plan_upload(
+    records: dict[int, list[StreamRecordBatch]],
+    split_size: int,
+    sizes: dict[int, int] | None = None,
+) -> UploadPlan:
+    """``sizes``: each stream's bytes, when the caller keeps them (summed here otherwise; a
+    sum over thousands of batches takes milliseconds of the event loop)."""
     stream_set: list[list[StreamRecordBatch]] = []
     stream_objects: list[list[StreamRecordBatch]] = []
     for stream_id in sorted(records):
         run = records[stream_id]
         if not run:
             continue
-        if sum(r.size for r in run) >= split_size:
+        size = sizes[stream_id] if sizes is not None else sum(r.size for r in run)
+        if size >= split_size:
             stream_objects.append(run)
         else:
             stream_set.append(run)

@@ -79,10 +79,10 @@ class KafkaApis:
             self.table.update(module.HANDLERS)
         api_versions_handler = metadata.api_versions_handler(lambda: self.supported)
         self.table[ApiKey.API_VERSIONS] = (api_versions_handler, 0, 4)
-
-    @property
-    def supported(self) -> dict[int, tuple[int, int]]:
-        return {key: (lo, hi) for key, (_, lo, hi) in self.table.items()}
+        # every request is checked against it: made once (the table's versions never change)
+        self.supported: dict[int, tuple[int, int]] = {
+            key: (lo, hi) for key, (_, lo, hi) in self.table.items()
+        }
 
     async def handle(
         self, request: Request
