@@ -58,6 +58,8 @@ class Broker:
             num_partitions=config.num_partitions,
             config=config,
         )
+        # finish deleting the logs of topics deleted before a crash
+        self.replicas.destroy_deleted_in_background(lambda i: topics.by_id(i) is not None)
         self.groups = GroupCoordinator(group_config, topics, self.replicas)
         ctx.groups = self.groups
         await self.groups.start()

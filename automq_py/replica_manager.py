@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from automq_py.errors import describe, partition_failed
@@ -80,6 +80,7 @@ class ReplicaManager:
         # name): never opened again; a request that raced the deletion is told the topic is
         # gone, as Kafka's getPartitionOrException does once the metadata dropped it
         self._deleted: set[uuid.UUID] = set()
+        self._destroying = asyncio.Lock()  # one pass over deleted topics' logs at a time
 
     def log_config(self, topic: TopicInfo) -> LogConfig:
         return effective_topic_config(self.topic_defaults, topic.configs).log_config
@@ -99,6 +100,37 @@ class ReplicaManager:
             except Exception as e:  # the first request to it opens it again, or says why
                 log.info("opening %s-%d after its creation: %s", topic.name, index, e)
                 return
+
+    def destroy_deleted_in_background(self, is_live: Callable[[uuid.UUID], bool]) -> None:
+        """Delete, in the background, the streams of every partition log whose topic is gone
+        (``is_live`` says which topic ids still exist): their objects become garbage for the
+        GC job. Run after DeleteTopics, as Kafka deletes a topic's logs after answering, and
+        at startup, which finishes what a crash interrupted."""
+        task = asyncio.create_task(self._destroy_deleted(is_live), name="destroy-deleted-logs")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _destroy_deleted(self, is_live: Callable[[uuid.UUID], bool]) -> None:
+        metadata = self.storage.metadata
+        prefix = self.storage.config.namespace + "/"
+        async with self._destroying:
+            logs = streams = 0
+            for key in metadata.kv_keys(prefix):
+                topic_id, _, index = key[len(prefix) :].partition("/")
+                try:
+                    if not index.isdigit() or is_live(uuid.UUID(topic_id)):
+                        continue
+                except ValueError:
+                    continue  # not a partition's key
+                try:
+                    streams += await ElasticLog.destroy(
+                        self.client, metadata, key, self.storage.node_epoch
+                    )
+                    logs += 1
+                except Exception as e:  # the next pass (or restart) tries again
+                    log.warning("deleting the log of deleted topic %s-%s: %s", topic_id, index, e)
+            if logs:
+                log.info("deleted %d streams of %d partition logs of deleted topics", streams, logs)
 
     async def partition(self, topic: TopicInfo, index: int) -> Partition:
         """The partition, opening its ElasticLog (creating it on first use) if needed."""

@@ -18,7 +18,7 @@ from storage.errors import (
     StreamClosedError,
     StreamFencedError,
 )
-from storage.metadata.model import ErrorCode, MetadataError
+from storage.metadata.model import ErrorCode, MetadataError, StreamState
 from storage.s3_storage import S3Storage
 from storage.stream_record_batch import StreamRecordBatch
 
@@ -199,3 +199,24 @@ class StreamClient:
                 raise StreamFencedError(str(e)) from e
             raise
         return S3Stream(s, stream_id, epoch, meta.start_offset, meta.end_offset)
+
+    async def destroy(self, stream_id: int, epoch: int) -> None:
+        """Delete ``stream_id`` for good (its topic was deleted): a stream still open (by an
+        owner that crashed, or here) is first taken over at ``epoch`` or its own newer one and
+        closed, without uploading what this node cached of it; the metadata then frees its
+        objects for the GC job. A stream already gone is fine (retries are safe)."""
+        s = self.storage
+        meta = s.metadata.stream(stream_id)
+        if meta is None:
+            return
+        if s.is_open_here(stream_id):
+            await s.drain(stream_id)
+        s.cache.discard_stream(stream_id)
+        s.unregister_stream(stream_id)
+        epoch = max(epoch, meta.epoch)
+        if meta.state is not StreamState.CLOSED:
+            await s.metadata.open_stream(s.node_id, s.node_epoch, stream_id, epoch)
+            await s.metadata.close_stream(s.node_id, s.node_epoch, stream_id, epoch)
+        else:
+            epoch = meta.epoch
+        await s.metadata.delete_stream(s.node_id, s.node_epoch, stream_id, epoch)

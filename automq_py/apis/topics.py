@@ -120,6 +120,9 @@ async def handle_delete_topics(ctx: BrokerContext, request: Request) -> Any:
         except TopicError as e:
             entry.update(error_code=e.code, error_message=str(e))
         responses.append(entry)
+    if any(e["error_code"] == ErrorCode.NONE for e in responses):
+        # the logs' streams go after the answer, as Kafka deletes a topic's logs later
+        ctx.replicas.destroy_deleted_in_background(lambda i: ctx.topics.by_id(i) is not None)
     return build.build(
         response_schema(ApiKey.DELETE_TOPICS, request.api_version),
         {"throttle_time": 0, "responses": responses},

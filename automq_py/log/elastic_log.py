@@ -152,6 +152,34 @@ class ElasticLog:
         return await cls._load(client, meta_stream, epoch, config, clock)
 
     @classmethod
+    async def destroy(
+        cls, client: StreamClient, metadata: MetadataManager, key: str, epoch: int
+    ) -> int:
+        """Delete the streams of the (closed) log whose MetaStream id KV ``key`` holds, then
+        the key: its topic was deleted. Returns how many streams were deleted. Safe to repeat
+        after a crash: the key goes last, so whatever is left is found again."""
+        raw = metadata.get_kv(key)
+        if raw is None:
+            return 0
+        if len(raw) != STREAM_ID.size:
+            raise CorruptLogMetaError(f"KV {key!r} holds {len(raw)} bytes, not an 8-byte id")
+        (meta_id,) = STREAM_ID.unpack(raw)
+        streams: list[int] = []
+        if metadata.stream(meta_id) is not None:
+            meta_stream = MetaStream(await client.open(meta_id, epoch))
+            await meta_stream.replay()
+            log_meta = meta_stream.get(keys.LOG)
+            await meta_stream.close()
+            if log_meta is not None:
+                decoded = ElasticLogMeta.decode(log_meta)
+                streams = [sid for sid in decoded.stream_map.values() if sid >= 0]
+            streams.append(meta_id)  # the MetaStream last: it names the others
+        for stream_id in streams:
+            await client.destroy(stream_id, epoch)
+        await metadata.delete_kv(key)
+        return len(streams)
+
+    @classmethod
     async def _create(
         cls,
         client: StreamClient,

@@ -252,6 +252,10 @@ class MetadataManager:
         """The value of ``key``, or None."""
         return self.image.kv.get(key)
 
+    def kv_keys(self, prefix: str) -> list[str]:
+        """The keys that start with ``prefix``, sorted."""
+        return sorted(k for k in self.image.kv if k.startswith(prefix))
+
     async def delete_kv(self, key: str) -> None:
         """Drop ``key`` (no error if it is not set)."""
         async with self._lock:
