@@ -27,6 +27,14 @@ DEFAULT_MAX_FRAME_SIZE = 104_857_600  # socket.request.max.bytes
 Buffer = bytes | bytearray | memoryview
 
 
+def check_frame_size(size: int, max_frame_size: int) -> None:
+    """Refuse a size prefix before its payload is read or buffered."""
+    if size < 0:
+        raise InvalidFrameError(f"negative frame size {size}")
+    if size > max_frame_size:
+        raise FrameTooLargeError(size, max_frame_size)
+
+
 class FrameDecoder:
     """Accumulates bytes and yields complete frame payloads (size prefix stripped).
 
@@ -66,10 +74,7 @@ class FrameDecoder:
                     if end - pos < SIZE_BYTES:
                         break
                     (need,) = SIZE.unpack_from(view, pos)
-                    if need < 0:
-                        raise InvalidFrameError(f"negative frame size {need}")
-                    if need > self._max_frame_size:
-                        raise FrameTooLargeError(need, self._max_frame_size)
+                    check_frame_size(need, self._max_frame_size)
                     pos += SIZE_BYTES
                     self._need = need
                 if end - pos < need:

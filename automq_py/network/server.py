@@ -22,12 +22,14 @@ from automq_py.apis.context import CLIENT_HOST
 from protocol import wire
 from protocol.api_keys import ApiKey
 from protocol.errors import InvalidRequestError, ProtocolError, UnsupportedVersionError
-from protocol.framing import FrameDecoder
+from protocol.framing import SIZE, SIZE_BYTES, check_frame_size
 from protocol.messages import decode_request
 
 log = logging.getLogger("automq.network")
 
-READ_SIZE = 256 * 1024
+# bytes a connection's stream buffers before it stops reading the socket (twice this): a
+# frame larger than that is read in several rounds
+READ_SIZE = 1024 * 1024
 # responses a connection may have outstanding (deferred or queued behind one) before it stops
 # reading requests; librdkafka's default max.in.flight is far larger, Kafka's clients use 5
 MAX_QUEUED_RESPONSES = 64
@@ -100,29 +102,36 @@ class SocketServer:
                 await writer.wait_closed()
 
     async def _run(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        decoder = FrameDecoder(self.max_request_size)
         responses = _ResponseQueue(writer, MAX_QUEUED_RESPONSES)
         try:
             while True:
-                data = await asyncio.wait_for(reader.read(READ_SIZE), self.idle_timeout_s)
-                if not data:
+                # one frame at a time, straight from the stream's buffer: its payload is copied
+                # once (a decoder of our own over read() chunks copied every byte three times)
+                try:
+                    head = await asyncio.wait_for(
+                        reader.readexactly(SIZE_BYTES), self.idle_timeout_s
+                    )
+                    (size,) = SIZE.unpack(head)
+                    check_frame_size(size, self.max_request_size)
+                    payload = await asyncio.wait_for(reader.readexactly(size), self.idle_timeout_s)
+                except asyncio.IncompleteReadError:
                     # the client may have shut down only its sending side: answer what it asked
                     await responses.flush()
                     return
-                for frame in decoder.feed(data):
-                    try:
-                        request = decode_request(frame, self.apis.supported)
-                    except UnsupportedVersionError as e:
-                        if e.api_key != ApiKey.API_VERSIONS:
-                            raise
-                        await responses.put(self.apis.unsupported_api_versions(e.correlation_id))
-                        continue
-                    except InvalidRequestError:
+                frame = memoryview(payload)  # read-only, as kio's decoders want
+                try:
+                    request = decode_request(frame, self.apis.supported)
+                except UnsupportedVersionError as e:
+                    if e.api_key != ApiKey.API_VERSIONS:
                         raise
-                    if request.api_key not in PIPELINED:
-                        # every other request sees what the ones before it did, as in Kafka
-                        await responses.flush()
-                    await responses.put(await self.apis.handle(request))
+                    await responses.put(self.apis.unsupported_api_versions(e.correlation_id))
+                    continue
+                except InvalidRequestError:
+                    raise
+                if request.api_key not in PIPELINED:
+                    # every other request sees what the ones before it did, as in Kafka
+                    await responses.flush()
+                await responses.put(await self.apis.handle(request))
         finally:
             responses.abandon()
 
