@@ -110,10 +110,11 @@ class Partition:
             durable: asyncio.Future[None] | None = None
             for header, view in batches:
                 base = self.log.log_end_offset
-                buf = bytearray(view)
+                # a writable batch is the request's own memory: its offsets are set in place
+                buf = view if not view.readonly else memoryview(bytearray(view))
                 record_batch.assign_offsets(buf, base, self.leader_epoch)
                 durable = await self.log.start_append(
-                    memoryview(buf),
+                    buf,
                     base_offset=base,
                     record_count=header.last_offset_delta + 1,
                     max_timestamp=header.max_timestamp,

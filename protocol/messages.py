@@ -104,8 +104,10 @@ def decode_request(frame: wire.Buffer, supported: SupportedVersions | None = Non
     ):
         raise UnsupportedVersionError(api_key, api_version, correlation_id)
     view = memoryview(frame)
-    if not view.readonly:
-        # kio refuses writable buffers; the records views must not change under us either.
+    if not view.readonly and api_key != ApiKey.PRODUCE:
+        # kio refuses writable buffers. A writable Produce frame is the request's own memory
+        # (the server reads large frames into buffers of their own): its record batches are
+        # views of it that the broker may edit in place (offsets), not copies.
         view = memoryview(bytes(view))
     header, pos = headers.decode_request_header(view, header_version)
     try:

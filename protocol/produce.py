@@ -79,9 +79,10 @@ class ProduceRequestData:
 def decode_produce_request(body: memoryview, pos: int, version: int) -> ProduceRequestData:
     """Decode a Produce body of ``version`` starting at ``pos`` of ``body``.
 
-    ``body`` should be read-only (a frame from ``FrameDecoder``): the records views
-    share its memory. Raises ``InvalidRequestError`` (without correlation id) on
-    malformed input and ``ValueError`` for versions outside ``MIN_VERSION``..``MAX_VERSION``.
+    The records views share ``body``'s memory: read-only, or writable when the frame is the
+    request's own buffer, which nothing else reads (the broker then assigns offsets in
+    place). Raises ``InvalidRequestError`` (without correlation id) on malformed input and
+    ``ValueError`` for versions outside ``MIN_VERSION``..``MAX_VERSION``.
     """
     if not MIN_VERSION <= version <= MAX_VERSION:
         raise ValueError(f"Produce v{version} is not handled here")

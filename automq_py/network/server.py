@@ -19,17 +19,14 @@ import logging
 
 from automq_py.apis import KafkaApis
 from automq_py.apis.context import CLIENT_HOST
+from automq_py.network.frames import FrameConnection
 from protocol import wire
 from protocol.api_keys import ApiKey
 from protocol.errors import InvalidRequestError, ProtocolError, UnsupportedVersionError
-from protocol.framing import SIZE, SIZE_BYTES, check_frame_size
 from protocol.messages import decode_request
 
 log = logging.getLogger("automq.network")
 
-# bytes a connection's stream buffers before it stops reading the socket (twice this): a
-# frame larger than that is read in several rounds
-READ_SIZE = 1024 * 1024
 # responses a connection may have outstanding (deferred or queued behind one) before it stops
 # reading requests; librdkafka's default max.in.flight is far larger, Kafka's clients use 5
 MAX_QUEUED_RESPONSES = 64
@@ -57,7 +54,10 @@ class SocketServer:
         self._connections: set[asyncio.Task[None]] = set()
 
     async def start(self, host: str, port: int) -> None:
-        self._server = await asyncio.start_server(self._serve, host, port, limit=READ_SIZE)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: FrameConnection(self._serve, self.max_request_size), host, port
+        )
         log.info("listening on %s:%d", host, port)
 
     @property
@@ -76,15 +76,15 @@ class SocketServer:
         if self._server is not None:
             await self._server.wait_closed()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve(self, conn: FrameConnection) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
-        peer = writer.get_extra_info("peername")
+        peer = conn.get_extra_info("peername")
         if isinstance(peer, tuple) and peer:
             CLIENT_HOST.set(f"/{peer[0]}")
         try:
-            await self._run(reader, writer)
+            await self._run(conn)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         except ProtocolError as e:
@@ -97,28 +97,19 @@ class SocketServer:
             log.exception("closing connection from %s after an unexpected error", peer)
         finally:
             self._connections.discard(task)
-            writer.close()
+            conn.close()
             with contextlib.suppress(Exception):
-                await writer.wait_closed()
+                await conn.wait_closed()
 
-    async def _run(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        responses = _ResponseQueue(writer, MAX_QUEUED_RESPONSES)
+    async def _run(self, conn: FrameConnection) -> None:
+        responses = _ResponseQueue(conn, MAX_QUEUED_RESPONSES)
         try:
             while True:
-                # one frame at a time, straight from the stream's buffer: its payload is copied
-                # once (a decoder of our own over read() chunks copied every byte three times)
-                try:
-                    head = await asyncio.wait_for(
-                        reader.readexactly(SIZE_BYTES), self.idle_timeout_s
-                    )
-                    (size,) = SIZE.unpack(head)
-                    check_frame_size(size, self.max_request_size)
-                    payload = await asyncio.wait_for(reader.readexactly(size), self.idle_timeout_s)
-                except asyncio.IncompleteReadError:
+                frame = await conn.next_frame(self.idle_timeout_s)
+                if frame is None:
                     # the client may have shut down only its sending side: answer what it asked
                     await responses.flush()
                     return
-                frame = memoryview(payload)  # read-only, as kio's decoders want
                 try:
                     request = decode_request(frame, self.apis.supported)
                 except UnsupportedVersionError as e:
@@ -142,7 +133,7 @@ class _ResponseQueue:
     A response that fails (a deferred handler raising where no response can say so) closes the
     connection, as an immediate one would."""
 
-    def __init__(self, writer: asyncio.StreamWriter, limit: int) -> None:
+    def __init__(self, writer: FrameConnection, limit: int) -> None:
         self._writer = writer
         self._limit = limit
         self._queue: collections.deque[Response] = collections.deque()

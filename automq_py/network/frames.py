@@ -1,0 +1,200 @@
+"""FrameConnection: one client connection's Kafka frames in, responses out, with few copies.
+
+It is a ``BufferedProtocol``: the transport reads the socket straight into memory the
+protocol hands out. Small frames arrive in a staging buffer and are copied out whole; a frame
+too large for it gets a buffer of its own and the socket is read straight into that, so a
+megabyte Produce request is copied by the kernel and never by us. (``StreamReader`` copied
+every byte three times: into its buffer, out of it, and the rest of the buffer down.)
+
+Reading pauses while ``max_queued`` frames wait for the connection's task (backpressure to
+the client); writing has ``StreamWriter``'s flow control (``drain`` waits while the
+transport's buffer is above its high-water mark).
+
+A size prefix that is negative or above ``max_frame_size`` stops reading; ``next_frame``
+raises it (the server closes the connection) without allocating the announced size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any, cast
+
+from protocol import wire
+from protocol.errors import ProtocolError
+from protocol.framing import SIZE, SIZE_BYTES, check_frame_size
+
+STAGE_SIZE = 64 * 1024  # frames up to this size (prefix included) are read into the stage
+MAX_QUEUED = 8  # frames read ahead of the connection's task before reading pauses
+
+Serve = Callable[["FrameConnection"], Coroutine[Any, Any, None]]
+
+
+class FrameConnection(asyncio.BufferedProtocol):
+    def __init__(self, serve: Serve, max_frame_size: int, max_queued: int = MAX_QUEUED) -> None:
+        self._serve = serve
+        self._loop = asyncio.get_running_loop()
+        self._max_frame_size = max_frame_size
+        self._max_queued = max_queued
+        self._transport: asyncio.Transport | None = None
+        self.task: asyncio.Task[None] | None = None
+        # reading
+        self._stage = bytearray(STAGE_SIZE)
+        self._stage_view = memoryview(self._stage)
+        self._staged = 0  # bytes of the stage filled
+        self._frame: bytearray | None = None  # a large frame being read into its own buffer
+        self._frame_view = memoryview(b"")
+        self._filled = 0  # bytes of ``_frame`` filled
+        self._frames: collections.deque[memoryview] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._ended = False  # the client closed its side, or the connection was lost
+        self._error: ProtocolError | None = None
+        self._read_paused = False
+        # writing
+        self._write_paused = False
+        self._drain_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._lost = False
+        self._closed: asyncio.Future[None] = self._loop.create_future()
+
+    # -- the transport's side --------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # (uvloop's transports are not asyncio.Transport subclasses; they have its methods)
+        self._transport = cast(asyncio.Transport, transport)
+        self.task = self._loop.create_task(self._serve(self))
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._frame is not None:
+            return self._frame_view[self._filled :]
+        return self._stage_view[self._staged :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._frame is not None:
+            self._filled += nbytes
+            if self._filled == len(self._frame):
+                # writable: the frame is this request's own memory (a Produce request's batches
+                # get their offsets in place)
+                self._push(self._frame_view)
+                self._frame = None
+                self._frame_view = memoryview(b"")
+            return
+        self._staged += nbytes
+        try:
+            self._split_stage()
+        except ProtocolError as e:
+            self._error = e
+            self._pause_reading()
+            self._wake()
+
+    def eof_received(self) -> bool:
+        self._ended = True
+        self._wake()
+        return True  # keep the transport open: the responses already due are still written
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._ended = True
+        self._lost = True
+        self._wake()
+        while self._drain_waiters:
+            waiter = self._drain_waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(ConnectionResetError("connection lost"))
+        if not self._closed.done():
+            self._closed.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        while self._drain_waiters:
+            waiter = self._drain_waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _split_stage(self) -> None:
+        """Take the complete frames out of the stage; move a large frame's start into a buffer
+        of its own; keep the rest at the stage's start."""
+        stage, view = self._stage, self._stage_view
+        pos, end = 0, self._staged
+        while end - pos >= SIZE_BYTES:
+            (size,) = SIZE.unpack_from(stage, pos)
+            check_frame_size(size, self._max_frame_size)
+            start = pos + SIZE_BYTES
+            if end - start >= size:
+                self._push(memoryview(bytes(view[start : start + size])))
+                pos = start + size
+                continue
+            if SIZE_BYTES + size > STAGE_SIZE:
+                frame = bytearray(size)
+                frame[: end - start] = view[start:end]
+                self._frame, self._frame_view, self._filled = frame, memoryview(frame), end - start
+                pos = end
+            break
+        if pos:
+            view[: end - pos] = view[pos:end]  # (memmove: overlapping views are safe)
+            self._staged = end - pos
+
+    def _push(self, frame: memoryview) -> None:
+        self._frames.append(frame)
+        if len(self._frames) >= self._max_queued:
+            self._pause_reading()
+        self._wake()
+
+    def _pause_reading(self) -> None:
+        if not self._read_paused and self._transport is not None:
+            self._read_paused = True
+            self._transport.pause_reading()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    # -- the connection task's side --------------------------------------------------------------
+
+    def get_extra_info(self, name: str) -> Any:
+        return self._transport.get_extra_info(name) if self._transport is not None else None
+
+    async def next_frame(self, timeout: float | None) -> memoryview | None:
+        """The next frame's payload (a large one writable: its own buffer), None once the
+        client closed its side;
+        ``TimeoutError`` when nothing arrives for ``timeout`` seconds; a framing error
+        (after the frames before it)."""
+        while not self._frames:
+            if self._error is not None:
+                raise self._error
+            if self._ended:
+                return None
+            self._waiter = self._loop.create_future()
+            try:
+                await asyncio.wait_for(self._waiter, timeout)
+            finally:
+                self._waiter = None
+        frame = self._frames.popleft()
+        if self._read_paused and self._error is None and len(self._frames) <= self._max_queued // 2:
+            self._read_paused = False
+            if self._transport is not None and not self._transport.is_closing():
+                self._transport.resume_reading()
+        return frame
+
+    def writelines(self, buffers: Iterable[wire.Buffer]) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.writelines(buffers)
+
+    async def drain(self) -> None:
+        """Wait while the transport holds more unsent bytes than its high-water mark."""
+        if self._lost:
+            raise ConnectionResetError("connection lost")
+        if not self._write_paused:
+            return
+        waiter = self._loop.create_future()
+        self._drain_waiters.append(waiter)
+        await waiter
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    async def wait_closed(self) -> None:
+        await asyncio.shield(self._closed)
