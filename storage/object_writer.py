@@ -3,11 +3,14 @@
 Batches are added in (streamId, offset) order. Each stream's batches are cut into data blocks
 of about ``block_size`` bytes: a block closes once it reaches the size, when the stream changes,
 or when offsets stop being contiguous. ``finish()`` appends the index block and footer and
-returns the object as one buffer, ready for a PUT or a multipart upload.
+returns the object as buffers of about ``PART_CHUNK`` bytes, ready for a PUT or a multipart
+upload.
 
 Each byte is copied once: blocks keep references to the batches' headers and payloads until
-``drain()`` or ``finish()`` joins them (a join per block and then one per object would copy
-every byte twice, and the copy into fresh memory is most of an upload's CPU time).
+about ``PART_CHUNK`` bytes of closed blocks are joined into one buffer (a join per block and
+then one per object would copy every byte twice, and the copy into fresh memory is most of an
+upload's CPU time). Chunks, not one buffer per object: a ``join`` holds the GIL for its whole
+copy, and the event loop waits for it meanwhile.
 """
 
 from __future__ import annotations
@@ -18,12 +21,14 @@ from storage import object_format, stream_record_batch
 from storage.object_format import DataBlockIndex, Footer, StreamOffsetRange
 from storage.stream_record_batch import StreamRecordBatch
 
+PART_CHUNK = 1 << 20
+
 
 @dataclass(slots=True, frozen=True)
 class BuiltObject:
     """An object's bytes (as buffers) and what it holds."""
 
-    parts: list[bytes]  # the object's bytes (what ``drain()`` did not take)
+    parts: list[bytes]  # the object's bytes in chunks (what ``drain()`` did not take)
     size: int
     index: list[DataBlockIndex]
 
@@ -40,7 +45,9 @@ class ObjectWriter:
         if block_size <= 0:
             raise ValueError(f"block size must be positive, got {block_size}")
         self._block_size = block_size
+        self._parts: list[bytes] = []  # closed blocks, joined in chunks
         self._closed: list[bytes | memoryview] = []  # closed blocks' pieces, not yet joined
+        self._closed_bytes = 0
         self._index: list[DataBlockIndex] = []
         self._position = 0
         self._block: list[bytes | memoryview] = []
@@ -85,6 +92,11 @@ class ObjectWriter:
         count = len(self._block) // 2
         self._closed.append(object_format.encode_block_header(count, self._block_bytes))
         self._closed.extend(self._block)
+        self._closed_bytes += object_format.BLOCK_HEADER_SIZE + self._block_bytes
+        if self._closed_bytes >= PART_CHUNK:
+            self._parts.append(b"".join(self._closed))
+            self._closed = []
+            self._closed_bytes = 0
         size = object_format.BLOCK_HEADER_SIZE + self._block_bytes
         self._index.append(
             DataBlockIndex(
@@ -103,18 +115,18 @@ class ObjectWriter:
     def drain(self) -> list[bytes]:
         """Hand over the blocks closed so far (for writers that upload as they go); ``finish``
         then returns only what came after, while its index and size still cover everything."""
-        if not self._closed:
-            return []
-        joined = b"".join(self._closed)
-        self._closed = []
-        return [joined]
+        parts = self._parts
+        if self._closed:
+            parts.append(b"".join(self._closed))
+        self._parts, self._closed, self._closed_bytes = [], [], 0
+        return parts
 
     def finish(self) -> BuiltObject:
         if self._block:
             self._close_block()
         index = object_format.encode_index(self._index)
         footer = object_format.encode_footer(Footer(self._position, len(index)))
-        parts = [b"".join([*self._closed, index, footer])]
-        self._closed = []
+        parts = [*self._parts, b"".join([*self._closed, index, footer])]
+        self._parts, self._closed, self._closed_bytes = [], [], 0
         size = self._position + len(index) + len(footer)
         return BuiltObject(parts=parts, size=size, index=list(self._index))

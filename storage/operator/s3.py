@@ -324,12 +324,12 @@ class S3ObjectStore(ObjectStore):
             )
             await asyncio.sleep(delay)
 
-    async def _put_object(self, key: str, body: bytes) -> None:
+    async def _put_object(self, key: str, body: bytes | bytearray) -> None:
         client = await self._get_client()
 
         async def attempt() -> None:
             self.stats.put += 1
-            await client.put_object(Bucket=self.bucket, Key=key, Body=body)
+            await client.put_object(Bucket=self.bucket, Key=key, Body=body)  # type: ignore[arg-type]  # (botocore takes bytearray)
             self.stats.bytes_put += len(body)
 
         await self._call("PutObject", key, attempt)
@@ -423,14 +423,18 @@ class S3ObjectStore(ObjectStore):
         return run
 
     async def _upload_part(
-        self, key: str, upload_id: str, number: int, body: bytes
+        self, key: str, upload_id: str, number: int, body: bytes | bytearray
     ) -> CompletedPartTypeDef:
         client = await self._get_client()
 
         async def attempt() -> CompletedPartTypeDef:
             self.stats.part += 1
             response = await client.upload_part(
-                Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=body
+                Bucket=self.bucket,
+                Key=key,
+                UploadId=upload_id,
+                PartNumber=number,
+                Body=body,  # type: ignore[arg-type]
             )
             self.stats.bytes_put += len(body)
             return {"ETag": response["ETag"], "PartNumber": number}
@@ -660,11 +664,23 @@ def _message(error: ClientError) -> str:
     return str(error.response.get("Error", {}).get("Message", ""))
 
 
-async def _joined(buffers: Sequence[memoryview]) -> bytes:
-    """``join(buffers)``; a copy of megabytes is made off the event loop (tens of ms on it)."""
-    if sum(len(b) for b in buffers) < _JOIN_ON_LOOP:
+async def _joined(buffers: Sequence[memoryview]) -> bytes | bytearray:
+    """The buffers as one body; a copy of megabytes is made off the event loop (tens of ms on
+    it), buffer by buffer, so that the loop gets the GIL back between them (one ``join`` of
+    a whole object would hold it for the whole copy)."""
+    if sum(len(b) for b in buffers) < _JOIN_ON_LOOP or len(buffers) == 1:
         return join(buffers)
-    return await asyncio.to_thread(join, buffers)
+    return await asyncio.to_thread(_copy_together, buffers)
+
+
+def _copy_together(buffers: Sequence[memoryview]) -> bytearray:
+    out = bytearray(sum(len(b) for b in buffers))
+    view = memoryview(out)
+    pos = 0
+    for b in buffers:
+        view[pos : pos + len(b)] = b
+        pos += len(b)
+    return out
 
 
 _JOIN_ON_LOOP = 256 << 10
