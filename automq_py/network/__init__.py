@@ -1,1 +1,5 @@
-"""The socket server (Kafka's SocketServer)."""
+"""The socket server (Kafka's SocketServer).
+
+``server``   accepts connections; per connection, requests in order, responses in order
+``frames``   a connection's protocol: frames read with few copies, responses written
+"""
