@@ -16,8 +16,9 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from automq_py.errors import describe, partition_failed
 from automq_py.log.elastic_log import ElasticLog
@@ -88,7 +89,11 @@ class ReplicaManager:
     def open_in_background(self, topic: TopicInfo) -> asyncio.Task[None]:
         """Open a new topic's partitions now, as Kafka creates a topic's logs when the topic
         is created, rather than inside the first produce to each (which would wait for it)."""
-        task = asyncio.create_task(self._open_all(topic), name=f"open-{topic.name}")
+        return self._in_background(self._open_all(topic), f"open-{topic.name}")
+
+    def _in_background(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """Run ``work`` as a task that ``close`` cancels."""
+        task = asyncio.create_task(work, name=name)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         return task
@@ -106,9 +111,7 @@ class ReplicaManager:
         (``is_live`` says which topic ids still exist): their objects become garbage for the
         GC job. Run after DeleteTopics, as Kafka deletes a topic's logs after answering, and
         at startup, which finishes what a crash interrupted."""
-        task = asyncio.create_task(self._destroy_deleted(is_live), name="destroy-deleted-logs")
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._in_background(self._destroy_deleted(is_live), "destroy-deleted-logs")
 
     async def _destroy_deleted(self, is_live: Callable[[uuid.UUID], bool]) -> None:
         metadata = self.storage.metadata

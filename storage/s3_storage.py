@@ -354,6 +354,12 @@ class S3Storage:
             del self._streams[stream_id]
             self.readers.forget(stream_id)
 
+    def drop_stream(self, stream_id: int, epoch: int | None = None) -> None:
+        """Forget the stream here, its records not yet uploaded included: this node may no
+        longer write it (refused, fenced, or being deleted)."""
+        self.cache.discard_stream(stream_id)
+        self.unregister_stream(stream_id, epoch)
+
     def confirmed_offset(self, stream_id: int) -> int:
         state = self._streams.get(stream_id)
         if state is not None:
@@ -712,8 +718,7 @@ class S3Storage:
                 or meta.owner != self.node_id
             ):
                 dropped.append(stream_id)
-                self.cache.discard_stream(stream_id)
-                self.unregister_stream(stream_id, _epoch(run))
+                self.drop_stream(stream_id, _epoch(run))
         for stream_id in dropped:
             log.error(
                 "stream %d: this node's unuploaded records were refused (fenced, closed or "

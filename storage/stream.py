@@ -211,8 +211,7 @@ class StreamClient:
             return
         if s.is_open_here(stream_id):
             await s.drain(stream_id)
-        s.cache.discard_stream(stream_id)
-        s.unregister_stream(stream_id)
+        s.drop_stream(stream_id)
         epoch = max(epoch, meta.epoch)
         if meta.state is not StreamState.CLOSED:
             await s.metadata.open_stream(s.node_id, s.node_epoch, stream_id, epoch)

@@ -82,6 +82,17 @@ def meta_stream_key(namespace: str, topic_id: str, partition: int) -> str:
     return f"{namespace}/{topic_id}/{partition}"
 
 
+def _meta_stream_id(metadata: MetadataManager, key: str) -> int | None:
+    """The MetaStream id KV ``key`` holds, None if it holds none."""
+    raw = metadata.get_kv(key)
+    if raw is None:
+        return None
+    if len(raw) != STREAM_ID.size:
+        raise CorruptLogMetaError(f"KV {key!r} holds {len(raw)} bytes, not an 8-byte id")
+    (stream_id,) = STREAM_ID.unpack(raw)
+    return int(stream_id)
+
+
 def _wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -135,15 +146,12 @@ class ElasticLog:
         """Open (or create) the partition's log at ``epoch``, fencing any previous owner."""
         clock = clock or _wall_clock_ms
         key = meta_stream_key(namespace, topic_id, partition)
-        raw = metadata.get_kv(key)
-        if raw is None:
+        stream_id = _meta_stream_id(metadata, key)
+        if stream_id is None:
             stream = await client.create_and_open(epoch)
             # the KV first: a retry after a crash reuses this MetaStream instead of leaking it
             await metadata.put_kv(key, STREAM_ID.pack(stream.stream_id))
         else:
-            if len(raw) != STREAM_ID.size:
-                raise CorruptLogMetaError(f"KV {key!r} holds {len(raw)} bytes, not an 8-byte id")
-            (stream_id,) = STREAM_ID.unpack(raw)
             stream = await client.open(stream_id, epoch)
         meta_stream = MetaStream(stream)
         await meta_stream.replay()
@@ -158,12 +166,9 @@ class ElasticLog:
         """Delete the streams of the (closed) log whose MetaStream id KV ``key`` holds, then
         the key: its topic was deleted. Returns how many streams were deleted. Safe to repeat
         after a crash: the key goes last, so whatever is left is found again."""
-        raw = metadata.get_kv(key)
-        if raw is None:
+        meta_id = _meta_stream_id(metadata, key)
+        if meta_id is None:
             return 0
-        if len(raw) != STREAM_ID.size:
-            raise CorruptLogMetaError(f"KV {key!r} holds {len(raw)} bytes, not an 8-byte id")
-        (meta_id,) = STREAM_ID.unpack(raw)
         streams: list[int] = []
         if metadata.stream(meta_id) is not None:
             meta_stream = MetaStream(await client.open(meta_id, epoch))

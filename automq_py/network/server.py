@@ -85,7 +85,7 @@ class SocketServer:
             CLIENT_HOST.set(f"/{peer[0]}")
         try:
             await self._run(conn)
-        except (ConnectionError, asyncio.IncompleteReadError):
+        except ConnectionError:
             pass
         except ProtocolError as e:
             log.info("closing connection from %s: %s", peer, e)
