@@ -15,9 +15,10 @@ trim offset: an append that would waits until ``trim()`` frees space. Each recor
 carries its own logical offset, so a record left over from an earlier lap (at the same file
 position, but ``capacity`` or more bytes lower) is rejected on read.
 
-Group commit: ``append()`` queues the record and waits; one writer task takes everything that
-queued up while the previous fsync ran, writes it with ``pwritev`` and calls ``fdatasync`` once
-for all of it (both in a worker thread), then acknowledges the records in offset order.
+Group commit: ``append()`` queues the record and waits; one writer thread takes everything that
+queued up while its previous fsync ran, writes it with ``pwritev`` and calls ``fdatasync`` once
+for all of it, then hands the results to the event loop, which acknowledges the records in
+offset order. The thread also serves the header writes, so it alone writes the file.
 
 Torn tails: at most ``window`` bytes (kept in the header) are ever written past the last
 fsync. After a crash, recovery stops at the first invalid record and zeroes the next ``window``
@@ -29,14 +30,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
+import contextlib
 import dataclasses
 import errno
 import fcntl
 import logging
 import os
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from storage.wal import header as wal_header
@@ -92,8 +94,16 @@ class WALStats:
 @dataclass(slots=True)
 class _Pending:
     parts: list[Buffer]
-    length: int
+    size: int  # the record's, header included
     future: asyncio.Future[WALAppendResult]
+
+
+@dataclass(slots=True)
+class _HeaderRequest:
+    trim_offset: int | None
+    window: int | None
+    shutdown_clean: bool
+    future: asyncio.Future[None]
 
 
 @dataclass(slots=True, frozen=True)
@@ -218,6 +228,27 @@ class _RingReader:
         return memoryview(self._chunk)[:n]
 
 
+def read_record_body(fd: int, capacity: int, offset: int, body_length: int) -> memoryview:
+    """The body of the record at logical ``offset`` of a WAL file of ``capacity`` ring bytes,
+    read with one ``pread`` and checked against its header (offset, length and CRC).
+
+    For readers of a live WAL other than its writer (the upload worker reads what the LogCache
+    holds from the file): a record not yet trimmed is never rewritten, so what it reads is the
+    record, or ``CorruptRecordError`` says it is not."""
+    position = HEADER_AREA_SIZE + offset % capacity
+    raw = os.pread(fd, HEADER_SIZE + body_length, position)
+    head = record.decode_header(raw, offset)
+    if head.is_padding or head.body_length != body_length:
+        raise CorruptRecordError(
+            record.SHORT_BODY,
+            f"record at offset {offset} has a body of {head.body_length} bytes"
+            f"{' (padding)' if head.is_padding else ''}, expected {body_length}",
+        )
+    body = memoryview(raw)[HEADER_SIZE:]
+    record.verify_body(head, body)
+    return body
+
+
 class FileWAL:
     """The write-ahead log in one file; see the module docstring for the layout.
 
@@ -241,19 +272,20 @@ class FileWAL:
         # continue exactly where the valid log ends.
         self._recovered = created
         self._started = False
+        self._loop = asyncio.get_running_loop()
+        # Shared with the writer thread, under _cond: appends and header writes queued for it.
+        self._cond = threading.Condition()
         self._queue: collections.deque[_Pending] = collections.deque()
+        self._header_requests: collections.deque[_HeaderRequest] = collections.deque()
+        self._writer_idle = False  # waiting for work: the next submit wakes it
+        self._writer_done = False  # it has taken its last request
         self._unwritten = 0  # bytes of records submitted and not yet written (or failed)
-        self._wake = asyncio.Event()
-        self._space_freed = asyncio.Event()
-        # One write+fsync at a time (record batch or header): an fsync error then belongs to
-        # the operation whose pages it covers, and nothing after it is trusted.
-        self._io_lock = asyncio.Lock()
-        # the WAL's own I/O thread: an fsync never queues behind other work in the default
-        # executor (object builds, local-store file writes, SQLite)
-        self._io_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="wal-io")
-        self._writer: asyncio.Task[None] | None = None
+        self._thread: threading.Thread | None = None
+        self._exited: asyncio.Future[None] = self._loop.create_future()
         self._failed: WALError | None = None
+        self._failure_logged = False
         self._closing = False
+        self._clean_close = True
         self._closed = False
         self._appends = 0
         self._fsyncs = 0
@@ -319,12 +351,23 @@ class FileWAL:
             wal = cls(path, fd, found, created=created)
             # Mark the log unclean before anything is written, so a crash from here on is
             # recognised as one on the next open.
-            await wal._write_header(shutdown_clean=False, window=max(found.window, DEFAULT_WINDOW))
+            await asyncio.to_thread(
+                wal._write_header_now,
+                shutdown_clean=False,
+                window=max(found.window, DEFAULT_WINDOW),
+            )
         except BaseException:
             os.close(fd)
             raise
-        wal._writer = asyncio.create_task(wal._run_writer(), name=f"wal-writer:{path}")
+        wal._thread = threading.Thread(
+            target=wal._writer_main, name=f"wal-writer:{os.path.basename(path)}", daemon=True
+        )
+        wal._thread.start()
         return wal
+
+    @property
+    def path(self) -> str:
+        return self._path
 
     @property
     def capacity(self) -> int:
@@ -527,64 +570,91 @@ class FileWAL:
             raise WALError(f"WAL {self._path} is closing")
         parts = [body] if isinstance(body, bytes | bytearray | memoryview) else list(body)
         length = sum(memoryview(part).nbytes for part in parts)
-        if record.record_size(length) > self._capacity:
+        size = record.record_size(length)
+        if size > self._capacity:
             raise WALError(
-                f"record of {record.record_size(length)} bytes (header included) is larger than"
+                f"record of {size} bytes (header included) is larger than"
                 f" the WAL capacity {self._capacity} (s3.wal.capacity)"
             )
         self._started = True
-        future: asyncio.Future[WALAppendResult] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Pending(parts, length, future))
-        self._unwritten += record.record_size(length)
-        self._wake.set()
+        future: asyncio.Future[WALAppendResult] = self._loop.create_future()
+        self._unwritten += size
+        with self._cond:
+            self._queue.append(_Pending(parts, size, future))
+            if self._writer_idle:
+                self._cond.notify()
         return future
 
-    async def _run_writer(self) -> None:
+    # --- the writer thread ------------------------------------------------------------------
+    #
+    # One thread owns the file from open to close: it takes whatever queued up while its
+    # previous fsync ran, writes and fsyncs it, and hands the results to the event loop in one
+    # call; header writes (trim, window, shutdown) are requests it serves between batches. The
+    # event loop never waits for it, and nothing goes through the loop between two commits.
+
+    def _writer_main(self) -> None:
         try:
             while True:
+                with self._cond:
+                    while not (self._queue or self._header_requests or self._closing):
+                        self._writer_idle = True
+                        self._cond.wait()
+                    self._writer_idle = False
+                    requests = list(self._header_requests)
+                    self._header_requests.clear()
+                    finished = self._closing and not self._queue and not requests
+                    if finished:
+                        self._writer_done = True
+                for request in requests:
+                    self._serve_header(request)
+                if finished:
+                    self._shut_down()
+                    return
                 if self._failed is not None:
-                    return
-                if not self._queue:
-                    if self._closing:
-                        return
-                    self._wake.clear()
-                    await self._wake.wait()
+                    self._fail_queued(self._failed)
                     continue
-                planned = await self._plan_batch()
-                if planned is None:
-                    self._fail_queued(
-                        WALError(f"WAL {self._path} closed while appends waited for ring space")
-                    )
-                    return
-                if planned[0]:  # empty when every queued append was cancelled
-                    await self._commit(*planned)
-        except BaseException as exc:
-            failure = exc if isinstance(exc, WALError) else WALError(f"WAL writer stopped: {exc!r}")
-            if failure is not exc:
-                failure.__cause__ = exc
-            self._enter_failed(failure)
-            if not isinstance(exc, Exception):
-                raise
+                planned = self._plan_batch()
+                if planned is not None and planned[0]:
+                    self._commit(*planned)
+        except BaseException as exc:  # a bug, not an I/O error: fail everything, never hang
+            failure = WALError(f"WAL writer stopped: {exc!r}")
+            failure.__cause__ = exc
+            self._failed = self._failed or failure
+            with self._cond:
+                self._writer_done = True
+                requests = list(self._header_requests)
+                self._header_requests.clear()
+            for request in requests:
+                self._post(_set_exception, request.future, failure)
+            self._fail_queued(failure)
+            self._post(self._enter_failed, failure)
+            self._post(_set_result, self._exited, None)
 
-    async def _plan_batch(
+    def _post(self, callback: Callable[..., object], *args: object) -> None:
+        """Run ``callback(*args)`` on the event loop (which may be gone if nobody closed us)."""
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(callback, *args)
+
+    def _plan_batch(
         self,
     ) -> tuple[list[tuple[_Pending, int, int]], list[_Write]] | None:
         """Take queued appends into one batch and give each its offset.
 
         The batch ends at the queue end, at the window, or at a record the ring has no room for
-        yet; with an empty batch, that record waits here for ``trim()`` (backpressure). Returns
-        ``None`` if the WAL closes while waiting.
+        yet; with an empty batch, that record waits (backpressure) until a header request (a
+        ``trim()``) or the close arrives, and ``None`` is returned so the caller serves it.
         """
         acked: list[tuple[_Pending, int, int]] = []
         writes: list[_Write] = []
+        dropped = 0
         cursor = self._next
         while self._queue:
             pending = self._queue[0]
             if pending.future.done():  # cancelled by its caller before being written
                 self._queue.popleft()
-                self._unwritten -= record.record_size(pending.length)
+                dropped += pending.size
                 continue
-            size = record.record_size(pending.length)
+            size = pending.size
             start, padding = _place(cursor, size, self._capacity)
             if start + size > self._trim + self._capacity:
                 if acked:
@@ -592,20 +662,26 @@ class FileWAL:
                 if self._trim == cursor:
                     # Nothing is live: the record is only blocked by the unused tail of the lap,
                     # which no caller's trim can free; trim to the lap start ourselves.
-                    await self._write_header(trim_offset=start)
+                    if not self._write_header_or_fail(trim_offset=start):
+                        break
                     continue
                 if self._closing:
-                    return None
-                self._space_freed.clear()
-                await self._space_freed.wait()
-                continue
+                    self._fail_queued(
+                        WALError(f"WAL {self._path} closed while appends waited for ring space")
+                    )
+                    break
+                with self._cond:
+                    while not (self._header_requests or self._closing):
+                        self._cond.wait()
+                break
             if start + size - self._next > self._window:
                 if acked:
                     break
                 # A single record wider than the window: widen it durably first, so recovery
                 # zeroes far enough should this write be torn.
                 grown = -(-(start + size - self._next) // _WINDOW_GRANULE) * _WINDOW_GRANULE
-                await self._write_header(window=grown)
+                if not self._write_header_or_fail(window=grown):
+                    break
                 continue
             self._queue.popleft()
             if padding is not None and padding >= self._trim:
@@ -613,46 +689,52 @@ class FileWAL:
             writes.append(_Write(start, size, pending.parts))
             acked.append((pending, start, start + size))
             cursor = start + size
-        return acked, writes
+        if dropped:
+            self._post(self._complete, [], dropped, None)
+        return (acked, writes) if acked else None
 
-    async def _commit(self, acked: list[tuple[_Pending, int, int]], writes: list[_Write]) -> None:
-        """Write and fsync one batch, then acknowledge its records in offset order."""
+    def _commit(self, acked: list[tuple[_Pending, int, int]], writes: list[_Write]) -> None:
+        """Write and fsync one batch, then hand its results to the event loop."""
         first, end = acked[0][1], acked[-1][2]
-        async with self._io_lock:
-            failure = self._failed
-            if failure is None:
-                try:
-                    await asyncio.get_running_loop().run_in_executor(
-                        self._io_thread, self._write_and_sync, writes
-                    )
-                except BaseException as exc:
-                    # Never retry after a failed fsync: the kernel may have dropped the dirty
-                    # pages, so a later "successful" fsync would acknowledge lost data.
-                    failure = WALError(
-                        f"WAL {self._path}: writing offsets [{first}, {end}) failed; the WAL"
-                        f" accepts no more appends: {exc!r}"
-                    )
-                    failure.__cause__ = exc
-                    if not isinstance(exc, Exception):
-                        self._fail_batch(acked, failure)
-                        raise
-        # written (the log end moves past them now) or failed: no longer waiting for space
-        self._unwritten -= sum(stop - start for _, start, stop in acked)
-        if failure is not None:
-            self._fail_batch(acked, failure)
-            self._enter_failed(failure)
+        try:
+            self._write_and_sync(writes)
+        except BaseException as exc:
+            # Never retry after a failed fsync: the kernel may have dropped the dirty pages, so
+            # a later "successful" fsync would acknowledge lost data.
+            failure = WALError(
+                f"WAL {self._path}: writing offsets [{first}, {end}) failed; the WAL accepts no"
+                f" more appends: {exc!r}"
+            )
+            failure.__cause__ = exc
+            self._failed = failure
+            self._post(self._complete, acked, 0, failure)
+            self._fail_queued(failure)
+            self._post(self._enter_failed, failure)
+            if not isinstance(exc, Exception):
+                raise
             return
         self._next = end
         self._fsyncs += 1
         self._bytes += sum(write.size for write in writes)
         self._appends += len(acked)
+        self._post(self._complete, acked, 0, None)
+
+    def _complete(
+        self, acked: list[tuple[_Pending, int, int]], dropped: int, failure: WALError | None
+    ) -> None:
+        """On the event loop: a batch was written (or failed), or cancelled appends dropped."""
+        self._unwritten -= dropped + sum(stop - start for _, start, stop in acked)
         for pending, start, stop in acked:
-            if not pending.future.done():
+            if pending.future.done():
+                continue
+            if failure is None:
                 pending.future.set_result(WALAppendResult(start, stop))
+            else:
+                pending.future.set_exception(failure)
 
     def _write_and_sync(self, writes: list[_Write]) -> None:
-        """Encode, write and fdatasync one batch (in a worker thread): one vectored write per
-        contiguous run of the ring, then a single fdatasync."""
+        """Encode, write and fdatasync one batch: one vectored write per contiguous run of the
+        ring, then a single fdatasync."""
         runs: list[tuple[int, list[Buffer]]] = []
         contiguous_at = -1
         for write in writes:
@@ -675,26 +757,25 @@ class FileWAL:
         self._write_times.append(written - started)
         self._sync_times.append(time.perf_counter() - written)
 
-    @staticmethod
-    def _fail_batch(acked: list[tuple[_Pending, int, int]], failure: WALError) -> None:
-        for pending, _, _ in acked:
-            if not pending.future.done():
-                pending.future.set_exception(failure)
+    def _fail_queued(self, failure: WALError) -> None:
+        """In the writer thread: fail every queued append."""
+        failed: list[tuple[_Pending, int, int]] = []
+        with self._cond:
+            while self._queue:
+                pending = self._queue.popleft()
+                failed.append((pending, 0, pending.size))
+        if failed:
+            self._post(self._complete, failed, 0, failure)
 
     def _enter_failed(self, failure: WALError) -> None:
+        """On the event loop: remember the first failure and say so once."""
         if self._failed is None:
             self._failed = failure
-            logger.error("WAL %s failed: %s", self._path, failure)
-        self._fail_queued(failure)
-        self._space_freed.set()
-        self._wake.set()
-
-    def _fail_queued(self, failure: WALError) -> None:
-        while self._queue:
-            pending = self._queue.popleft()
-            self._unwritten -= record.record_size(pending.length)
-            if not pending.future.done():
-                pending.future.set_exception(failure)
+        if not self._failure_logged:
+            self._failure_logged = True
+            logger.error("WAL %s failed: %s", self._path, self._failed)
+        with self._cond:
+            self._cond.notify()  # the writer fails what is queued
 
     # --- trim, header, close --------------------------------------------------------------
 
@@ -710,7 +791,6 @@ class FileWAL:
         if offset <= self._trim:
             return
         await self._write_header(trim_offset=offset)
-        self._space_freed.set()
 
     async def _write_header(
         self,
@@ -719,39 +799,88 @@ class FileWAL:
         window: int | None = None,
         shutdown_clean: bool = False,
     ) -> None:
-        """Write the next header generation to its slot and fdatasync it; in-memory state
-        follows only once it is durable, so the writer never relies on an undurable trim."""
-        async with self._io_lock:
-            if self._closed:  # the descriptor may already belong to another file
+        """Have the writer thread write the next header generation and fdatasync it."""
+        future: asyncio.Future[None] = self._loop.create_future()
+        with self._cond:
+            if self._writer_done or self._closed:  # the descriptor may belong to another file
                 raise WALError(f"WAL {self._path} is closed")
-            if self._failed is not None:
-                raise WALError(f"WAL {self._path} has failed") from self._failed
-            current = self._header
-            updated = dataclasses.replace(
-                current,
-                generation=current.generation + 1,
-                trim_offset=max(current.trim_offset, trim_offset or 0),
-                window=max(current.window, window or 0),
-                flushed_offset=self._next if self._recovered else current.flushed_offset,
-                shutdown_clean=shutdown_clean,
+            self._header_requests.append(
+                _HeaderRequest(trim_offset, window, shutdown_clean, future)
             )
-            try:
-                await asyncio.get_running_loop().run_in_executor(
-                    self._io_thread, self._write_header_sync, updated
-                )
-            except OSError as exc:
-                failure = WALError(f"WAL {self._path}: header write failed: {exc}")
-                failure.__cause__ = exc
-                self._enter_failed(failure)
-                raise failure from exc
-            self._header = updated
-            self._trim = updated.trim_offset
-            self._window = updated.window
-            self._header_writes += 1
+            self._cond.notify()
+        await future
+
+    def _serve_header(self, request: _HeaderRequest) -> None:
+        try:
+            self._write_header_now(
+                trim_offset=request.trim_offset,
+                window=request.window,
+                shutdown_clean=request.shutdown_clean,
+            )
+        except WALError as exc:
+            self._post(_set_exception, request.future, exc)
+        else:
+            self._post(_set_result, request.future, None)
+
+    def _write_header_or_fail(
+        self, *, trim_offset: int | None = None, window: int | None = None
+    ) -> bool:
+        """A header write the writer needs for itself; False if it failed (the WAL has)."""
+        try:
+            self._write_header_now(trim_offset=trim_offset, window=window)
+        except WALError:
+            return False
+        return True
+
+    def _write_header_now(
+        self,
+        *,
+        trim_offset: int | None = None,
+        window: int | None = None,
+        shutdown_clean: bool = False,
+    ) -> None:
+        """Write the next header generation to its slot and fdatasync it (in the writer thread,
+        or before it starts); in-memory state follows only once it is durable, so the writer
+        never relies on an undurable trim. A failed write fails the WAL."""
+        if self._failed is not None:
+            raise WALError(f"WAL {self._path} has failed") from self._failed
+        current = self._header
+        updated = dataclasses.replace(
+            current,
+            generation=current.generation + 1,
+            trim_offset=max(current.trim_offset, trim_offset or 0),
+            window=max(current.window, window or 0),
+            flushed_offset=self._next if self._recovered else current.flushed_offset,
+            shutdown_clean=shutdown_clean,
+        )
+        try:
+            self._write_header_sync(updated)
+        except OSError as exc:
+            failure = WALError(f"WAL {self._path}: header write failed: {exc}")
+            failure.__cause__ = exc
+            self._failed = failure
+            self._fail_queued(failure)
+            self._post(self._enter_failed, failure)
+            raise failure from exc
+        self._header = updated
+        self._trim = updated.trim_offset
+        self._window = updated.window
+        self._header_writes += 1
 
     def _write_header_sync(self, updated: WALHeader) -> None:
         os.pwrite(self._fd, wal_header.encode(updated), updated.position)
         os.fdatasync(self._fd)
+
+    def _shut_down(self) -> None:
+        """In the writer thread, once closing and nothing is left: record the shutdown in the
+        header (unless the WAL failed) and let ``close()`` go on."""
+        try:
+            if self._failed is None and self._recovered:
+                self._write_header_now(shutdown_clean=self._clean_close)
+        except WALError as exc:
+            self._post(_set_exception, self._exited, exc)
+            return
+        self._post(_set_result, self._exited, None)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -769,16 +898,26 @@ class FileWAL:
         """
         if self._closed or self._closing:
             return
-        self._closing = True
-        self._wake.set()
-        self._space_freed.set()
+        self._clean_close = clean
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
         try:
-            if self._writer is not None:
-                await self._writer
-            if self._failed is None and self._recovered:
-                await self._write_header(shutdown_clean=clean)
+            if self._thread is not None:
+                await asyncio.shield(self._exited)
             logger.info("WAL %s: %s", self._path, self.timing_summary())
         finally:
             self._closed = True
-            self._io_thread.shutdown(wait=True)
+            if self._thread is not None:
+                await asyncio.to_thread(self._thread.join)
             os.close(self._fd)
+
+
+def _set_result(future: asyncio.Future[None], value: None) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _set_exception(future: asyncio.Future[None], exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
