@@ -91,6 +91,8 @@ class Broker:
             await self.groups.stop()
         if self.server is not None:
             await self.server.stop()
+            for line in self.server.metrics.summary():
+                log.info("%s", line)
         if self.replicas is not None:
             await self.replicas.close()
         if self.storage is not None:

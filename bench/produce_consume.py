@@ -614,6 +614,12 @@ def run_broker(broker: Broker, args: argparse.Namespace, results: list[Result]) 
             commits = [x for x in broker.log_tail(60).splitlines() if "group commits" in x]
             if commits:  # and of its WAL's writes and fsyncs
                 print(f"  {broker.name} WAL: {commits[-1].split(': ', 2)[-1]}", flush=True)
+            # and the time its Produce requests took, arrival to response (Kafka's TotalTimeMs)
+            times = [
+                x for x in broker.log_tail(80).splitlines() if "request total time PRODUCE" in x
+            ]
+            if times:
+                print(f"  {broker.name} Produce: {times[-1].split(': ', 2)[-1]}", flush=True)
 
 
 # -- report -------------------------------------------------------------------------------------

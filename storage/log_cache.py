@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import time
+from array import array
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -27,6 +28,9 @@ class LogCacheBlock:
     records: dict[int, list[StreamRecordBatch]] = field(default_factory=dict)
     size: int = 0
     stream_sizes: dict[int, int] = field(default_factory=dict)  # bytes per stream
+    stream_epochs: dict[int, int] = field(default_factory=dict)  # newest epoch per stream
+    # per stream, each record's WAL offset and size, in pairs: where the upload worker reads it
+    wal_positions: dict[int, array[int]] = field(default_factory=dict)
     wal_start: int = -1  # smallest WAL offset of a record in the block
     wal_end: int = -1  # WAL offset just past the block's last record
     sealed: bool = False
@@ -46,6 +50,13 @@ class LogCacheBlock:
         size = record.size
         self.size += size
         self.stream_sizes[record.stream_id] = self.stream_sizes.get(record.stream_id, 0) + size
+        if record.epoch > self.stream_epochs.get(record.stream_id, -1):
+            self.stream_epochs[record.stream_id] = record.epoch
+        positions = self.wal_positions.get(record.stream_id)
+        if positions is None:
+            positions = self.wal_positions[record.stream_id] = array("q")
+        positions.append(wal_offset)
+        positions.append(size)
         if self.wal_start < 0 or wal_offset < self.wal_start:
             self.wal_start = wal_offset
         self.wal_end = max(self.wal_end, wal_next_offset)
@@ -133,6 +144,8 @@ class LogCache:
             if block.uploaded:
                 continue
             records = block.records.pop(stream_id, None)
+            block.wal_positions.pop(stream_id, None)
+            block.stream_epochs.pop(stream_id, None)
             dropped = block.stream_sizes.pop(stream_id, 0)
             if records:
                 block.size -= dropped

@@ -22,7 +22,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from storage import stream_record_batch
@@ -40,12 +40,12 @@ from storage.metadata.model import (
 )
 from storage.object_format import object_key
 from storage.object_reader import ObjectReader
-from storage.object_writer import BuiltObject
 from storage.operator import open_object_store
 from storage.operator.base import ObjectStore
 from storage.stream_reader import StreamReaders
 from storage.stream_record_batch import StreamRecordBatch
-from storage.upload import build_object, plan_upload
+from storage.upload import plan_upload
+from storage.upload_worker import RunSpec, UploadWorker, WorkerSettings
 from storage.wal import FileWAL, WALAppendResult, WALError
 
 log = logging.getLogger("automq.storage")
@@ -90,8 +90,7 @@ class _Staged:
     sso_size: int
     ranges: list[CommitRange]
     stream_objects: list[CommitStreamObject]
-    build_s: float = 0.0  # seconds spent building the objects
-    put_s: float = 0.0  # the rest of the staging: PUTs not overlapped by a build
+    seconds: float = 0.0  # from the first object's request to the last one written
     rate: float | None = None  # bytes/s the PUTs were paced at (None: full speed)
 
 
@@ -119,6 +118,18 @@ class S3Storage:
         self.block_cache = BlockCache(config.block_cache_size)
         self.reader = ObjectReader(store, config.namespace, self.block_cache)
         self.readers = StreamReaders(metadata, self.reader, self.block_cache, config.readahead_size)
+        # builds and writes the objects in a process of its own (see storage/upload_worker.py)
+        self.upload_worker = UploadWorker(
+            WorkerSettings(
+                wal_path=wal.path,
+                wal_capacity=wal.capacity,
+                store_url=config.object_store_url,
+                part_size=config.object_part_size,
+                max_concurrency=config.max_concurrent_requests,
+                retry_timeout_s=config.request_retry_timeout_ms / 1000,
+            ),
+            store.stats.add,
+        )
         self.uploads = 0
         self._owns_metadata = owns_metadata
         self._owns_store = owns_store
@@ -170,7 +181,12 @@ class S3Storage:
             owns_metadata=owns_metadata,
             owns_store=owns_store,
         )
-        await storage._recover()
+        storage.upload_worker.start()
+        try:
+            await storage._recover()
+        except BaseException:
+            await storage.abort()  # the WAL keeps what recovery could not upload
+            raise
         storage._uploader = asyncio.create_task(storage._upload_loop(), name="s3storage-upload")
         log.info(
             "S3Storage started: node %d epoch %d, WAL %s, objects %s",
@@ -218,6 +234,7 @@ class S3Storage:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self.upload_worker.close()
         await self.readers.close()
         await self.reader.close()
         self._fail_waiting(StreamClosedError("storage is closed"))
@@ -538,14 +555,13 @@ class S3Storage:
                         if staged is not None:
                             log.info(
                                 "uploaded cache block %d: %d bytes of %d streams in %d objects "
-                                "in %.2f s (build %.2f s, PUT %.2f s; %s)",
+                                "in %.2f s (written in %.2f s; %s)",
                                 block.block_id,
                                 block.size,
                                 len(block.records),
                                 len(staged.stream_objects) + (staged.sso_id >= 0),
                                 time.monotonic() - started,
-                                staged.build_s,
-                                staged.put_s,
+                                staged.seconds,
                                 "full speed"
                                 if staged.rate is None
                                 else f"paced at {staged.rate / 1e6:.1f} MB/s",
@@ -583,7 +599,8 @@ class S3Storage:
             self._notify()
 
     async def _stage(self, block: LogCacheBlock) -> _Staged | None:
-        """Reserve object ids, build the objects and PUT them; None if there is nothing."""
+        """Reserve object ids and have the upload worker build and write the objects; None if
+        there is nothing to upload."""
         plan = plan_upload(block.records, self.config.stream_object_split_size, block.stream_sizes)
         if plan.object_count == 0:
             return None
@@ -595,16 +612,13 @@ class S3Storage:
         ids = iter(range(first_id, first_id + plan.object_count))
         sso_id = next(ids) if plan.stream_set else -1
         so_ids = [next(ids) for _ in plan.stream_objects]
-        block_size = self.config.object_block_size
-        # one object at a time: build it (off the event loop: building walks and copies every
-        # batch), start its PUT, build the next while at most _PUTS_IN_FLIGHT are sent. An
-        # upload's CPU (copies, the object store's work on the same host) is spread out, not
-        # spent in one burst that delays the appends meanwhile
+        # one object at a time, at most _PUTS_IN_FLIGHT in the worker, paced: the upload's CPU
+        # (the worker's, and an object store's on the same host) is spread out, not spent in
+        # one burst that delays the appends meanwhile
         objects = [(oid, [run]) for oid, run in zip(so_ids, plan.stream_objects, strict=True)]
         if sso_id >= 0:
             objects.append((sso_id, plan.stream_set))
         sizes: dict[int, int] = {}
-        build_s = 0.0
         started = time.monotonic()
         slots = asyncio.Semaphore(_PUTS_IN_FLIGHT)
         puts: list[asyncio.Task[None]] = []
@@ -613,14 +627,12 @@ class S3Storage:
         try:
             for oid, runs in objects:
                 await slots.acquire()
-                built_at = time.monotonic()
-                built = await asyncio.to_thread(build_object, runs, block_size)
-                build_s += time.monotonic() - built_at
                 if rate is not None and self._paced(block):
                     await asyncio.sleep(started + sent / rate - time.monotonic())
-                sent += built.size
-                sizes[oid] = built.size
-                put = asyncio.create_task(self._put(oid, built), name=f"put-object-{oid}")
+                sent += sum(block.stream_sizes[run[0].stream_id] for run in runs)
+                put = asyncio.create_task(
+                    self._put(oid, block, runs, sizes), name=f"put-object-{oid}"
+                )
                 put.add_done_callback(lambda _: slots.release())
                 puts.append(put)
             await asyncio.gather(*puts)
@@ -633,7 +645,12 @@ class S3Storage:
             sso_id=sso_id,
             sso_size=sizes.get(sso_id, 0),
             ranges=[
-                CommitRange(run[0].stream_id, _epoch(run), run[0].base_offset, run[-1].last_offset)
+                CommitRange(
+                    run[0].stream_id,
+                    block.stream_epochs[run[0].stream_id],
+                    run[0].base_offset,
+                    run[-1].last_offset,
+                )
                 for run in plan.stream_set
             ],
             stream_objects=[
@@ -642,8 +659,7 @@ class S3Storage:
                 )
                 for oid, run in zip(so_ids, plan.stream_objects, strict=True)
             ],
-            build_s=build_s,
-            put_s=time.monotonic() - started - build_s,
+            seconds=time.monotonic() - started,
             rate=rate,
         )
 
@@ -709,16 +725,16 @@ class S3Storage:
         """Drop from every unuploaded block the streams this node may no longer write: deleted,
         closed, or opened at a newer epoch or on another node."""
         dropped = []
-        for stream_id, run in list(block.records.items()):
+        for stream_id in list(block.records):
             meta = self.metadata.stream(stream_id)
             if (
                 meta is None
                 or meta.state != StreamState.OPENED
-                or meta.epoch > _epoch(run)
+                or meta.epoch > block.stream_epochs[stream_id]
                 or meta.owner != self.node_id
             ):
                 dropped.append(stream_id)
-                self.drop_stream(stream_id, _epoch(run))
+                self.drop_stream(stream_id, block.stream_epochs[stream_id])
         for stream_id in dropped:
             log.error(
                 "stream %d: this node's unuploaded records were refused (fenced, closed or "
@@ -727,8 +743,26 @@ class S3Storage:
             )
         return bool(dropped)
 
-    async def _put(self, object_id: int, built: BuiltObject) -> None:
-        await self.store.put(object_key(self.config.namespace, object_id), built.parts)
+    async def _put(
+        self,
+        object_id: int,
+        block: LogCacheBlock,
+        runs: list[list[StreamRecordBatch]],
+        sizes: dict[int, int],
+    ) -> None:
+        """Have the upload worker write the object ``object_id`` of ``runs`` (whole streams of
+        ``block``), read from the WAL where the block's records lie."""
+        specs = [
+            RunSpec(
+                run[0].stream_id,
+                run[0].base_offset,
+                run[-1].last_offset,
+                block.wal_positions[run[0].stream_id],
+            )
+            for run in runs
+        ]
+        key = object_key(self.config.namespace, object_id)
+        sizes[object_id] = await self.upload_worker.put(key, specs, self.config.object_block_size)
 
     # -- read path -------------------------------------------------------------------------------
 
@@ -764,10 +798,6 @@ class S3Storage:
         self.readers.clear()
         self.block_cache.clear()
         self.reader.forget_all()
-
-
-def _epoch(run: Sequence[StreamRecordBatch]) -> int:
-    return max(r.epoch for r in run)
 
 
 def _retrieve(future: asyncio.Future[None]) -> None:

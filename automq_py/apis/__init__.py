@@ -68,6 +68,7 @@ HOT_APIS = (
     ApiKey.LIST_OFFSETS,
     ApiKey.METADATA,
     ApiKey.API_VERSIONS,
+    ApiKey.CREATE_TOPICS,
 )
 
 
@@ -96,15 +97,36 @@ class KafkaApis:
             # Kafka's handleError: the request is answered with the error, the connection stays
             return self.error_response(request, e)
         if isinstance(result, Deferred):
-            return asyncio.ensure_future(self._finish(request, result.result))
+            return self._finish(request, result)
         return self._encode(request, result)
 
-    async def _finish(self, request: Request, pending: Awaitable[Any]) -> list[wire.Buffer] | None:
-        try:
-            result = await pending
-        except Exception as e:
-            return self.error_response(request, e)
-        return self._encode(request, result)
+    def _finish(
+        self, request: Request, deferred: Deferred[Any]
+    ) -> asyncio.Future[list[wire.Buffer] | None]:
+        """The future of the response once ``deferred`` is done: made by a callback on it (a
+        cancelled one cancels the response, which closes the connection)."""
+        response: asyncio.Future[list[wire.Buffer] | None] = (
+            asyncio.get_running_loop().create_future()
+        )
+
+        def done(f: asyncio.Future[Any]) -> None:
+            if response.done():  # the connection gave up on it
+                return
+            if f.cancelled():
+                response.cancel()
+                return
+            try:
+                try:
+                    encoded = self._encode(request, deferred.finish(f.result()))
+                except Exception as e:
+                    encoded = self.error_response(request, e)
+            except BaseException as e:  # no response can say it: the connection closes
+                response.set_exception(e)
+                return
+            response.set_result(encoded)
+
+        deferred.future.add_done_callback(done)
+        return response
 
     @staticmethod
     def _encode(request: Request, result: Any) -> list[wire.Buffer] | None:
@@ -123,7 +145,9 @@ class KafkaApis:
             _, low, high = self.table[key]
             for version in range(low, high + 1):
                 request_schema(key, version)
-                build.plan(response_schema(key, version))
+                response = response_schema(key, version)
+                build.plan(response)
+                build.field_names(response)  # what a response built for another version names
                 loaded += 1
                 await asyncio.sleep(0)
         return loaded

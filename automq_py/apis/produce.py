@@ -9,7 +9,6 @@ this one waits for durability, and the socket server writes the responses in req
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from automq_py.apis.context import BrokerContext
@@ -44,16 +43,7 @@ async def handle_produce(ctx: BrokerContext, request: Request) -> Any:
         return None
     if results.done():
         return _response(request, names, entries, results.result())
-    return Deferred(_respond_when_durable(request, names, entries, results))
-
-
-async def _respond_when_durable(
-    request: Request,
-    names: list[str],
-    entries: list[AppendEntry],
-    results: asyncio.Future[list[AppendResult]],
-) -> Any:
-    return _response(request, names, entries, await results)
+    return Deferred(results, lambda done: _response(request, names, entries, done))
 
 
 def _response(

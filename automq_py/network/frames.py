@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, cast
 
@@ -46,7 +47,8 @@ class FrameConnection(asyncio.BufferedProtocol):
         self._frame: bytearray | None = None  # a large frame being read into its own buffer
         self._frame_view = memoryview(b"")
         self._filled = 0  # bytes of ``_frame`` filled
-        self._frames: collections.deque[memoryview] = collections.deque()
+        self._frames: collections.deque[tuple[memoryview, float]] = collections.deque()
+        self.arrived_at = 0.0  # perf_counter() when the frame last taken was read in full
         self._waiter: asyncio.Future[None] | None = None
         self._ended = False  # the client closed its side, or the connection was lost
         self._error: ProtocolError | None = None
@@ -137,7 +139,7 @@ class FrameConnection(asyncio.BufferedProtocol):
             self._staged = end - pos
 
     def _push(self, frame: memoryview) -> None:
-        self._frames.append(frame)
+        self._frames.append((frame, time.perf_counter()))
         if len(self._frames) >= self._max_queued:
             self._pause_reading()
         self._wake()
@@ -171,7 +173,7 @@ class FrameConnection(asyncio.BufferedProtocol):
                 await asyncio.wait_for(self._waiter, timeout)
             finally:
                 self._waiter = None
-        frame = self._frames.popleft()
+        frame, self.arrived_at = self._frames.popleft()
         if self._read_paused and self._error is None and len(self._frames) <= self._max_queued // 2:
             self._read_paused = False
             if self._transport is not None and not self._transport.is_closing():

@@ -16,10 +16,12 @@ import asyncio
 import collections
 import contextlib
 import logging
+import time
 
 from automq_py.apis import KafkaApis
 from automq_py.apis.context import CLIENT_HOST
 from automq_py.network.frames import FrameConnection
+from automq_py.network.request_metrics import RequestMetrics
 from protocol import wire
 from protocol.api_keys import ApiKey
 from protocol.errors import InvalidRequestError, ProtocolError, UnsupportedVersionError
@@ -52,6 +54,7 @@ class SocketServer:
         self.idle_timeout_s = idle_timeout_s
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        self.metrics = RequestMetrics()
 
     async def start(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
@@ -102,7 +105,7 @@ class SocketServer:
                 await conn.wait_closed()
 
     async def _run(self, conn: FrameConnection) -> None:
-        responses = _ResponseQueue(conn, MAX_QUEUED_RESPONSES)
+        responses = _ResponseQueue(conn, MAX_QUEUED_RESPONSES, self.metrics)
         try:
             while True:
                 frame = await conn.next_frame(self.idle_timeout_s)
@@ -115,84 +118,101 @@ class SocketServer:
                 except UnsupportedVersionError as e:
                     if e.api_key != ApiKey.API_VERSIONS:
                         raise
-                    await responses.put(self.apis.unsupported_api_versions(e.correlation_id))
+                    await responses.put(
+                        self.apis.unsupported_api_versions(e.correlation_id),
+                        ApiKey.API_VERSIONS,
+                        conn.arrived_at,
+                    )
                     continue
                 except InvalidRequestError:
                     raise
                 if request.api_key not in PIPELINED:
                     # every other request sees what the ones before it did, as in Kafka
                     await responses.flush()
-                await responses.put(await self.apis.handle(request))
+                await responses.put(
+                    await self.apis.handle(request), request.api_key, conn.arrived_at
+                )
         finally:
             responses.abandon()
 
 
 class _ResponseQueue:
     """A connection's responses in request order: written at once when nothing is ahead of
-    them, else queued behind the deferred ones and written by a flush task as they complete.
-    A response that fails (a deferred handler raising where no response can say so) closes the
-    connection, as an immediate one would."""
+    them, else queued behind the deferred ones and written, from their completion callbacks,
+    as soon as everything ahead of them is. A response that fails (a deferred handler raising
+    where no response can say so) closes the connection, as an immediate one would."""
 
-    def __init__(self, writer: FrameConnection, limit: int) -> None:
+    def __init__(self, writer: FrameConnection, limit: int, metrics: RequestMetrics) -> None:
         self._writer = writer
         self._limit = limit
-        self._queue: collections.deque[Response] = collections.deque()
+        self._metrics = metrics
+        # each response with its request's API key and arrival time
+        self._queue: collections.deque[tuple[Response, int, float]] = collections.deque()
         self._room = asyncio.Event()
-        self._flusher: asyncio.Task[None] | None = None
+        self._drained = asyncio.Event()  # set while nothing is queued
+        self._drained.set()
         self._error: BaseException | None = None
 
-    async def put(self, response: Response) -> None:
+    async def put(self, response: Response, api_key: int, arrived_at: float) -> None:
         self._check()
         if not self._queue and not isinstance(response, asyncio.Future):
             if response is not None:
-                self._writer.writelines(response)
+                self._write(response, api_key, arrived_at)
                 await self._writer.drain()
             return
-        self._queue.append(response)
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush())
+        self._queue.append((response, api_key, arrived_at))
+        self._drained.clear()
+        if isinstance(response, asyncio.Future):
+            response.add_done_callback(self._write_ready)
         while len(self._queue) >= self._limit:
             self._room.clear()
             await self._room.wait()
             self._check()
+        await self._writer.drain()  # responses written from callbacks waited for nobody
 
     async def flush(self) -> None:
         """Wait until every queued response is written."""
-        if self._flusher is not None:
-            await asyncio.wait({self._flusher})
+        await self._drained.wait()
         self._check()
 
     def abandon(self) -> None:
         """The connection is closing: stop writing; deferred work no longer needs an answer."""
-        if self._flusher is not None:
-            self._flusher.cancel()
-        for response in self._queue:
+        if self._error is None:
+            self._error = ConnectionResetError("connection closed")
+        for response, _, _ in self._queue:
             if isinstance(response, asyncio.Future):
                 response.cancel()
         self._queue.clear()
+        self._drained.set()
 
     def _check(self) -> None:
         if self._error is not None:
             raise self._error
 
-    async def _flush(self) -> None:
+    def _write(self, response: list[wire.Buffer], api_key: int, arrived_at: float) -> None:
+        self._writer.writelines(response)
+        self._metrics.record(api_key, time.perf_counter() - arrived_at)
+
+    def _write_ready(self, _: object = None) -> None:
+        """Write every response at the head of the queue that is ready, in order."""
+        if self._error is not None:
+            return
         try:
             while self._queue:
-                head = self._queue[0]
+                head, api_key, arrived_at = self._queue[0]
                 if isinstance(head, asyncio.Future):
                     if not head.done():
-                        await asyncio.wait({head})
+                        break
                     response = head.result()
                 else:
                     response = head
                 self._queue.popleft()
-                self._room.set()
                 if response is not None:
-                    self._writer.writelines(response)
-                    await self._writer.drain()
-        except asyncio.CancelledError:
-            raise
+                    self._write(response, api_key, arrived_at)
         except BaseException as e:
             self._error = e
-            self._room.set()
             self._writer.close()  # the read loop sees the connection end
+        if len(self._queue) < self._limit:
+            self._room.set()
+        if not self._queue or self._error is not None:
+            self._drained.set()

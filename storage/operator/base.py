@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
@@ -73,6 +73,11 @@ class RequestStats:
     def snapshot(self) -> dict[str, int]:
         """The counters as a plain dict (a copy: later requests do not change it)."""
         return dataclasses.asdict(self)
+
+    def add(self, counts: Mapping[str, int]) -> None:
+        """Count requests made on this store's behalf elsewhere (by the upload worker)."""
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + counts.get(f.name, 0))
 
 
 class ObjectStore(abc.ABC):

@@ -171,15 +171,15 @@ async def test_corrupt_wal_tail_is_cut_and_the_rest_recovers(
 
 
 async def _put_times(storage: S3Storage) -> list[float]:
-    """Record when each PUT of ``storage`` starts."""
+    """Record when each object of ``storage`` is handed to its upload worker."""
     times: list[float] = []
-    real_put = storage.store.put
+    real_put = storage.upload_worker.put
 
-    async def put(key: str, data: Any) -> None:
+    async def put(key: str, runs: Any, block_size: int) -> int:
         times.append(time.monotonic())
-        await real_put(key, data)
+        return await real_put(key, runs, block_size)
 
-    storage.store.put = put  # type: ignore[method-assign]
+    storage.upload_worker.put = put  # type: ignore[method-assign]
     return times
 
 

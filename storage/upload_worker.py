@@ -1,0 +1,425 @@
+"""The upload worker: a process of its own that builds objects from the WAL and writes them.
+
+An upload reads every byte of a LogCache block, lays it out as objects and hands it to the
+object store: copies, syscalls and an HTTP client's work, hundreds of milliseconds of CPU per
+100 MiB. In the broker's process all of that competes with the event loop for the GIL, and
+produce latency shows it at every upload. So the broker only plans an upload and commits it;
+this worker, started by :class:`UploadWorker` as ``python -m storage.upload_worker``, does the
+rest at a lower CPU priority (``nice``).
+
+It needs no copy of the data: what the LogCache holds is still in the WAL file, untouched until
+the upload commits and the WAL is trimmed, and a WAL record's body *is* the StreamRecordBatch an
+object stores. The broker sends, per object, each stream's run as the WAL offset and size of
+its records; the worker reads them with ``pread`` (the page cache serves them), checks each
+against its WAL header and CRC and against the run's stream and offsets, builds the object with
+the same :func:`storage.upload.build_object` as everything else, and PUTs it.
+
+Messages both ways are msgpack maps, each framed by a 4-byte big-endian length, on the worker's
+stdin and stdout (its stderr is the broker's: it logs there):
+
+====================  ===========================================================================
+request               fields
+====================  ===========================================================================
+``open``              ``wal_path``, ``wal_capacity``, ``store_url``, ``part_size``,
+                      ``max_concurrency``, ``retry_timeout_s``: answered once the store is ready
+``put``               ``id``, ``key``, ``block_size``, ``runs``: ``[stream_id, base_offset,
+                      end_offset, positions]`` with positions the bytes of an ``array("q")`` of
+                      (WAL offset, size) pairs
+====================  ===========================================================================
+
+Every answer carries the request's ``id`` (0 for ``open``) and either ``size`` (bytes written)
+or ``error``, plus ``requests``: the object store requests made since the previous answer, which
+the broker adds to its store's counters. The worker exits when its stdin closes (the broker
+closed it, or died).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import resource
+import signal
+import struct
+import sys
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from storage import stream_record_batch
+from storage.object_writer import BuiltObject, ObjectWriter
+from storage.operator import ObjectStore, open_object_store
+from storage.wal.file_wal import read_record_body
+
+log = logging.getLogger("automq.upload")
+
+_LENGTH = struct.Struct(">I")
+_MAX_MESSAGE = 1 << 30
+# Below the broker's threads and its clients for the CPU: an upload may take a little longer,
+# a produce request waits less (uploads are paced at the rate data arrives anyway)
+WORKER_NICE = 5
+_START_TIMEOUT_S = 60.0
+_STOP_TIMEOUT_S = 10.0
+
+
+class UploadWorkerError(Exception):
+    """The worker could not write an object, or is gone; the upload is retried."""
+
+
+@dataclass(slots=True, frozen=True)
+class RunSpec:
+    """One stream's records in an object: ``[base_offset, end_offset)``, found in the WAL at
+    ``positions`` (WAL offset, size) pairs."""
+
+    stream_id: int
+    base_offset: int
+    end_offset: int
+    positions: array[int]
+
+
+@dataclass(slots=True, frozen=True)
+class WorkerSettings:
+    """What the worker opens: the WAL file it reads and the object store it writes."""
+
+    wal_path: str
+    wal_capacity: int
+    store_url: str
+    part_size: int
+    max_concurrency: int
+    retry_timeout_s: float
+
+
+def _frame(message: dict[str, Any]) -> bytes:
+    body = msgpack.packb(message, use_bin_type=True)
+    return _LENGTH.pack(len(body)) + body
+
+
+async def _read_message(reader: asyncio.StreamReader) -> dict[str, Any] | None:
+    """The next message, or None at the end of the stream."""
+    try:
+        (length,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
+        if length > _MAX_MESSAGE:
+            raise UploadWorkerError(f"upload worker message of {length} bytes")
+        message: dict[str, Any] = msgpack.unpackb(await reader.readexactly(length), raw=False)
+    except asyncio.IncompleteReadError:
+        return None
+    return message
+
+
+# --- the broker's side --------------------------------------------------------------------
+
+
+class UploadWorker:
+    """The broker's handle on its upload worker: started by :meth:`start`, started again on the
+    next :meth:`put` should it die (the puts it had are failed and their uploads retried)."""
+
+    def __init__(
+        self, settings: WorkerSettings, on_requests: Callable[[dict[str, int]], None]
+    ) -> None:
+        self._settings = settings
+        self._on_requests = on_requests
+        self._process: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._starting: asyncio.Task[None] | None = None
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._next_id = 1
+        self._closed = False
+
+    def start(self) -> None:
+        """Start the process in the background (the first put waits for it if need be)."""
+        if self._starting is None or self._starting.done():
+            self._starting = asyncio.create_task(self._spawn(), name="upload-worker-start")
+
+    async def put(self, key: str, runs: Sequence[RunSpec], block_size: int) -> int:
+        """Build the object ``key`` of ``runs`` (in stream order) and write it; its size."""
+        await self._ready()
+        process = self._process
+        assert process is not None and process.stdin is not None
+        request_id = self._next_id
+        self._next_id += 1
+        answer: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = answer
+        try:
+            process.stdin.write(
+                _frame(
+                    {
+                        "op": "put",
+                        "id": request_id,
+                        "key": key,
+                        "block_size": block_size,
+                        "runs": [
+                            [r.stream_id, r.base_offset, r.end_offset, r.positions.tobytes()]
+                            for r in runs
+                        ],
+                    }
+                )
+            )
+            await process.stdin.drain()
+            result = await answer
+        except (ConnectionError, BrokenPipeError) as e:
+            raise UploadWorkerError(f"upload worker is gone: {e!r}") from e
+        finally:
+            self._pending.pop(request_id, None)
+        if "error" in result:
+            raise UploadWorkerError(f"upload worker could not write {key}: {result['error']}")
+        return int(result["size"])
+
+    async def close(self) -> None:
+        """Stop the worker: its stdin closes and it exits (killed if it does not in time)."""
+        self._closed = True
+        if self._starting is not None:
+            self._starting.cancel()
+            with contextlib.suppress(BaseException):
+                await self._starting
+        await self._stop_process()
+
+    async def _ready(self) -> None:
+        if self._closed:
+            raise UploadWorkerError("upload worker is closed")
+        gone = self._process is None or self._process.returncode is not None
+        if gone and (self._starting is None or self._starting.done()):
+            self.start()
+        assert self._starting is not None
+        await asyncio.shield(self._starting)
+        if self._process is None:
+            raise UploadWorkerError("upload worker did not start")
+
+    async def _spawn(self) -> None:
+        await self._stop_process()
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "storage.upload_worker",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            limit=1 << 20,
+        )
+        assert process.stdin is not None and process.stdout is not None
+        s = self._settings
+        process.stdin.write(
+            _frame(
+                {
+                    "op": "open",
+                    "wal_path": s.wal_path,
+                    "wal_capacity": s.wal_capacity,
+                    "store_url": s.store_url,
+                    "part_size": s.part_size,
+                    "max_concurrency": s.max_concurrency,
+                    "retry_timeout_s": s.retry_timeout_s,
+                }
+            )
+        )
+        try:
+            await process.stdin.drain()
+            async with asyncio.timeout(_START_TIMEOUT_S):
+                ready = await _read_message(process.stdout)
+        except BaseException:
+            await _end(process)
+            raise
+        if ready is None or "error" in ready:
+            code = await _end(process)
+            raise UploadWorkerError(
+                f"upload worker did not start (exit code {code}): "
+                f"{ready.get('error') if ready else 'no answer'}"
+            )
+        self._process = process
+        self._reader = asyncio.create_task(self._read_answers(process), name="upload-worker-read")
+        log.info("upload worker started (pid %d)", process.pid)
+
+    async def _read_answers(self, process: asyncio.subprocess.Process) -> None:
+        assert process.stdout is not None
+        failure: BaseException | None = None
+        try:
+            while (message := await _read_message(process.stdout)) is not None:
+                self._on_requests(message.get("requests", {}))
+                answer = self._pending.get(message["id"])
+                if answer is not None and not answer.done():
+                    answer.set_result(message)
+        except Exception as e:  # a garbled stream: the worker is of no more use
+            failure = e
+        code = process.returncode if failure is None else None
+        if self._process is process:
+            self._process = None
+        if not self._closed:
+            log.error("upload worker %d stopped (exit code %s): %r", process.pid, code, failure)
+        error = UploadWorkerError(f"upload worker stopped (exit code {code})")
+        for answer in self._pending.values():
+            if not answer.done():
+                answer.set_exception(error)
+
+    async def _stop_process(self) -> None:
+        process, self._process = self._process, None
+        if process is not None:
+            await _end(process)
+        if self._reader is not None:
+            with contextlib.suppress(BaseException):
+                await self._reader
+            self._reader = None
+
+
+async def _end(process: asyncio.subprocess.Process) -> int | None:
+    """Close the worker's stdin and wait for it to exit; kill it if it does not in time."""
+    if process.stdin is not None and not process.stdin.is_closing():
+        process.stdin.close()
+    try:
+        async with asyncio.timeout(_STOP_TIMEOUT_S):
+            return await process.wait()
+    except TimeoutError:
+        log.warning("upload worker (pid %d) did not exit; killing it", process.pid)
+        process.kill()
+        return await process.wait()
+
+
+# --- the worker's side ----------------------------------------------------------------------
+
+
+def build_from_wal(fd: int, capacity: int, runs: Sequence[RunSpec], block_size: int) -> BuiltObject:
+    """Read ``runs`` from the WAL file ``fd`` and lay them out as one object. Raises
+    ``CorruptWALError`` or ``UploadWorkerError`` if the WAL does not hold what the runs say."""
+    writer = ObjectWriter(block_size)
+    for run in runs:
+        expected = run.base_offset
+        positions = run.positions
+        for i in range(0, len(positions), 2):
+            body = read_record_body(fd, capacity, positions[i], positions[i + 1])
+            batch, _ = stream_record_batch.decode(body)
+            if batch.stream_id != run.stream_id or batch.base_offset != expected:
+                raise UploadWorkerError(
+                    f"WAL offset {positions[i]} holds stream {batch.stream_id} at "
+                    f"{batch.base_offset}, expected stream {run.stream_id} at {expected}"
+                )
+            writer.add(batch)  # joined into chunks as it goes: a record's read is freed soon
+            expected = batch.last_offset
+        if expected != run.end_offset:
+            raise UploadWorkerError(
+                f"stream {run.stream_id}: the WAL records end at {expected}, expected "
+                f"{run.end_offset}"
+            )
+    return writer.finish()
+
+
+def _runs(message: dict[str, Any]) -> list[RunSpec]:
+    runs = []
+    for stream_id, base, end, raw in message["runs"]:
+        positions = array("q")
+        positions.frombytes(raw)
+        runs.append(RunSpec(stream_id, base, end, positions))
+    return runs
+
+
+class _Worker:
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self._writer = writer
+        self._fd = -1
+        self._capacity = 0
+        self._store: ObjectStore | None = None
+        self._reported: dict[str, int] = {}
+        self._objects = 0
+        self._bytes = 0
+
+    async def open(self, message: dict[str, Any]) -> None:
+        self._fd = os.open(message["wal_path"], os.O_RDONLY)
+        self._capacity = int(message["wal_capacity"])
+        self._store = open_object_store(
+            message["store_url"],
+            part_size=int(message["part_size"]),
+            max_concurrency=int(message["max_concurrency"]),
+            retry_timeout_s=float(message["retry_timeout_s"]),
+        )
+        await self._store.connect()
+
+    async def put(self, message: dict[str, Any]) -> None:
+        request_id = message["id"]
+        assert self._store is not None
+        try:
+            built = await asyncio.to_thread(
+                build_from_wal, self._fd, self._capacity, _runs(message), message["block_size"]
+            )
+            await self._store.put(message["key"], built.parts)
+        except Exception as e:
+            log.error("upload worker: writing %s failed: %r", message.get("key"), e)
+            self.answer({"id": request_id, "error": repr(e)})
+        else:
+            self._objects += 1
+            self._bytes += built.size
+            self.answer({"id": request_id, "size": built.size})
+
+    def answer(self, message: dict[str, Any]) -> None:
+        if self._store is not None:
+            now = self._store.stats.snapshot()
+            message["requests"] = {k: v - self._reported.get(k, 0) for k, v in now.items()}
+            self._reported = now
+        self._writer.write(_frame(message))
+
+    async def close(self) -> None:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        log.info(
+            "upload worker: %d objects, %d bytes written; CPU %.2f s user, %.2f s system",
+            self._objects,
+            self._bytes,
+            usage.ru_utime,
+            usage.ru_stime,
+        )
+        if self._store is not None:
+            await self._store.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+
+
+async def _serve() -> None:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1 << 20)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    transport, protocol = await loop.connect_write_pipe(
+        asyncio.streams.FlowControlMixin, sys.stdout
+    )
+    writer = asyncio.StreamWriter(transport, protocol, None, loop)
+    worker = _Worker(writer)
+    tasks: set[asyncio.Task[None]] = set()
+    try:
+        opened = await _read_message(reader)
+        if opened is None:
+            return
+        try:
+            await worker.open(opened)
+        except Exception as e:
+            worker.answer({"id": 0, "error": repr(e)})
+            await writer.drain()
+            return
+        worker.answer({"id": 0})
+        while (message := await _read_message(reader)) is not None:
+            if message.get("op") != "put":
+                log.error("upload worker: unknown request %r", message.get("op"))
+                continue
+            task = asyncio.create_task(worker.put(message))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            await writer.drain()
+    finally:
+        # stdin closed: the broker is done with us (or gone); what is unfinished is abandoned,
+        # its objects stay PREPARED and expire
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await worker.close()
+
+
+def main() -> None:
+    """Entry point of ``python -m storage.upload_worker`` (started by the broker, not users)."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    # the broker decides when the worker ends (its stdin closes): a Ctrl-C at the terminal
+    # reaches the whole process group, and the broker's clean stop still needs the worker
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with contextlib.suppress(OSError):
+        os.nice(WORKER_NICE)
+    asyncio.run(_serve())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""The upload worker: objects built from the WAL file, checks of what it reads, its life cycle."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from array import array
+from pathlib import Path
+
+import pytest
+
+from storage.s3_storage import S3Storage
+from storage.stream import StreamClient
+from storage.stream_record_batch import StreamRecordBatch
+from storage.upload import build_object, plan_upload
+from storage.upload_worker import RunSpec, UploadWorkerError, build_from_wal
+from storage.wal.errors import CorruptWALError
+from tests.storage.conftest import StorageFactory, storage_properties
+from tests.storage.crash_writer import payload_for
+from tests.storage.test_s3_storage import read_all
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _specs(storage: S3Storage) -> tuple[list[RunSpec], list[list[StreamRecordBatch]]]:
+    block = storage.cache.active
+    plan = plan_upload(block.records, 1 << 40)  # every stream in one Stream Set Object
+    specs = [
+        RunSpec(
+            run[0].stream_id,
+            run[0].base_offset,
+            run[-1].last_offset,
+            block.wal_positions[run[0].stream_id],
+        )
+        for run in plan.stream_set
+    ]
+    return specs, plan.stream_set
+
+
+@pytest.mark.parametrize("seed", range(4))
+async def test_objects_built_from_the_wal_are_those_built_from_the_cache(
+    make_storage: StorageFactory, seed: int
+) -> None:
+    """Streams written interleaved, in records of random sizes (some over a data block), read
+    back from the WAL file, give the very bytes the cache's own copy of them gives."""
+    storage = await make_storage(**{"s3.wal.upload.threshold": 16 << 20})
+    client = StreamClient(storage)
+    streams = [await client.create_and_open() for _ in range(5)]
+    rng = random.Random(seed)
+    for _ in range(60):
+        s = rng.choice(streams)
+        await s.append(payload_for(s.stream_id, s.next_offset, rng.randint(1, 40_000)), 3)
+    specs, runs = _specs(storage)
+    block_size = rng.choice([1024, 64 << 10, 512 << 10])
+    fd = os.open(storage.wal.path, os.O_RDONLY)
+    try:
+        built = await asyncio.to_thread(build_from_wal, fd, storage.wal.capacity, specs, block_size)
+    finally:
+        os.close(fd)
+    assert built.to_bytes() == build_object(runs, block_size).to_bytes()
+
+
+async def test_what_the_wal_does_not_hold_is_refused(make_storage: StorageFactory) -> None:
+    storage = await make_storage()
+    client = StreamClient(storage)
+    a, b = await client.create_and_open(), await client.create_and_open()
+    for s in (a, b, a, b):
+        await s.append(payload_for(s.stream_id, s.next_offset, 500), 1)
+    specs, _ = _specs(storage)
+    fd = os.open(storage.wal.path, os.O_RDONLY)
+    try:
+        first, second = specs
+        # the other stream's records
+        swapped = RunSpec(first.stream_id, first.base_offset, first.end_offset, second.positions)
+        with pytest.raises(UploadWorkerError, match="holds stream"):
+            build_from_wal(fd, storage.wal.capacity, [swapped], 1024)
+        # an offset that is no record's
+        shifted = array("q", first.positions)
+        shifted[0] += 8
+        with pytest.raises(CorruptWALError):
+            build_from_wal(
+                fd,
+                storage.wal.capacity,
+                [RunSpec(first.stream_id, first.base_offset, first.end_offset, shifted)],
+                1024,
+            )
+        # a run that claims more than its records
+        longer = RunSpec(first.stream_id, first.base_offset, first.end_offset + 1, first.positions)
+        with pytest.raises(UploadWorkerError, match="end at"):
+            build_from_wal(fd, storage.wal.capacity, [longer], 1024)
+    finally:
+        os.close(fd)
+
+
+async def _worker_pid(storage: S3Storage) -> int:
+    worker = storage.upload_worker
+    async with asyncio.timeout(30):
+        while worker._process is None:  # started in the background at start
+            await asyncio.sleep(0.05)
+    return worker._process.pid
+
+
+async def test_a_killed_worker_is_started_again_and_the_upload_retried(
+    make_storage: StorageFactory,
+) -> None:
+    storage = await make_storage()
+    s = await StreamClient(storage).create_and_open()
+    payloads = [payload_for(s.stream_id, i, 3000) for i in range(20)]
+    for p in payloads:
+        await s.append(p, 1)
+    first = await _worker_pid(storage)
+    os.kill(first, signal.SIGKILL)
+    async with asyncio.timeout(60):
+        await storage.force_upload()
+    assert storage.uploads == 1
+    assert await _worker_pid(storage) != first
+    storage.drop_cache()
+    assert await read_all(s) == payloads
+
+
+def test_the_worker_ends_with_its_broker(tmp_path: Path) -> None:
+    """A writer killed with SIGKILL closes its end of the worker's stdin: the worker exits
+    rather than outlive it."""
+    props = storage_properties(tmp_path, f"file://{tmp_path}/objects")
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.storage.crash_writer",
+            json.dumps({"properties": props, "streams": 2}),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        deadline = time.monotonic() + 30
+        workers: list[int] = []
+        while not workers and time.monotonic() < deadline:
+            child.stdout.readline()
+            children = Path(f"/proc/{child.pid}/task/{child.pid}/children").read_text().split()
+            workers = [
+                int(pid)
+                for pid in children
+                if b"storage.upload_worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+            ]
+        assert workers, "the writer started no upload worker"
+    finally:
+        child.kill()
+        child.wait()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{workers[0]}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{workers[0]}").exists() or _is_zombie(workers[0])
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
+    except FileNotFoundError:
+        return True
