@@ -181,7 +181,6 @@ class S3Storage:
             owns_metadata=owns_metadata,
             owns_store=owns_store,
         )
-        storage.upload_worker.start()
         try:
             await storage._recover()
         except BaseException:
@@ -627,11 +626,12 @@ class S3Storage:
         try:
             for oid, runs in objects:
                 await slots.acquire()
-                if rate is not None and self._paced(block):
-                    await asyncio.sleep(started + sent / rate - time.monotonic())
+                paced = rate if rate is not None and self._paced(block) else None
+                if paced is not None:
+                    await asyncio.sleep(started + sent / paced - time.monotonic())
                 sent += sum(block.stream_sizes[run[0].stream_id] for run in runs)
                 put = asyncio.create_task(
-                    self._put(oid, block, runs, sizes), name=f"put-object-{oid}"
+                    self._put(oid, block, runs, sizes, paced), name=f"put-object-{oid}"
                 )
                 put.add_done_callback(lambda _: slots.release())
                 puts.append(put)
@@ -749,9 +749,11 @@ class S3Storage:
         block: LogCacheBlock,
         runs: list[list[StreamRecordBatch]],
         sizes: dict[int, int],
+        rate: float | None,
     ) -> None:
         """Have the upload worker write the object ``object_id`` of ``runs`` (whole streams of
-        ``block``), read from the WAL where the block's records lie."""
+        ``block``), read from the WAL where the block's records lie, at ``rate`` bytes/s (a
+        large object's writes spread out too, not only the objects)."""
         specs = [
             RunSpec(
                 run[0].stream_id,
@@ -762,7 +764,9 @@ class S3Storage:
             for run in runs
         ]
         key = object_key(self.config.namespace, object_id)
-        sizes[object_id] = await self.upload_worker.put(key, specs, self.config.object_block_size)
+        sizes[object_id] = await self.upload_worker.put(
+            key, specs, self.config.object_block_size, rate
+        )
 
     # -- read path -------------------------------------------------------------------------------
 

@@ -11,8 +11,8 @@ It needs no copy of the data: what the LogCache holds is still in the WAL file, 
 the upload commits and the WAL is trimmed, and a WAL record's body *is* the StreamRecordBatch an
 object stores. The broker sends, per object, each stream's run as the WAL offset and size of
 its records; the worker reads them with ``pread`` (the page cache serves them), checks each
-against its WAL header and CRC and against the run's stream and offsets, builds the object with
-the same :func:`storage.upload.build_object` as everything else, and PUTs it.
+against its WAL header and CRC and against the run's stream and offsets, and PUTs the object it
+laid them out in (the bytes :func:`storage.upload.build_object` would make of them).
 
 Messages both ways are msgpack maps, each framed by a 4-byte big-endian length, on the worker's
 stdin and stdout (its stderr is the broker's: it logs there):
@@ -22,9 +22,9 @@ request               fields
 ====================  ===========================================================================
 ``open``              ``wal_path``, ``wal_capacity``, ``store_url``, ``part_size``,
                       ``max_concurrency``, ``retry_timeout_s``: answered once the store is ready
-``put``               ``id``, ``key``, ``block_size``, ``runs``: ``[stream_id, base_offset,
-                      end_offset, positions]`` with positions the bytes of an ``array("q")`` of
-                      (WAL offset, size) pairs
+``put``               ``id``, ``key``, ``block_size``, ``rate`` (bytes/s to write it at, or
+                      nil), ``runs``: ``[stream_id, base_offset, end_offset, positions]`` with
+                      positions the bytes of an ``array("q")`` of (WAL offset, size) pairs
 ====================  ===========================================================================
 
 Every answer carries the request's ``id`` (0 for ``open``) and either ``size`` (bytes written)
@@ -50,10 +50,11 @@ from typing import Any
 
 import msgpack
 
-from storage import stream_record_batch
-from storage.object_writer import BuiltObject, ObjectWriter
+from storage import object_format, stream_record_batch
+from storage.object_format import DataBlockIndex
 from storage.operator import ObjectStore, open_object_store
-from storage.wal.file_wal import read_record_body
+from storage.wal import record as wal_record
+from storage.wal.header import HEADER_AREA_SIZE
 
 log = logging.getLogger("automq.upload")
 
@@ -114,8 +115,9 @@ async def _read_message(reader: asyncio.StreamReader) -> dict[str, Any] | None:
 
 
 class UploadWorker:
-    """The broker's handle on its upload worker: started by :meth:`start`, started again on the
-    next :meth:`put` should it die (the puts it had are failed and their uploads retried)."""
+    """The broker's handle on its upload worker: started by the first :meth:`put` (or ahead of
+    it by :meth:`start`), started again by the next one should it die (the puts it had are
+    failed, and their uploads retried)."""
 
     def __init__(
         self, settings: WorkerSettings, on_requests: Callable[[dict[str, int]], None]
@@ -134,8 +136,11 @@ class UploadWorker:
         if self._starting is None or self._starting.done():
             self._starting = asyncio.create_task(self._spawn(), name="upload-worker-start")
 
-    async def put(self, key: str, runs: Sequence[RunSpec], block_size: int) -> int:
-        """Build the object ``key`` of ``runs`` (in stream order) and write it; its size."""
+    async def put(
+        self, key: str, runs: Sequence[RunSpec], block_size: int, rate: float | None = None
+    ) -> int:
+        """Build the object ``key`` of ``runs`` (in stream order) and write it, at about
+        ``rate`` bytes/s if given; its size."""
         await self._ready()
         process = self._process
         assert process is not None and process.stdin is not None
@@ -151,6 +156,7 @@ class UploadWorker:
                         "id": request_id,
                         "key": key,
                         "block_size": block_size,
+                        "rate": rate,
                         "runs": [
                             [r.stream_id, r.base_offset, r.end_offset, r.positions.tobytes()]
                             for r in runs
@@ -277,29 +283,106 @@ async def _end(process: asyncio.subprocess.Process) -> int | None:
 # --- the worker's side ----------------------------------------------------------------------
 
 
-def build_from_wal(fd: int, capacity: int, runs: Sequence[RunSpec], block_size: int) -> BuiltObject:
-    """Read ``runs`` from the WAL file ``fd`` and lay them out as one object. Raises
-    ``CorruptWALError`` or ``UploadWorkerError`` if the WAL does not hold what the runs say."""
-    writer = ObjectWriter(block_size)
-    for run in runs:
-        expected = run.base_offset
-        positions = run.positions
-        for i in range(0, len(positions), 2):
-            body = read_record_body(fd, capacity, positions[i], positions[i + 1])
-            batch, _ = stream_record_batch.decode(body)
-            if batch.stream_id != run.stream_id or batch.base_offset != expected:
+@dataclass(slots=True, frozen=True)
+class WalObject:
+    """An object built from the WAL: its bytes in one buffer, and its index."""
+
+    data: bytearray
+    index: list[DataBlockIndex]
+
+
+def build_from_wal(fd: int, capacity: int, runs: Sequence[RunSpec], block_size: int) -> WalObject:
+    """Read ``runs`` from the WAL file ``fd`` into one object, laid out as
+    :class:`storage.object_writer.ObjectWriter` lays it out (the same bytes). Raises
+    ``CorruptWALError`` or ``UploadWorkerError`` if the WAL does not hold what the runs say.
+
+    Each record body is read by the kernel straight into its place in the object (one
+    ``preadv`` per record, its WAL header beside it): the bytes are copied once, and the only
+    work in Python is per record and per block, not per byte.
+    """
+    # the layout follows from the sizes alone: a block is one stream's, and closes once its
+    # records reach block_size (a run's offsets are contiguous, which is checked as they come)
+    blocks: list[tuple[int, int, int, int]] = []  # (run, first pair index, end pair index, bytes)
+    for r, run in enumerate(runs):
+        sizes = run.positions[1::2]
+        first, filled = 0, 0
+        for i, size in enumerate(sizes):
+            filled += size
+            if filled >= block_size:
+                blocks.append((r, 2 * first, 2 * (i + 1), filled))
+                first, filled = i + 1, 0
+        if filled:
+            blocks.append((r, 2 * first, len(run.positions), filled))
+    data_size = sum(object_format.BLOCK_HEADER_SIZE + size for *_, size in blocks)
+    index_size = object_format.INDEX_ENTRY_SIZE * len(blocks)
+    data = bytearray(data_size + index_size + object_format.FOOTER_SIZE)
+    view = memoryview(data)
+    wal_header = bytearray(wal_record.HEADER_SIZE)
+    index: list[DataBlockIndex] = []
+    expected = [run.base_offset for run in runs]
+    position = 0
+    for r, first, end, size in blocks:
+        run = runs[r]
+        pos = position + object_format.BLOCK_HEADER_SIZE
+        block_start = expected[r]
+        for i in range(first, end, 2):
+            offset, length = run.positions[i], run.positions[i + 1]
+            body = view[pos : pos + length]
+            _read_record(fd, capacity, offset, wal_header, body)
+            _, stream_id, _, base, count, payload = stream_record_batch.HEADER.unpack_from(body)
+            if stream_id != run.stream_id or base != expected[r]:
                 raise UploadWorkerError(
-                    f"WAL offset {positions[i]} holds stream {batch.stream_id} at "
-                    f"{batch.base_offset}, expected stream {run.stream_id} at {expected}"
+                    f"WAL offset {offset} holds stream {stream_id} at {base}, expected stream "
+                    f"{run.stream_id} at {expected[r]}"
                 )
-            writer.add(batch)  # joined into chunks as it goes: a record's read is freed soon
-            expected = batch.last_offset
-        if expected != run.end_offset:
+            if stream_record_batch.HEADER_SIZE + payload != length:
+                raise UploadWorkerError(f"WAL offset {offset}: a record of another size")
+            expected[r] = base + count
+            pos += length
+        object_format.BLOCK_HEADER.pack_into(
+            data,
+            position,
+            object_format.BLOCK_MAGIC,
+            object_format.BLOCK_FLAG,
+            (end - first) // 2,
+            size,
+        )
+        block_bytes = object_format.BLOCK_HEADER_SIZE + size
+        index.append(
+            DataBlockIndex(
+                stream_id=run.stream_id,
+                start_offset=block_start,
+                end_offset_delta=expected[r] - block_start,
+                record_count=(end - first) // 2,
+                start_position=position,
+                size=block_bytes,
+            )
+        )
+        position += block_bytes
+    for run, reached in zip(runs, expected, strict=True):
+        if reached != run.end_offset:
             raise UploadWorkerError(
-                f"stream {run.stream_id}: the WAL records end at {expected}, expected "
+                f"stream {run.stream_id}: the WAL records end at {reached}, expected "
                 f"{run.end_offset}"
             )
-    return writer.finish()
+    view[position : position + index_size] = object_format.encode_index(index)
+    view[position + index_size :] = object_format.encode_footer(
+        object_format.Footer(position, index_size)
+    )
+    return WalObject(data, index)
+
+
+def _read_record(fd: int, capacity: int, offset: int, header: bytearray, body: memoryview) -> None:
+    """Read the WAL record at ``offset`` into ``header`` and ``body`` (sized to it) and check
+    it: its header, that it is a record of that size, its body CRC."""
+    got = os.preadv(fd, [header, body], HEADER_AREA_SIZE + offset % capacity)
+    head = wal_record.decode_header(header, offset)
+    if head.is_padding or head.body_length != len(body) or got != len(header) + len(body):
+        raise UploadWorkerError(
+            f"WAL offset {offset}: a record of {head.body_length} bytes"
+            f"{' (padding)' if head.is_padding else ''}, expected {len(body)}"
+        )
+    wal_record.verify_body(head, body)
 
 
 def _runs(message: dict[str, Any]) -> list[RunSpec]:
@@ -339,14 +422,14 @@ class _Worker:
             built = await asyncio.to_thread(
                 build_from_wal, self._fd, self._capacity, _runs(message), message["block_size"]
             )
-            await self._store.put(message["key"], built.parts)
+            await self._store.put(message["key"], built.data, rate=message.get("rate"))
         except Exception as e:
             log.error("upload worker: writing %s failed: %r", message.get("key"), e)
             self.answer({"id": request_id, "error": repr(e)})
         else:
             self._objects += 1
-            self._bytes += built.size
-            self.answer({"id": request_id, "size": built.size})
+            self._bytes += len(built.data)
+            self.answer({"id": request_id, "size": len(built.data)})
 
     def answer(self, message: dict[str, Any]) -> None:
         if self._store is not None:

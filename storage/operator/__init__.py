@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from storage.operator.base import (
@@ -22,7 +23,9 @@ from storage.operator.base import (
     RequestStats,
 )
 from storage.operator.local import LocalObjectStore
-from storage.operator.s3 import S3ObjectStore
+
+if TYPE_CHECKING:
+    from storage.operator.s3 import S3ObjectStore
 
 __all__ = [
     "LocalObjectStore",
@@ -36,6 +39,16 @@ __all__ = [
 ]
 
 _S3_PARAMS = ("endpoint", "region", "pathStyle", "accessKey", "secretKey")
+
+
+def __getattr__(name: str) -> Any:
+    # aiobotocore and aiohttp take ~0.2 s to import: only what uses S3 pays for them (the
+    # upload worker of a broker on a file:// store starts without them)
+    if name == "S3ObjectStore":
+        from storage.operator.s3 import S3ObjectStore
+
+        return S3ObjectStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def open_object_store(
@@ -103,6 +116,8 @@ def _open_s3(url: str, part_size: int, max_concurrency: int, retry_timeout_s: fl
     secret_key = params.get("secretKey") or os.environ.get("AWS_SECRET_ACCESS_KEY")
     if (access_key is None) != (secret_key is None):
         raise ValueError(f"s3 url {url!r}: give both accessKey and secretKey, or neither")
+    from storage.operator.s3 import S3ObjectStore
+
     return S3ObjectStore(
         bucket,
         endpoint=endpoint,

@@ -24,7 +24,7 @@ MAX_PARTS = 10_000
 DELETE_BATCH = 1000
 LIST_PAGE = 1000
 
-Buffer = bytes | memoryview
+Buffer = bytes | bytearray | memoryview
 Data = Buffer | Sequence[Buffer]
 SourceRange = tuple[str, int, int]
 """``(key, start, end)``: the bytes ``[start, end)`` of an existing object."""
@@ -92,11 +92,12 @@ class ObjectStore(abc.ABC):
         return None
 
     @abc.abstractmethod
-    async def put(self, key: str, data: Data) -> None:
+    async def put(self, key: str, data: Data, *, rate: float | None = None) -> None:
         """Write ``data`` (a buffer or a list of buffers, concatenated) as the object ``key``.
 
         Above ``part_size`` bytes this is a multipart upload of ``part_size`` parts; a failed
-        upload is aborted.
+        upload is aborted. With ``rate`` (bytes/s), a large object's bytes are sent at about
+        that rate, in order, rather than all at once (its parts, or its writes to disk).
         """
 
     @abc.abstractmethod
@@ -233,11 +234,11 @@ def slice_buffers(buffers: Sequence[memoryview], start: int, end: int) -> list[m
     return out
 
 
-def join(buffers: Sequence[memoryview]) -> bytes:
-    """One bytes object from the buffers, without a copy when there is a single bytes."""
+def join(buffers: Sequence[memoryview]) -> bytes | bytearray:
+    """The buffers as one, without a copy when there is a single whole bytes or bytearray."""
     if (
         len(buffers) == 1
-        and isinstance(buffers[0].obj, bytes)
+        and isinstance(buffers[0].obj, bytes | bytearray)
         and len(buffers[0]) == len(buffers[0].obj)
     ):
         return buffers[0].obj

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -52,12 +53,12 @@ class LocalObjectStore(ObjectStore):
     def __repr__(self) -> str:
         return f"LocalObjectStore({str(self.root)!r})"
 
-    async def put(self, key: str, data: Data) -> None:
+    async def put(self, key: str, data: Data, *, rate: float | None = None) -> None:
         """Write the object atomically; counted as a PUT, or multipart above ``part_size``."""
         path = self._path(key)
         buffers = as_buffers(data)
         total = sum(len(b) for b in buffers)
-        await asyncio.to_thread(self._write, path, buffers)
+        await asyncio.to_thread(self._write, path, buffers, rate)
         if total > self.part_size:
             self.stats.multipart_create += 1
             self.stats.part += len(plan_put_parts(total, self.part_size))
@@ -137,8 +138,10 @@ class LocalObjectStore(ObjectStore):
             raise ValueError(f"object key {key!r} cannot be stored as a file")
         return self.root.joinpath(*parts)
 
-    def _write(self, path: Path, buffers: Sequence[memoryview]) -> None:
+    def _write(self, path: Path, buffers: Sequence[memoryview], rate: float | None = None) -> None:
         self._make_dirs(path.parent)
+        started = time.monotonic()
+        total = 0
         temp = path.with_name(f".{path.name}.{uuid.uuid4().hex}{_TEMP_SUFFIX}")
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
@@ -150,11 +153,14 @@ class LocalObjectStore(ObjectStore):
                         n = os.write(fd, buffer[written : written + _SYNC_EVERY])
                         written += n
                         unsynced += n
+                        total += n
                         if unsynced >= _SYNC_EVERY:
                             # little dirty data at a time: the WAL's fsyncs, on the same disk,
                             # never wait behind the whole object's writeback
                             os.fdatasync(fd)
                             unsynced = 0
+                            if rate:
+                                time.sleep(max(0.0, started + total / rate - time.monotonic()))
                 os.fsync(fd)
             finally:
                 os.close(fd)

@@ -147,22 +147,27 @@ class S3ObjectStore(ObjectStore):
         # startup, not inside the first upload while produce requests wait on the loop
         await self._get_client()
 
-    async def put(self, key: str, data: Data) -> None:
-        """PutObject, or a multipart upload (parts sent concurrently) above ``part_size``."""
+    async def put(self, key: str, data: Data, *, rate: float | None = None) -> None:
+        """PutObject, or a multipart upload above ``part_size``: parts sent concurrently, or
+        one at a time at ``rate``."""
         buffers = as_buffers(data)
         total = sum(len(b) for b in buffers)
         if total <= self.part_size:
             await self._put_object(key, await _joined(buffers))
             return
         ranges = plan_put_parts(total, self.part_size)
+        started = asyncio.get_running_loop().time()
+        parts = [
+            self._upload_part_fn(key, number, slice_buffers(buffers, start, end))
+            for number, (start, end) in enumerate(ranges, 1)
+        ]
+        if rate:
+            parts = [
+                _paced(part, started + start / rate)
+                for part, (start, _) in zip(parts, ranges, strict=True)
+            ]
         await self._multipart(
-            key,
-            total,
-            [
-                self._upload_part_fn(key, number, slice_buffers(buffers, start, end))
-                for number, (start, end) in enumerate(ranges, 1)
-            ],
-            parts_in_flight=self.max_concurrency,
+            key, total, parts, parts_in_flight=1 if rate else self.max_concurrency
         )
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
@@ -639,6 +644,18 @@ async def _run_all(factories: Sequence[Callable[[], Awaitable[T]]], limit: int) 
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
+
+
+def _paced(
+    part: Callable[[str], Awaitable[CompletedPartTypeDef]], at: float
+) -> Callable[[str], Awaitable[CompletedPartTypeDef]]:
+    """``part``, started no sooner than loop time ``at``."""
+
+    async def run(upload_id: str) -> CompletedPartTypeDef:
+        await asyncio.sleep(at - asyncio.get_running_loop().time())
+        return await part(upload_id)
+
+    return run
 
 
 def _bind(

@@ -228,27 +228,6 @@ class _RingReader:
         return memoryview(self._chunk)[:n]
 
 
-def read_record_body(fd: int, capacity: int, offset: int, body_length: int) -> memoryview:
-    """The body of the record at logical ``offset`` of a WAL file of ``capacity`` ring bytes,
-    read with one ``pread`` and checked against its header (offset, length and CRC).
-
-    For readers of a live WAL other than its writer (the upload worker reads what the LogCache
-    holds from the file): a record not yet trimmed is never rewritten, so what it reads is the
-    record, or ``CorruptRecordError`` says it is not."""
-    position = HEADER_AREA_SIZE + offset % capacity
-    raw = os.pread(fd, HEADER_SIZE + body_length, position)
-    head = record.decode_header(raw, offset)
-    if head.is_padding or head.body_length != body_length:
-        raise CorruptRecordError(
-            record.SHORT_BODY,
-            f"record at offset {offset} has a body of {head.body_length} bytes"
-            f"{' (padding)' if head.is_padding else ''}, expected {body_length}",
-        )
-    body = memoryview(raw)[HEADER_SIZE:]
-    record.verify_body(head, body)
-    return body
-
-
 class FileWAL:
     """The write-ahead log in one file; see the module docstring for the layout.
 

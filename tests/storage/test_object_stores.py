@@ -162,6 +162,24 @@ async def test_multipart_put(store_url: str) -> None:
     assert stats["bytes_put"] == len(data)
 
 
+async def test_a_paced_put_spreads_its_bytes_out(store_url: str) -> None:
+    """With a rate, a large object's bytes go out at about that rate (parts one at a time,
+    writes a MiB at a time) and arrive whole; without, at once."""
+    data = random_bytes(12 * MiB, seed=2)
+    key = f"test-{uuid.uuid4().hex[:12]}/paced"
+    async with open_object_store(store_url, part_size=5 * MiB) as objects:
+        started = time.monotonic()
+        await objects.put(key, data, rate=20 * MiB)
+        paced = time.monotonic() - started
+        assert await objects.get(key) == data
+        started = time.monotonic()
+        await objects.put(key + "-fast", data)
+        fast = time.monotonic() - started
+    # 12 MiB at 20 MiB/s: the last part (or MiB) starts no sooner than 0.5 s (or 0.55 s) in
+    assert paced >= 0.5
+    assert fast < paced
+
+
 async def test_compose_copies_large_ranges(store: tuple[ObjectStore, str]) -> None:
     objects, prefix = store
     first, second, tail = (

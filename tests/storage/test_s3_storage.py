@@ -175,9 +175,9 @@ async def _put_times(storage: S3Storage) -> list[float]:
     times: list[float] = []
     real_put = storage.upload_worker.put
 
-    async def put(key: str, runs: Any, block_size: int) -> int:
+    async def put(key: str, runs: Any, block_size: int, rate: float | None = None) -> int:
         times.append(time.monotonic())
-        return await real_put(key, runs, block_size)
+        return await real_put(key, runs, block_size, rate)
 
     storage.upload_worker.put = put  # type: ignore[method-assign]
     return times

@@ -63,7 +63,9 @@ async def test_objects_built_from_the_wal_are_those_built_from_the_cache(
         built = await asyncio.to_thread(build_from_wal, fd, storage.wal.capacity, specs, block_size)
     finally:
         os.close(fd)
-    assert built.to_bytes() == build_object(runs, block_size).to_bytes()
+    expected = build_object(runs, block_size)
+    assert bytes(built.data) == expected.to_bytes()
+    assert built.index == expected.index
 
 
 async def test_what_the_wal_does_not_hold_is_refused(make_storage: StorageFactory) -> None:
@@ -98,12 +100,10 @@ async def test_what_the_wal_does_not_hold_is_refused(make_storage: StorageFactor
         os.close(fd)
 
 
-async def _worker_pid(storage: S3Storage) -> int:
-    worker = storage.upload_worker
-    async with asyncio.timeout(30):
-        while worker._process is None:  # started in the background at start
-            await asyncio.sleep(0.05)
-    return worker._process.pid
+def _worker_pid(storage: S3Storage) -> int:
+    process = storage.upload_worker._process
+    assert process is not None
+    return process.pid
 
 
 async def test_a_killed_worker_is_started_again_and_the_upload_retried(
@@ -112,22 +112,27 @@ async def test_a_killed_worker_is_started_again_and_the_upload_retried(
     storage = await make_storage()
     s = await StreamClient(storage).create_and_open()
     payloads = [payload_for(s.stream_id, i, 3000) for i in range(20)]
-    for p in payloads:
+    for p in payloads[:10]:
         await s.append(p, 1)
-    first = await _worker_pid(storage)
+    await storage.force_upload()  # the worker starts with the first upload
+    first = _worker_pid(storage)
     os.kill(first, signal.SIGKILL)
+    for p in payloads[10:]:
+        await s.append(p, 1)
     async with asyncio.timeout(60):
         await storage.force_upload()
-    assert storage.uploads == 1
-    assert await _worker_pid(storage) != first
+    assert storage.uploads == 2
+    assert _worker_pid(storage) != first
     storage.drop_cache()
     assert await read_all(s) == payloads
 
 
 def test_the_worker_ends_with_its_broker(tmp_path: Path) -> None:
-    """A writer killed with SIGKILL closes its end of the worker's stdin: the worker exits
-    rather than outlive it."""
-    props = storage_properties(tmp_path, f"file://{tmp_path}/objects")
+    """A writer killed with SIGKILL (once it has uploaded, so its worker runs) closes its end
+    of the worker's stdin: the worker exits rather than outlive it."""
+    props = storage_properties(
+        tmp_path, f"file://{tmp_path}/objects", **{"s3.wal.upload.threshold": 1 << 20}
+    )
     child = subprocess.Popen(
         [
             sys.executable,
