@@ -34,6 +34,22 @@ class AppendResult:
     message: str | None = None
 
 
+@dataclass(slots=True, frozen=True)
+class PendingAppend:
+    """An append under way: ``durable`` is done once its batches are (or failed with the
+    log's error). Callers chain on ``durable`` itself: one more future in between would cost
+    the response one more pass of the event loop."""
+
+    durable: asyncio.Future[None]
+    base_offset: int
+    partition: Partition
+
+    def result(self) -> AppendResult:
+        """The append's result once ``durable`` is done; raises what failed it."""
+        self.durable.result()
+        return AppendResult(ErrorCode.NONE, self.base_offset, self.partition.log_start_offset)
+
+
 class Partition:
     def __init__(
         self, topic: str, index: int, log: ElasticLog, leader_epoch: int, max_message_bytes: int
@@ -65,14 +81,15 @@ class Partition:
         started = await self.start_append(records)
         if isinstance(started, AppendResult):
             return started
-        return await asyncio.shield(started)
+        await asyncio.shield(started.durable)
+        return started.result()
 
     async def start_append(
         self, records: memoryview, deadline: float | None = None
-    ) -> AppendResult | asyncio.Future[AppendResult]:
+    ) -> AppendResult | PendingAppend:
         """Validate a Produce request's records for this partition and start their append:
-        an :class:`AppendResult` when the answer is known now (invalid, rejected), else the
-        future of the result, done once every batch is durable. Raises what the log raises
+        an :class:`AppendResult` when the answer is known now (invalid, rejected), else a
+        :class:`PendingAppend`, durable once every batch is. Raises what the log raises
         when an append cannot start (the caller maps it to the partition's error), and
         ``TimeoutError`` when it could not start by ``deadline`` (event-loop time: the
         partition's lock or the WAL cache's room waited for too long; no batch was appended
@@ -103,7 +120,7 @@ class Partition:
             if check.duplicate is not None:
                 # the original may still be on its way to the WAL: answer once it is durable
                 first, last = check.duplicate.first_offset, check.duplicate.last_offset
-                return self._result_when_durable(self.wait_durable(last + 1), first)
+                return PendingAppend(self.wait_durable(last + 1), first, self)
             if check.error != ErrorCode.NONE:
                 return AppendResult(check.error, message=check.message)
             first = -1
@@ -130,25 +147,7 @@ class Partition:
         assert durable is not None
         # the last batch durable means every one before it is
         durable.add_done_callback(self._on_durable)
-        return self._result_when_durable(durable, first)
-
-    def _result_when_durable(
-        self, durable: asyncio.Future[None], base_offset: int
-    ) -> asyncio.Future[AppendResult]:
-        result: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
-
-        def done(f: asyncio.Future[None]) -> None:
-            if result.done():
-                return
-            if f.cancelled():
-                result.cancel()
-            elif (error := f.exception()) is not None:
-                result.set_exception(error)
-            else:
-                result.set_result(AppendResult(ErrorCode.NONE, base_offset, self.log_start_offset))
-
-        durable.add_done_callback(done)
-        return result
+        return PendingAppend(durable, first, self)
 
     def _on_durable(self, durable: asyncio.Future[None]) -> None:
         """The high watermark moved (or the log failed): wake whoever waits on it."""

@@ -23,7 +23,7 @@ from typing import Any
 from automq_py.errors import describe, partition_failed
 from automq_py.log.elastic_log import ElasticLog
 from automq_py.log.log_config import LogConfig
-from automq_py.partition import AppendResult, Partition
+from automq_py.partition import AppendResult, Partition, PendingAppend
 from automq_py.topic_config import effective_topic_config
 from automq_py.topics import TopicError, TopicInfo
 from protocol.errors import ErrorCode
@@ -215,11 +215,11 @@ class ReplicaManager:
         land in the log."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_ms / 1000 if timeout_ms > 0 else None
-        started: list[AppendResult | asyncio.Future[AppendResult]] = []
+        started: list[AppendResult | PendingAppend] = []
         for entry in entries:
             started.append(await self._start_append(entry, acks, internal_allowed, deadline))
         results: asyncio.Future[list[AppendResult]] = loop.create_future()
-        pending = [(i, f) for i, f in enumerate(started) if not isinstance(f, AppendResult)]
+        pending = [(i, a) for i, a in enumerate(started) if isinstance(a, PendingAppend)]
         if not pending:
             results.set_result([r for r in started if isinstance(r, AppendResult)])
             return results
@@ -236,22 +236,25 @@ class ReplicaManager:
                     ]
                 )
 
-        def one_done(i: int, entry: AppendEntry, f: asyncio.Future[AppendResult]) -> None:
+        def one_done(i: int, entry: AppendEntry, append: PendingAppend) -> None:
             nonlocal remaining
             if results.done():
                 return
+            f = append.durable
             if f.cancelled():
                 started[i] = AppendResult(ErrorCode.REQUEST_TIMED_OUT)
             elif (error := f.exception()) is not None:
                 started[i] = self._append_failed(entry, error)
             else:
-                started[i] = f.result()
+                started[i] = append.result()
             remaining -= 1
             if remaining == 0:
                 finish()
 
-        for i, f in pending:
-            f.add_done_callback(lambda f, i=i, e=entries[i]: one_done(i, e, f))  # type: ignore[misc]
+        for i, append in pending:
+            append.durable.add_done_callback(
+                lambda _, i=i, e=entries[i], a=append: one_done(i, e, a)  # type: ignore[misc]
+            )
         if deadline is not None and not results.done():
             timer = loop.call_at(deadline, finish)
             results.add_done_callback(lambda _: timer.cancel())
@@ -259,7 +262,7 @@ class ReplicaManager:
 
     async def _start_append(
         self, entry: AppendEntry, acks: int, internal_allowed: bool, deadline: float | None
-    ) -> AppendResult | asyncio.Future[AppendResult]:
+    ) -> AppendResult | PendingAppend:
         if acks not in (-1, 0, 1):
             return AppendResult(ErrorCode.INVALID_REQUIRED_ACKS, message=f"acks={acks}")
         topic = entry.topic

@@ -44,7 +44,7 @@ from storage.operator import open_object_store
 from storage.operator.base import ObjectStore
 from storage.stream_reader import StreamReaders
 from storage.stream_record_batch import StreamRecordBatch
-from storage.upload import plan_upload
+from storage.upload import build_object, plan_upload
 from storage.upload_worker import RunSpec, UploadWorker, WorkerSettings
 from storage.wal import FileWAL, WALAppendResult, WALError
 
@@ -53,6 +53,10 @@ log = logging.getLogger("automq.storage")
 WAL_FILE = "wal.log"
 UPLOADS_IN_FLIGHT = 2  # blocks being written to object storage at once (commits stay ordered)
 _PUTS_IN_FLIGHT = 2  # objects one upload sends at once while it builds the next
+# Objects smaller than this are built here, not by the upload worker: a copy this small costs
+# the event loop less than a message to the worker, and a broker that only ever uploads small
+# objects (a test's, an idle one's at its interval or its stop) never starts a worker
+INLINE_OBJECT_MAX = 1 << 20
 # Uploads are paced at the rate their block filled, measured over at most this long (AutoMQ's
 # rule); a block sealed sooner after its first record than the floor is not paced
 _PACE_WINDOW_S = 5.0
@@ -441,12 +445,13 @@ class S3Storage:
         done.add_done_callback(_retrieve)
         header = stream_record_batch.encode_header(batch)
         try:
-            durable = self.wal.submit([header, batch.payload])
+            self.wal.submit(
+                [header, batch.payload], lambda f: self._on_durable(state, batch, done, f)
+            )
         except Exception as e:
             self._fail(e)
             raise StorageFailedError(f"storage failed: {e}") from e
         state.inflight.add(done)
-        durable.add_done_callback(lambda f: self._on_durable(state, batch, done, f))
         return done
 
     def _on_durable(
@@ -751,9 +756,15 @@ class S3Storage:
         sizes: dict[int, int],
         rate: float | None,
     ) -> None:
-        """Have the upload worker write the object ``object_id`` of ``runs`` (whole streams of
-        ``block``), read from the WAL where the block's records lie, at ``rate`` bytes/s (a
-        large object's writes spread out too, not only the objects)."""
+        """Write the object ``object_id`` of ``runs`` (whole streams of ``block``) at ``rate``
+        bytes/s (a large object's writes spread out too, not only the objects): a small one
+        here, any other by the upload worker, which reads it from the WAL."""
+        key = object_key(self.config.namespace, object_id)
+        if sum(block.stream_sizes[run[0].stream_id] for run in runs) < INLINE_OBJECT_MAX:
+            built = build_object(runs, self.config.object_block_size)
+            await self.store.put(key, built.parts, rate=rate)
+            sizes[object_id] = built.size
+            return
         specs = [
             RunSpec(
                 run[0].stream_id,
@@ -763,7 +774,6 @@ class S3Storage:
             )
             for run in runs
         ]
-        key = object_key(self.config.namespace, object_id)
         sizes[object_id] = await self.upload_worker.put(
             key, specs, self.config.object_block_size, rate
         )

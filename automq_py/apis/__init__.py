@@ -34,7 +34,7 @@ from automq_py.apis import (
     topics,
 )
 from automq_py.apis.context import BrokerContext
-from automq_py.apis.deferred import Deferred
+from automq_py.apis.deferred import Deferred, PendingResponse
 from automq_py.errors import describe, kafka_error
 from protocol import api_versions, build, wire
 from protocol.api_keys import ApiKey
@@ -85,11 +85,10 @@ class KafkaApis:
             key: (lo, hi) for key, (_, lo, hi) in self.table.items()
         }
 
-    async def handle(
-        self, request: Request
-    ) -> list[wire.Buffer] | asyncio.Future[list[wire.Buffer] | None] | None:
-        """Run ``request``'s handler: its encoded response, None (no response), or the future
-        of the response when the handler deferred the rest of its work (:class:`Deferred`)."""
+    async def handle(self, request: Request) -> list[wire.Buffer] | PendingResponse | None:
+        """Run ``request``'s handler: its encoded response, None (no response), or the
+        response still to come when the handler deferred the rest of its work
+        (:class:`Deferred`)."""
         handler, _, _ = self.table[request.api_key]
         try:
             result = await handler(self.ctx, request)
@@ -100,33 +99,17 @@ class KafkaApis:
             return self._finish(request, result)
         return self._encode(request, result)
 
-    def _finish(
-        self, request: Request, deferred: Deferred[Any]
-    ) -> asyncio.Future[list[wire.Buffer] | None]:
-        """The future of the response once ``deferred`` is done: made by a callback on it (a
-        cancelled one cancels the response, which closes the connection)."""
-        response: asyncio.Future[list[wire.Buffer] | None] = (
-            asyncio.get_running_loop().create_future()
-        )
-
-        def done(f: asyncio.Future[Any]) -> None:
-            if response.done():  # the connection gave up on it
-                return
+    def _finish(self, request: Request, deferred: Deferred[Any]) -> PendingResponse:
+        def make() -> list[wire.Buffer] | None:
+            f = deferred.future
             if f.cancelled():
-                response.cancel()
-                return
+                raise asyncio.CancelledError  # no response can say it: the connection closes
             try:
-                try:
-                    encoded = self._encode(request, deferred.finish(f.result()))
-                except Exception as e:
-                    encoded = self.error_response(request, e)
-            except BaseException as e:  # no response can say it: the connection closes
-                response.set_exception(e)
-                return
-            response.set_result(encoded)
+                return self._encode(request, deferred.finish(f.result()))
+            except Exception as e:
+                return self.error_response(request, e)
 
-        deferred.future.add_done_callback(done)
-        return response
+        return PendingResponse(deferred.future, make)
 
     @staticmethod
     def _encode(request: Request, result: Any) -> list[wire.Buffer] | None:

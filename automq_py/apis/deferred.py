@@ -3,9 +3,11 @@
 A handler that has done the part of its work that must happen in request order (Produce: the
 appends started) returns ``Deferred(future, finish)``: the connection goes on reading and
 handling its next requests, and once ``future`` is done, ``finish(its result)`` is the
-handler's result, encoded and written in request order all the same. Callbacks, not a task per
-request: between a WAL commit and the response going out, every task wake-up would be one more
-pass of the event loop, behind whatever else is ready.
+handler's result. KafkaApis hands the socket server a :class:`PendingResponse`, which the
+connection's response queue encodes and writes, in request order, from ``future``'s own done
+callback. Callbacks on the one future, not a task per request nor a future per step: between
+a WAL commit and the response going out, each would be one more pass of the event loop,
+behind whatever else is ready.
 """
 
 from __future__ import annotations
@@ -23,3 +25,17 @@ class Deferred(Generic[T]):
     def __init__(self, future: asyncio.Future[T], finish: Callable[[T], Any]) -> None:
         self.future = future
         self.finish = finish
+
+
+class PendingResponse:
+    """A response to write once ``future`` is done: ``response()`` then encodes it (or the
+    error response), or raises what no response can say (the connection closes)."""
+
+    __slots__ = ("_make", "future")
+
+    def __init__(self, future: asyncio.Future[Any], make: Callable[[], Any]) -> None:
+        self.future = future
+        self._make = make
+
+    def response(self) -> Any:
+        return self._make()

@@ -20,6 +20,7 @@ import time
 
 from automq_py.apis import KafkaApis
 from automq_py.apis.context import CLIENT_HOST
+from automq_py.apis.deferred import PendingResponse
 from automq_py.network.frames import FrameConnection
 from automq_py.network.request_metrics import RequestMetrics
 from protocol import wire
@@ -38,7 +39,7 @@ MAX_QUEUED_RESPONSES = 64
 # written, so it observes their effects (a ListOffsets after a Produce sees its records)
 PIPELINED = frozenset({ApiKey.PRODUCE})
 
-Response = list[wire.Buffer] | None | asyncio.Future[list[wire.Buffer] | None]
+Response = list[wire.Buffer] | None | PendingResponse
 
 
 class SocketServer:
@@ -155,15 +156,15 @@ class _ResponseQueue:
 
     async def put(self, response: Response, api_key: int, arrived_at: float) -> None:
         self._check()
-        if not self._queue and not isinstance(response, asyncio.Future):
+        if not self._queue and not isinstance(response, PendingResponse):
             if response is not None:
                 self._write(response, api_key, arrived_at)
                 await self._writer.drain()
             return
         self._queue.append((response, api_key, arrived_at))
         self._drained.clear()
-        if isinstance(response, asyncio.Future):
-            response.add_done_callback(self._write_ready)
+        if isinstance(response, PendingResponse):
+            response.future.add_done_callback(self._write_ready)
         while len(self._queue) >= self._limit:
             self._room.clear()
             await self._room.wait()
@@ -179,9 +180,6 @@ class _ResponseQueue:
         """The connection is closing: stop writing; deferred work no longer needs an answer."""
         if self._error is None:
             self._error = ConnectionResetError("connection closed")
-        for response, _, _ in self._queue:
-            if isinstance(response, asyncio.Future):
-                response.cancel()
         self._queue.clear()
         self._drained.set()
 
@@ -200,10 +198,10 @@ class _ResponseQueue:
         try:
             while self._queue:
                 head, api_key, arrived_at = self._queue[0]
-                if isinstance(head, asyncio.Future):
-                    if not head.done():
+                if isinstance(head, PendingResponse):
+                    if not head.future.done():
                         break
-                    response = head.result()
+                    response = head.response()
                 else:
                     response = head
                 self._queue.popleft()

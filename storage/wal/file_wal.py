@@ -96,6 +96,7 @@ class _Pending:
     parts: list[Buffer]
     size: int  # the record's, header included
     future: asyncio.Future[WALAppendResult]
+    on_done: Callable[[asyncio.Future[WALAppendResult]], object] | None
 
 
 @dataclass(slots=True)
@@ -535,12 +536,16 @@ class FileWAL:
         return await self.submit(body)
 
     def submit(
-        self, body: bytes | bytearray | memoryview | Sequence[bytes | bytearray | memoryview]
+        self,
+        body: bytes | bytearray | memoryview | Sequence[bytes | bytearray | memoryview],
+        on_done: Callable[[asyncio.Future[WALAppendResult]], object] | None = None,
     ) -> asyncio.Future[WALAppendResult]:
         """Queue one record now and return the future of its durable append (as ``append``).
 
         Records are queued in call order. Without a coroutine per record this is the cheap
-        path for callers that chain completion callbacks.
+        path for callers that chain completion callbacks. ``on_done(future)`` is called as
+        soon as the future is done, in the same pass of the event loop (a done callback would
+        run one pass later), unless the caller cancelled the future.
         """
         self._check_open()
         if not self._recovered:
@@ -559,7 +564,7 @@ class FileWAL:
         future: asyncio.Future[WALAppendResult] = self._loop.create_future()
         self._unwritten += size
         with self._cond:
-            self._queue.append(_Pending(parts, size, future))
+            self._queue.append(_Pending(parts, size, future, on_done))
             if self._writer_idle:
                 self._cond.notify()
         return future
@@ -710,6 +715,11 @@ class FileWAL:
                 pending.future.set_result(WALAppendResult(start, stop))
             else:
                 pending.future.set_exception(failure)
+            if pending.on_done is not None:
+                try:
+                    pending.on_done(pending.future)
+                except Exception:  # as the loop does for a failing callback: log, go on
+                    logger.exception("WAL %s: a completion callback failed", self._path)
 
     def _write_and_sync(self, writes: list[_Write]) -> None:
         """Encode, write and fdatasync one batch: one vectored write per contiguous run of the

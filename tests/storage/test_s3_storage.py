@@ -171,15 +171,15 @@ async def test_corrupt_wal_tail_is_cut_and_the_rest_recovers(
 
 
 async def _put_times(storage: S3Storage) -> list[float]:
-    """Record when each object of ``storage`` is handed to its upload worker."""
+    """Record when each object of ``storage`` starts to be written."""
     times: list[float] = []
-    real_put = storage.upload_worker.put
+    real_put = storage._put
 
-    async def put(key: str, runs: Any, block_size: int, rate: float | None = None) -> int:
+    async def put(*args: Any) -> None:
         times.append(time.monotonic())
-        return await real_put(key, runs, block_size, rate)
+        await real_put(*args)
 
-    storage.upload_worker.put = put  # type: ignore[method-assign]
+    storage._put = put  # type: ignore[method-assign]
     return times
 
 

@@ -111,7 +111,7 @@ async def test_a_killed_worker_is_started_again_and_the_upload_retried(
 ) -> None:
     storage = await make_storage()
     s = await StreamClient(storage).create_and_open()
-    payloads = [payload_for(s.stream_id, i, 3000) for i in range(20)]
+    payloads = [payload_for(s.stream_id, i, 200_000) for i in range(20)]  # 2 MiB objects
     for p in payloads[:10]:
         await s.append(p, 1)
     await storage.force_upload()  # the worker starts with the first upload
@@ -127,11 +127,25 @@ async def test_a_killed_worker_is_started_again_and_the_upload_retried(
     assert await read_all(s) == payloads
 
 
+async def test_small_objects_are_written_without_a_worker(make_storage: StorageFactory) -> None:
+    """Objects under INLINE_OBJECT_MAX are built in the broker: no worker starts for them."""
+    storage = await make_storage()
+    s = await StreamClient(storage).create_and_open()
+    payloads = [payload_for(s.stream_id, i, 3000) for i in range(20)]
+    for p in payloads:
+        await s.append(p, 1)
+    await storage.force_upload()
+    assert storage.uploads == 1
+    assert storage.upload_worker._process is None
+    storage.drop_cache()
+    assert await read_all(s) == payloads
+
+
 def test_the_worker_ends_with_its_broker(tmp_path: Path) -> None:
     """A writer killed with SIGKILL (once it has uploaded, so its worker runs) closes its end
     of the worker's stdin: the worker exits rather than outlive it."""
     props = storage_properties(
-        tmp_path, f"file://{tmp_path}/objects", **{"s3.wal.upload.threshold": 1 << 20}
+        tmp_path, f"file://{tmp_path}/objects", **{"s3.wal.upload.threshold": 3 << 20}
     )
     child = subprocess.Popen(
         [

@@ -503,3 +503,24 @@ async def test_an_append_cancelled_before_it_is_written_is_dropped(tmp_path: Pat
     assert later.offset == full.next_offset
     assert cancelled.cancelled()
     await wal.close()
+
+
+async def test_on_done_is_called_once_per_append_in_order(tmp_path: Path) -> None:
+    """``submit``'s ``on_done`` gets each append's future, done, once, in append order, before
+    the future's own done callbacks run."""
+    wal, _ = await reopen(tmp_path / "wal")
+    try:
+        seen: list[tuple[int, bool, bool]] = []  # (append, future done, its callbacks ran)
+        callbacks_ran: set[int] = set()
+        futures = []
+        for i in range(3):
+            future = wal.submit(
+                b"x" * (i + 1),
+                lambda f, i=i: seen.append((i, f.done(), i in callbacks_ran)),  # type: ignore[misc]
+            )
+            future.add_done_callback(lambda _, i=i: callbacks_ran.add(i))  # type: ignore[misc]
+            futures.append(future)
+        await asyncio.gather(*futures)
+        assert seen == [(0, True, False), (1, True, False), (2, True, False)]
+    finally:
+        await wal.close()
