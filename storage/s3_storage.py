@@ -628,11 +628,13 @@ class S3Storage:
         puts: list[asyncio.Task[None]] = []
         rate = self._upload_rate(block)
         sent = 0
+        any_paced = False
         try:
             for oid, runs in objects:
                 await slots.acquire()
                 paced = rate if rate is not None and self._paced(block) else None
                 if paced is not None:
+                    any_paced = True
                     await asyncio.sleep(started + sent / paced - time.monotonic())
                 sent += sum(block.stream_sizes[run[0].stream_id] for run in runs)
                 put = asyncio.create_task(
@@ -665,7 +667,7 @@ class S3Storage:
                 for oid, run in zip(so_ids, plan.stream_objects, strict=True)
             ],
             seconds=time.monotonic() - started,
-            rate=rate,
+            rate=rate if any_paced else None,
         )
 
     def _upload_rate(self, block: LogCacheBlock) -> float | None:

@@ -323,6 +323,7 @@ def test_retention_by_time_and_by_size(pipeline_broker: BrokerProcess) -> None:
     new = produce(
         broker.bootstrap, "timed", rounds=1, partitions=1, per_partition=50, size=3000, pause=0.5
     )
+    settled(broker)  # everything produced is in the bucket
     bytes_before = sum(i.size for i in bucket(broker))
 
     out = run_job(broker, "retention")
