@@ -36,6 +36,12 @@ a fresh topic made with AdminClient.create_topics. Figures:
   GB consumed of the broker and of SeaweedFS while consuming (unlike MB/s, these do not depend on
   what else the machine runs). Tansu's memory engine loses its data on restart and is skipped.
 
+Beside the figures, per case: librdkafka's own round-trip times of its ProduceRequests (its
+statistics, per 1 s window: measured in its broker thread, so not delayed when this process's
+Python thread waits for a core) and the cores each process kept busy while producing (client,
+broker, automq-py's upload worker, SeaweedFS). ``--s3-dir /dev/shm`` keeps SeaweedFS's data off
+the disk the WAL is on, as a remote S3 would be.
+
 MB = 10^6 bytes. Progress bars go to stderr, figures to stdout.
 """
 
@@ -43,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import random
 import shutil
@@ -276,12 +283,18 @@ class Result:
     consume_mbs: float | None = None
     p50_ms: float | None = None
     p99_ms: float | None = None
+    # librdkafka's own round-trip times of ProduceRequests (its broker thread: unlike the
+    # delivery latency, not delayed by this process's Python thread): per 1 s stats window
+    rtt_p50_ms: list[float] = field(default_factory=list)
+    rtt_p99_ms: list[float] = field(default_factory=list)
     produced: int = 0
     consumed: int = 0
     consumed_bytes: int = 0
     gets: int | None = None  # --cold, automq-py: GETs of the restarted broker
     get_bytes: int | None = None
     cpu_s: dict[str, float] = field(default_factory=dict)  # --cold: CPU seconds while consuming
+    # cores each process kept busy while producing (CPU seconds / wall seconds)
+    produce_cores: dict[str, float] = field(default_factory=dict)
     loop_lag: str | None = None  # --cold, automq-py: the restarted broker's event-loop lag
     notes: list[str] = field(default_factory=list)
 
@@ -317,6 +330,14 @@ def produce(
     payload = os.urandom(args.record_size)
     n = result.records
     window = max(1, args.window_mib * MiB // args.record_size)
+
+    def stats(raw: str) -> None:
+        for broker in json.loads(raw).get("brokers", {}).values():
+            rtt = broker.get("rtt", {})
+            if broker.get("nodeid", -1) >= 0 and rtt.get("cnt", 0) > 0:
+                result.rtt_p50_ms.append(rtt["p50"] / 1e3)
+                result.rtt_p99_ms.append(rtt["p99"] / 1e3)
+
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
@@ -324,6 +345,8 @@ def produce(
             "linger.ms": args.linger_ms,
             "enable.idempotence": False,
             "compression.type": "none",
+            "statistics.interval.ms": 1000,
+            "stats_cb": stats,
         }
     )
     latencies: list[float] = []
@@ -526,6 +549,37 @@ def cpu_seconds(pid: int | None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def child_pids(pid: int | None) -> list[int]:
+    """The processes whose parent is ``pid`` (automq-py's upload worker), from /proc."""
+    if pid is None:
+        return []
+    children = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        children.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue
+    return children
+
+
+def cpu_snapshot(broker: Broker) -> dict[str, float]:
+    """CPU seconds so far of this process (the client), the broker, its children and the S3
+    server: what each took of the machine's cores during a case."""
+    times = os.times()
+    snapshot = {"client": times.user + times.system}
+    for name, pid in (("broker", broker.pid), ("S3", broker.s3.pid if broker.s3 else None)):
+        used = cpu_seconds(pid)
+        if used is not None:
+            snapshot[name] = used
+    workers = [cpu_seconds(child) for child in child_pids(broker.pid)]
+    if any(w is not None for w in workers):
+        snapshot["worker"] = sum(w for w in workers if w is not None)
+    return snapshot
+
+
 def restart(broker: Broker) -> None:
     """Stop cleanly and start again on the same data: caches start empty. Then give it
     RESTART_SETTLE_S: what a broker does in the background once it listens (automq-py loads its
@@ -540,7 +594,14 @@ def restart(broker: Broker) -> None:
 def run_case(broker: Broker, partitions: int, args: argparse.Namespace, result: Result) -> None:
     topic = f"bench-p{partitions}-{time.monotonic_ns()}"
     create_topic(broker.bootstrap, topic, partitions)
+    cpu_before = cpu_snapshot(broker)
+    started = time.perf_counter()
     produce(broker.bootstrap, topic, partitions, args, result)
+    elapsed = time.perf_counter() - started
+    cpu_after = cpu_snapshot(broker)
+    result.produce_cores = {
+        k: (cpu_after[k] - cpu_before.get(k, 0.0)) / elapsed for k in cpu_after if elapsed > 0
+    }
     if not args.cold:
         consume(broker.bootstrap, topic, partitions, args, result)
         return
@@ -598,6 +659,17 @@ def run_broker(broker: Broker, args: argparse.Namespace, results: list[Result]) 
             except (KafkaException, RuntimeError) as e:
                 result.notes.append(f"failed: {e}")
             print(f"  {line(result)}", flush=True)
+            if result.rtt_p99_ms:
+                p50s, p99s = result.rtt_p50_ms, result.rtt_p99_ms
+                print(
+                    f"  {broker.name} librdkafka request round trip over {len(p99s)} 1 s windows:"
+                    f" p50 {statistics.median(p50s):.2f} ms (median of windows), p99 median "
+                    f"{statistics.median(p99s):.2f} ms, worst window {max(p99s):.2f} ms",
+                    flush=True,
+                )
+            if result.produce_cores:
+                busy = ", ".join(f"{k} {v:.2f}" for k, v in result.produce_cores.items())
+                print(f"  {broker.name} cores busy while producing: {busy}", flush=True)
             if result.loop_lag:
                 print(f"  {broker.name} after the restart: {result.loop_lag}", flush=True)
             if result.notes:
@@ -697,16 +769,19 @@ def table(results: list[Result], brokers: list[str], partitions: list[int], cold
 
 
 @contextmanager
-def seaweedfs(root: Path, needed: bool) -> Iterator[SeaweedFS | None]:
+def seaweedfs(root: Path, needed: bool, s3_dir: str | None) -> Iterator[SeaweedFS | None]:
     if not needed:
         yield None
         return
-    server = SeaweedFS(root / "s3", base_port=free_seaweedfs_base())
+    parent = Path(tempfile.mkdtemp(prefix="automq-pc-bench-s3-", dir=s3_dir)) if s3_dir else root
+    server = SeaweedFS(parent / "s3", base_port=free_seaweedfs_base())
     try:
         server.start()
         yield server
     finally:
         server.stop()
+        if parent != root:
+            shutil.rmtree(parent, ignore_errors=True)
 
 
 def parse_args() -> argparse.Namespace:
@@ -715,6 +790,12 @@ def parse_args() -> argparse.Namespace:
         epilog="Brokers: " + ", ".join(f"{b} ({LABELS[b]})" for b in BROKERS),
     )
     parser.add_argument("--mib", type=int, default=64, help="MiB of records per case (64)")
+    parser.add_argument(
+        "--s3-dir",
+        metavar="DIR",
+        help="where SeaweedFS keeps its data (default: the work directory, on the disk the "
+        "WAL is on); /dev/shm keeps the S3 server's writes off that disk, as with a remote S3",
+    )
     parser.add_argument("--record-size", type=int, default=KiB, help="bytes per record (1024)")
     parser.add_argument(
         "--partitions", type=int, nargs="+", default=[1, 8], help="cases: partition counts (1 8)"
@@ -784,7 +865,7 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="automq-pc-bench-"))
     results: list[Result] = []
     try:
-        with seaweedfs(root, any(b.endswith("-s3") for b in brokers)) as s3:
+        with seaweedfs(root, any(b.endswith("-s3") for b in brokers), args.s3_dir) as s3:
             if s3 is not None and "tansu-s3" in brokers:
                 create_bucket(s3, TANSU_BUCKET)
             print(
