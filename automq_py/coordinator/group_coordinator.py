@@ -6,7 +6,9 @@ state changes and offset commits are appended there as Kafka's coordinator recor
 (:mod:`automq_py.coordinator.records`) and answered once durable, so the broker keeps no state
 of its own: on start every partition is read back (requests for a group whose partition is
 still loading get COORDINATOR_LOAD_IN_PROGRESS). The topic is created on first use, as Kafka
-does, with ``offsets.topic.num.partitions`` partitions.
+does, with ``offsets.topic.num.partitions`` partitions. Creating, loading and appending are the
+:class:`~automq_py.coordinator.runtime.CoordinatorRuntime`'s job; this module says what the
+records mean.
 
 Two protocols share the group namespace:
 
@@ -43,13 +45,12 @@ from automq_py.coordinator.classic_group import (
     SyncResult,
 )
 from automq_py.coordinator.consumer_group import ConsumerGroup
-from automq_py.partition import Partition
+from automq_py.coordinator.runtime import CoordinatorRuntime
 from automq_py.replica_manager import ReplicaManager
-from automq_py.topics import TopicError, TopicInfo, TopicRegistry
-from protocol import record_batch
+from automq_py.topics import TopicRegistry
 from protocol.errors import ErrorCode
-from protocol.record_batch import InvalidRecordBatchError
-from protocol.records import RecordInput, build_batch, parse_records
+from protocol.record_batch import RecordBatchHeader
+from protocol.records import Record
 
 log = logging.getLogger("automq.coordinator")
 
@@ -62,24 +63,9 @@ OFFSETS_TOPIC_CONFIGS = {
 }
 NO_OFFSET = -1
 SWEEP_INTERVAL_S = 0.1
-LOAD_READ_BYTES = 1 << 20
 
 Group = ClassicGroup | ConsumerGroup
 TopicPartition = tuple[str, int]
-
-
-def java_string_hash(text: str) -> int:
-    """Java's ``String.hashCode`` (over UTF-16 code units), as a signed 32-bit int."""
-    h = 0
-    raw = text.encode("utf-16-be")
-    for i in range(0, len(raw), 2):
-        h = (31 * h + ((raw[i] << 8) | raw[i + 1])) & 0xFFFFFFFF
-    return h - (1 << 32) if h >= 1 << 31 else h
-
-
-def partition_for(group_id: str, partitions: int) -> int:
-    """Kafka's ``Utils.abs(groupId.hashCode) % partitions``."""
-    return (java_string_hash(group_id) & 0x7FFFFFFF) % partitions
 
 
 @dataclass(slots=True, frozen=True)
@@ -212,28 +198,28 @@ class GroupCoordinator:
         self.clock = clock
         self.groups: dict[str, Group] = {}
         self.offsets: dict[str, dict[TopicPartition, records.OffsetValue]] = {}
-        self._topic: TopicInfo | None = None
-        self._loaded: set[int] = set()
-        self._topic_lock = asyncio.Lock()
+        self.runtime = CoordinatorRuntime(
+            OFFSETS_TOPIC,
+            config.offsets_partitions,
+            OFFSETS_TOPIC_CONFIGS,
+            topics,
+            replicas,
+            self,
+        )
         self._tasks: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
         self._next_retention_check = 0.0
-        self._stopped = False
 
     # --- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Start loading ``__consumer_offsets`` (if it exists) and the sweeper."""
-        topic = self.topics.get(OFFSETS_TOPIC)
-        if topic is not None:
-            self._topic = topic
-            for index in range(topic.partitions):
-                self._spawn(self._load_partition(topic, index))
+        self.runtime.start()
         self._next_retention_check = self.clock() + self.config.retention_check_interval_ms / 1000
         self._sweeper = asyncio.create_task(self._sweep_forever())
 
     async def stop(self) -> None:
-        self._stopped = True
+        self.runtime.stop()
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -259,40 +245,9 @@ class GroupCoordinator:
 
     # --- the offsets topic -------------------------------------------------------------------
 
-    async def _offsets_topic(self) -> TopicInfo:
-        """``__consumer_offsets``, created (and every partition opened) on first use."""
-        if self._topic is not None:
-            return self._topic
-        async with self._topic_lock:
-            if self._topic is None:
-                topic = self.topics.get(OFFSETS_TOPIC)
-                if topic is None:
-                    try:
-                        topic = await self.topics.create(
-                            OFFSETS_TOPIC, self.config.offsets_partitions, OFFSETS_TOPIC_CONFIGS
-                        )
-                        log.info("created %s with %d partitions", OFFSETS_TOPIC, topic.partitions)
-                    except TopicError:
-                        topic = self.topics.get(OFFSETS_TOPIC)
-                        if topic is None:
-                            raise
-                    await asyncio.gather(
-                        *(self._load_partition(topic, i) for i in range(topic.partitions))
-                    )
-                else:
-                    for index in range(topic.partitions):
-                        self._spawn(self._load_partition(topic, index))
-                self._topic = topic
-            return self._topic
-
     async def find_coordinator(self) -> ErrorCode:
         """Make sure the offsets topic exists (FindCoordinator for a group)."""
-        try:
-            await self._offsets_topic()
-        except Exception as e:
-            log.warning("cannot create %s: %s", OFFSETS_TOPIC, e)
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE
-        return ErrorCode.NONE
+        return await self.runtime.ensure_topic()
 
     async def _ready(self, group_id: str, allow_empty_id: bool = False) -> ErrorCode:
         """NONE when ``group_id``'s partition is loaded; else the error to answer with. An
@@ -300,59 +255,24 @@ class GroupCoordinator:
         clients (OffsetCommit, OffsetFetch)."""
         if not group_id and not allow_empty_id:
             return ErrorCode.INVALID_GROUP_ID
-        if self._stopped:
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE
-        try:
-            topic = await self._offsets_topic()
-        except Exception as e:
-            log.warning("cannot create %s: %s", OFFSETS_TOPIC, e)
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE
-        if partition_for(group_id, topic.partitions) not in self._loaded:
-            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
-        return ErrorCode.NONE
+        return await self.runtime.ready(group_id)
 
-    async def _partition(self, group_id: str) -> Partition:
-        topic = await self._offsets_topic()
-        return await self.replicas.partition(topic, partition_for(group_id, topic.partitions))
+    # --- loading (the runtime's Replayer) ----------------------------------------------------
 
-    async def _load_partition(self, topic: TopicInfo, index: int) -> None:
-        started = time.perf_counter()
-        partition = await self.replicas.partition(topic, index)
-        offset, end, count = partition.log_start_offset, partition.high_watermark, 0
-        while offset < end:
-            views = await partition.read(offset, LOAD_READ_BYTES)
-            if not views:
-                break
-            for view in views:
-                for header, batch in record_batch.iter_batches(view):
-                    next_offset = header.base_offset + header.last_offset_delta + 1
-                    if next_offset <= offset:
-                        continue
-                    try:
-                        recs = parse_records(batch, check_crc=False)
-                    except InvalidRecordBatchError as e:
-                        log.warning("%s-%d: skipping a bad batch: %s", topic.name, index, e)
-                        recs = []
-                    for rec in recs:
-                        if rec.offset >= offset and rec.key is not None:
-                            self._replay(rec.key, rec.value)
-                            count += 1
-                    offset = max(offset, next_offset)
+    def replay_batch(
+        self, partition: int, header: RecordBatchHeader, recs: Sequence[Record]
+    ) -> None:
+        for rec in recs:
+            if rec.key is not None:
+                self._replay(rec.key, rec.value)
+
+    def partition_loaded(self, partition: int) -> None:
+        # members read back from the log get a full session from now
         now = self.clock()
         for group_id, group in self.groups.items():
-            mine = partition_for(group_id, topic.partitions) == index
-            if mine and isinstance(group, ClassicGroup):
+            if isinstance(group, ClassicGroup) and self.runtime.owns(group_id, partition):
                 for member in group.members.values():
                     member.deadline = now + member.session_timeout_ms / 1000
-        self._loaded.add(index)
-        if count:
-            log.info(
-                "loaded %d records of %s-%d in %.0f ms",
-                count,
-                topic.name,
-                index,
-                (time.perf_counter() - started) * 1000,
-            )
 
     def _replay(self, raw_key: bytes, raw_value: bytes | None) -> None:
         try:
@@ -391,34 +311,11 @@ class GroupCoordinator:
         self, group_id: str, entries: Sequence[tuple[records.Key, bytes | None]]
     ) -> ErrorCode:
         """Append coordinator records for ``group_id``, durably; the error to answer with."""
-        if not entries:
-            return ErrorCode.NONE
-        now = _now_ms()
-        batch = build_batch(
-            [RecordInput(value, records.encode_key(key), timestamp=now) for key, value in entries]
-        )
-        try:
-            partition = await self._partition(group_id)
-            result = await partition.append_records(memoryview(batch))
-        except Exception as e:
-            log.warning("cannot write %s for group %s: %s", OFFSETS_TOPIC, group_id, e)
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE
-        if result.error == ErrorCode.NONE:
-            return ErrorCode.NONE
-        log.warning(
-            "writing group %s to %s failed: %s %s",
+        return await self.runtime.append(
             group_id,
-            OFFSETS_TOPIC,
-            result.error.name,
-            result.message or "",
+            [(records.encode_key(key), value) for key, value in entries],
+            what=f"group {group_id}",
         )
-        if result.error in (
-            ErrorCode.MESSAGE_TOO_LARGE,
-            ErrorCode.RECORD_LIST_TOO_LARGE,
-            ErrorCode.INVALID_FETCH_SIZE,
-        ):
-            return ErrorCode.UNKNOWN_SERVER_ERROR
-        return ErrorCode.COORDINATOR_NOT_AVAILABLE
 
     async def _store_classic(self, group: ClassicGroup) -> ErrorCode:
         value = records.encode_group_value(group.to_record())
@@ -1130,12 +1027,9 @@ class GroupCoordinator:
     async def list_groups(
         self, states: Iterable[str] = (), types: Iterable[str] = ()
     ) -> tuple[ErrorCode, list[GroupOverview]]:
-        try:
-            topic = await self._offsets_topic()
-        except Exception:
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE, []
-        if len(self._loaded) < topic.partitions:
-            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []
+        error = await self.runtime.all_ready()
+        if error != ErrorCode.NONE:
+            return error, []
         wanted_states = {s.lower() for s in states}
         wanted_types = {t.lower() for t in types}
         out = []

@@ -1,0 +1,273 @@
+"""CoordinatorRuntime: a coordinator's state kept in the partitions of an internal topic.
+
+Kafka's group and transaction coordinators work the same way, and so do ours: every state
+change is a record appended to the partition of the internal topic (``__consumer_offsets``,
+``__transaction_state``) that owns the key it is about, answered once durable; on start each
+partition is read back from its log start to its high watermark and every record replayed into
+the coordinator's memory. This module is that shared part:
+
+* the topic, created on first use (FindCoordinator, or the first request that needs it) with
+  the coordinator's partition count and configs, as Kafka does;
+* placement: a key lives in partition ``abs(javaHashCode(key)) % partitions``
+  (:func:`partition_for`);
+* loading: each partition read back and handed to the coordinator batch by batch (the batch
+  header says whether a batch is a transactional one or a transaction marker, which offsets
+  committed inside transactions need); until its partition is loaded a key's requests are
+  answered COORDINATOR_LOAD_IN_PROGRESS (:meth:`CoordinatorRuntime.ready`);
+* appends: records (key bytes, value bytes or ``None`` for a tombstone) written durably into a
+  key's partition, with the error code a coordinator answers when that fails.
+
+The coordinator itself (what the records mean, how requests change them) stays in its own
+module and gives the runtime a :class:`Replayer`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Coroutine, Sequence
+from typing import Any, Protocol
+
+from automq_py.partition import Partition
+from automq_py.replica_manager import ReplicaManager
+from automq_py.topics import TopicError, TopicInfo, TopicRegistry
+from protocol import record_batch
+from protocol.errors import ErrorCode
+from protocol.record_batch import InvalidRecordBatchError, RecordBatchHeader
+from protocol.records import Record, RecordInput, build_batch, parse_records
+
+log = logging.getLogger("automq.coordinator")
+
+LOAD_READ_BYTES = 1 << 20
+
+
+def java_string_hash(text: str) -> int:
+    """Java's ``String.hashCode`` (over UTF-16 code units), as a signed 32-bit int."""
+    h = 0
+    raw = text.encode("utf-16-be")
+    for i in range(0, len(raw), 2):
+        h = (31 * h + ((raw[i] << 8) | raw[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def partition_for(key: str, partitions: int) -> int:
+    """Kafka's ``Utils.abs(key.hashCode) % partitions``: where a group id or a transactional
+    id lives in its coordinator's topic."""
+    return (java_string_hash(key) & 0x7FFFFFFF) % partitions
+
+
+class Replayer(Protocol):
+    """What a coordinator gives the runtime to rebuild its state from its topic."""
+
+    def replay_batch(
+        self, partition: int, header: RecordBatchHeader, records: Sequence[Record]
+    ) -> None:
+        """Apply one batch read back from ``partition`` (records before the load's start
+        offset already dropped)."""
+
+    def partition_loaded(self, partition: int) -> None:
+        """Every record of ``partition`` has been replayed."""
+
+
+class CoordinatorRuntime:
+    """The internal topic of one coordinator: creation, placement, loading and appends."""
+
+    def __init__(
+        self,
+        topic_name: str,
+        partitions: int,
+        topic_configs: dict[str, str],
+        topics: TopicRegistry,
+        replicas: ReplicaManager,
+        replayer: Replayer,
+    ) -> None:
+        self.topic_name = topic_name
+        self.partitions = partitions  # used when the topic is created here
+        self.topic_configs = topic_configs
+        self.topics = topics
+        self.replicas = replicas
+        self.replayer = replayer
+        self._topic: TopicInfo | None = None
+        self._loaded: set[int] = set()
+        self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._stopped = False
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start loading every partition of the topic, if it exists already."""
+        topic = self.topics.get(self.topic_name)
+        if topic is not None:
+            self._topic = topic
+            self._load_in_background(topic)
+
+    def stop(self) -> None:
+        """Requests get COORDINATOR_NOT_AVAILABLE from now on; loads still running stop."""
+        self._stopped = True
+        for task in list(self._tasks):
+            task.cancel()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def _load_in_background(self, topic: TopicInfo) -> None:
+        for index in range(topic.partitions):
+            self._spawn(self._load_partition(topic, index))
+
+    def _spawn(self, coro: Coroutine[Any, Any, object]) -> None:
+        task: asyncio.Task[Any] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("loading %s failed", self.topic_name, exc_info=task.exception())
+
+    # --- the topic ---------------------------------------------------------------------------
+
+    async def topic(self) -> TopicInfo:
+        """The topic, created (and every partition loaded) on first use."""
+        if self._topic is not None:
+            return self._topic
+        async with self._lock:
+            if self._topic is None:
+                topic = self.topics.get(self.topic_name)
+                if topic is None:
+                    try:
+                        topic = await self.topics.create(
+                            self.topic_name, self.partitions, self.topic_configs
+                        )
+                        log.info("created %s with %d partitions", self.topic_name, topic.partitions)
+                    except TopicError:
+                        topic = self.topics.get(self.topic_name)
+                        if topic is None:
+                            raise
+                    # a new topic is empty: loading it is quick, and the first request waits
+                    await asyncio.gather(
+                        *(self._load_partition(topic, i) for i in range(topic.partitions))
+                    )
+                else:
+                    self._load_in_background(topic)
+                self._topic = topic
+            return self._topic
+
+    async def ensure_topic(self) -> ErrorCode:
+        """Make sure the topic exists (FindCoordinator): NONE or COORDINATOR_NOT_AVAILABLE."""
+        try:
+            await self.topic()
+        except Exception as e:
+            log.warning("cannot create %s: %s", self.topic_name, e)
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        return ErrorCode.NONE
+
+    async def ready(self, key: str) -> ErrorCode:
+        """NONE when ``key``'s partition is loaded; else the error to answer with."""
+        if self._stopped:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        try:
+            topic = await self.topic()
+        except Exception as e:
+            log.warning("cannot create %s: %s", self.topic_name, e)
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if partition_for(key, topic.partitions) not in self._loaded:
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        return ErrorCode.NONE
+
+    async def all_ready(self) -> ErrorCode:
+        """NONE when every partition is loaded (for requests that list every key)."""
+        if self._stopped:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        try:
+            topic = await self.topic()
+        except Exception:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if len(self._loaded) < topic.partitions:
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        return ErrorCode.NONE
+
+    def owns(self, key: str, partition: int) -> bool:
+        """Whether ``key`` lives in ``partition`` (the topic must exist)."""
+        assert self._topic is not None
+        return partition_for(key, self._topic.partitions) == partition
+
+    async def partition(self, key: str) -> Partition:
+        """The partition that holds ``key``."""
+        topic = await self.topic()
+        return await self.replicas.partition(topic, partition_for(key, topic.partitions))
+
+    # --- loading -----------------------------------------------------------------------------
+
+    async def _load_partition(self, topic: TopicInfo, index: int) -> None:
+        started = time.perf_counter()
+        partition = await self.replicas.partition(topic, index)
+        offset, end, count = partition.log_start_offset, partition.high_watermark, 0
+        while offset < end:
+            views = await partition.read(offset, LOAD_READ_BYTES)
+            if not views:
+                break
+            for view in views:
+                for header, batch in record_batch.iter_batches(view):
+                    next_offset = header.base_offset + header.last_offset_delta + 1
+                    if next_offset <= offset:
+                        continue
+                    try:
+                        recs = parse_records(batch, check_crc=False)
+                    except InvalidRecordBatchError as e:
+                        log.warning("%s-%d: skipping a bad batch: %s", topic.name, index, e)
+                        recs = []
+                    recs = [r for r in recs if r.offset >= offset]
+                    self.replayer.replay_batch(index, header, recs)
+                    count += len(recs)
+                    offset = max(offset, next_offset)
+        self.replayer.partition_loaded(index)
+        self._loaded.add(index)
+        if count:
+            log.info(
+                "loaded %d records of %s-%d in %.0f ms",
+                count,
+                topic.name,
+                index,
+                (time.perf_counter() - started) * 1000,
+            )
+
+    # --- appends -----------------------------------------------------------------------------
+
+    async def append(
+        self,
+        key: str,
+        entries: Sequence[tuple[bytes, bytes | None]],
+        *,
+        what: str = "",
+    ) -> ErrorCode:
+        """Append records (key bytes, value bytes or None) to ``key``'s partition, durably;
+        the error code to answer with (NONE once durable). ``what`` names the writer in logs."""
+        if not entries:
+            return ErrorCode.NONE
+        now = int(time.time() * 1000)
+        batch = build_batch([RecordInput(value, k, timestamp=now) for k, value in entries])
+        try:
+            partition = await self.partition(key)
+            result = await partition.append_records(memoryview(batch))
+        except Exception as e:
+            log.warning("cannot write %s for %s: %s", self.topic_name, what or key, e)
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if result.error == ErrorCode.NONE:
+            return ErrorCode.NONE
+        log.warning(
+            "writing %s to %s failed: %s %s",
+            what or key,
+            self.topic_name,
+            result.error.name,
+            result.message or "",
+        )
+        if result.error in (
+            ErrorCode.MESSAGE_TOO_LARGE,
+            ErrorCode.RECORD_LIST_TOO_LARGE,
+            ErrorCode.INVALID_FETCH_SIZE,
+        ):
+            return ErrorCode.UNKNOWN_SERVER_ERROR
+        return ErrorCode.COORDINATOR_NOT_AVAILABLE
