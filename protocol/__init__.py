@@ -12,6 +12,7 @@ module              job
 ``api_versions``    ApiVersions responses, KIP-511 answer to unknown versions
 ``record_batch``    magic-v2 batch header view, validation, in-place offsets
 ``records``         record-level parse/build with compression (aiokafka.record)
+``control_records`` transaction markers: control key, marker value, marker batch
 ``errors``          ``ErrorCode`` and the codec's exceptions
 ``wire``            primitive types for the hand-written paths
 ==================  ============================================================
