@@ -13,15 +13,22 @@ checked against the log's producer state (:mod:`automq_py.producer_state`), whic
 batch when its append starts. A retried batch the partition already holds is answered with its
 original base offset, once that batch is durable, and not appended again; an out-of-order
 sequence or a fenced epoch fails the whole request for this partition.
+
+Transactions: the producer state opens a producer's transaction at its first transactional
+batch; the transaction coordinator closes it with a marker (:meth:`Partition.append_marker`),
+under the same lock. An ABORT marker first adds the transaction to the log's
+aborted-transaction index, then is appended itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 
 from automq_py.log.elastic_log import ElasticLog
-from protocol import record_batch
+from automq_py.log.txn_index import AbortedTxn
+from protocol import control_records, record_batch
 from protocol.errors import ErrorCode
 from protocol.record_batch import InvalidRecordBatchError, LegacyMessageSetError
 
@@ -75,6 +82,10 @@ class Partition:
     @property
     def log_start_offset(self) -> int:
         return self.log.log_start_offset
+
+    @property
+    def last_stable_offset(self) -> int:
+        return self.log.last_stable_offset
 
     async def append_records(self, records: memoryview) -> AppendResult:
         """Validate and append a Produce request's records; return once they are durable."""
@@ -149,6 +160,49 @@ class Partition:
         durable.add_done_callback(self._on_durable)
         return PendingAppend(durable, first, self)
 
+    async def append_marker(
+        self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool
+    ) -> AppendResult | PendingAppend:
+        """Start the append of the coordinator's COMMIT or ABORT marker for ``producer_id``'s
+        transaction here (Kafka's WriteTxnMarkers, on the leader): an :class:`AppendResult`
+        when it is refused (fenced producer epoch or coordinator epoch), else the
+        :class:`PendingAppend` of the marker batch."""
+        async with self._append_lock:
+            state = self.log.producer_state
+            check = state.check_marker(producer_id, producer_epoch, coordinator_epoch)
+            if check.error != ErrorCode.NONE:
+                return AppendResult(check.error, message=check.message)
+            base = self.log.log_end_offset
+            first = state.ongoing_txn_first_offset(producer_id)
+            if not commit and first >= 0:
+                # the LSO once this marker is in: the oldest other undecided transaction's
+                # first offset, or just past the marker (Kafka's lastStableOffset(completedTxn))
+                others = [
+                    o for pid, o in state.ongoing_first_offsets().items() if pid != producer_id
+                ]
+                await self.log.add_aborted_txn(
+                    AbortedTxn(producer_id, first, base, min(others, default=base + 1))
+                )
+            batch = control_records.build_marker_batch(
+                commit,
+                producer_id,
+                producer_epoch,
+                coordinator_epoch,
+                int(time.time() * 1000),
+                base_offset=base,
+                partition_leader_epoch=self.leader_epoch,
+            )
+            header = record_batch.parse_header(batch)
+            durable = await self.log.start_append(
+                memoryview(batch),
+                base_offset=base,
+                record_count=1,
+                max_timestamp=header.max_timestamp,
+                first_timestamp=header.base_timestamp,
+            )
+        durable.add_done_callback(self._on_durable)
+        return PendingAppend(durable, base, self)
+
     def _on_durable(self, durable: asyncio.Future[None]) -> None:
         """The high watermark moved (or the log failed): wake whoever waits on it."""
         for waiter in self._data_waiters:
@@ -186,5 +240,7 @@ class Partition:
     def remove_data_waiter(self, waiter: asyncio.Future[None]) -> None:
         self._data_waiters.discard(waiter)
 
-    async def read(self, offset: int, max_bytes: int) -> list[memoryview]:
-        return await self.log.read(offset, max_bytes)
+    async def read(
+        self, offset: int, max_bytes: int, max_offset: int | None = None
+    ) -> list[memoryview]:
+        return await self.log.read(offset, max_bytes, max_offset=max_offset)

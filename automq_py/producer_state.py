@@ -18,14 +18,24 @@ lookup):
 
 Batches without a producer id (-1) skip all of this.
 
-The state is persisted as the MetaStream's ``PRODUCER_SNAPSHOTS`` value (version 1, big-endian);
+Transactions (Kafka's ``ProducerAppendInfo.appendDataBatch`` / ``appendEndTxnMarker``): the
+first transactional batch of a producer opens its transaction at that batch's offset; a
+non-transactional batch while one is open is ``INVALID_TXN_STATE``. The coordinator's marker (a
+control batch) closes it: a marker with an older producer epoch is ``INVALID_PRODUCER_EPOCH``,
+one from an older coordinator epoch ``TRANSACTION_COORDINATOR_FENCED``; closing a non-empty
+transaction gives a :class:`CompletedTxn`. The partition's first unstable offset (what bounds
+its last stable offset, LSO) is the first offset of its oldest open transaction, or of a
+completed one whose marker is not yet durable.
+
+The state is persisted as the MetaStream's ``PRODUCER_SNAPSHOTS`` value (version 2, big-endian;
+version 1, without the two transaction fields, is still read);
 a snapshot at offset ``o`` covers every batch below ``o``, and on open the batches from ``o``
 on are replayed with :meth:`ProducerStateManager.update`:
 
 =========================  ======  ==============================================
 field                      bytes   meaning
 =========================  ======  ==============================================
-version                    2       int16, ``1``
+version                    2       int16, ``2``
 crc                        4       CRC-32C of every byte after this field
 snapshot offset            8       int64: the state covers batches below it
 producer count             4       int32
@@ -33,6 +43,8 @@ per producer:
   producer id              8       int64
   producer epoch           2       int16
   last timestamp           8       int64, broker time of its last append (ms)
+  txn first offset         8       int64, first offset of its open transaction, -1 none (v2)
+  coordinator epoch        4       int32, of the last marker it got, -1 none (v2)
   batch count              1       int8, 0..5, oldest first
   per batch:
     first sequence         4       int32
@@ -65,10 +77,14 @@ INT32_MAX = 0x7FFFFFFF
 BATCHES_TO_RETAIN = 5  # Kafka's ProducerStateEntry.NUM_BATCHES_TO_RETAIN (max.in.flight <= 5)
 DEFAULT_PRODUCER_ID_EXPIRATION_MS = 86_400_000  # Kafka's producer.id.expiration.ms
 
-SNAPSHOT_VERSION = 1
+NO_OFFSET = -1
+NO_COORDINATOR_EPOCH = -1
+
+SNAPSHOT_VERSION = 2
 _SNAPSHOT_HEAD = struct.Struct(">hI")
 _SNAPSHOT_BODY_HEAD = struct.Struct(">qi")
-_PRODUCER = struct.Struct(">qhqb")
+_PRODUCER_V1 = struct.Struct(">qhqb")
+_PRODUCER = struct.Struct(">qhqqib")
 _BATCH = struct.Struct(">iiqqq")
 
 
@@ -95,6 +111,8 @@ class ProducerStateEntry:
     producer_epoch: int = NO_PRODUCER_EPOCH
     batches: deque[BatchMetadata] = field(default_factory=lambda: deque(maxlen=BATCHES_TO_RETAIN))
     last_timestamp: int = -1
+    current_txn_first_offset: int = NO_OFFSET  # first offset of its open transaction
+    coordinator_epoch: int = NO_COORDINATOR_EPOCH  # of the last marker it got
 
     @property
     def last_seq(self) -> int:
@@ -112,11 +130,25 @@ class ProducerStateEntry:
     def add_batch(self, epoch: int, batch: BatchMetadata, now_ms: int) -> None:
         """Remember a batch appended at broker time ``now_ms``; a new epoch forgets the old
         epoch's batches."""
+        self._set_epoch(epoch)
+        self.batches.append(batch)  # the deque's maxlen drops the oldest beyond five
+        self.last_timestamp = max(self.last_timestamp, now_ms)
+
+    def _set_epoch(self, epoch: int) -> None:
         if epoch != self.producer_epoch:
             self.batches.clear()
             self.producer_epoch = epoch
-        self.batches.append(batch)  # the deque's maxlen drops the oldest beyond five
-        self.last_timestamp = max(self.last_timestamp, now_ms)
+
+
+@dataclass(slots=True, frozen=True)
+class CompletedTxn:
+    """A transaction its marker closed (Kafka's ``CompletedTxn``): the producer's data from
+    ``first_offset`` and the marker at ``last_offset``."""
+
+    producer_id: int
+    first_offset: int
+    last_offset: int
+    is_aborted: bool
 
 
 @dataclass(slots=True, frozen=True)
@@ -147,6 +179,14 @@ class ProducerStateManager:
 
     def __init__(self, entries: Iterable[ProducerStateEntry] = ()) -> None:
         self._producers: dict[int, ProducerStateEntry] = {e.producer_id: e for e in entries}
+        # producer id -> first offset of its open transaction
+        self._ongoing: dict[int, int] = {
+            e.producer_id: e.current_txn_first_offset
+            for e in self._producers.values()
+            if e.current_txn_first_offset != NO_OFFSET
+        }
+        # completed transactions whose marker may not be durable yet, in marker order
+        self._unstable: deque[CompletedTxn] = deque()
 
     def __len__(self) -> int:
         return len(self._producers)
@@ -167,8 +207,19 @@ class ProducerStateManager:
         """
         # (epoch, last sequence) per producer as the batches before would leave it
         pending: dict[int, tuple[int, int]] = {}
+        in_txn: set[int] = set()  # producers whose transaction an earlier batch opened
         for h in headers:
+            if h.is_control:
+                # markers come from the transaction coordinator only (Kafka's LogValidator)
+                return AppendCheck(
+                    ErrorCode.INVALID_RECORD, message="clients cannot write control batches"
+                )
             if not has_producer_id(h):
+                if h.is_transactional:
+                    return AppendCheck(
+                        ErrorCode.INVALID_RECORD,
+                        message="a transactional batch without a producer id",
+                    )
                 continue
             pid, epoch, first_seq = h.producer_id, h.producer_epoch, h.base_sequence
             if first_seq < 0:
@@ -191,18 +242,96 @@ class ProducerStateManager:
             error = _check_epoch_and_sequence(pid, epoch, first_seq, known_epoch, last_seq)
             if error is not None:
                 return error
+            if not h.is_transactional and (pid in in_txn or pid in self._ongoing):
+                return AppendCheck(
+                    ErrorCode.INVALID_TXN_STATE,
+                    message=f"producer {pid} sent a non-transactional batch while its "
+                    "transaction is open",
+                )
+            if h.is_transactional:
+                in_txn.add(pid)
             pending[pid] = (epoch, h.last_sequence)
         return AppendCheck()
 
-    def update(self, header: RecordBatchHeader, base_offset: int, now_ms: int) -> None:
+    def check_marker(
+        self, producer_id: int, producer_epoch: int, coordinator_epoch: int
+    ) -> AppendCheck:
+        """Whether the coordinator's marker for ``producer_id`` may be appended (Kafka's
+        ``appendEndTxnMarker`` checks)."""
+        entry = self._producers.get(producer_id)
+        if entry is None:
+            return AppendCheck()
+        if producer_epoch < entry.producer_epoch:
+            return AppendCheck(
+                ErrorCode.INVALID_PRODUCER_EPOCH,
+                message=f"marker for producer {producer_id} has epoch {producer_epoch}, older "
+                f"than its current epoch {entry.producer_epoch}",
+            )
+        if coordinator_epoch < entry.coordinator_epoch:
+            return AppendCheck(
+                ErrorCode.TRANSACTION_COORDINATOR_FENCED,
+                message=f"marker for producer {producer_id} from coordinator epoch "
+                f"{coordinator_epoch}, older than {entry.coordinator_epoch}",
+            )
+        return AppendCheck()
+
+    def ongoing_txn_first_offset(self, producer_id: int) -> int:
+        """First offset of ``producer_id``'s open transaction here, -1 when none is open."""
+        return self._ongoing.get(producer_id, NO_OFFSET)
+
+    def ongoing_first_offsets(self) -> dict[int, int]:
+        """Producer id -> first offset of its open transaction, for every open one."""
+        return dict(self._ongoing)
+
+    def first_unstable_offset(self, high_watermark: int) -> int | None:
+        """The first offset of the oldest transaction not yet decided, or decided by a marker
+        not yet durable (below ``high_watermark`` is durable); None when there is none."""
+        while self._unstable and self._unstable[0].last_offset < high_watermark:
+            self._unstable.popleft()
+        first = min(self._ongoing.values(), default=None)
+        if self._unstable:
+            oldest = min(t.first_offset for t in self._unstable)
+            first = oldest if first is None else min(first, oldest)
+        return first
+
+    def update(
+        self,
+        header: RecordBatchHeader,
+        base_offset: int,
+        now_ms: int,
+        marker: tuple[bool, int] | None = None,
+    ) -> CompletedTxn | None:
         """Record a batch now in the log at ``base_offset`` (after an append at broker time
         ``now_ms``, or when replaying the log on open). Batches without a producer id are
-        ignored."""
+        ignored. A control batch needs its ``marker``: ``(is_commit, coordinator_epoch)``;
+        closing a non-empty transaction returns it."""
         if not has_producer_id(header):
-            return
+            return None
         entry = self._producers.get(header.producer_id)
         if entry is None:
             entry = self._producers[header.producer_id] = ProducerStateEntry(header.producer_id)
+        if header.is_control:
+            if marker is None:
+                return None  # an empty control batch (a cleaned transaction): nothing to close
+            is_commit, coordinator_epoch = marker
+            completed = None
+            if entry.current_txn_first_offset != NO_OFFSET:
+                completed = CompletedTxn(
+                    header.producer_id,
+                    entry.current_txn_first_offset,
+                    base_offset + header.last_offset_delta,
+                    not is_commit,
+                )
+                self._unstable.append(completed)
+            entry._set_epoch(header.producer_epoch)
+            entry.coordinator_epoch = coordinator_epoch
+            entry.current_txn_first_offset = NO_OFFSET
+            entry.last_timestamp = max(entry.last_timestamp, now_ms)
+            self._ongoing.pop(header.producer_id, None)
+            return completed
+        if header.is_transactional and entry.current_txn_first_offset == NO_OFFSET:
+            entry.current_txn_first_offset = base_offset
+            self._ongoing[header.producer_id] = base_offset
         entry.add_batch(
             header.producer_epoch,
             BatchMetadata(
@@ -214,6 +343,7 @@ class ProducerStateManager:
             ),
             now_ms,
         )
+        return None
 
     def expire(self, now_ms: int, max_age_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS) -> int:
         """Forget producers that appended nothing for ``max_age_ms`` (Kafka's
@@ -222,7 +352,9 @@ class ProducerStateManager:
         Kafka measures this on batch timestamps; broker time is used here so that a producer
         writing old create-times (a replay, a backfill) is not forgotten at the next roll."""
         expired = [
-            pid for pid, e in self._producers.items() if now_ms - e.last_timestamp >= max_age_ms
+            pid
+            for pid, e in self._producers.items()
+            if now_ms - e.last_timestamp >= max_age_ms and pid not in self._ongoing
         ]
         for pid in expired:
             del self._producers[pid]
@@ -272,7 +404,14 @@ def encode_snapshot(offset: int, entries: Iterable[ProducerStateEntry]) -> bytes
     listed = list(entries)
     body = bytearray(_SNAPSHOT_BODY_HEAD.pack(offset, len(listed)))
     for e in listed:
-        body += _PRODUCER.pack(e.producer_id, e.producer_epoch, e.last_timestamp, len(e.batches))
+        body += _PRODUCER.pack(
+            e.producer_id,
+            e.producer_epoch,
+            e.last_timestamp,
+            e.current_txn_first_offset,
+            e.coordinator_epoch,
+            len(e.batches),
+        )
         for b in e.batches:
             body += _BATCH.pack(b.first_seq, b.last_seq, b.first_offset, b.last_offset, b.timestamp)
     return _SNAPSHOT_HEAD.pack(SNAPSHOT_VERSION, crc32c.crc32c(body)) + bytes(body)
@@ -284,7 +423,7 @@ def decode_snapshot(buf: bytes | memoryview) -> tuple[int, list[ProducerStateEnt
     if len(view) < _SNAPSHOT_HEAD.size + _SNAPSHOT_BODY_HEAD.size:
         raise InvalidProducerSnapshotError(f"producer snapshot of {len(view)} bytes is too short")
     version, crc = _SNAPSHOT_HEAD.unpack_from(view, 0)
-    if version != SNAPSHOT_VERSION:
+    if version not in (1, SNAPSHOT_VERSION):
         raise InvalidProducerSnapshotError(f"unknown producer snapshot version {version}")
     if crc32c.crc32c(view[_SNAPSHOT_HEAD.size :]) != crc:
         raise InvalidProducerSnapshotError("producer snapshot CRC-32C mismatch")
@@ -294,11 +433,28 @@ def decode_snapshot(buf: bytes | memoryview) -> tuple[int, list[ProducerStateEnt
     entries: list[ProducerStateEntry] = []
     try:
         for _ in range(count):
-            pid, epoch, last_timestamp, n = _PRODUCER.unpack_from(view, pos)
-            pos += _PRODUCER.size
+            if version == 1:
+                pid, epoch, last_timestamp, n = _PRODUCER_V1.unpack_from(view, pos)
+                txn_first, coordinator_epoch = NO_OFFSET, NO_COORDINATOR_EPOCH
+                pos += _PRODUCER_V1.size
+            else:
+                pid, epoch, last_timestamp, txn_first, coordinator_epoch, n = _PRODUCER.unpack_from(
+                    view, pos
+                )
+                pos += _PRODUCER.size
             if not 0 <= n <= BATCHES_TO_RETAIN:
                 raise InvalidProducerSnapshotError(f"producer {pid} has {n} cached batches")
-            entry = ProducerStateEntry(pid, epoch, last_timestamp=last_timestamp)
+            if txn_first < NO_OFFSET:
+                raise InvalidProducerSnapshotError(
+                    f"producer {pid} has transaction first offset {txn_first}"
+                )
+            entry = ProducerStateEntry(
+                pid,
+                epoch,
+                last_timestamp=last_timestamp,
+                current_txn_first_offset=txn_first,
+                coordinator_epoch=coordinator_epoch,
+            )
             for _ in range(n):
                 entry.batches.append(BatchMetadata(*_BATCH.unpack_from(view, pos)))
                 pos += _BATCH.size

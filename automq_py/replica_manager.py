@@ -23,9 +23,11 @@ from typing import Any
 from automq_py.errors import describe, partition_failed
 from automq_py.log.elastic_log import ElasticLog
 from automq_py.log.log_config import LogConfig
+from automq_py.log.txn_index import AbortedTxn
 from automq_py.partition import AppendResult, Partition, PendingAppend
 from automq_py.topic_config import effective_topic_config
 from automq_py.topics import TopicError, TopicInfo
+from protocol import record_batch
 from protocol.errors import ErrorCode
 from storage.s3_storage import S3Storage
 from storage.stream import StreamClient
@@ -63,6 +65,9 @@ class FetchData:
     high_watermark: int = -1
     log_start_offset: int = -1
     records: list[memoryview] | None = None
+    last_stable_offset: int = -1
+    # read_committed: the aborted transactions with data among ``records`` (else None)
+    aborted: list[AbortedTxn] | None = None
 
     @property
     def size(self) -> int:
@@ -292,14 +297,17 @@ class ReplicaManager:
         max_bytes: int,
         min_bytes: int,
         max_wait_s: float,
+        read_committed: bool = False,
     ) -> list[FetchData]:
         """Read every entry (the first partition with data returns at least one batch, even
         past ``max_bytes``); while fewer than ``min_bytes`` came back and no partition failed,
-        wait up to ``max_wait_s`` for one of them to get new data, and read again."""
+        wait up to ``max_wait_s`` for one of them to get new data, and read again.
+        ``read_committed`` (isolation level 1) reads up to each partition's last stable offset
+        and lists the aborted transactions among what it returns."""
         deadline = time.monotonic() + max(0.0, max_wait_s)
         while True:
             partitions: list[Partition | None] = []
-            results = await self._read_all(entries, max_bytes, partitions)
+            results = await self._read_all(entries, max_bytes, partitions, read_committed)
             total = sum(r.size for r in results)
             remaining = deadline - time.monotonic()
             if (
@@ -318,7 +326,11 @@ class ReplicaManager:
             await _wait_for_data(waiting, remaining)
 
     async def _read_all(
-        self, entries: Sequence[FetchEntry], max_bytes: int, partitions: list[Partition | None]
+        self,
+        entries: Sequence[FetchEntry],
+        max_bytes: int,
+        partitions: list[Partition | None],
+        read_committed: bool,
     ) -> list[FetchData]:
         # open the partitions concurrently: a first open after a start reads from object storage
         opened = await asyncio.gather(*(self._open_for_read(entry) for entry in entries))
@@ -329,7 +341,7 @@ class ReplicaManager:
             return list(
                 await asyncio.gather(
                     *(
-                        self._read_partition(entry, p, entry.max_bytes)
+                        self._read_partition(entry, p, entry.max_bytes, read_committed)
                         if isinstance(p, Partition)
                         else _done(p)
                         for entry, p in zip(entries, opened, strict=True)
@@ -344,7 +356,9 @@ class ReplicaManager:
                 continue
             limit = min(entry.max_bytes, max(max_bytes - total, 0))
             # the first partition with data returns at least one batch (Kafka's rule)
-            data = await self._read_partition(entry, p, limit if total else max(limit, 1))
+            data = await self._read_partition(
+                entry, p, limit if total else max(limit, 1), read_committed
+            )
             total += data.size
             results.append(data)
         return results
@@ -360,15 +374,21 @@ class ReplicaManager:
             return FetchData(self._read_failed(entry, e))
 
     async def _read_partition(
-        self, entry: FetchEntry, partition: Partition, limit: int
+        self, entry: FetchEntry, partition: Partition, limit: int, read_committed: bool
     ) -> FetchData:
         hw, start = partition.high_watermark, partition.log_start_offset
-        data = FetchData(ErrorCode.NONE, hw, start, [])
+        lso = partition.last_stable_offset
+        data = FetchData(ErrorCode.NONE, hw, start, [], lso, [] if read_committed else None)
+        end = lso if read_committed else hw
         if entry.offset < start or entry.offset > partition.log_end_offset:
             data.error = ErrorCode.OFFSET_OUT_OF_RANGE
-        elif entry.offset < hw and limit > 0:
+        elif entry.offset < end and limit > 0:
             try:
-                data.records = await partition.read(entry.offset, limit)
+                data.records = await partition.read(entry.offset, limit, end)
+                if read_committed and data.records:
+                    data.aborted = await partition.log.aborted_transactions(
+                        entry.offset, _records_end(data.records[-1], entry.offset)
+                    )
             except Exception as e:  # out of range (a trim raced), or storage failing
                 data.error = self._read_failed(entry, e)
         return data
@@ -422,3 +442,11 @@ async def _wait_for_data(partitions: list[tuple[Partition, int]], timeout: float
 
 async def _done(data: FetchData) -> FetchData:
     return data
+
+
+def _records_end(view: memoryview, end: int) -> int:
+    """The offset after the last batch in ``view`` (a read returns whole batches, several
+    per buffer): where a read_committed fetch's aborted-transaction lookup ends."""
+    for header, _ in record_batch.iter_batches(view):
+        end = header.last_offset + 1
+    return end

@@ -18,7 +18,12 @@ from automq_py.replica_manager import FetchEntry
 from protocol import build, record_batch, wire
 from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
-from protocol.fetch import FetchPartitionResult, FetchTopicResult, encode_fetch_response
+from protocol.fetch import (
+    AbortedTransaction,
+    FetchPartitionResult,
+    FetchTopicResult,
+    encode_fetch_response,
+)
 from protocol.messages import Request, response_schema
 from protocol.record_batch import InvalidRecordBatchError
 from protocol.records import parse_records
@@ -26,6 +31,7 @@ from protocol.records import parse_records
 EARLIEST = -2
 LATEST = -1
 MAX_TIMESTAMP = -3
+READ_COMMITTED = 1  # isolation_level of Fetch v4+ and ListOffsets v2+
 
 
 async def handle_fetch(ctx: BrokerContext, request: Request) -> Any:
@@ -59,6 +65,7 @@ async def handle_fetch(ctx: BrokerContext, request: Request) -> Any:
         max_bytes=max_bytes,
         min_bytes=max(0, int(body.min_bytes)),
         max_wait_s=max_wait,
+        read_committed=int(getattr(body, "isolation_level", 0)) == READ_COMMITTED,
     )
     topics: list[FetchTopicResult] = []
     i = 0
@@ -74,8 +81,11 @@ async def handle_fetch(ctx: BrokerContext, request: Request) -> Any:
                     int(p.partition),
                     r.error,
                     high_watermark=r.high_watermark,
-                    last_stable_offset=r.high_watermark,
+                    last_stable_offset=r.last_stable_offset,
                     log_start_offset=r.log_start_offset,
+                    aborted_transactions=None
+                    if r.aborted is None
+                    else [AbortedTransaction(t.producer_id, t.first_offset) for t in r.aborted],
                     records=r.records or [],
                 )
             )
@@ -112,7 +122,12 @@ async def handle_list_offsets(ctx: BrokerContext, request: Request) -> Any:
                 if ts == EARLIEST:
                     entry["offset"] = partition.log_start_offset
                 elif ts == LATEST:
-                    entry["offset"] = partition.high_watermark
+                    # read_committed consumers start from, and see lag to, the stable offset
+                    entry["offset"] = (
+                        partition.last_stable_offset
+                        if int(getattr(request.body, "isolation_level", 0)) == READ_COMMITTED
+                        else partition.high_watermark
+                    )
                 elif ts == MAX_TIMESTAMP:
                     offset, max_ts = await partition.log.max_timestamp_offset()
                     entry.update(offset=offset, timestamp=max_ts)

@@ -5,7 +5,8 @@ big-endian long). The MetaStream holds ``PARTITION`` (log start offset, clean sh
 ``LOG`` (stream ids and segments, see :mod:`automq_py.log.elastic_log_meta`),
 ``LEADER_EPOCH_CHECKPOINT`` and ``PRODUCER_SNAPSHOTS`` (see :mod:`automq_py.producer_state`).
 The segments are slices of the ``log`` (record batches) and ``tim`` (time index) streams;
-``txn`` stays -1 until transactions need it.
+``txn`` (the aborted-transaction index, :mod:`automq_py.log.txn_index`) stays -1 until the
+partition's first aborted transaction.
 
 Every stream is opened at the partition's epoch, so opening the log on a new owner fences the
 old one. ``LOG`` is written when a segment is created, rolled or dropped and on close; the
@@ -49,8 +50,16 @@ from automq_py.log.log_config import LogConfig
 from automq_py.log.meta_stream import MetaStream
 from automq_py.log.meta_stream_record import LeaderEpochCheckpoint
 from automq_py.log.time_index import SegmentTimeIndex
+from automq_py.log.txn_index import (
+    ENTRY_SIZE,
+    AbortedTxn,
+    aborted_in_range,
+    decode_entries,
+    encode_entry,
+)
 from automq_py.producer_state import InvalidProducerSnapshotError, ProducerStateManager
-from protocol.record_batch import InvalidRecordBatchError, parse_header
+from protocol import control_records
+from protocol.record_batch import InvalidRecordBatchError, RecordBatchHeader, parse_header
 from storage.errors import OffsetOutOfRangeError, StreamClosedError
 from storage.metadata.manager import MetadataManager
 from storage.retention import SegmentInfo
@@ -93,6 +102,17 @@ def _meta_stream_id(metadata: MetadataManager, key: str) -> int | None:
     return int(stream_id)
 
 
+def _marker(header: RecordBatchHeader, batch: bytes | memoryview) -> tuple[bool, int] | None:
+    """``(is_commit, coordinator_epoch)`` of a control batch; None for data batches and for
+    an empty or unreadable control batch."""
+    if not header.is_control or header.records_count == 0:
+        return None
+    try:
+        return control_records.parse_marker(batch)
+    except ValueError:
+        return None
+
+
 def _wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -127,6 +147,9 @@ class ElasticLog:
         self._lock = asyncio.Lock()  # appends, rolls, meta writes: one at a time
         self._closed = False
         self.producer_state = ProducerStateManager()
+        # the aborted-transaction index, (stream position, entry), read on first use
+        self._aborted: list[tuple[int, AbortedTxn]] | None = None
+        self._aborted_lock = asyncio.Lock()
 
     # -- open ------------------------------------------------------------------------------------
 
@@ -358,7 +381,9 @@ class ElasticLog:
                 continue
             async for view in segment.batches(start):
                 if view.header.last_offset >= start:
-                    self.producer_state.update(view.header, view.header.base_offset, now)
+                    self.producer_state.update(
+                        view.header, view.header.base_offset, now, _marker(view.header, view.data)
+                    )
                     replayed += 1
         if replayed:
             log.info(
@@ -394,6 +419,14 @@ class ElasticLog:
         """The end of the durable log: every offset below is acknowledged and may be read. On
         a single node durable means committed, so this is Kafka's high watermark."""
         return self._segments[-1].next_offset
+
+    @property
+    def last_stable_offset(self) -> int:
+        """Kafka's LSO: below it every transaction is decided and its marker durable;
+        read_committed consumers read up to here."""
+        hw = self.high_watermark
+        unstable = self.producer_state.first_unstable_offset(hw)
+        return hw if unstable is None else min(hw, unstable)
 
     @property
     def segments(self) -> list[ElasticStreamSegmentMeta]:
@@ -481,12 +514,63 @@ class ElasticLog:
             return durable
 
     def _track_producer(self, batch: bytes | memoryview, base_offset: int, now: int) -> None:
-        """Record an appended batch in the producer state (from its header alone)."""
+        """Record an appended batch in the producer state (from its header, and a marker's
+        record)."""
         try:
             header = parse_header(batch)
         except InvalidRecordBatchError:
             return  # not a Kafka batch (some tests append opaque payloads): no producer
-        self.producer_state.update(header, base_offset, now)
+        self.producer_state.update(header, base_offset, now, _marker(header, batch))
+
+    # -- transactions ----------------------------------------------------------------------------
+
+    async def add_aborted_txn(self, txn: AbortedTxn) -> None:
+        """Start the append of ``txn`` to the aborted-transaction index (creating the Txn
+        stream on the first one). Call it before appending the ABORT marker itself: the WAL
+        makes records durable in order, so a durable marker implies its index entry."""
+        await self._load_aborted()
+        async with self._lock:
+            self._check_open()
+            stream = self._streams.get(TXN_STREAM)
+            if stream is None:
+                stream = await self.client.create_and_open(self.epoch)
+                self._streams[TXN_STREAM] = stream
+                self._stream_map[TXN_STREAM] = stream.stream_id
+                await self._persist_log_meta()
+                log.info(
+                    "MetaStream %d: created the Txn stream %d",
+                    self.meta_stream_id,
+                    stream.stream_id,
+                )
+            entry = encode_entry(txn)
+            position, _ = await stream.start_append(entry, len(entry), backpressure=False)
+            assert self._aborted is not None
+            self._aborted.append((position, txn))
+
+    async def aborted_transactions(self, fetch_offset: int, upper_bound: int) -> list[AbortedTxn]:
+        """The aborted transactions with data in ``[fetch_offset, upper_bound)``."""
+        entries = await self._load_aborted()
+        return aborted_in_range((t for _, t in entries), fetch_offset, upper_bound)
+
+    async def _load_aborted(self) -> list[tuple[int, AbortedTxn]]:
+        if self._aborted is not None:
+            return self._aborted
+        async with self._aborted_lock:
+            if self._aborted is None:
+                loaded: list[tuple[int, AbortedTxn]] = []
+                stream = self._streams.get(TXN_STREAM)
+                if stream is not None:
+                    pos, end = stream.start_offset, stream.confirmed_offset
+                    while pos < end:
+                        result = await stream.fetch(pos, end)
+                        if not result.batches:
+                            break
+                        for batch in result.batches:
+                            for i, txn in enumerate(decode_entries(batch.payload)):
+                                loaded.append((batch.base_offset + i * ENTRY_SIZE, txn))
+                            pos = batch.last_offset
+                self._aborted = loaded
+            return self._aborted
 
     async def roll(self) -> None:
         """Start a new active segment now (if the current one holds anything)."""
@@ -547,10 +631,16 @@ class ElasticLog:
             for name, start in (
                 (LOG_STREAM + s.stream_suffix, s.log_slice.start),
                 (TIME_STREAM + s.stream_suffix, s.time_index.slice_start),
+                (TXN_STREAM, s.txn_slice.start),
             ):
                 starts[name] = min(starts.get(name, start), start)
         for name, start in starts.items():
-            await self._streams[name].trim(start)
+            stream = self._streams.get(name)
+            if stream is None:
+                continue  # no Txn stream yet
+            await stream.trim(start)
+            if name == TXN_STREAM and self._aborted is not None:
+                self._aborted = [(p, t) for p, t in self._aborted if p >= start]
 
     async def assign_leader_epoch(self, epoch: int, start_offset: int) -> None:
         """Record that leader ``epoch`` starts at ``start_offset`` (LEADER_EPOCH_CHECKPOINT)."""

@@ -3,8 +3,10 @@ the ElasticLog across a clean close and a crash."""
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
+import crc32c
 import pytest
 
 from automq_py.log import meta_stream_record as keys
@@ -187,7 +189,7 @@ def test_a_snapshot_round_trips() -> None:
     [
         lambda b: b[:-1],
         lambda b: b + b"\x00",
-        lambda b: b"\x00\x02" + b[2:],
+        lambda b: b"\x00\x03" + b[2:],
         lambda b: b[:10] + bytes([b[10] ^ 1]) + b[11:],
         lambda b: b[:3],
     ],
@@ -312,3 +314,130 @@ async def test_a_log_without_idempotent_producers_writes_no_snapshot(tmp_path: P
         assert log.meta_stream.get(keys.PRODUCER_SNAPSHOTS) is None
     finally:
         await storage.close()
+
+
+# -- transactions ---------------------------------------------------------------------------------
+
+
+def txn_header(seq: int, count: int = 1, *, pid: int = PID, epoch: int = 0) -> RecordBatchHeader:
+    """The header of a transactional batch."""
+    records = [RecordInput(f"t{i}".encode(), None, [], T0) for i in range(count)]
+    return parse_header(
+        build_batch(
+            records,
+            producer_id=pid,
+            producer_epoch=epoch,
+            base_sequence=seq,
+            is_transactional=True,
+        )
+    )
+
+
+def marker_header(*, pid: int = PID, epoch: int = 0) -> RecordBatchHeader:
+    """The header of a control batch (its record's bytes do not matter to the state)."""
+    return parse_header(
+        build_batch(
+            [RecordInput(b"\x00\x00\x00\x00\x00\x00", b"\x00\x00\x00\x00", [], T0)],
+            producer_id=pid,
+            producer_epoch=epoch,
+            is_transactional=True,
+            is_control=True,
+        )
+    )
+
+
+def test_a_transactional_batch_opens_a_transaction_that_its_marker_closes() -> None:
+    state = ProducerStateManager()
+    end = appended(state, header(0, 2), txn_header(2, 3), txn_header(5, 1), at=10)
+    assert state.ongoing_txn_first_offset(PID) == 12
+    assert state.first_unstable_offset(0) == 12
+    completed = state.update(marker_header(), end, T0, marker=(False, 3))
+    assert completed is not None
+    assert (completed.first_offset, completed.last_offset, completed.is_aborted) == (12, 16, True)
+    assert state.ongoing_txn_first_offset(PID) == -1
+    # decided, but the marker is not durable until the high watermark passes it
+    assert state.first_unstable_offset(16) == 12
+    assert state.first_unstable_offset(17) is None
+    entry = state.entry(PID)
+    assert entry is not None and entry.coordinator_epoch == 3
+
+
+def test_the_oldest_open_transaction_bounds_the_stable_offset() -> None:
+    state = ProducerStateManager()
+    at = appended(state, txn_header(0, pid=1), at=5)
+    at = appended(state, txn_header(0, pid=2), at=at)
+    assert state.first_unstable_offset(100) == 5
+    state.update(marker_header(pid=1), at, T0, marker=(True, 0))
+    assert state.first_unstable_offset(at) == 5  # marker at `at` not durable yet
+    assert state.first_unstable_offset(at + 1) == 6
+
+
+def test_a_marker_without_data_completes_nothing() -> None:
+    state = ProducerStateManager()
+    appended(state, header(0))
+    assert state.update(marker_header(), 1, T0, marker=(True, 0)) is None
+    assert state.first_unstable_offset(0) is None
+
+
+def test_a_plain_batch_inside_a_transaction_is_invalid_txn_state() -> None:
+    state = ProducerStateManager()
+    appended(state, txn_header(0, 2))
+    assert state.check([header(2)]).error == ErrorCode.INVALID_TXN_STATE
+    # and within one request, after the batch that opens it
+    fresh = ProducerStateManager()
+    assert fresh.check([txn_header(0), header(1)]).error == ErrorCode.INVALID_TXN_STATE
+    assert fresh.check([header(0), txn_header(1)]).ok
+
+
+def test_clients_cannot_write_control_batches() -> None:
+    assert ProducerStateManager().check([marker_header()]).error == ErrorCode.INVALID_RECORD
+
+
+def test_markers_from_an_old_epoch_or_an_old_coordinator_are_fenced() -> None:
+    state = ProducerStateManager()
+    appended(state, txn_header(0, epoch=5))
+    state.update(marker_header(epoch=5), 1, T0, marker=(True, 7))
+    assert state.check_marker(PID, 4, 7).error == ErrorCode.INVALID_PRODUCER_EPOCH
+    assert state.check_marker(PID, 5, 6).error == ErrorCode.TRANSACTION_COORDINATOR_FENCED
+    assert state.check_marker(PID, 6, 7).ok
+    assert state.check_marker(PID + 1, 0, 0).ok  # unknown producer
+
+
+def test_a_marker_with_a_bumped_epoch_restarts_the_sequence() -> None:
+    state = ProducerStateManager()
+    end = appended(state, txn_header(0, 3, epoch=1))
+    state.update(marker_header(epoch=2), end, T0, marker=(False, 0))  # aborted on timeout
+    assert state.check([txn_header(3, epoch=1)]).error == ErrorCode.INVALID_PRODUCER_EPOCH
+    assert state.check([txn_header(0, epoch=2)]).ok
+
+
+def test_a_producer_with_an_open_transaction_does_not_expire() -> None:
+    state = ProducerStateManager()
+    appended(state, txn_header(0))
+    assert state.expire(T0 + 10 * 86_400_000) == 0
+    state.update(marker_header(), 1, T0, marker=(True, 0))
+    assert state.expire(T0 + 10 * 86_400_000) == 1
+
+
+def test_open_transactions_survive_a_snapshot() -> None:
+    state = ProducerStateManager()
+    appended(state, txn_header(0, 2), at=40)
+    state.update(marker_header(pid=9), 50, T0, marker=(True, 4))
+    restored, _ = ProducerStateManager.from_snapshot(state.snapshot(60))
+    assert restored.ongoing_txn_first_offset(PID) == 40
+    assert restored.first_unstable_offset(60) == 40
+    assert restored.check([header(2)]).error == ErrorCode.INVALID_TXN_STATE
+    entry = restored.entry(9)
+    assert entry is not None and entry.coordinator_epoch == 4
+
+
+def test_a_version_1_snapshot_is_still_read() -> None:
+    # version 1: no transaction fields per producer
+    body = struct.pack(">qi", 77, 1) + struct.pack(">qhqb", PID, 3, T0, 1)
+    body += struct.pack(">iiqqq", 0, 4, 10, 14, T0)
+    raw = struct.pack(">hI", 1, crc32c.crc32c(body)) + body
+    offset, entries = decode_snapshot(raw)
+    assert offset == 77 and len(entries) == 1
+    entry = entries[0]
+    assert (entry.producer_epoch, entry.last_seq, entry.current_txn_first_offset) == (3, 4, -1)
+    assert entry.coordinator_epoch == -1

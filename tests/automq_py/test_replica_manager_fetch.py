@@ -62,9 +62,11 @@ def entries(max_bytes: int) -> list[FetchEntry]:
 def slow_reads(monkeypatch: pytest.MonkeyPatch) -> None:
     real_read = Partition.read
 
-    async def read(self: Partition, offset: int, max_bytes: int) -> Any:
+    async def read(
+        self: Partition, offset: int, max_bytes: int, max_offset: int | None = None
+    ) -> Any:
         await asyncio.sleep(DELAY_S)
-        return await real_read(self, offset, max_bytes)
+        return await real_read(self, offset, max_bytes, max_offset)
 
     monkeypatch.setattr(Partition, "read", read)
 
