@@ -15,8 +15,13 @@ import signal
 
 from automq_py.apis import KafkaApis
 from automq_py.apis.context import BrokerContext
+from automq_py.apis.producer import producer_id_manager
 from automq_py.config import BrokerConfig
 from automq_py.coordinator.group_coordinator import GroupConfig, GroupCoordinator
+from automq_py.coordinator.transaction_coordinator import (
+    TransactionConfig,
+    TransactionCoordinator,
+)
 from automq_py.loop_lag import LoopLagMonitor
 from automq_py.maintenance import Maintenance
 from automq_py.network.server import SocketServer
@@ -34,6 +39,7 @@ class Broker:
         self.replicas: ReplicaManager | None = None
         self.server: SocketServer | None = None
         self.groups: GroupCoordinator | None = None
+        self.transactions: TransactionCoordinator | None = None
         self.maintenance: Maintenance | None = None
         self.loop_lag = LoopLagMonitor()
         self._settling: asyncio.Task[None] | None = None
@@ -42,6 +48,7 @@ class Broker:
         config = self.config
         self.loop_lag.start()
         group_config = GroupConfig.from_broker(config)  # a bad setting fails before any I/O
+        transaction_config = TransactionConfig.from_broker(config)
         self.storage = await S3Storage.start(config.storage)
         topics = TopicRegistry(self.storage.metadata)
         self.replicas = ReplicaManager(self.storage, config.topic_defaults())
@@ -63,6 +70,16 @@ class Broker:
         self.groups = GroupCoordinator(group_config, topics, self.replicas)
         ctx.groups = self.groups
         await self.groups.start()
+        self.transactions = TransactionCoordinator(
+            transaction_config,
+            topics,
+            self.replicas,
+            self.groups,
+            producer_id_manager(ctx).generate,
+            coordinator_epoch=self.storage.node_epoch,
+        )
+        ctx.transactions = self.transactions
+        await self.transactions.start()
         apis = KafkaApis(ctx)
         self.server = SocketServer(
             apis,
@@ -87,6 +104,8 @@ class Broker:
             self._settling.cancel()
         if self.maintenance is not None:
             await self.maintenance.stop()
+        if self.transactions is not None:
+            await self.transactions.stop()
         if self.groups is not None:
             await self.groups.stop()
         if self.server is not None:

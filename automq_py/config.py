@@ -211,6 +211,41 @@ class BrokerConfig:
     offsets_topic_num_partitions: int = _prop(
         "offsets.topic.num.partitions", 50, ConfigType.INT, 1, "partitions of __consumer_offsets"
     )
+    transaction_state_log_num_partitions: int = _prop(
+        "transaction.state.log.num.partitions",
+        50,
+        ConfigType.INT,
+        1,
+        "partitions of __transaction_state",
+    )
+    transaction_max_timeout_ms: int = _prop(
+        "transaction.max.timeout.ms",
+        900_000,
+        ConfigType.INT,
+        1,
+        "largest transaction.timeout.ms a producer may ask for",
+    )
+    transactional_id_expiration_ms: int = _prop(
+        "transactional.id.expiration.ms",
+        604_800_000,
+        ConfigType.INT,
+        1,
+        "a transactional id idle this long is forgotten",
+    )
+    transaction_abort_timed_out_transaction_cleanup_interval_ms: int = _prop(
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms",
+        10_000,
+        ConfigType.INT,
+        1,
+        "how often transactions past their timeout are aborted",
+    )
+    transaction_remove_expired_transaction_cleanup_interval_ms: int = _prop(
+        "transaction.remove.expired.transaction.cleanup.interval.ms",
+        3_600_000,
+        ConfigType.INT,
+        1,
+        "how often expired transactional ids are removed",
+    )
     offsets_retention_minutes: int = _prop(
         "offsets.retention.minutes",
         10080,

@@ -87,16 +87,20 @@ class Partition:
     def last_stable_offset(self) -> int:
         return self.log.last_stable_offset
 
-    async def append_records(self, records: memoryview) -> AppendResult:
-        """Validate and append a Produce request's records; return once they are durable."""
-        started = await self.start_append(records)
+    async def append_records(
+        self, records: memoryview, *, from_coordinator: bool = False
+    ) -> AppendResult:
+        """Validate and append a Produce request's records; return once they are durable.
+        ``from_coordinator``: a coordinator's own records (Kafka's ``AppendOrigin.COORDINATOR``),
+        whose producer batches carry no sequence numbers."""
+        started = await self.start_append(records, from_coordinator=from_coordinator)
         if isinstance(started, AppendResult):
             return started
         await asyncio.shield(started.durable)
         return started.result()
 
     async def start_append(
-        self, records: memoryview, deadline: float | None = None
+        self, records: memoryview, deadline: float | None = None, *, from_coordinator: bool = False
     ) -> AppendResult | PendingAppend:
         """Validate a Produce request's records for this partition and start their append:
         an :class:`AppendResult` when the answer is known now (invalid, rejected), else a
@@ -127,7 +131,9 @@ class Partition:
         else:
             await self._append_lock.acquire()
         try:
-            check = self.log.producer_state.check([header for header, _ in batches])
+            check = self.log.producer_state.check(
+                [header for header, _ in batches], check_sequence=not from_coordinator
+            )
             if check.duplicate is not None:
                 # the original may still be on its way to the WAL: answer once it is durable
                 first, last = check.duplicate.first_offset, check.duplicate.last_offset

@@ -198,9 +198,13 @@ class ProducerStateManager:
         """Every producer's entry, by producer id."""
         return [self._producers[pid] for pid in sorted(self._producers)]
 
-    def check(self, headers: Sequence[RecordBatchHeader]) -> AppendCheck:
+    def check(
+        self, headers: Sequence[RecordBatchHeader], *, check_sequence: bool = True
+    ) -> AppendCheck:
         """Validate one Produce request's batches for this partition, in order, as if each
-        earlier one had been appended. Changes nothing.
+        earlier one had been appended. Changes nothing. A coordinator's own batches (offsets
+        committed in a transaction) carry no sequence: ``check_sequence`` False checks their
+        epoch and transaction state only, as Kafka does for ``AppendOrigin.COORDINATOR``.
 
         A duplicate of a cached batch wins over everything after it, as in Kafka: the request
         is answered with that batch's offsets and nothing of it is appended.
@@ -222,6 +226,22 @@ class ProducerStateManager:
                     )
                 continue
             pid, epoch, first_seq = h.producer_id, h.producer_epoch, h.base_sequence
+            if not check_sequence:
+                current = self._producers.get(pid)
+                if current is not None and epoch < current.producer_epoch:
+                    return AppendCheck(
+                        ErrorCode.INVALID_PRODUCER_EPOCH,
+                        message=f"producer {pid} epoch {epoch} is older than the current "
+                        f"epoch {current.producer_epoch}",
+                    )
+                if not h.is_transactional and (pid in in_txn or pid in self._ongoing):
+                    return AppendCheck(
+                        ErrorCode.INVALID_TXN_STATE,
+                        message=f"producer {pid} wrote outside its open transaction",
+                    )
+                if h.is_transactional:
+                    in_txn.add(pid)
+                continue
             if first_seq < 0:
                 # Kafka's LogValidator: an idempotent batch must carry a sequence
                 return AppendCheck(

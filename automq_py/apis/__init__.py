@@ -32,6 +32,7 @@ from automq_py.apis import (
     producer,
     records,
     topics,
+    transactions,
 )
 from automq_py.apis.context import BrokerContext
 from automq_py.apis.deferred import Deferred, PendingResponse
@@ -57,6 +58,7 @@ MODULES = (
     producer,
     coordinator,
     groups,
+    transactions,
     controller,
 )
 
@@ -92,12 +94,12 @@ class KafkaApis:
         handler, _, _ = self.table[request.api_key]
         try:
             result = await handler(self.ctx, request)
+            if isinstance(result, Deferred):
+                return self._finish(request, result)
+            return self._encode(request, result)
         except Exception as e:
             # Kafka's handleError: the request is answered with the error, the connection stays
             return self.error_response(request, e)
-        if isinstance(result, Deferred):
-            return self._finish(request, result)
-        return self._encode(request, result)
 
     def _finish(self, request: Request, deferred: Deferred[Any]) -> PendingResponse:
         def make() -> list[wire.Buffer] | None:

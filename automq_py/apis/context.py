@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from automq_py.config import BrokerConfig
 from automq_py.coordinator.group_coordinator import GroupCoordinator
+from automq_py.coordinator.transaction_coordinator import TransactionCoordinator
 from automq_py.partition import Partition
 from automq_py.replica_manager import ReplicaManager
 from automq_py.topics import TopicError, TopicInfo, TopicRegistry
@@ -30,6 +31,7 @@ class BrokerContext:
     # the whole configuration, for DescribeConfigs of the broker resource
     config: BrokerConfig = field(default_factory=BrokerConfig)
     groups: GroupCoordinator | None = None
+    transactions: TransactionCoordinator | None = None
 
     @property
     def leader_epoch(self) -> int:

@@ -26,6 +26,9 @@ async def handle_find_coordinator(ctx: BrokerContext, request: Request) -> Any:
     if key_type == GROUP and ctx.groups is not None:
         # Kafka creates __consumer_offsets when a group coordinator is first looked up
         error = await ctx.groups.find_coordinator()
+    elif key_type == TRANSACTION and ctx.transactions is not None:
+        # and __transaction_state when a transaction coordinator is
+        error = await ctx.transactions.find_coordinator()
     me = {"node_id": ctx.node_id, "host": ctx.host, "port": ctx.port}
     if error != ErrorCode.NONE:
         me = {"node_id": -1, "host": "", "port": -1}

@@ -196,6 +196,7 @@ async def _fetch_group(
     topics: Sequence[Any] | None,
     member_id: str | None,
     member_epoch: int,
+    require_stable: bool = False,
 ) -> dict[str, Any]:
     wanted = (
         None
@@ -206,15 +207,21 @@ async def _fetch_group(
     if error != ErrorCode.NONE:
         # partitions carry the error too, for versions without a group-level error code
         found = [(tp, None) for tp in wanted or []]
+    # require_stable (v7+, KIP-447): an offset a transaction has not decided yet is unstable
+    unstable = coordinator.pending_partitions(group_id) if require_stable else set()
     by_topic: dict[str, list[dict[str, Any]]] = {}
     for (topic, partition), value in found:
+        if (topic, partition) in unstable and error == ErrorCode.NONE:
+            shown, partition_error = None, ErrorCode.UNSTABLE_OFFSET_COMMIT
+        else:
+            shown, partition_error = value, error
         by_topic.setdefault(topic, []).append(
             {
                 "partition_index": partition,
-                "committed_offset": value.offset if value else NO_OFFSET,
-                "committed_leader_epoch": value.leader_epoch if value else -1,
-                "metadata": value.metadata if value else "",
-                "error_code": error,
+                "committed_offset": shown.offset if shown else NO_OFFSET,
+                "committed_leader_epoch": shown.leader_epoch if shown else -1,
+                "metadata": shown.metadata if shown else "",
+                "error_code": partition_error,
             }
         )
     return {
@@ -227,8 +234,11 @@ async def _fetch_group(
 async def handle_offset_fetch(ctx: BrokerContext, request: Request) -> Any:
     body = request.body
     coordinator = _coordinator(ctx)
+    require_stable = bool(getattr(body, "require_stable", False))
     if request.api_version < 8:
-        group = await _fetch_group(coordinator, str(body.group_id), body.topics, None, -1)
+        group = await _fetch_group(
+            coordinator, str(body.group_id), body.topics, None, -1, require_stable
+        )
         return _respond(
             request,
             {"throttle_time": 0, "error_code": group["error_code"], "topics": group["topics"]},
@@ -240,6 +250,7 @@ async def handle_offset_fetch(ctx: BrokerContext, request: Request) -> Any:
             g.topics,
             getattr(g, "member_id", None),
             int(getattr(g, "member_epoch", -1)),
+            require_stable,
         )
         for g in body.groups
     ]

@@ -10,11 +10,10 @@ out, so a restart skips the rest of the block and never issues an id twice.
   with the epoch bumped, which fences the old epoch's in-flight batches in every partition; a
   new id with epoch 0 when the epoch is exhausted or the id was never issued here. (Kafka itself
   always gives an idempotent producer a new id; bumping keeps the id stable and fences as well.)
-* a ``transactional_id``: transactions are not supported. The answer is
-  ``TRANSACTIONAL_ID_AUTHORIZATION_FAILED``: a real Kafka answer to this request that every
-  client (Java, librdkafka, kafka-python) treats as fatal, so ``init_transactions()`` fails at
-  once with a clear error. ``COORDINATOR_NOT_AVAILABLE`` / ``NOT_COORDINATOR`` are retriable:
-  clients would retry until their transaction timeout and then report only a timeout.
+* a ``transactional_id``: the transaction coordinator decides
+  (:meth:`~automq_py.coordinator.transaction_coordinator.TransactionCoordinator.init_producer_id`:
+  a new id, or the id's epoch bumped, which fences the previous producer and aborts its open
+  transaction).
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ import weakref
 from typing import Any
 
 from automq_py.apis.context import BrokerContext
+from automq_py.coordinator import transaction_metadata as tm
 from protocol import build
 from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
@@ -105,11 +105,20 @@ async def handle_init_producer_id(ctx: BrokerContext, request: Request) -> Any:
     body = request.body
     error, producer_id, producer_epoch = ErrorCode.NONE, -1, -1
     if body.transactional_id is not None:
-        log.warning(
-            "InitProducerId for transactional id %r refused: transactions are not supported",
-            body.transactional_id,
+        assert ctx.transactions is not None, "the broker starts its coordinators before serving"
+        timeout = body.transaction_timeout
+        timeout_ms = (
+            int(timeout.total_seconds() * 1000)
+            if hasattr(timeout, "total_seconds")
+            else int(timeout)
         )
-        error = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        error, producer_id, producer_epoch = await ctx.transactions.init_producer_id(
+            str(body.transactional_id),
+            timeout_ms,
+            int(getattr(body, "producer_id", -1)),
+            int(getattr(body, "producer_epoch", -1)),
+        )
+        error = tm.error_for_version(ApiKey.INIT_PRODUCER_ID, request.api_version, error)
     else:
         # v0-v2 requests carry no current id/epoch
         producer_id, producer_epoch = await producer_id_manager(ctx).init_producer(

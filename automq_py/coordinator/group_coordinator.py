@@ -48,6 +48,7 @@ from automq_py.coordinator.consumer_group import ConsumerGroup
 from automq_py.coordinator.runtime import CoordinatorRuntime
 from automq_py.replica_manager import ReplicaManager
 from automq_py.topics import TopicRegistry
+from protocol import control_records
 from protocol.errors import ErrorCode
 from protocol.record_batch import RecordBatchHeader
 from protocol.records import Record
@@ -198,6 +199,9 @@ class GroupCoordinator:
         self.clock = clock
         self.groups: dict[str, Group] = {}
         self.offsets: dict[str, dict[TopicPartition, records.OffsetValue]] = {}
+        # offsets committed inside transactions, not yet decided: producer id -> group -> ...
+        self.pending_txn_offsets: dict[int, dict[str, dict[TopicPartition, records.OffsetValue]]]
+        self.pending_txn_offsets = {}
         self.runtime = CoordinatorRuntime(
             OFFSETS_TOPIC,
             config.offsets_partitions,
@@ -262,9 +266,34 @@ class GroupCoordinator:
     def replay_batch(
         self, partition: int, header: RecordBatchHeader, recs: Sequence[Record]
     ) -> None:
+        if header.is_control:
+            if recs:
+                try:
+                    marker = control_records.decode_marker(recs[0].key, recs[0].value)
+                except ValueError as e:
+                    log.warning("skipping a bad %s marker: %s", OFFSETS_TOPIC, e)
+                    return
+                self.complete_transaction(header.producer_id, marker.is_commit)
+            return
+        if header.is_transactional:
+            for rec in recs:
+                if rec.key is not None:
+                    self._replay_txn_offset(header.producer_id, rec.key, rec.value)
+            return
         for rec in recs:
             if rec.key is not None:
                 self._replay(rec.key, rec.value)
+
+    def _replay_txn_offset(self, producer_id: int, raw_key: bytes, raw_value: bytes | None) -> None:
+        try:
+            key = records.decode_key(raw_key)
+            value = records.decode_value(key, raw_value) if key is not None else None
+        except records.RecordFormatError as e:
+            log.warning("skipping a bad transactional %s record: %s", OFFSETS_TOPIC, e)
+            return
+        if isinstance(key, records.OffsetKey) and isinstance(value, records.OffsetValue):
+            groups = self.pending_txn_offsets.setdefault(producer_id, {})
+            groups.setdefault(key.group, {})[(key.topic, key.partition)] = value
 
     def partition_loaded(self, partition: int) -> None:
         # members read back from the log get a full session from now
@@ -951,6 +980,88 @@ class GroupCoordinator:
                 self.groups[group_id] = ClassicGroup(group_id, now)
             self.offsets.setdefault(group_id, {}).update(values)
         return results
+
+    async def commit_txn_offsets(
+        self,
+        group_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        generation_id: int,
+        member_id: str,
+        group_instance_id: str | None,
+        commits: Sequence[OffsetCommit],
+    ) -> list[ErrorCode]:
+        """TxnOffsetCommit: offsets written as part of ``producer_id``'s transaction, visible
+        once its COMMIT marker reaches this group's partition (:meth:`complete_transaction`).
+        One error per commit, in order."""
+        error = await self._ready(group_id)
+        if error != ErrorCode.NONE:
+            return [error] * len(commits)
+        group = self.groups.get(group_id)
+        if group is not None and (generation_id >= 0 or member_id or group_instance_id):
+            # v3+ carries the member: checked as an OffsetCommit's would be
+            error = self._validate_commit(group, generation_id, member_id, group_instance_id, 8)
+            if error != ErrorCode.NONE:
+                return [error] * len(commits)
+        results: list[ErrorCode] = []
+        entries: list[tuple[records.Key, bytes | None]] = []
+        values: dict[TopicPartition, records.OffsetValue] = {}
+        now = _now_ms()
+        for c in commits:
+            topic = self.topics.get(c.topic)
+            metadata = c.metadata or ""
+            if topic is None or not 0 <= c.partition < topic.partitions:
+                results.append(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+            elif len(metadata.encode("utf-16-le")) // 2 > self.config.offset_metadata_max_bytes:
+                results.append(ErrorCode.OFFSET_METADATA_TOO_LARGE)
+            else:
+                value = records.OffsetValue(
+                    c.offset, c.leader_epoch, metadata, now, records.NO_TIMESTAMP
+                )
+                entries.append(
+                    (
+                        records.OffsetKey(group_id, c.topic, c.partition),
+                        records.encode_offset_value(value),
+                    )
+                )
+                values[(c.topic, c.partition)] = value
+                results.append(ErrorCode.NONE)
+        if not entries:
+            return results
+        error = await self.runtime.append(
+            group_id,
+            [(records.encode_key(key), value) for key, value in entries],
+            what=f"group {group_id}",
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+        )
+        if error == ErrorCode.UNKNOWN_SERVER_ERROR:
+            error = ErrorCode.INVALID_COMMIT_OFFSET_SIZE
+        if error != ErrorCode.NONE:
+            return [error if r == ErrorCode.NONE else r for r in results]
+        if group_id not in self.groups:
+            self.groups[group_id] = ClassicGroup(group_id, now)  # Kafka creates it too
+        self.pending_txn_offsets.setdefault(producer_id, {}).setdefault(group_id, {}).update(values)
+        return results
+
+    def complete_transaction(self, producer_id: int, commit: bool) -> None:
+        """``producer_id``'s transaction was decided and its marker is in the offsets topic:
+        its offsets become the groups' committed offsets (COMMIT) or are dropped (ABORT).
+        A committed transactional offset replaces the group's offset for the partition even
+        if a plain commit came in between (Kafka keeps whichever was appended last)."""
+        pending = self.pending_txn_offsets.pop(producer_id, None)
+        if not pending or not commit:
+            return
+        for group_id, values in pending.items():
+            self.offsets.setdefault(group_id, {}).update(values)
+
+    def pending_partitions(self, group_id: str) -> set[TopicPartition]:
+        """The partitions with an offset committed in a transaction not yet decided (OffsetFetch
+        with ``require_stable`` answers UNSTABLE_OFFSET_COMMIT for them)."""
+        out: set[TopicPartition] = set()
+        for groups in self.pending_txn_offsets.values():
+            out.update(groups.get(group_id, {}))
+        return out
 
     async def fetch_offsets(
         self,

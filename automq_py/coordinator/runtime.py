@@ -242,16 +242,26 @@ class CoordinatorRuntime:
         entries: Sequence[tuple[bytes, bytes | None]],
         *,
         what: str = "",
+        producer_id: int = -1,
+        producer_epoch: int = -1,
     ) -> ErrorCode:
         """Append records (key bytes, value bytes or None) to ``key``'s partition, durably;
-        the error code to answer with (NONE once durable). ``what`` names the writer in logs."""
+        the error code to answer with (NONE once durable). ``what`` names the writer in logs.
+        With a ``producer_id`` the batch is part of that producer's transaction (offsets
+        committed in a transaction): it counts once the transaction's COMMIT marker follows.
+        A fenced producer epoch is INVALID_PRODUCER_EPOCH."""
         if not entries:
             return ErrorCode.NONE
         now = int(time.time() * 1000)
-        batch = build_batch([RecordInput(value, k, timestamp=now) for k, value in entries])
+        batch = build_batch(
+            [RecordInput(value, k, timestamp=now) for k, value in entries],
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            is_transactional=producer_id >= 0,
+        )
         try:
             partition = await self.partition(key)
-            result = await partition.append_records(memoryview(batch))
+            result = await partition.append_records(memoryview(batch), from_coordinator=True)
         except Exception as e:
             log.warning("cannot write %s for %s: %s", self.topic_name, what or key, e)
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
@@ -264,6 +274,8 @@ class CoordinatorRuntime:
             result.error.name,
             result.message or "",
         )
+        if result.error in (ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.INVALID_TXN_STATE):
+            return result.error
         if result.error in (
             ErrorCode.MESSAGE_TOO_LARGE,
             ErrorCode.RECORD_LIST_TOO_LARGE,

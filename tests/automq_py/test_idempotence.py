@@ -86,11 +86,17 @@ def test_init_producer_id_gives_new_ids_and_bumps_epochs(broker: BrokerProcess) 
         exhausted = init_producer_id(conn, first.producer_id, 32766)
         assert exhausted.producer_id not in (first.producer_id, second.producer_id)
         assert exhausted.producer_epoch == 0
-        transactional = conn.call(
-            InitProducerIdRequest[4](transactional_id="txn", transaction_timeout_ms=60000),
-            InitProducerIdResponse,
+        # a transactional id gets an id of the same blocks, then its epoch bumped
+        transactional, again = (
+            conn.call(
+                InitProducerIdRequest[4](transactional_id="txn", transaction_timeout_ms=60000),
+                InitProducerIdResponse,
+            )
+            for _ in range(2)
         )
-        assert transactional.error_code == ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        assert transactional.error_code == again.error_code == ErrorCode.NONE
+        assert transactional.producer_id not in (first.producer_id, exhausted.producer_id)
+        assert (again.producer_id, again.producer_epoch) == (transactional.producer_id, 1)
     finally:
         conn.close()
     broker.kill()  # ids of the reserved block are never handed out again

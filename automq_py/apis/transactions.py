@@ -1,0 +1,339 @@
+"""The transaction APIs: AddPartitionsToTxn (24), AddOffsetsToTxn (25), EndTxn (26),
+WriteTxnMarkers (27), TxnOffsetCommit (28), DescribeProducers (61), DescribeTransactions (65),
+ListTransactions (66).
+
+WriteTxnMarkers is what a coordinator sends partition leaders; this broker's own coordinator
+writes its markers directly, so requests come from admin tools (``kafka-transactions.sh abort``
+and its peers: an ABORT for a hanging transaction). DescribeProducers lists a partition's
+producers and the first offset of each one's open transaction (how such tools find hanging
+ones).
+
+InitProducerId with a transactional id is in :mod:`automq_py.apis.producer`. The decisions are
+the :class:`~automq_py.coordinator.transaction_coordinator.TransactionCoordinator`'s; these
+handlers check what Kafka's ``KafkaApis`` checks first (the partitions exist, no internal topic
+but ``__consumer_offsets`` through AddOffsetsToTxn) and give each version the error code it
+knows (``PRODUCER_FENCED`` is ``INVALID_PRODUCER_EPOCH`` to older clients).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from typing import Any
+
+from automq_py.apis.context import BrokerContext
+from automq_py.coordinator import transaction_metadata as tm
+from automq_py.coordinator.group_coordinator import OffsetCommit
+from automq_py.coordinator.transaction_coordinator import TransactionCoordinator
+from automq_py.errors import partition_failed
+from automq_py.partition import AppendResult
+from protocol import build
+from protocol.api_keys import ApiKey
+from protocol.errors import ErrorCode
+from protocol.messages import Request, response_schema
+
+TopicPartition = tuple[str, int]
+NO_TIME = datetime.datetime.fromtimestamp(-0.001, tz=datetime.UTC)  # Kafka's -1 ms
+
+
+def _coordinator(ctx: BrokerContext) -> TransactionCoordinator:
+    assert ctx.transactions is not None, "the broker starts its coordinators before serving"
+    return ctx.transactions
+
+
+def _respond(request: Request, data: dict[str, Any]) -> Any:
+    return build.build(response_schema(request.api_key, request.api_version), data)
+
+
+def _for_version(request: Request, error: ErrorCode) -> ErrorCode:
+    return tm.error_for_version(request.api_key, request.api_version, error)
+
+
+def _by_topic(results: dict[TopicPartition, ErrorCode]) -> list[dict[str, Any]]:
+    topics: dict[str, list[dict[str, Any]]] = {}
+    for (topic, partition), error in results.items():
+        topics.setdefault(topic, []).append(
+            {"partition_index": partition, "partition_error_code": error}
+        )
+    return [{"name": name, "results_by_partition": parts} for name, parts in topics.items()]
+
+
+async def _add_partitions(
+    ctx: BrokerContext,
+    request: Request,
+    transactional_id: str,
+    producer_id: int,
+    producer_epoch: int,
+    topics: Any,
+    verify_only: bool = False,
+) -> dict[TopicPartition, ErrorCode]:
+    wanted = [(str(t.name), int(p)) for t in topics for p in t.partitions]
+    # Kafka's KafkaApis: partitions that do not exist fail, the others are not attempted
+    unknown = {
+        tp
+        for tp in wanted
+        if (info := ctx.topics.get(tp[0])) is None
+        or info.internal
+        or not 0 <= tp[1] < info.partitions
+    }
+    if unknown:
+        return {
+            tp: ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            if tp in unknown
+            else ErrorCode.OPERATION_NOT_ATTEMPTED
+            for tp in wanted
+        }
+    coordinator = _coordinator(ctx)
+    if verify_only:
+        return await coordinator.verify_partitions(
+            transactional_id, producer_id, producer_epoch, wanted
+        )
+    error = await coordinator.add_partitions(transactional_id, producer_id, producer_epoch, wanted)
+    return dict.fromkeys(wanted, _for_version(request, error))
+
+
+async def handle_add_partitions_to_txn(ctx: BrokerContext, request: Request) -> Any:
+    body = request.body
+    if request.api_version < 4:
+        results = await _add_partitions(
+            ctx,
+            request,
+            str(body.v3_and_below_transactional_id),
+            int(body.v3_and_below_producer_id),
+            int(body.v3_and_below_producer_epoch),
+            body.v3_and_below_topics,
+        )
+        return _respond(
+            request, {"throttle_time": 0, "results_by_topic_v3_and_below": _by_topic(results)}
+        )
+    # v4 (KIP-890): a batch of transactions, sent by brokers; verify_only asks, not adds
+    out = []
+    for txn in body.transactions:
+        results = await _add_partitions(
+            ctx,
+            request,
+            str(txn.transactional_id),
+            int(txn.producer_id),
+            int(txn.producer_epoch),
+            txn.topics,
+            bool(txn.verify_only),
+        )
+        out.append({"transactional_id": txn.transactional_id, "topic_results": _by_topic(results)})
+    return _respond(
+        request, {"throttle_time": 0, "error_code": ErrorCode.NONE, "results_by_transaction": out}
+    )
+
+
+async def handle_add_offsets_to_txn(ctx: BrokerContext, request: Request) -> Any:
+    body = request.body
+    error = await _coordinator(ctx).add_offsets(
+        str(body.transactional_id),
+        int(body.producer_id),
+        int(body.producer_epoch),
+        str(body.group_id),
+    )
+    return _respond(request, {"throttle_time": 0, "error_code": _for_version(request, error)})
+
+
+async def handle_end_txn(ctx: BrokerContext, request: Request) -> Any:
+    body = request.body
+    error = await _coordinator(ctx).end_txn(
+        str(body.transactional_id),
+        int(body.producer_id),
+        int(body.producer_epoch),
+        bool(body.committed),
+    )
+    return _respond(request, {"throttle_time": 0, "error_code": _for_version(request, error)})
+
+
+async def handle_txn_offset_commit(ctx: BrokerContext, request: Request) -> Any:
+    body = request.body
+    assert ctx.groups is not None, "the broker starts its coordinators before serving"
+    commits = [
+        OffsetCommit(
+            str(t.name),
+            int(p.partition_index),
+            int(p.committed_offset),
+            int(getattr(p, "committed_leader_epoch", -1)),
+            p.committed_metadata,
+        )
+        for t in body.topics
+        for p in t.partitions
+    ]
+    errors = await ctx.groups.commit_txn_offsets(
+        str(body.group_id),
+        int(body.producer_id),
+        int(body.producer_epoch),
+        int(getattr(body, "generation_id", -1)),
+        str(getattr(body, "member_id", "") or ""),
+        getattr(body, "group_instance_id", None),
+        commits,
+    )
+    topics: dict[str, list[dict[str, Any]]] = {}
+    for c, error in zip(commits, errors, strict=True):
+        topics.setdefault(c.topic, []).append(
+            {"partition_index": c.partition, "error_code": _for_version(request, error)}
+        )
+    return _respond(
+        request,
+        {
+            "throttle_time": 0,
+            "topics": [{"name": n, "partitions": parts} for n, parts in topics.items()],
+        },
+    )
+
+
+async def handle_describe_transactions(ctx: BrokerContext, request: Request) -> Any:
+    described = await _coordinator(ctx).describe([str(i) for i in request.body.transactional_ids])
+    states = []
+    for txn_id, d in described:
+        if isinstance(d, ErrorCode):
+            states.append(
+                {
+                    "error_code": d,
+                    "transactional_id": txn_id,
+                    "transaction_state": "",
+                    "transaction_timeout": 0,
+                    "transaction_start_time": NO_TIME,
+                    "producer_id": -1,
+                    "producer_epoch": -1,
+                    "topics": [],
+                }
+            )
+            continue
+        states.append(
+            {
+                "error_code": ErrorCode.NONE,
+                "transactional_id": txn_id,
+                "transaction_state": d.state,
+                "transaction_timeout": d.txn_timeout_ms,
+                # -1 (not started) is a time too here, not a null
+                "transaction_start_time": d.txn_start_timestamp_ms
+                if d.txn_start_timestamp_ms >= 0
+                else NO_TIME,
+                "producer_id": d.producer_id,
+                "producer_epoch": d.producer_epoch,
+                "topics": [{"topic": t, "partitions": list(ps)} for t, ps in d.topics],
+            }
+        )
+    return _respond(request, {"throttle_time": 0, "transaction_states": states})
+
+
+async def handle_list_transactions(ctx: BrokerContext, request: Request) -> Any:
+    body = request.body
+    error, listed, unknown = await _coordinator(ctx).list(
+        [str(s) for s in body.state_filters], [int(p) for p in body.producer_id_filters]
+    )
+    duration = int(getattr(body, "duration_filter", -1))
+    if duration >= 0:  # v1 (KIP-994): only transactions open longer than this
+        now = _coordinator(ctx).clock_ms()
+        started = {
+            txn_id: m.txn_start_timestamp_ms for txn_id, m in _coordinator(ctx).transactions.items()
+        }
+        listed = [
+            t
+            for t in listed
+            if started.get(t.transactional_id, -1) >= 0
+            and now - started[t.transactional_id] > duration
+        ]
+    return _respond(
+        request,
+        {
+            "throttle_time": 0,
+            "error_code": error,
+            "unknown_state_filters": unknown,
+            "transaction_states": [
+                {
+                    "transactional_id": t.transactional_id,
+                    "producer_id": t.producer_id,
+                    "transaction_state": t.state,
+                }
+                for t in listed
+            ],
+        },
+    )
+
+
+async def handle_write_txn_markers(ctx: BrokerContext, request: Request) -> Any:
+    out = []
+    for marker in request.body.markers:
+        topics = []
+        for t in marker.topics:
+            info = ctx.topics.get(str(t.name))
+            parts = []
+            for index in t.partition_indexes:
+                error = ErrorCode.NONE
+                if info is None or not 0 <= int(index) < info.partitions:
+                    error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                else:
+                    try:
+                        partition = await ctx.replicas.partition(info, int(index))
+                        started = await partition.append_marker(
+                            int(marker.producer_id),
+                            int(marker.producer_epoch),
+                            int(marker.coordinator_epoch),
+                            bool(marker.transaction_result),
+                        )
+                        if isinstance(started, AppendResult):
+                            error = started.error
+                        else:
+                            await asyncio.shield(started.durable)
+                    except Exception as e:
+                        error = partition_failed("write a marker to", info.name, int(index), e)
+                parts.append({"partition_index": int(index), "error_code": error})
+            topics.append({"name": t.name, "partitions": parts})
+        out.append({"producer_id": marker.producer_id, "topics": topics})
+    return _respond(request, {"markers": out})
+
+
+async def handle_describe_producers(ctx: BrokerContext, request: Request) -> Any:
+    topics = []
+    for t in request.body.topics:
+        info = ctx.topics.get(str(t.name))
+        parts = []
+        for index in t.partition_indexes:
+            entry: dict[str, Any] = {
+                "partition_index": int(index),
+                "error_code": ErrorCode.NONE,
+                "error_message": None,
+                "active_producers": [],
+            }
+            if info is None or not 0 <= int(index) < info.partitions:
+                entry["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            else:
+                try:
+                    partition = await ctx.replicas.partition(info, int(index))
+                except Exception as e:
+                    entry["error_code"] = partition_failed(
+                        "describe producers of", info.name, int(index), e
+                    )
+                else:
+                    state = partition.log.producer_state
+                    entry["active_producers"] = [
+                        {
+                            "producer_id": e.producer_id,
+                            "producer_epoch": e.producer_epoch,
+                            "last_sequence": e.last_seq,
+                            "last_timestamp": e.last_timestamp,
+                            "coordinator_epoch": e.coordinator_epoch,
+                            "current_txn_start_offset": e.current_txn_first_offset,
+                        }
+                        for e in state.entries()
+                    ]
+            parts.append(entry)
+        topics.append({"name": t.name, "partitions": parts})
+    return _respond(request, {"throttle_time": 0, "topics": topics})
+
+
+# Kafka 3.9's versions (the later ones are KIP-890 part 2 / KIP-1152, Kafka 4.0+)
+HANDLERS: dict[int, tuple[Any, int, int]] = {
+    ApiKey.ADD_PARTITIONS_TO_TXN: (handle_add_partitions_to_txn, 0, 4),
+    ApiKey.ADD_OFFSETS_TO_TXN: (handle_add_offsets_to_txn, 0, 4),
+    ApiKey.END_TXN: (handle_end_txn, 0, 4),
+    # Kafka 3.9 also has v0, the same fields before flexible versions; kio has no schema for it
+    ApiKey.WRITE_TXN_MARKERS: (handle_write_txn_markers, 1, 1),
+    ApiKey.DESCRIBE_PRODUCERS: (handle_describe_producers, 0, 0),
+    ApiKey.TXN_OFFSET_COMMIT: (handle_txn_offset_commit, 0, 4),
+    ApiKey.DESCRIBE_TRANSACTIONS: (handle_describe_transactions, 0, 0),
+    ApiKey.LIST_TRANSACTIONS: (handle_list_transactions, 0, 1),
+}
