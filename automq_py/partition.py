@@ -31,6 +31,7 @@ from automq_py.log.txn_index import AbortedTxn
 from protocol import control_records, record_batch
 from protocol.errors import ErrorCode
 from protocol.record_batch import InvalidRecordBatchError, LegacyMessageSetError
+from protocol.records import parse_records
 
 
 @dataclass(slots=True, frozen=True)
@@ -121,6 +122,16 @@ class Partition:
                         f"{self.max_message_bytes}",
                     )
                 record_batch.validate_batch(view)
+                if self.log.config.compact and not header.is_control:
+                    keyless = _keyless_record(view)
+                    if keyless is not None:
+                        # Kafka's LogValidator: compaction keeps the last record per key
+                        return AppendResult(
+                            ErrorCode.INVALID_RECORD,
+                            message=f"Compacted topic cannot accept message without key in "
+                            f"topic partition {self.topic}-{self.index} (record {keyless} of "
+                            "its batch)",
+                        )
         except LegacyMessageSetError as e:
             return AppendResult(ErrorCode.UNSUPPORTED_FOR_MESSAGE_FORMAT, message=str(e))
         except InvalidRecordBatchError as e:
@@ -250,3 +261,11 @@ class Partition:
         self, offset: int, max_bytes: int, max_offset: int | None = None
     ) -> list[memoryview]:
         return await self.log.read(offset, max_bytes, max_offset=max_offset)
+
+
+def _keyless_record(batch: memoryview) -> int | None:
+    """The index of the batch's first record without a key, None when all have one."""
+    for i, record in enumerate(parse_records(batch, check_crc=False)):
+        if record.key is None:
+            return i
+    return None
