@@ -5,6 +5,13 @@ which is what acks=all promises; acks=0 gets no response at all. The handler ret
 as every partition's append has started (offsets assigned, WAL writes queued), with the
 response still to come (:class:`Deferred`): the connection goes on to its next request while
 this one waits for durability, and the socket server writes the responses in request order.
+
+Transactional batches are verified first (KIP-890 part 1, Kafka's
+``transaction.partition.verification.enable``): where the producer has no open transaction in
+the partition yet, the transaction coordinator must have the partition in the producer's
+transaction, or the partition is answered INVALID_TXN_STATE (TRANSACTION_ABORTABLE from Produce
+v11): a late write of a transaction already decided never opens a transaction nobody will
+close.
 """
 
 from __future__ import annotations
@@ -13,13 +20,15 @@ from typing import Any
 
 from automq_py.apis.context import BrokerContext
 from automq_py.apis.deferred import Deferred
+from automq_py.coordinator import transaction_metadata as tm
 from automq_py.partition import AppendResult
 from automq_py.replica_manager import AppendEntry
-from protocol import wire
+from protocol import record_batch, wire
 from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
 from protocol.messages import Request
 from protocol.produce import ProducePartitionResponse, encode_produce_response
+from protocol.record_batch import InvalidRecordBatchError
 
 
 async def handle_produce(ctx: BrokerContext, request: Request) -> Any:
@@ -36,6 +45,8 @@ async def handle_produce(ctx: BrokerContext, request: Request) -> Any:
         for p in t.partitions:
             names.append(str(name))
             entries.append(AppendEntry(topic, p.index, p.records, error))
+    if body.transactional_id is not None and ctx.transactions is not None:
+        entries = await _verify_transactional(ctx, request, str(body.transactional_id), entries)
     results = await ctx.replicas.append_records(
         entries, acks=body.acks, internal_allowed=False, timeout_ms=body.timeout_ms
     )
@@ -44,6 +55,48 @@ async def handle_produce(ctx: BrokerContext, request: Request) -> Any:
     if results.done():
         return _response(request, names, entries, results.result())
     return Deferred(results, lambda done: _response(request, names, entries, done))
+
+
+async def _verify_transactional(
+    ctx: BrokerContext, request: Request, transactional_id: str, entries: list[AppendEntry]
+) -> list[AppendEntry]:
+    """``entries`` with the partitions the coordinator does not vouch for turned into errors."""
+    assert ctx.transactions is not None
+    unverified: dict[tuple[int, int], list[int]] = {}  # (producer id, epoch) -> entry indexes
+    for i, entry in enumerate(entries):
+        if entry.topic is None or entry.records is None:
+            continue
+        try:
+            header = record_batch.parse_header(entry.records)
+        except InvalidRecordBatchError:
+            continue  # the append reports it
+        if not header.is_transactional or header.producer_id < 0:
+            continue
+        try:
+            partition = await ctx.replicas.partition(entry.topic, entry.index)
+        except Exception:
+            continue  # the append reports it
+        state = partition.log.producer_state
+        if state.ongoing_txn_first_offset(header.producer_id) < 0:
+            unverified.setdefault((header.producer_id, header.producer_epoch), []).append(i)
+    if not unverified:
+        return entries
+    out = list(entries)
+    for (producer_id, epoch), indexes in unverified.items():
+        wanted = {}
+        for i in indexes:
+            topic = out[i].topic
+            if topic is not None:
+                wanted[(topic.name, out[i].index)] = i
+        verdict = await ctx.transactions.verify_partitions(
+            transactional_id, producer_id, epoch, list(wanted)
+        )
+        for tp, error in verdict.items():
+            if error != ErrorCode.NONE:
+                i = wanted[tp]
+                code = tm.verification_error_for_client(ApiKey.PRODUCE, request.api_version, error)
+                out[i] = AppendEntry(None, out[i].index, out[i].records, code)
+    return out
 
 
 def _response(

@@ -12,6 +12,10 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from kafka import KafkaProducer
+from kafka.protocol.metadata.find_coordinator import (
+    FindCoordinatorRequest,
+    FindCoordinatorResponse,
+)
 
 from tests.automq_py.test_clients import create_topic
 from tests.support.broker import BrokerProcess
@@ -324,3 +328,84 @@ def test_admin_lists_describes_and_aborts_transactions(broker: BrokerProcess) ->
     # the partitions' stable offsets moved past the aborted records
     got = read_all(broker.bootstrap, topic, "read_committed", 3)
     assert got == {0: ["d-0", "after"], 1: ["d-1"], 2: []}
+
+
+def test_a_transactional_write_to_a_partition_not_in_the_transaction_is_refused(
+    broker: BrokerProcess,
+) -> None:
+    """KIP-890 part 1: the broker asks the coordinator before a transaction opens in a
+    partition, so a write the coordinator does not know about cannot leave a hanging one."""
+    from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
+    from kafka.protocol.producer.transaction import (
+        AddPartitionsToTxnRequest,
+        AddPartitionsToTxnResponse,
+        InitProducerIdRequest,
+        InitProducerIdResponse,
+    )
+
+    from protocol.errors import ErrorCode
+    from protocol.records import RecordInput, build_batch
+    from tests.support.raw_connection import RawConnection
+
+    topic = f"txn-{uuid.uuid4().hex[:8]}"
+    create_topic(broker.bootstrap, topic, PARTITIONS)
+    txn_id = f"raw-{uuid.uuid4()}"
+    conn = RawConnection(broker.bootstrap)
+    try:
+        conn.call(FindCoordinatorRequest[1](key=txn_id, key_type=1), FindCoordinatorResponse)
+        init = conn.call(
+            InitProducerIdRequest[1](transactional_id=txn_id, transaction_timeout_ms=60000),
+            InitProducerIdResponse,
+        )
+        assert init.error_code == ErrorCode.NONE
+        pid, epoch = init.producer_id, init.producer_epoch
+
+        def produce(version: int, seq: int) -> int:
+            batch = build_batch(
+                [RecordInput(b"v", b"k", [], 1_700_000_000_000)],
+                producer_id=pid,
+                producer_epoch=epoch,
+                base_sequence=seq,
+                is_transactional=True,
+            )
+            topic_data = ProduceRequest.TopicProduceData
+            response = conn.call(
+                ProduceRequest[version](
+                    transactional_id=txn_id,
+                    acks=-1,
+                    timeout_ms=10000,
+                    topic_data=[
+                        topic_data(
+                            name=topic,
+                            partition_data=[
+                                topic_data.PartitionProduceData(index=0, records=bytes(batch))
+                            ],
+                        )
+                    ],
+                ),
+                ProduceResponse,
+            )
+            return int(response.responses[0].partition_responses[0].error_code)
+
+        assert produce(9, 0) == ErrorCode.INVALID_TXN_STATE
+        assert produce(11, 0) == ErrorCode.TRANSACTION_ABORTABLE
+        added = conn.call(
+            AddPartitionsToTxnRequest[3](
+                v3_and_below_transactional_id=txn_id,
+                v3_and_below_producer_id=pid,
+                v3_and_below_producer_epoch=epoch,
+                v3_and_below_topics=[
+                    AddPartitionsToTxnRequest.AddPartitionsToTxnTopic(name=topic, partitions=[0])
+                ],
+            ),
+            AddPartitionsToTxnResponse,
+        )
+        codes = [
+            p.partition_error_code
+            for t in added.results_by_topic_v3_and_below
+            for p in t.results_by_partition
+        ]
+        assert codes == [ErrorCode.NONE]
+        assert produce(9, 0) == ErrorCode.NONE
+    finally:
+        conn.close()
