@@ -28,21 +28,27 @@ from __future__ import annotations
 import asyncio
 import bisect
 import dataclasses
+import itertools
 import logging
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from automq_py.log import meta_stream_record as keys
 from automq_py.log.elastic_log_meta import (
+    CLEANED_SUFFIX,
     LOG_STREAM,
     NO_STREAM,
     NO_TIMESTAMP,
+    NOOP_OFFSET,
     TIME_STREAM,
     TXN_STREAM,
     ElasticLogMeta,
     ElasticPartitionMeta,
     ElasticStreamSegmentMeta,
+    SliceRange,
+    TimestampOffset,
 )
 from automq_py.log.elastic_log_segment import ElasticLogSegment
 from automq_py.log.leader_epoch_cache import LeaderEpochCache
@@ -102,6 +108,19 @@ def _meta_stream_id(metadata: MetadataManager, key: str) -> int | None:
     return int(stream_id)
 
 
+class CleanedSegmentError(ValueError):
+    """A cleaned segment that does not fit the log as it is now."""
+
+
+@dataclass(slots=True, frozen=True)
+class CleanedBatch:
+    """A batch key compaction kept: its bytes (original base offset and offsets) and the
+    stream offsets it covers (its own span plus the compacted hole before it)."""
+
+    data: bytes | memoryview
+    count: int
+
+
 def _marker(header: RecordBatchHeader, batch: bytes | memoryview) -> tuple[bool, int] | None:
     """``(is_commit, coordinator_epoch)`` of a control batch; None for data batches and for
     an empty or unreadable control batch."""
@@ -150,6 +169,7 @@ class ElasticLog:
         # the aborted-transaction index, (stream position, entry), read on first use
         self._aborted: list[tuple[int, AbortedTxn]] | None = None
         self._aborted_lock = asyncio.Lock()
+        self._cleaner_lock = asyncio.Lock()  # one key-compaction swap at a time
 
     # -- open ------------------------------------------------------------------------------------
 
@@ -521,6 +541,124 @@ class ElasticLog:
         except InvalidRecordBatchError:
             return  # not a Kafka batch (some tests append opaque payloads): no producer
         self.producer_state.update(header, base_offset, now, _marker(header, batch))
+
+    # -- key compaction --------------------------------------------------------------------------
+
+    async def replace_with_cleaned(
+        self, base_offset: int, end_offset: int, batches: Sequence[CleanedBatch]
+    ) -> int:
+        """Replace the sealed segments that cover exactly ``[base_offset, end_offset)`` with one
+        ``.cleaned`` segment holding ``batches`` (what key compaction kept, in offset order):
+        AutoMQ's cleaned segment, whose data lies in the ``log.cleaned`` stream (and its time
+        index in ``tim.cleaned``). Each batch covers ``count`` stream offsets, the hole before
+        it included, so the counts add up to the segment's offset span and Kafka offsets map
+        to stream offsets as in any segment. Returns how many segments were replaced.
+
+        The batches are written first, outside the log's lock (appends go on meanwhile); the
+        swap in ``LOG`` then checks that the segments are still the ones planned:
+        :class:`CleanedSegmentError` when they are not (a retention trim or another cleaning
+        came first), or when the batches do not fit the range."""
+        if sum(b.count for b in batches) != end_offset - base_offset:
+            raise CleanedSegmentError(
+                f"cleaned batches cover {sum(b.count for b in batches)} offsets, the range "
+                f"[{base_offset}, {end_offset}) has {end_offset - base_offset}"
+            )
+        async with self._cleaner_lock:
+            replaced = self._sealed_range(base_offset, end_offset)
+            log_stream = await self._cleaned_stream(LOG_STREAM + CLEANED_SUFFIX)
+            time_stream = await self._cleaned_stream(TIME_STREAM + CLEANED_SUFFIX)
+            meta = ElasticStreamSegmentMeta(
+                base_offset=base_offset,
+                create_timestamp=replaced[0].create_timestamp,
+                last_modified_timestamp=max(s.last_modified_timestamp for s in replaced),
+                stream_suffix=CLEANED_SUFFIX,
+                log=SliceRange(log_stream.next_offset, NOOP_OFFSET),
+                time=SliceRange(time_stream.next_offset, NOOP_OFFSET),
+                txn=SliceRange(replaced[0].txn_slice.start, replaced[-1].txn_slice.end),
+                time_index_last_entry=TimestampOffset(NO_TIMESTAMP, base_offset),
+            )
+            cleaned = self._segment(meta)
+            durable: asyncio.Future[None] | None = None
+            for batch in batches:
+                header = parse_header(batch.data)
+                if header.base_offset < base_offset or header.last_offset >= end_offset:
+                    raise CleanedSegmentError(
+                        f"batch [{header.base_offset}, {header.last_offset}] is outside "
+                        f"[{base_offset}, {end_offset})"
+                    )
+                _, durable = await log_stream.start_append(batch.data, batch.count)
+                if cleaned.size == 0:
+                    cleaned.first_batch_timestamp = header.max_timestamp
+                cleaned.size += len(batch.data)
+                await cleaned.time_index.on_batch_submitted(
+                    len(batch.data), header.max_timestamp, header.base_offset, header.last_offset
+                )
+            await cleaned.time_index.maybe_append(cleaned.time_index.max_so_far)
+            if durable is not None:
+                await asyncio.shield(durable)
+            cleaned.log_slice = SliceRange(meta.log.start, log_stream.next_offset)
+            cleaned.time_index.seal()
+            async with self._lock:
+                self._check_open()
+                if self._sealed_range(base_offset, end_offset) != replaced:
+                    raise CleanedSegmentError(
+                        f"the segments of [{base_offset}, {end_offset}) changed meanwhile"
+                    )
+                first = self._segments.index(replaced[0])
+                self._segments[first : first + len(replaced)] = [cleaned]
+                await self._persist_log_meta()
+                await self._trim_streams()
+            log.info(
+                "MetaStream %d: %d segments of [%d, %d) replaced by a cleaned segment of %d "
+                "batches (%d bytes, was %d)",
+                self.meta_stream_id,
+                len(replaced),
+                base_offset,
+                end_offset,
+                len(batches),
+                cleaned.size,
+                sum(s.size for s in replaced),
+            )
+            return len(replaced)
+
+    def _sealed_range(self, base_offset: int, end_offset: int) -> list[ElasticLogSegment]:
+        """The sealed segments that cover exactly ``[base_offset, end_offset)``."""
+        chosen = [
+            s
+            for s in self._segments
+            if not s.is_active and s.base_offset >= base_offset and s.next_offset <= end_offset
+        ]
+        if (
+            not chosen
+            or chosen[0].base_offset != base_offset
+            or chosen[-1].next_offset != end_offset
+            or any(a.next_offset != b.base_offset for a, b in itertools.pairwise(chosen))
+        ):
+            raise CleanedSegmentError(
+                f"no sealed segments cover exactly [{base_offset}, {end_offset})"
+            )
+        return chosen
+
+    async def _cleaned_stream(self, name: str) -> S3Stream:
+        """The stream ``name`` (``log.cleaned``, ``tim.cleaned``), created on first use."""
+        stream = self._streams.get(name)
+        if stream is not None:
+            return stream
+        async with self._lock:
+            self._check_open()
+            stream = self._streams.get(name)
+            if stream is None:
+                stream = await self.client.create_and_open(self.epoch)
+                self._streams[name] = stream
+                self._stream_map[name] = stream.stream_id
+                await self._persist_log_meta()  # no stream is ever left unnamed
+                log.info(
+                    "MetaStream %d: created stream %s = %d",
+                    self.meta_stream_id,
+                    name,
+                    stream.stream_id,
+                )
+            return stream
 
     # -- transactions ----------------------------------------------------------------------------
 
