@@ -18,6 +18,8 @@ api_key  message                    versions  origin
 1001     ExpirePreparedObjects      0         automq-py: PREPARED past deadline -> MARK_DESTROYED
 1002     DestroyS3Objects           0         automq-py: MARK_DESTROYED objects are now deleted
 1003     DescribeLogSegments        0         automq-py: partitions' segments and retention
+1004     CommitCleanedSegment       0         automq-py: key compaction's output replaces
+                                              sealed segments
 =======  =========================  ========  ================================================
 
 AutoMQ's field lists follow the newest JSON schemas in ``AutoMQ/automq``
@@ -364,6 +366,9 @@ _MESSAGES = (
                     _f("cleanup_policy", STRING),
                     _f("retention_ms", I64),
                     _f("retention_bytes", I64),
+                    _f("delete_retention_ms", I64),
+                    # min.cleanable.dirty.ratio, a decimal (the codec has no floats)
+                    _f("min_cleanable_dirty_ratio", STRING),
                     _f(
                         "partitions",
                         _s(
@@ -371,6 +376,7 @@ _MESSAGES = (
                             _f("error_code", I16),
                             _f("log_start_offset", I64),
                             _f("log_end_offset", I64),
+                            _f("last_stable_offset", I64),
                             _f(
                                 "segments",
                                 _s(
@@ -378,12 +384,31 @@ _MESSAGES = (
                                     _f("next_offset", I64),
                                     _f("size_bytes", I64),
                                     _f("max_timestamp", I64),
+                                    _f("cleaned", BOOL),
                                 ),
                             ),
                         ),
                     ),
                 ),
             ),
+        ),
+    ),
+    Message(
+        ApiKey.COMMIT_CLEANED_SEGMENT,
+        "CommitCleanedSegment",
+        0,
+        0,
+        _s(
+            _f("topic", STRING),
+            _f("partition_index", I32),
+            _f("base_offset", I64),
+            _f("end_offset", I64),
+            _f("batches", _s(_f("count", I32), _f("data", Kind.BYTES))),
+        ),
+        _s(
+            *ERROR_AND_THROTTLE,
+            _f("error_message", Kind.NULLABLE_STRING),
+            _f("segments_replaced", I32),
         ),
     ),
 )

@@ -26,6 +26,7 @@ import contextlib
 import datetime
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import IO, Any, Self, cast
 
@@ -74,6 +75,20 @@ DELETE_RECORDS_MAX_VERSION = 2
 MAX_RESPONSE_BYTES = 1 << 30
 NO_TIME = -1
 _METADATA_CODES = frozenset(int(c) for c in ErrorCode)
+
+
+FETCH_VERSION = 12  # topics by name, flexible
+FETCH_MAX_BYTES = 8 << 20
+
+
+@dataclass(slots=True, frozen=True)
+class FetchedBatches:
+    """What one Fetch of a partition returned."""
+
+    records: bytes  # whole record batches, back to back
+    aborted: tuple[tuple[int, int], ...]  # (producer id, first offset)
+    high_watermark: int
+    last_stable_offset: int
 
 
 class ControllerError(Exception):
@@ -260,6 +275,8 @@ class ControllerClient:
                 cleanup_policy=split_list(t["cleanup_policy"]),
                 retention_ms=t["retention_ms"],
                 retention_bytes=t["retention_bytes"],
+                delete_retention_ms=t["delete_retention_ms"],
+                min_cleanable_dirty_ratio=float(t["min_cleanable_dirty_ratio"] or 0.5),
             )
             for p in t["partitions"]:
                 if p["error_code"]:
@@ -272,7 +289,11 @@ class ControllerClient:
                     continue
                 segments = tuple(
                     SegmentInfo(
-                        s["base_offset"], s["next_offset"], s["size_bytes"], s["max_timestamp"]
+                        s["base_offset"],
+                        s["next_offset"],
+                        s["size_bytes"],
+                        s["max_timestamp"],
+                        s["cleaned"],
                     )
                     for s in p["segments"]
                 )
@@ -284,10 +305,76 @@ class ControllerClient:
                         p["log_start_offset"],
                         p["log_end_offset"],
                         segments,
+                        p["last_stable_offset"],
                     )
                 )
         now: int = body["now_ms"]
         return out, now
+
+    async def fetch_batches(
+        self, topic: str, partition: int, offset: int, max_bytes: int = FETCH_MAX_BYTES
+    ) -> FetchedBatches:
+        """One read_committed Fetch of ``topic``-``partition`` from ``offset``: the raw record
+        batches (up to the last stable offset), the aborted transactions among them, and the
+        partition's high watermark and last stable offset. A partition error raises
+        :class:`ControllerError`."""
+        version = self._version(ApiKey.FETCH, FETCH_VERSION)
+        body = {
+            "max_wait": datetime.timedelta(0),
+            "min_bytes": 0,
+            "max_bytes": max_bytes,
+            "isolation_level": 1,
+            "topics": [
+                {
+                    "topic": topic,
+                    "partitions": [
+                        {
+                            "partition": partition,
+                            "fetch_offset": offset,
+                            "partition_max_bytes": max_bytes,
+                        }
+                    ],
+                }
+            ],
+            "rack_id": "",
+        }
+        response = await self._kio_call(ApiKey.FETCH, version, body)
+        _raise_for("Fetch", int(response.error_code))
+        (answer,) = (p for t in response.responses for p in t.partitions)
+        _raise_for("Fetch", int(answer.error_code))
+        aborted = tuple(
+            (int(a.producer_id), int(a.first_offset)) for a in answer.aborted_transactions or ()
+        )
+        return FetchedBatches(
+            bytes(answer.records or b""),
+            aborted,
+            int(answer.high_watermark),
+            int(answer.last_stable_offset),
+        )
+
+    async def commit_cleaned_segment(
+        self,
+        topic: str,
+        partition: int,
+        base_offset: int,
+        end_offset: int,
+        batches: Sequence[tuple[int, bytes]],
+    ) -> int:
+        """Replace ``topic``-``partition``'s sealed segments of ``[base_offset, end_offset)``
+        with key compaction's kept batches, each ``(count, bytes)``; how many segments went.
+        A plan the log no longer fits raises :class:`ControllerError` (INVALID_REQUEST)."""
+        body = await self._extension(
+            ApiKey.COMMIT_CLEANED_SEGMENT,
+            {
+                "topic": topic,
+                "partition_index": partition,
+                "base_offset": base_offset,
+                "end_offset": end_offset,
+                "batches": [{"count": c, "data": d} for c, d in batches],
+            },
+        )
+        replaced: int = body["segments_replaced"]
+        return replaced
 
     async def delete_records(
         self, offsets: Mapping[tuple[str, int], int]

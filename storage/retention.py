@@ -31,6 +31,7 @@ class SegmentInfo:
     next_offset: int
     size: int
     max_timestamp: int  # -1 when the segment holds no timestamped batch
+    cleaned: bool = False  # a ``.cleaned`` segment: key compaction's output
 
 
 @dataclass(slots=True, frozen=True)
@@ -40,10 +41,16 @@ class RetentionPolicy:
     cleanup_policy: tuple[str, ...] = ("delete",)
     retention_ms: int = 7 * 24 * 3600 * 1000
     retention_bytes: int = NO_LIMIT
+    delete_retention_ms: int = 24 * 3600 * 1000
+    min_cleanable_dirty_ratio: float = 0.5
 
     @property
     def deletes(self) -> bool:
         return "delete" in self.cleanup_policy
+
+    @property
+    def compacts(self) -> bool:
+        return "compact" in self.cleanup_policy
 
 
 @dataclass(slots=True, frozen=True)
@@ -56,6 +63,7 @@ class PartitionLog:
     log_start_offset: int
     log_end_offset: int
     segments: tuple[SegmentInfo, ...]
+    last_stable_offset: int = -1  # -1: not reported
 
     @property
     def size(self) -> int:

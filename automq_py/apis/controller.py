@@ -14,6 +14,10 @@ key    API                     what it does
 1001   ExpirePreparedObjects   ``expire_prepared``: PREPARED past deadline -> MARK_DESTROYED
 1002   DestroyS3Objects        ``mark_destroyed_done``: these objects are gone from storage
 1003   DescribeLogSegments     each partition's segments and its topic's effective retention
+                               and compaction settings
+1004   CommitCleanedSegment    ``ElasticLog.replace_with_cleaned``: key compaction's output
+                               replaces sealed segments (CleanedSegmentError: INVALID_REQUEST
+                               with the reason, e.g. the segments changed meanwhile)
 =====  ======================  ==============================================================
 
 Errors are answered, never raised to the network layer: a refused metadata operation
@@ -31,7 +35,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from automq_py.apis.context import BrokerContext
-from automq_py.log.elastic_log import STREAM_ID, meta_stream_key
+from automq_py.log.elastic_log import (
+    STREAM_ID,
+    CleanedBatch,
+    CleanedSegmentError,
+    meta_stream_key,
+)
 from automq_py.topics import TopicInfo
 from protocol import extensions as ext
 from protocol import wire
@@ -312,12 +321,14 @@ async def describe_log_segments(ctx: BrokerContext, body: Body, version: int) ->
                     "error_code": ErrorCode.NONE,
                     "log_start_offset": elastic_log.log_start_offset,
                     "log_end_offset": elastic_log.log_end_offset,
+                    "last_stable_offset": elastic_log.last_stable_offset,
                     "segments": [
                         {
                             "base_offset": s.base_offset,
                             "next_offset": s.next_offset,
                             "size_bytes": s.size,
                             "max_timestamp": s.max_timestamp,
+                            "cleaned": s.cleaned,
                         }
                         for s in elastic_log.segment_infos()
                     ],
@@ -330,10 +341,31 @@ async def describe_log_segments(ctx: BrokerContext, body: Body, version: int) ->
                 "cleanup_policy": ",".join(config.cleanup_policy),
                 "retention_ms": config.retention_ms,
                 "retention_bytes": config.retention_bytes,
+                "delete_retention_ms": config.delete_retention_ms,
+                "min_cleanable_dirty_ratio": repr(config.min_cleanable_dirty_ratio),
                 "partitions": partitions,
             }
         )
     return {"now_ms": _now_ms(), "topics": topics}
+
+
+async def commit_cleaned_segment(ctx: BrokerContext, body: Body, version: int) -> Body:
+    """Key compaction's output for one partition replaces its sealed segments of
+    ``[base_offset, end_offset)``."""
+    topic = ctx.topics.get(body["topic"])
+    index = body["partition_index"]
+    if topic is None or not 0 <= index < topic.partitions:
+        return {"error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
+    partition = await ctx.replicas.partition(topic, index)
+    batches = [CleanedBatch(b["data"], b["count"]) for b in body["batches"]]
+    try:
+        replaced = await partition.log.replace_with_cleaned(
+            body["base_offset"], body["end_offset"], batches
+        )
+    except CleanedSegmentError as e:
+        log.info("CommitCleanedSegment for %s-%d refused: %s", topic.name, index, e)
+        return {"error_code": ErrorCode.INVALID_REQUEST, "error_message": str(e)}
+    return {"segments_replaced": replaced}
 
 
 _ANSWERS: dict[int, Answer] = {
@@ -346,6 +378,7 @@ _ANSWERS: dict[int, Answer] = {
     ApiKey.EXPIRE_PREPARED_OBJECTS: expire_prepared_objects,
     ApiKey.DESTROY_S3_OBJECTS: destroy_s3_objects,
     ApiKey.DESCRIBE_LOG_SEGMENTS: describe_log_segments,
+    ApiKey.COMMIT_CLEANED_SEGMENT: commit_cleaned_segment,
 }
 
 HANDLERS: dict[int, tuple[Any, int, int]] = {

@@ -456,7 +456,13 @@ class ElasticLog:
     def segment_infos(self) -> list[SegmentInfo]:
         """Each segment's offsets, size and largest timestamp, oldest first (for retention)."""
         return [
-            SegmentInfo(s.base_offset, s.next_offset, s.size, s.largest_timestamp)
+            SegmentInfo(
+                s.base_offset,
+                s.next_offset,
+                s.size,
+                s.largest_timestamp,
+                s.stream_suffix == CLEANED_SUFFIX,
+            )
             for s in self._segments
         ]
 

@@ -74,6 +74,23 @@ class LogConfig:
         "comma-separated: delete, compact",
         choices=CLEANUP_POLICIES,
     )
+    delete_retention_ms: int = _long(
+        "delete.retention.ms", DAY_MS, 0, "compacted topics keep tombstones this long"
+    )
+    min_cleanable_dirty_ratio: float = config_field(
+        "min.cleanable.dirty.ratio",
+        0.5,
+        ConfigType.DOUBLE,
+        "compact once this share of the log is not compacted yet",
+        minimum=0,
+        maximum=1,
+    )
+    min_compaction_lag_ms: int = _long(
+        "min.compaction.lag.ms", 0, 0, "a record stays uncompacted at least this long"
+    )
+    max_compaction_lag_ms: int = _long(
+        "max.compaction.lag.ms", LONG_MAX, 1, "a record is compacted within this long"
+    )
     compression_type: str = config_field(
         "compression.type",
         "producer",

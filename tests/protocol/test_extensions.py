@@ -310,7 +310,7 @@ def test_malformed_requests_raise_invalid_request(frame: bytes, error: str) -> N
 
 def test_unknown_keys_and_versions() -> None:
     with pytest.raises(UnsupportedVersionError):
-        ext.decode_request(struct.pack(">hhih", 1004, 0, 1, -1) + b"\x00\x00")
+        ext.decode_request(struct.pack(">hhih", 1099, 0, 1, -1) + b"\x00\x00")
     with pytest.raises(UnsupportedVersionError):
         ext.decode_request(struct.pack(">hhih", 505, 1, 1, -1) + b"\x00\x00")
     with pytest.raises(ProtocolError):
@@ -468,18 +468,22 @@ def test_uuid_fields_round_trip() -> None:
                 "cleanup_policy": "compact,delete",
                 "retention_ms": -1,
                 "retention_bytes": 1 << 40,
+                "delete_retention_ms": 86_400_000,
+                "min_cleanable_dirty_ratio": "0.5",
                 "partitions": [
                     {
                         "partition_index": 0,
                         "error_code": 0,
                         "log_start_offset": 5,
                         "log_end_offset": 10,
+                        "last_stable_offset": 8,
                         "segments": [
                             {
                                 "base_offset": 0,
                                 "next_offset": 10,
                                 "size_bytes": 1234,
                                 "max_timestamp": 99,
+                                "cleaned": True,
                             }
                         ],
                     }
