@@ -258,9 +258,9 @@ class Partition:
         self._data_waiters.discard(waiter)
 
     async def read(
-        self, offset: int, max_bytes: int, max_offset: int | None = None
+        self, offset: int, max_bytes: int, max_offset: int | None = None, *, min_one: bool = True
     ) -> list[memoryview]:
-        return await self.log.read(offset, max_bytes, max_offset=max_offset)
+        return await self.log.read(offset, max_bytes, max_offset=max_offset, min_one=min_one)
 
 
 def _keyless_record(batch: memoryview) -> int | None:

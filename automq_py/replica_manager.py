@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import shutil
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from automq_py.errors import describe, partition_failed
+from automq_py.errors import describe, kafka_error, partition_failed
 from automq_py.log.elastic_log import ElasticLog
 from automq_py.log.log_config import LogConfig
 from automq_py.log.txn_index import AbortedTxn
@@ -72,6 +74,28 @@ class FetchData:
     @property
     def size(self) -> int:
         return sum(len(r) for r in self.records) if self.records else 0
+
+
+@dataclass(slots=True, frozen=True)
+class ReplicaInfo:
+    """One partition's log as DescribeLogDirs shows it."""
+
+    topic: str
+    index: int
+    size: int  # bytes of its segments
+    offset_lag: int  # how far the log end offset is behind the high watermark
+
+
+@dataclass(slots=True, frozen=True)
+class LogDirInfo:
+    """The broker's one log directory (Kafka's ``DescribeLogDirsResult``): its absolute path,
+    the volume's total and usable bytes, the partition logs described."""
+
+    path: str
+    error: ErrorCode
+    total_bytes: int = -1
+    usable_bytes: int = -1
+    replicas: tuple[ReplicaInfo, ...] = ()
 
 
 class ReplicaManager:
@@ -332,16 +356,22 @@ class ReplicaManager:
         partitions: list[Partition | None],
         read_committed: bool,
     ) -> list[FetchData]:
+        """Kafka's readFromLog: each partition reads at most its own max_bytes and what is
+        left of the request's ``max_bytes``, whole batches only, except that until one
+        partition has returned data a read returns at least one batch, however large. So
+        only the first batch of the first partition with data may go past either limit."""
         # open the partitions concurrently: a first open after a start reads from object storage
         opened = await asyncio.gather(*(self._open_for_read(entry) for entry in entries))
         partitions.extend(p if isinstance(p, Partition) else None for p in opened)
+        early: list[FetchData] | None = None
         if all(e.max_bytes > 0 for e in entries) and sum(e.max_bytes for e in entries) <= max_bytes:
-            # every partition's limit fits in max_bytes: no read's limit depends on another's
-            # result, so they run concurrently (a cold read waits for object storage)
-            return list(
+            # every partition's limit fits in max_bytes: each read's limit is its own, so
+            # they run concurrently (a cold read waits for object storage), strictly within
+            # it; the walk below redoes the few that the at-least-one-batch rule changes
+            early = list(
                 await asyncio.gather(
                     *(
-                        self._read_partition(entry, p, entry.max_bytes, read_committed)
+                        self._read_partition(entry, p, entry.max_bytes, read_committed, False)
                         if isinstance(p, Partition)
                         else _done(p)
                         for entry, p in zip(entries, opened, strict=True)
@@ -350,15 +380,20 @@ class ReplicaManager:
             )
         total = 0
         results: list[FetchData] = []
-        for entry, p in zip(entries, opened, strict=True):
+        for i, (entry, p) in enumerate(zip(entries, opened, strict=True)):
             if not isinstance(p, Partition):
                 results.append(p)
                 continue
+            min_one = total == 0  # no partition has returned data yet
             limit = min(entry.max_bytes, max(max_bytes - total, 0))
-            # the first partition with data returns at least one batch (Kafka's rule)
-            data = await self._read_partition(
-                entry, p, limit if total else max(limit, 1), read_committed
-            )
+            data = early[i] if early is not None else None
+            if (
+                data is None
+                or limit != entry.max_bytes
+                # the strict read found nothing: its first batch may be past the limit
+                or (min_one and data.size == 0 and data.error == ErrorCode.NONE)
+            ):
+                data = await self._read_partition(entry, p, limit, read_committed, min_one)
             total += data.size
             results.append(data)
         return results
@@ -374,17 +409,24 @@ class ReplicaManager:
             return FetchData(self._read_failed(entry, e))
 
     async def _read_partition(
-        self, entry: FetchEntry, partition: Partition, limit: int, read_committed: bool
+        self,
+        entry: FetchEntry,
+        partition: Partition,
+        limit: int,
+        read_committed: bool,
+        min_one: bool,
     ) -> FetchData:
+        """Read ``entry``'s partition: whole batches up to ``limit`` bytes, at least one
+        (however large) when ``min_one``."""
         hw, start = partition.high_watermark, partition.log_start_offset
         lso = partition.last_stable_offset
         data = FetchData(ErrorCode.NONE, hw, start, [], lso, [] if read_committed else None)
         end = lso if read_committed else hw
         if entry.offset < start or entry.offset > partition.log_end_offset:
             data.error = ErrorCode.OFFSET_OUT_OF_RANGE
-        elif entry.offset < end and limit > 0:
+        elif entry.offset < end and (limit > 0 or min_one):
             try:
-                data.records = await partition.read(entry.offset, limit, end)
+                data.records = await partition.read(entry.offset, limit, end, min_one=min_one)
                 if read_committed and data.records:
                     data.aborted = await partition.log.aborted_transactions(
                         entry.offset, _records_end(data.records[-1], entry.offset)
@@ -392,6 +434,33 @@ class ReplicaManager:
             except Exception as e:  # out of range (a trim raced), or storage failing
                 data.error = self._read_failed(entry, e)
         return data
+
+    # -- log dirs --------------------------------------------------------------------------------
+
+    async def describe_log_dir(self, partitions: Sequence[tuple[TopicInfo, int]]) -> LogDirInfo:
+        """Kafka's describeLogDirs for ``partitions`` (each opened to learn its size). The log
+        directory is the WAL's (``s3.wal.path``): the one directory this broker writes
+        partition data to; the volume's figures are that directory's. A log that fails to
+        open makes the directory's error, as an offline log directory does in Kafka."""
+        path = os.path.abspath(self.storage.config.wal_path)
+        try:
+            usage = shutil.disk_usage(path)
+        except OSError as e:
+            log.warning("describing log dir %s: %s", path, e)
+            return LogDirInfo(path, ErrorCode.KAFKA_STORAGE_ERROR)
+        opened = await asyncio.gather(
+            *(self.partition(topic, index) for topic, index in partitions), return_exceptions=True
+        )
+        replicas = []
+        for (topic, index), p in zip(partitions, opened, strict=True):
+            if isinstance(p, TopicError):
+                continue  # deleted meanwhile: no log any more
+            if isinstance(p, BaseException):
+                log.warning("describing log dir %s: %s-%d: %s", path, topic.name, index, p)
+                return LogDirInfo(path, kafka_error(p))
+            lag = max(p.high_watermark - p.log_end_offset, 0)
+            replicas.append(ReplicaInfo(topic.name, index, p.log.size_in_bytes, lag))
+        return LogDirInfo(path, ErrorCode.NONE, usage.total, usage.free, tuple(replicas))
 
     async def close_topic(self, topic: TopicInfo) -> None:
         """Close the partitions of ``topic``, which is being deleted: they are never opened

@@ -837,12 +837,17 @@ class ElasticLog:
     # -- read ------------------------------------------------------------------------------------
 
     async def read(
-        self, offset: int, max_bytes: int, *, max_offset: int | None = None
+        self,
+        offset: int,
+        max_bytes: int,
+        *,
+        max_offset: int | None = None,
+        min_one: bool = True,
     ) -> list[memoryview]:
         """Kafka record batches from the one holding ``offset``: whole batches up to
-        ``max_bytes``, at least one when any is available, none starting at or after
-        ``max_offset`` or at the high watermark. Raises :class:`LogOffsetOutOfRangeError`
-        outside ``[log_start_offset, log_end_offset]``."""
+        ``max_bytes`` (with ``min_one``, at least one when any is available, however large),
+        none starting at or after ``max_offset`` or at the high watermark. Raises
+        :class:`LogOffsetOutOfRangeError` outside ``[log_start_offset, log_end_offset]``."""
         start, end = self.log_start_offset, self.log_end_offset
         if offset < start or offset > end:
             raise LogOffsetOutOfRangeError(offset, start, end)
@@ -854,7 +859,9 @@ class ElasticLog:
         total = 0
         while i < len(segments):
             segment = segments[i]
-            views, pos = await segment.read(offset, max_bytes - total, max_offset, not out)
+            views, pos = await segment.read(
+                offset, max_bytes - total, max_offset, min_one and not out
+            )
             out.extend(views)
             total += sum(len(v) for v in views)
             if pos < segment.next_offset or total >= max_bytes:

@@ -1,5 +1,7 @@
 """ReplicaManager.fetch_messages over a real embedded store: partitions whose limits fit in the
-request's max_bytes are read concurrently, with the same results as one at a time."""
+request's max_bytes are read concurrently, with the same results as one at a time; only the
+first batch of the first partition with data may go past the request's or its partition's
+max_bytes (Kafka's readFromLog)."""
 
 from __future__ import annotations
 
@@ -63,10 +65,15 @@ def slow_reads(monkeypatch: pytest.MonkeyPatch) -> None:
     real_read = Partition.read
 
     async def read(
-        self: Partition, offset: int, max_bytes: int, max_offset: int | None = None
+        self: Partition,
+        offset: int,
+        max_bytes: int,
+        max_offset: int | None = None,
+        *,
+        min_one: bool = True,
     ) -> Any:
         await asyncio.sleep(DELAY_S)
-        return await real_read(self, offset, max_bytes, max_offset)
+        return await real_read(self, offset, max_bytes, max_offset, min_one=min_one)
 
     monkeypatch.setattr(Partition, "read", read)
 
@@ -99,3 +106,37 @@ async def test_partitions_sharing_a_tight_max_bytes_are_read_in_order(
     )
     assert time.monotonic() - started >= 2 * DELAY_S  # each read waited for the one before
     assert [r.size for r in results] == [3 * BATCH, BATCH, 0, 0]
+
+
+async def test_only_the_first_partition_with_data_may_return_a_batch_past_its_limit(
+    replicas: ReplicaManager,
+) -> None:
+    # the limits fit in max_bytes (the concurrent reads), but each is below one batch
+    results = await replicas.fetch_messages(
+        entries(BATCH // 2), max_bytes=100 * BATCH, min_bytes=0, max_wait_s=0
+    )
+    assert [r.size for r in results] == [BATCH, 0, 0, 0]
+    assert all(r.error == ErrorCode.NONE for r in results)
+
+
+async def test_what_is_left_of_max_bytes_is_not_exceeded_after_the_first_batch(
+    replicas: ReplicaManager,
+) -> None:
+    # the first partition takes one batch; the half batch left is no room for another
+    results = await replicas.fetch_messages(
+        entries(10_000), max_bytes=BATCH + BATCH // 2, min_bytes=0, max_wait_s=0
+    )
+    assert [r.size for r in results] == [BATCH, 0, 0, 0]
+
+
+async def test_the_oversized_first_batch_comes_from_the_first_partition_with_data(
+    replicas: ReplicaManager,
+) -> None:
+    end = (await replicas.partition(TOPIC, 0)).high_watermark
+    caught_up = FetchEntry(TOPIC, 0, end, BATCH // 2)  # nothing to read
+    rest = [FetchEntry(TOPIC, i, 0, BATCH // 2) for i in (1, 2, 3)]
+    for max_bytes in (100 * BATCH, BATCH // 2):  # concurrent reads, then in order
+        results = await replicas.fetch_messages(
+            [caught_up, *rest], max_bytes=max_bytes, min_bytes=0, max_wait_s=0
+        )
+        assert [r.size for r in results] == [0, BATCH, 0, 0], max_bytes

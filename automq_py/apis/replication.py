@@ -1,0 +1,211 @@
+"""ElectLeaders (43), AlterPartitionReassignments (45), ListPartitionReassignments (46): where a
+partition's replicas are and which one leads, Kafka's ``ReplicationControlManager`` operations.
+
+This broker is the whole cluster: every partition has one replica, on this broker, which leads
+it. So, as a Kafka 3.9 controller decides for such partitions (``ReplicationControlManager``
+``electLeader``, ``alterPartitionReassignment``, ``listPartitionReassignments``):
+
+* an election is never needed: the leader is the preferred replica and it is live, so both a
+  preferred and an unclean election answer ELECTION_NOT_NEEDED; an election for all partitions
+  (null topic partitions) lists only the partitions that needed one (none: every topic comes
+  back with an empty list);
+* a reassignment to ``[this broker]`` changes nothing and succeeds; one naming any other broker
+  is INVALID_REPLICA_ASSIGNMENT (no such broker is registered), as is an empty or repeated
+  replica list; cancelling (null replicas) is NO_REASSIGNMENT_IN_PROGRESS;
+* nothing is ever being reassigned: the list is empty, whatever the partitions asked for.
+
+Unknown topics and partitions are UNKNOWN_TOPIC_OR_PARTITION per partition, with Kafka's
+messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import IntEnum
+from typing import Any
+
+from automq_py.apis.context import BrokerContext
+from automq_py.topics import TopicInfo
+from protocol import build
+from protocol.api_keys import ApiKey
+from protocol.errors import ErrorCode
+from protocol.messages import Request, response_schema
+
+# Kafka's Errors.ELECTION_NOT_NEEDED message, which its ApiError(error) answers with
+ELECTION_NOT_NEEDED_MESSAGE = "Leader election not needed for topic partition."
+
+Outcome = tuple[ErrorCode, str | None]
+
+
+class ElectionType(IntEnum):
+    PREFERRED = 0
+    UNCLEAN = 1
+
+
+# -- the decisions -------------------------------------------------------------------------------
+
+
+def elect_leader(topic: TopicInfo | None, name: str, index: int) -> Outcome:
+    """The outcome of an election (of either type) for partition ``name``-``index``."""
+    if topic is None:
+        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"No such topic as {name}"
+    if not 0 <= index < topic.partitions:
+        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"No such partition as {name}-{index}"
+    # the only replica leads: it is the preferred leader, and a leader exists
+    return ErrorCode.ELECTION_NOT_NEEDED, ELECTION_NOT_NEEDED_MESSAGE
+
+
+def reassign(
+    topic: TopicInfo | None,
+    name: str,
+    index: int,
+    replicas: Sequence[int] | None,
+    brokers: frozenset[int],
+) -> Outcome:
+    """The outcome of reassigning partition ``name``-``index`` to ``replicas`` (None: cancel
+    its reassignment); ``brokers`` are the registered broker ids."""
+    if topic is None:
+        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"Unable to find a topic named {name}."
+    if not 0 <= index < topic.partitions:
+        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"Unable to find partition {name}:{index}."
+    if replicas is None:
+        # Kafka's message is the error's own, which its ApiError leaves out
+        return ErrorCode.NO_REASSIGNMENT_IN_PROGRESS, None
+    problem = assignment_problem(replicas, brokers)
+    if problem is not None:
+        return ErrorCode.INVALID_REPLICA_ASSIGNMENT, problem
+    # the only valid target is the current replica list: nothing to move
+    return ErrorCode.NONE, None
+
+
+def assignment_problem(replicas: Sequence[int], brokers: frozenset[int]) -> str | None:
+    """What is wrong with a manual replica list, in the order Kafka's
+    ``validateManualPartitionAssignment`` checks; None if nothing is."""
+    if not replicas:
+        return "The manual partition assignment includes an empty replica list."
+    previous = None
+    for broker in sorted(replicas):
+        if broker not in brokers:
+            return (
+                f"The manual partition assignment includes broker {broker}, but no such "
+                "broker is registered."
+            )
+        if broker == previous:
+            return f"The manual partition assignment includes the broker {broker} more than once."
+        previous = broker
+    return None
+
+
+# -- ElectLeaders --------------------------------------------------------------------------------
+
+
+async def handle_elect_leaders(ctx: BrokerContext, request: Request) -> Any:
+    body = request.body
+    election = int(getattr(body, "election_type", ElectionType.PREFERRED))  # v0: preferred
+    requested = body.topic_partitions
+    schema = response_schema(ApiKey.ELECT_LEADERS, request.api_version)
+    if election not in tuple(ElectionType):
+        # Kafka fails the whole request: its error on every partition asked for
+        message = f"Unknown election type {election}"
+        results = [
+            {
+                "topic": str(t.topic),
+                "partition_result": [
+                    _partition_result(int(p), (ErrorCode.INVALID_REQUEST, message))
+                    for p in t.partitions
+                ],
+            }
+            for t in requested or ()
+        ]
+        return build.build(
+            schema,
+            {
+                "throttle_time": 0,
+                "error_code": ErrorCode.INVALID_REQUEST,
+                "replica_election_results": results,
+            },
+        )
+    if requested is None:
+        # every partition; those that already have the leader wanted are left out
+        results = []
+        for topic in ctx.topics.all():
+            outcomes = [(i, elect_leader(topic, topic.name, i)) for i in range(topic.partitions)]
+            results.append(
+                {
+                    "topic": topic.name,
+                    "partition_result": [
+                        _partition_result(i, outcome)
+                        for i, outcome in outcomes
+                        if outcome[0] != ErrorCode.ELECTION_NOT_NEEDED
+                    ],
+                }
+            )
+    else:
+        results = [
+            {
+                "topic": str(t.topic),
+                "partition_result": [
+                    _partition_result(
+                        int(p), elect_leader(ctx.topics.get(str(t.topic)), str(t.topic), int(p))
+                    )
+                    for p in t.partitions
+                ],
+            }
+            for t in requested
+        ]
+    return build.build(
+        schema,
+        {"throttle_time": 0, "error_code": ErrorCode.NONE, "replica_election_results": results},
+    )
+
+
+def _partition_result(index: int, outcome: Outcome) -> dict[str, Any]:
+    return {"partition_id": index, "error_code": outcome[0], "error_message": outcome[1]}
+
+
+# -- partition reassignments ---------------------------------------------------------------------
+
+
+async def handle_alter_partition_reassignments(ctx: BrokerContext, request: Request) -> Any:
+    brokers = frozenset({ctx.node_id})
+    responses = []
+    for t in request.body.topics:
+        name = str(t.name)
+        topic = ctx.topics.get(name)
+        partitions = []
+        for p in t.partitions:
+            replicas = None if p.replicas is None else [int(r) for r in p.replicas]
+            code, message = reassign(topic, name, int(p.partition_index), replicas, brokers)
+            partitions.append(
+                {
+                    "partition_index": int(p.partition_index),
+                    "error_code": code,
+                    "error_message": message,
+                }
+            )
+        responses.append({"name": name, "partitions": partitions})
+    return build.build(
+        response_schema(ApiKey.ALTER_PARTITION_REASSIGNMENTS, request.api_version),
+        {
+            "throttle_time": 0,
+            "error_code": ErrorCode.NONE,
+            "error_message": None,
+            "responses": responses,
+        },
+    )
+
+
+async def handle_list_partition_reassignments(ctx: BrokerContext, request: Request) -> Any:
+    # Kafka lists only partitions being reassigned (asked-for ones that are not, or do not
+    # exist, are left out without an error): here, none ever is
+    return build.build(
+        response_schema(ApiKey.LIST_PARTITION_REASSIGNMENTS, request.api_version),
+        {"throttle_time": 0, "error_code": ErrorCode.NONE, "error_message": None, "topics": []},
+    )
+
+
+HANDLERS: dict[int, tuple[Any, int, int]] = {
+    ApiKey.ELECT_LEADERS: (handle_elect_leaders, 0, 2),
+    ApiKey.ALTER_PARTITION_REASSIGNMENTS: (handle_alter_partition_reassignments, 0, 0),
+    ApiKey.LIST_PARTITION_REASSIGNMENTS: (handle_list_partition_reassignments, 0, 0),
+}
