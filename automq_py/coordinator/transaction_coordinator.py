@@ -66,6 +66,11 @@ TRANSACTION_TOPIC_CONFIGS = {
     "compression.type": "uncompressed",
 }
 RETRY_S = 0.1  # between attempts to write a marker or a Complete record that failed
+# how long a request for an id whose last transaction is still writing its markers waits for
+# them before deciding (CONCURRENT_TRANSACTIONS if they are not done by then): the next
+# transaction's first AddPartitionsToTxn usually comes a few ms after EndTxn's answer, while
+# the markers take a few more, and librdkafka retries CONCURRENT_TRANSACTIONS only 20 ms later
+COMPLETION_WAIT_S = 0.05
 
 
 @dataclass(slots=True, frozen=True)
@@ -157,6 +162,8 @@ class TransactionCoordinator:
         self.clock_ms = clock_ms
         self.transactions: dict[str, TransactionMetadata] = {}
         self._pending: dict[str, TransactionState] = {}  # ids with a write in flight
+        # ids whose commit or abort is writing its markers: done when Complete* is durable
+        self._completing: dict[str, asyncio.Future[None]] = {}
         self._failed_fence: set[str] = set()
         self.runtime = CoordinatorRuntime(
             TRANSACTION_TOPIC,
@@ -243,7 +250,12 @@ class TransactionCoordinator:
             return ErrorCode.INVALID_REQUEST
         if self._stopped:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
-        return await self.runtime.ready(transactional_id)
+        error = await self.runtime.ready(transactional_id)
+        completing = self._completing.get(transactional_id)
+        if error == ErrorCode.NONE and completing is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(completing), COMPLETION_WAIT_S)
+        return error
 
     async def init_producer_id(
         self,
@@ -439,10 +451,13 @@ class TransactionCoordinator:
     def _start_completion(self, prepared: TransactionMetadata) -> None:
         markers = tm.complete_transaction(prepared, self.clock_ms())
         # pending from now: the id answers CONCURRENT_TRANSACTIONS until Complete* is durable
-        self._pending[prepared.transactional_id] = markers.then.state
-        self._spawn(self._complete(markers))
+        txn_id = prepared.transactional_id
+        self._pending[txn_id] = markers.then.state
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._completing[txn_id] = done
+        self._spawn(self._complete(markers, done))
 
-    async def _complete(self, markers: WriteMarkers) -> None:
+    async def _complete(self, markers: WriteMarkers, done: asyncio.Future[None]) -> None:
         """Write the markers, then the Complete* record (each retried until it lands)."""
         then = markers.then
         txn_id = then.transactional_id
@@ -475,6 +490,10 @@ class TransactionCoordinator:
                 await asyncio.sleep(RETRY_S)
         finally:
             self._pending.pop(txn_id, None)
+            if self._completing.get(txn_id) is done:
+                del self._completing[txn_id]
+            if not done.done():
+                done.set_result(None)
 
     async def _write_marker(
         self, markers: WriteMarkers, topic: str, index: int, commit: bool
