@@ -6,6 +6,10 @@ them in place without re-checksumming. Legacy message sets (magic 0/1: offset in
 size int32, crc int32, magic int8 at the same offset 16) are recognised and refused.
 Record-level parsing and building (compression) lives in ``protocol.records``.
 
+With attribute bit 6 set (KIP-534, written only by the log cleaner), baseTimestamp holds the
+batch's *delete horizon*: the time after which the cleaner may drop its tombstones and its
+transaction marker; record timestamps stay ``baseTimestamp + timestampDelta``.
+
 ======  ====================  =====
 offset  field                 bytes
 ======  ====================  =====
@@ -14,7 +18,8 @@ offset  field                 bytes
 12      partitionLeaderEpoch  4
 16      magic                 1   (2)
 17      crc                   4   (CRC-32C of attributes..end)
-21      attributes            2   (bits 0-2 codec, 3 timestamp type, 4 txn, 5 control)
+21      attributes            2   (bits 0-2 codec, 3 timestamp type, 4 txn, 5 control,
+                                   6 delete horizon)
 23      lastOffsetDelta       4
 27      baseTimestamp         8
 35      maxTimestamp          8
@@ -44,6 +49,7 @@ LOG_OVERHEAD = 12  # baseOffset + batchLength
 BATCH_LENGTH_OFFSET = 8
 PARTITION_LEADER_EPOCH_OFFSET = 12
 ATTRIBUTES_OFFSET = 21
+DELETE_HORIZON_BIT = 0x40
 _INT64 = struct.Struct(">q")
 _INT32 = struct.Struct(">i")
 
@@ -106,6 +112,11 @@ class RecordBatchHeader:
     @property
     def is_control(self) -> bool:
         return bool(self.attributes & 0x20)
+
+    @property
+    def delete_horizon_ms(self) -> int | None:
+        """The delete horizon a log cleaner put in baseTimestamp (KIP-534), if any."""
+        return self.base_timestamp if self.attributes & DELETE_HORIZON_BIT else None
 
     @property
     def last_sequence(self) -> int:

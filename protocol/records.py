@@ -20,6 +20,11 @@ headers            varint count, then (key: varint length + UTF-8, value: varint
 
 Timestamps are kept in milliseconds (kio's record reader truncates them to seconds,
 which is why it is not used). Codecs: 0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd.
+
+``build_batch`` makes a producer's batch (offsets ``0..n-1`` from the base, through aiokafka's
+builder); ``encode_batch`` writes any stored batch field by field, as the log cleaner needs
+(records at their own offsets with gaps, a kept lastOffsetDelta, baseTimestamp set to a delete
+horizon so timestamp deltas may be negative, header-only empty batches).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from aiokafka import codec  # type: ignore[import-untyped]
 from aiokafka.record.default_records import (  # type: ignore[import-untyped]
     DefaultRecordBatch,
     DefaultRecordBatchBuilder,
@@ -149,3 +155,105 @@ def build_batch(
         data[21:23] = attrs.to_bytes(2, "big")
         record_batch.rewrite_crc(data)
     return data
+
+
+_COMPRESSORS = {
+    Compression.GZIP: codec.gzip_encode,
+    Compression.SNAPPY: codec.snappy_encode,
+    Compression.LZ4: codec.lz4_encode,
+    Compression.ZSTD: codec.zstd_encode,
+}
+
+
+def encode_batch(
+    records: Sequence[Record],
+    *,
+    base_offset: int,
+    last_offset_delta: int,
+    base_timestamp: int,
+    max_timestamp: int,
+    attributes: int = 0,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    partition_leader_epoch: int = -1,
+) -> bytearray:
+    """One magic-v2 batch with every header field given, holding ``records`` at their own
+    offsets and timestamps (Kafka's ``MemoryRecordsBuilder`` appending records with offsets,
+    then ``overrideLastOffset``).
+
+    Each record's offsetDelta is ``offset - base_offset`` and its timestampDelta ``timestamp -
+    base_timestamp`` (negative when the base is a delete horizon). The records section is
+    compressed with the codec of ``attributes``' low 3 bits whatever the gain, as Kafka does; a
+    batch without records is a bare header and must be uncompressed.
+    """
+    codec_id = attributes & 0x07
+    if codec_id not in Compression._value2member_map_:
+        raise ValueError(f"unknown compression codec {codec_id}")
+    if not records and codec_id != Compression.NONE:
+        raise ValueError("an empty batch is not compressed")
+    body = bytearray()
+    previous = base_offset - 1
+    for r in records:
+        if not previous < r.offset <= base_offset + last_offset_delta:
+            raise ValueError(
+                f"record offset {r.offset} is not after {previous} within the batch's "
+                f"[{base_offset}, {base_offset + last_offset_delta}]"
+            )
+        previous = r.offset
+        _write_record(body, r, r.offset - base_offset, r.timestamp - base_timestamp)
+    section = bytes(body)
+    if codec_id != Compression.NONE:
+        section = _COMPRESSORS[Compression(codec_id)](section)
+    data = bytearray(record_batch.HEADER_SIZE + len(section))
+    record_batch.HEADER.pack_into(
+        data,
+        0,
+        base_offset,
+        len(data) - record_batch.LOG_OVERHEAD,
+        partition_leader_epoch,
+        2,
+        0,  # the CRC, below
+        attributes,
+        last_offset_delta,
+        base_timestamp,
+        max_timestamp,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        len(records),
+    )
+    data[record_batch.HEADER_SIZE :] = section
+    record_batch.rewrite_crc(data)
+    return data
+
+
+def _write_record(out: bytearray, r: Record, offset_delta: int, timestamp_delta: int) -> None:
+    body = bytearray(b"\x00")  # attributes, unused
+    _write_varint(body, timestamp_delta)
+    _write_varint(body, offset_delta)
+    _write_bytes(body, r.key)
+    _write_bytes(body, r.value)
+    _write_varint(body, len(r.headers))
+    for name, value in r.headers:
+        _write_bytes(body, name.encode())
+        _write_bytes(body, value)
+    _write_varint(out, len(body))
+    out += body
+
+
+def _write_bytes(out: bytearray, data: bytes | None) -> None:
+    if data is None:
+        _write_varint(out, -1)
+    else:
+        _write_varint(out, len(data))
+        out += data
+
+
+def _write_varint(out: bytearray, n: int) -> None:
+    """Kafka's zigzag varint/varlong (protobuf's sint64 encoding)."""
+    z = (n << 1) ^ (n >> 63)
+    while z > 0x7F:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
