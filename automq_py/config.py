@@ -211,6 +211,13 @@ class BrokerConfig:
     offsets_topic_num_partitions: int = _prop(
         "offsets.topic.num.partitions", 50, ConfigType.INT, 1, "partitions of __consumer_offsets"
     )
+    log_cleaner_backoff_ms: int = _prop(
+        "log.cleaner.backoff.ms",
+        15_000,
+        ConfigType.LONG,
+        0,
+        "how often compacted topics are checked for key compaction",
+    )
     transaction_state_log_num_partitions: int = _prop(
         "transaction.state.log.num.partitions",
         50,

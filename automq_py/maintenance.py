@@ -8,6 +8,8 @@ job                              every
 ===============================  =====================================================
 SSO compaction                   ``s3.stream.set.object.compaction.interval.minutes``
 SO compaction                    ``s3.stream.object.compaction.interval.minutes``
+key compaction                   ``log.cleaner.backoff.ms`` (only when a compacted
+                                 topic's partition is dirty enough: checked in-process)
 retention, then GC               ``log.retention.check.interval.ms``
 ===============================  =====================================================
 
@@ -72,11 +74,13 @@ class Maintenance:
         schedule = {
             "compact-sso": storage.sso_compaction_interval_minutes * MINUTE_S,
             "compact-so": storage.so_compaction_interval_minutes * MINUTE_S,
+            "compact-key": self.config.log_cleaner_backoff_ms / 1000,
             "retention": self.config.log_retention_check_interval_ms / 1000,
         }
         log.info(
             "maintenance: compaction on %s; SSO compaction every %.0fs, SO compaction every "
-            "%.0fs, retention and GC (in-process) every %.0fs",
+            "%.0fs, key compaction checked every %.0fs, retention and GC (in-process) every "
+            "%.0fs",
             self.runner,
             *schedule.values(),
         )
@@ -107,6 +111,14 @@ class Maintenance:
             steps = ["retention", "gc"] if job == "retention" else [job]
             for step in steps:
                 started = time.monotonic()
+                if step == "compact-key":
+                    try:
+                        due = await asyncio.to_thread(self._key_compaction_due)
+                    except Exception as e:
+                        log.warning("maintenance %s: cannot check (retried): %s", step, e)
+                        continue
+                    if not due:
+                        continue  # nothing dirty enough: no job started, no log line
                 try:
                     if self.runner == "spark" and step.startswith("compact"):
                         await self._run_child(step)
@@ -117,6 +129,19 @@ class Maintenance:
                     continue
                 self.runs[step] = self.runs.get(step, 0) + 1
                 log.info("maintenance %s done in %.1fs", step, time.monotonic() - started)
+
+    def _key_compaction_due(self) -> bool:
+        """Whether a compacted topic's partition is dirty enough to clean (a DescribeLogSegments
+        and the planner: cheap, unlike starting a job)."""
+        from spark_jobs.controller_client import ControllerClient
+        from storage.compaction.cleanable import plan_cleaning
+
+        async def check() -> bool:
+            async with await ControllerClient.connect(self.bootstrap) as client:
+                logs, _ = await client.describe_log_segments()
+            return any(plan_cleaning(p) is not None for p in logs)
+
+        return asyncio.run(check())
 
     def _run_local(self, step: str) -> None:
         """The job's driver on this worker thread, with its own event loop; units on threads."""
@@ -133,6 +158,9 @@ class Maintenance:
                 "compact-so": lambda: jobs.run_compaction(
                     storage, self.bootstrap, runner, kind="so", dry_run=False, out=out
                 ),
+                "compact-key": lambda: jobs.run_compaction(
+                    storage, self.bootstrap, runner, kind="key", dry_run=False, out=out
+                ),
                 "retention": lambda: jobs.run_retention(
                     storage, self.bootstrap, runner, dry_run=False, out=out
                 ),
@@ -148,6 +176,7 @@ class Maintenance:
         command = {
             "compact-sso": ["compact", "--kind", "sso"],
             "compact-so": ["compact", "--kind", "so"],
+            "compact-key": ["compact", "--kind", "key"],
         }.get(step, [step])
         args = [
             sys.executable,

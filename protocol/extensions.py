@@ -404,6 +404,16 @@ _MESSAGES = (
             _f("base_offset", I64),
             _f("end_offset", I64),
             _f("batches", _s(_f("count", I32), _f("data", Kind.BYTES))),
+            # the cleaned segment's transaction index: aborted transactions whose ABORT stays
+            _f(
+                "aborted_transactions",
+                _s(
+                    _f("producer_id", I64),
+                    _f("first_offset", I64),
+                    _f("last_offset", I64),
+                    _f("last_stable_offset", I64),
+                ),
+            ),
         ),
         _s(
             *ERROR_AND_THROTTLE,

@@ -359,10 +359,13 @@ class ControllerClient:
         base_offset: int,
         end_offset: int,
         batches: Sequence[tuple[int, bytes]],
+        aborted: Sequence[tuple[int, int, int]] = (),
     ) -> int:
         """Replace ``topic``-``partition``'s sealed segments of ``[base_offset, end_offset)``
-        with key compaction's kept batches, each ``(count, bytes)``; how many segments went.
-        A plan the log no longer fits raises :class:`ControllerError` (INVALID_REQUEST)."""
+        with key compaction's kept batches, each ``(count, bytes)``, and the aborted
+        transactions whose markers it kept, each ``(producer id, first offset, marker
+        offset)``; how many segments went. A plan the log no longer fits raises
+        :class:`ControllerError` (INVALID_REQUEST)."""
         body = await self._extension(
             ApiKey.COMMIT_CLEANED_SEGMENT,
             {
@@ -371,6 +374,15 @@ class ControllerClient:
                 "base_offset": base_offset,
                 "end_offset": end_offset,
                 "batches": [{"count": c, "data": d} for c, d in batches],
+                "aborted_transactions": [
+                    {
+                        "producer_id": pid,
+                        "first_offset": first,
+                        "last_offset": last,
+                        "last_stable_offset": -1,
+                    }
+                    for pid, first, last in aborted
+                ],
             },
         )
         replaced: int = body["segments_replaced"]

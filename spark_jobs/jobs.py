@@ -20,9 +20,11 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TextIO
 
-from spark_jobs.controller_client import ControllerClient
+from spark_jobs.controller_client import ControllerClient, ControllerError
+from spark_jobs.key_compaction import KeyCompactionUnit, clean_partition
 from spark_jobs.runner import Runner, run_units
 from storage.compaction.analyzer import SourceObject, plan_compaction, select_sources
+from storage.compaction.cleanable import plan_cleaning
 from storage.compaction.gc import KEY_PREFIXES, destroyable, find_orphans
 from storage.compaction.stream_objects import plan_stream_object_compaction
 from storage.compaction.units import (
@@ -46,7 +48,7 @@ from storage.retention import PartitionLog, RetentionAction, plan_retention
 
 log = logging.getLogger("automq.jobs")
 
-COMPACTION_KINDS = ("sso", "so", "all")
+COMPACTION_KINDS = ("sso", "so", "key", "all")
 MINUTE_MS = 60_000
 INDEXES_PER_UNIT = 64  # SSO indexes one unit reads (one small GET each)
 PARTITIONS_PER_UNIT = 1000  # partitions one retention planning unit decides
@@ -66,7 +68,8 @@ async def run_compaction(
     dry_run: bool,
     out: TextIO,
 ) -> dict[str, int]:
-    """Compact Stream Set Objects (``sso``), Stream Objects (``so``) or both (``all``)."""
+    """Compact Stream Set Objects (``sso``), Stream Objects (``so``), compacted topics' keys
+    (``key``), or all three (``all``)."""
     if kind not in COMPACTION_KINDS:
         raise ValueError(f"kind must be one of {', '.join(COMPACTION_KINDS)}, not {kind!r}")
     spec = StoreSpec.from_config(storage_config)
@@ -83,7 +86,53 @@ async def run_compaction(
             await _compact_stream_objects(
                 client, runner, spec, storage_config, image, dry_run, out, counters
             )
+        if kind in ("key", "all"):
+            await _compact_keys(client, bootstrap, runner, dry_run, out, counters)
     return dict(counters)
+
+
+async def _compact_keys(
+    client: ControllerClient,
+    bootstrap: str,
+    runner: Runner,
+    dry_run: bool,
+    out: TextIO,
+    counters: Counter[str],
+) -> None:
+    """Key compaction of compacted topics (Kafka's log cleaner): each partition whose dirty
+    share reached ``min.cleanable.dirty.ratio`` is read through the broker (read_committed
+    Fetch: raw batches and aborted transactions), cleaned by a unit (the last record per key,
+    tombstones until ``delete.retention.ms``, aborted data and spent markers dropped), and its
+    output replaces the range's segments with one ``.cleaned`` segment (CommitCleanedSegment).
+    A partition whose segments changed meanwhile refuses the commit; the next run retries."""
+    logs, now = await client.describe_log_segments()
+    planned = [u for log_ in logs if (u := plan_cleaning(log_)) is not None]
+    counters["partitions_checked"] += len(logs)
+    for u in planned:
+        print(
+            f"{u.topic}-{u.partition}: clean [{u.base_offset}, {u.end_offset}) "
+            f"({u.segments} segments, {u.total_bytes} bytes, dirty {u.dirty_ratio:.0%})",
+            file=out,
+        )
+    if dry_run or not planned:
+        return
+    units = [KeyCompactionUnit(bootstrap, u, now) for u in planned]
+    for result in await run_units(runner, clean_partition, units, desc="key compaction"):
+        u = result.unit.clean
+        try:
+            replaced = await client.commit_cleaned_segment(
+                u.topic, u.partition, u.base_offset, u.end_offset, result.batches, result.aborted
+            )
+        except ControllerError as e:
+            print(f"{u.topic}-{u.partition}: refused: {e}", file=out)
+            counters["partitions_refused"] += 1
+            continue
+        counters["partitions_cleaned"] += 1
+        counters["segments_replaced"] += replaced
+        counters["records_in"] += result.records_in
+        counters["records_kept"] += result.records_kept
+        counters["bytes_in"] += result.bytes_in
+        counters["bytes_out"] += sum(len(data) for _, data in result.batches)
 
 
 async def _compact_node(

@@ -41,6 +41,7 @@ from automq_py.log.elastic_log import (
     CleanedSegmentError,
     meta_stream_key,
 )
+from automq_py.log.txn_index import AbortedTxn
 from automq_py.topics import TopicInfo
 from protocol import extensions as ext
 from protocol import wire
@@ -358,9 +359,13 @@ async def commit_cleaned_segment(ctx: BrokerContext, body: Body, version: int) -
         return {"error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
     partition = await ctx.replicas.partition(topic, index)
     batches = [CleanedBatch(b["data"], b["count"]) for b in body["batches"]]
+    aborted = [
+        AbortedTxn(a["producer_id"], a["first_offset"], a["last_offset"], a["last_stable_offset"])
+        for a in body["aborted_transactions"]
+    ]
     try:
         replaced = await partition.log.replace_with_cleaned(
-            body["base_offset"], body["end_offset"], batches
+            body["base_offset"], body["end_offset"], batches, aborted
         )
     except CleanedSegmentError as e:
         log.info("CommitCleanedSegment for %s-%d refused: %s", topic.name, index, e)

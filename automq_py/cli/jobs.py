@@ -47,6 +47,8 @@ examples:
       compact everything; Spark local[*] when available, else in-process
   automq-py compact -c config/server.properties --kind sso --dry-run
       print the stream set object compaction plan, change nothing
+  automq-py compact -c config/server.properties --kind key
+      key compaction of compacted topics whose dirty share reached min.cleanable.dirty.ratio
   automq-py compact -c config/server.properties --bootstrap-server broker1:9092 \\
       --master spark://spark-master:7077
   PYSPARK_PYTHON=.venv/bin/python .venv/bin/spark-submit --master yarn \\
@@ -121,9 +123,10 @@ def add_parser(sub: Any) -> None:
         if name == "compact":
             p.add_argument(
                 "--kind",
-                choices=("sso", "so", "all"),
+                choices=("sso", "so", "key", "all"),
                 default="all",
-                help="sso: stream set objects, so: stream objects, all: both (default: all)",
+                help="sso: stream set objects, so: stream objects, key: compacted topics "
+                "(the last record per key; cleanup.policy=compact), all: the three (default: all)",
             )
         p.set_defaults(run=run)
 

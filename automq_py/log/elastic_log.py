@@ -166,8 +166,8 @@ class ElasticLog:
         self._lock = asyncio.Lock()  # appends, rolls, meta writes: one at a time
         self._closed = False
         self.producer_state = ProducerStateManager()
-        # the aborted-transaction index, (stream position, entry), read on first use
-        self._aborted: list[tuple[int, AbortedTxn]] | None = None
+        # the aborted-transaction index, (stream name, position, entry), read on first use
+        self._aborted: list[tuple[str, int, AbortedTxn]] | None = None
         self._aborted_lock = asyncio.Lock()
         self._cleaner_lock = asyncio.Lock()  # one key-compaction swap at a time
 
@@ -551,14 +551,22 @@ class ElasticLog:
     # -- key compaction --------------------------------------------------------------------------
 
     async def replace_with_cleaned(
-        self, base_offset: int, end_offset: int, batches: Sequence[CleanedBatch]
+        self,
+        base_offset: int,
+        end_offset: int,
+        batches: Sequence[CleanedBatch],
+        aborted: Sequence[AbortedTxn] = (),
     ) -> int:
         """Replace the sealed segments that cover exactly ``[base_offset, end_offset)`` with one
         ``.cleaned`` segment holding ``batches`` (what key compaction kept, in offset order):
         AutoMQ's cleaned segment, whose data lies in the ``log.cleaned`` stream (and its time
         index in ``tim.cleaned``). Each batch covers ``count`` stream offsets, the hole before
         it included, so the counts add up to the segment's offset span and Kafka offsets map
-        to stream offsets as in any segment. Returns how many segments were replaced.
+        to stream offsets as in any segment. ``aborted`` are the aborted transactions whose
+        ABORT marker the cleaning kept: the cleaned segment's own transaction index (in
+        ``txn.cleaned``); the replaced segments' entries go with them, as Kafka's cleaner
+        rewrites the index, so no entry outlives its marker. Returns how many segments were
+        replaced.
 
         The batches are written first, outside the log's lock (appends go on meanwhile); the
         swap in ``LOG`` then checks that the segments are still the ones planned:
@@ -573,6 +581,15 @@ class ElasticLog:
             replaced = self._sealed_range(base_offset, end_offset)
             log_stream = await self._cleaned_stream(LOG_STREAM + CLEANED_SUFFIX)
             time_stream = await self._cleaned_stream(TIME_STREAM + CLEANED_SUFFIX)
+            txn_slice = SliceRange(0, 0)
+            txn_name = TXN_STREAM + CLEANED_SUFFIX
+            if aborted or txn_name in self._streams:
+                txn_stream = await self._cleaned_stream(txn_name)
+                txn_start = txn_stream.next_offset
+                for txn in aborted:
+                    entry = encode_entry(txn)
+                    await txn_stream.start_append(entry, len(entry))
+                txn_slice = SliceRange(txn_start, txn_stream.next_offset)
             meta = ElasticStreamSegmentMeta(
                 base_offset=base_offset,
                 create_timestamp=replaced[0].create_timestamp,
@@ -580,7 +597,7 @@ class ElasticLog:
                 stream_suffix=CLEANED_SUFFIX,
                 log=SliceRange(log_stream.next_offset, NOOP_OFFSET),
                 time=SliceRange(time_stream.next_offset, NOOP_OFFSET),
-                txn=SliceRange(replaced[0].txn_slice.start, replaced[-1].txn_slice.end),
+                txn=txn_slice,
                 time_index_last_entry=TimestampOffset(NO_TIMESTAMP, base_offset),
             )
             cleaned = self._segment(meta)
@@ -614,6 +631,7 @@ class ElasticLog:
                 self._segments[first : first + len(replaced)] = [cleaned]
                 await self._persist_log_meta()
                 await self._trim_streams()
+                self._aborted = None  # read again from the segments' slices
             log.info(
                 "MetaStream %d: %d segments of [%d, %d) replaced by a cleaned segment of %d "
                 "batches (%d bytes, was %d)",
@@ -689,29 +707,38 @@ class ElasticLog:
             entry = encode_entry(txn)
             position, _ = await stream.start_append(entry, len(entry), backpressure=False)
             assert self._aborted is not None
-            self._aborted.append((position, txn))
+            self._aborted.append((TXN_STREAM, position, txn))
 
     async def aborted_transactions(self, fetch_offset: int, upper_bound: int) -> list[AbortedTxn]:
         """The aborted transactions with data in ``[fetch_offset, upper_bound)``."""
         entries = await self._load_aborted()
-        return aborted_in_range((t for _, t in entries), fetch_offset, upper_bound)
+        return aborted_in_range((t for _, _, t in entries), fetch_offset, upper_bound)
 
-    async def _load_aborted(self) -> list[tuple[int, AbortedTxn]]:
+    async def _load_aborted(self) -> list[tuple[str, int, AbortedTxn]]:
+        """The index: each segment's slice of its Txn stream (``txn``, or ``txn.cleaned`` for
+        a cleaned segment, whose entries its cleaning wrote)."""
         if self._aborted is not None:
             return self._aborted
         async with self._aborted_lock:
             if self._aborted is None:
-                loaded: list[tuple[int, AbortedTxn]] = []
-                stream = self._streams.get(TXN_STREAM)
-                if stream is not None:
-                    pos, end = stream.start_offset, stream.confirmed_offset
+                loaded: list[tuple[str, int, AbortedTxn]] = []
+                for segment in list(self._segments):
+                    name = TXN_STREAM + segment.stream_suffix
+                    stream = self._streams.get(name)
+                    if stream is None:
+                        continue
+                    sliced = segment.txn_slice
+                    pos = max(sliced.start, stream.start_offset)
+                    end = stream.confirmed_offset
+                    if sliced.end != NOOP_OFFSET:
+                        end = min(end, sliced.end)
                     while pos < end:
                         result = await stream.fetch(pos, end)
                         if not result.batches:
                             break
                         for batch in result.batches:
                             for i, txn in enumerate(decode_entries(batch.payload)):
-                                loaded.append((batch.base_offset + i * ENTRY_SIZE, txn))
+                                loaded.append((name, batch.base_offset + i * ENTRY_SIZE, txn))
                             pos = batch.last_offset
                 self._aborted = loaded
             return self._aborted
@@ -775,7 +802,7 @@ class ElasticLog:
             for name, start in (
                 (LOG_STREAM + s.stream_suffix, s.log_slice.start),
                 (TIME_STREAM + s.stream_suffix, s.time_index.slice_start),
-                (TXN_STREAM, s.txn_slice.start),
+                (TXN_STREAM + s.stream_suffix, s.txn_slice.start),
             ):
                 starts[name] = min(starts.get(name, start), start)
         for name, start in starts.items():
@@ -783,8 +810,8 @@ class ElasticLog:
             if stream is None:
                 continue  # no Txn stream yet
             await stream.trim(start)
-            if name == TXN_STREAM and self._aborted is not None:
-                self._aborted = [(p, t) for p, t in self._aborted if p >= start]
+            if name.startswith(TXN_STREAM) and self._aborted is not None:
+                self._aborted = [(n, p, t) for n, p, t in self._aborted if n != name or p >= start]
 
     async def assign_leader_epoch(self, epoch: int, start_offset: int) -> None:
         """Record that leader ``epoch`` starts at ``start_offset`` (LEADER_EPOCH_CHECKPOINT)."""

@@ -113,3 +113,56 @@ async def test_a_cleaning_that_does_not_fit_is_refused(tmp_path: Path) -> None:
         await log.close()
     finally:
         await storage.close()
+
+
+async def test_a_cleaned_segment_has_its_own_transaction_index(tmp_path: Path) -> None:
+    from automq_py.log.txn_index import AbortedTxn
+    from automq_py.partition import AppendResult, Partition
+
+    storage = await start_storage(tmp_path)
+    try:
+        log = await open_log(storage, segment_bytes=400)
+        p = Partition("t", 0, log, 0, 1 << 20)
+        # two aborted transactions of producer 7, then plain batches until they are sealed
+        for seq in (0, 2):
+            txn = build_batch(
+                [RecordInput(b"t", b"k", [], T0)] * 2,
+                producer_id=7,
+                producer_epoch=0,
+                base_sequence=seq,
+                is_transactional=True,
+            )
+            assert (await p.append_records(memoryview(txn))).error.name == "NONE"
+            marker = await p.append_marker(7, 0, 0, commit=False)
+            assert not isinstance(marker, AppendResult)
+            await marker.durable
+        await append_batches(log, BATCHES)
+        assert [(t.first_offset, t.last_offset) for t in await log.aborted_transactions(0, 6)] == [
+            (0, 2),
+            (3, 5),
+        ]
+        sealed = [s for s in log.segments if s.log.end != -1]
+        end = sealed[1].log.end - sealed[1].log.start + sealed[1].base_offset
+        views = await log.read(0, 1 << 20, max_offset=end)
+        batches = [bytes(v[:]) for v in views]
+        kept = []
+        covered = 0
+        for data in batches:  # keep everything but the first transaction and its marker
+            h = record_batch.parse_header(data)
+            if h.base_offset < 3:
+                continue
+            for header, one in record_batch.iter_batches(data):
+                kept.append(CleanedBatch(bytes(one), header.last_offset + 1 - covered))
+                covered = header.last_offset + 1
+        # the cleaning kept only the second transaction's ABORT
+        await log.replace_with_cleaned(0, end, kept, [AbortedTxn(7, 3, 5, -1)])
+        assert [(t.first_offset, t.last_offset) for t in await log.aborted_transactions(0, 6)] == [
+            (3, 5)
+        ]
+        await log.close()
+        reopened = await open_log(storage, epoch=1, segment_bytes=400)
+        entries = await reopened.aborted_transactions(0, 6)
+        assert [(t.first_offset, t.last_offset) for t in entries] == [(3, 5)]
+        await reopened.close()
+    finally:
+        await storage.close()

@@ -1,0 +1,174 @@
+"""Key compaction end to end (``automq-py compact --kind key``): the real broker process, the
+real S3 server, the job on PySpark or in-process, real clients checking what a compacted topic
+holds afterwards: the last value of every key at its original offset, tombstones until
+``delete.retention.ms``, no aborted transaction's data."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from spark_jobs.controller_client import ControllerClient
+from tests.automq_py.conftest import MakeBroker
+from tests.spark_jobs.test_pipeline import run_job
+from tests.support.broker import BrokerProcess
+
+pytestmark = pytest.mark.integration
+
+# small segments so that a few thousand records make many sealed segments
+COMPACTED = {
+    "cleanup.policy": "compact",
+    "segment.bytes": str(16 << 10),
+    "min.cleanable.dirty.ratio": "0.01",
+}
+
+
+def create(broker: BrokerProcess, configs: dict[str, str]) -> str:
+    topic = f"compacted-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1, config=configs)])[topic].result(15)
+    return topic
+
+
+def produce(
+    broker: BrokerProcess, topic: str, updates: list[tuple[bytes, bytes | None]]
+) -> dict[bytes, tuple[int, bytes | None]]:
+    """Produce ``updates`` in order; each key's last (offset, value)."""
+    last: dict[bytes, tuple[int, bytes | None]] = {}
+
+    def delivered(err: object, msg: object) -> None:
+        assert err is None, err
+        last[msg.key()] = (msg.offset(), msg.value())  # type: ignore[attr-defined]
+
+    # small batches, so that small segments roll often
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5, "batch.size": 4096})
+    for key, value in updates:
+        producer.produce(topic, value, key=key, partition=0, on_delivery=delivered)
+        producer.poll(0)
+    producer.flush(30)
+    return last
+
+
+def read_all(
+    broker: BrokerProcess, topic: str, isolation: str = "read_uncommitted"
+) -> list[tuple[int, bytes, bytes | None]]:
+    """Every record from offset 0 to the end (read_uncommitted: what compaction kept, aborted
+    data included): (offset, key, value)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "group.id": "unused",
+            "enable.auto.commit": False,
+            "isolation.level": isolation,
+        }
+    )
+    _, end = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    out: list[tuple[int, bytes, bytes | None]] = []
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                position = consumer.position([TopicPartition(topic, 0)])[0].offset
+                if position >= end:
+                    break
+                continue
+            assert msg.error() is None, msg.error()
+            out.append((msg.offset(), msg.key(), msg.value()))
+            if msg.offset() >= end - 1:
+                break
+    finally:
+        consumer.close()
+    return out
+
+
+def updates(keys: range, rounds: int, tag: str = "v") -> list[tuple[bytes, bytes | None]]:
+    """``rounds`` updates of every key in ``keys``, ~100-byte values, round after round."""
+    return [(f"k{k}".encode(), f"{tag}{r}-{k}-".encode() * 12) for r in range(rounds) for k in keys]
+
+
+def active_base(broker: BrokerProcess, topic: str) -> int:
+    """The base offset of the partition's active segment (what compaction never touches)."""
+
+    async def go() -> int:
+        async with await ControllerClient.connect(broker.bootstrap) as client:
+            (log,), _ = await client.describe_log_segments([topic])
+            return log.segments[-1].base_offset
+
+    return asyncio.run(go())
+
+
+def test_only_the_last_value_of_each_key_is_left(make_broker: MakeBroker) -> None:
+    broker = make_broker()
+    topic = create(broker, COMPACTED)
+    last = produce(broker, topic, updates(range(100), 60))  # 6,000 updates over 100 keys
+    assert len(read_all(broker, topic)) == 6000
+    output = run_job(broker, "compact", "--kind", "key")  # on Spark (local[2])
+    assert f"{topic}-0: clean [0, " in output
+    after = read_all(broker, topic)
+    survivors = {key: (offset, value) for offset, key, value in after}
+    # every key's last value, at the offset it was written at
+    assert {k: survivors[k] for k in last} == last
+    # below the active segment at most one record per key is left
+    base = active_base(broker, topic)
+    assert base > 0
+    below = [key for offset, key, _ in after if offset < base]
+    assert len(below) == len(set(below)) <= 100
+    offsets = [o for o, _, _ in after]
+    assert offsets == sorted(offsets)
+    # the active segment is left as it was
+    assert len(after) - len(below) == 6000 - base < 1000
+
+
+def test_tombstones_stay_until_delete_retention_then_go(make_broker: MakeBroker) -> None:
+    broker = make_broker()
+    topic = create(broker, {**COMPACTED, "delete.retention.ms": "2000"})
+    history = updates(range(20), 30)
+    history += [(f"k{k}".encode(), None) for k in range(5)]  # delete keys 0-4
+    history += updates(range(5, 20), 20, tag="w")  # the tombstones end up in sealed segments
+    produce(broker, topic, history)
+    run_job(broker, "compact", "--kind", "key", "--runner", "local")
+    first = {k: v for _, k, v in read_all(broker, topic)}
+    assert [first.get(f"k{k}".encode(), b"gone") for k in range(5)] == [None] * 5
+    time.sleep(2.5)  # past the tombstones' delete horizon
+    produce(broker, topic, updates(range(5, 20), 30, tag="x"))  # new dirty segments
+    run_job(broker, "compact", "--kind", "key", "--runner", "local")
+    second = {k: v for _, k, v in read_all(broker, topic)}
+    assert [f"k{k}".encode() in second for k in range(5)] == [False] * 5
+    assert all(second[f"k{k}".encode()] is not None for k in range(5, 20))
+
+
+def test_compaction_drops_aborted_transactions(make_broker: MakeBroker) -> None:
+    broker = make_broker()
+    topic = create(broker, COMPACTED)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "tx"})
+    producer.init_transactions(30)
+    for i in range(20):
+        producer.begin_transaction()
+        aborted = i % 4 == 3
+        for k in range(10):
+            # an aborted transaction's keys are never written again: only the abort can drop them
+            key = f"a{i}-{k}" if aborted else f"k{k}"
+            producer.produce(topic, f"t{i}-{k}-".encode() * 20, key=key.encode(), partition=0)
+        producer.flush(30)
+        if aborted:
+            producer.abort_transaction(30)
+        else:
+            producer.commit_transaction(30)
+    produce(broker, topic, updates(range(10, 20), 20, tag="plain"))  # seal them
+    uncommitted_before = {k for _, k, _ in read_all(broker, topic)}
+    assert b"a3-0" in uncommitted_before  # read_uncommitted sees aborted data until compacted
+    run_job(broker, "compact", "--kind", "key", "--runner", "local")
+    after = {k: v for _, k, v in read_all(broker, topic)}
+    assert not [k for k in after if k.startswith(b"a")]
+    # the committed transactions' last values stay, for read_committed consumers too (the
+    # cleaned segment's transaction index lists only aborts whose markers it kept)
+    assert [after[f"k{k}".encode()][:4] for k in range(10)] == [b"t18-"] * 10
+    committed = {k: v for _, k, v in read_all(broker, topic, "read_committed")}
+    assert committed == after
