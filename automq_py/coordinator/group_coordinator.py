@@ -30,9 +30,8 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from automq_py.config import BrokerConfig, ConfigError
 from automq_py.coordinator import records
@@ -210,7 +209,6 @@ class GroupCoordinator:
             replicas,
             self,
         )
-        self._tasks: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
         self._next_retention_check = 0.0
 
@@ -223,7 +221,7 @@ class GroupCoordinator:
         self._sweeper = asyncio.create_task(self._sweep_forever())
 
     async def stop(self) -> None:
-        self.runtime.stop()
+        await self.runtime.stop()
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -234,18 +232,6 @@ class GroupCoordinator:
                 for member in group.members.values():
                     _resolve_join(member, JoinResult(ErrorCode.NOT_COORDINATOR))
                     _resolve_sync(member, SyncResult(ErrorCode.NOT_COORDINATOR))
-        for task in list(self._tasks):
-            task.cancel()
-
-    def _spawn(self, coro: Coroutine[Any, Any, object]) -> None:
-        task: asyncio.Task[Any] = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("group coordinator task failed", exc_info=task.exception())
 
     # --- the offsets topic -------------------------------------------------------------------
 
@@ -372,7 +358,9 @@ class GroupCoordinator:
                 expired = group.expire_members(now)
                 if expired:
                     log.info("group %s: session of %s expired", group.group_id, ", ".join(expired))
-                    self._spawn(self._store_consumer_epoch(group))
+                    self.runtime.spawn(
+                        self._store_consumer_epoch(group), f"storing group {group.group_id}"
+                    )
                 continue
             for member_id, deadline in list(group.pending_members.items()):
                 if deadline <= now:
@@ -725,7 +713,7 @@ class GroupCoordinator:
             group.protocol_name = None
             group.transition(ClassicState.EMPTY)
             log.info("group %s: empty at generation %d", group.group_id, group.generation_id)
-            self._spawn(self._store_classic(group))
+            self.runtime.spawn(self._store_classic(group), f"storing group {group.group_id}")
             return
         group.protocol_name = group.select_protocol()
         group.transition(ClassicState.COMPLETING_REBALANCE)
@@ -946,10 +934,31 @@ class GroupCoordinator:
         )
         if error != ErrorCode.NONE:
             return [error] * len(commits)
+        now = _now_ms()
+        results, entries, values = self._offset_records(group_id, commits, now)
+        if entries:
+            error = await self._append(group_id, entries)
+            if error == ErrorCode.UNKNOWN_SERVER_ERROR:
+                error = ErrorCode.INVALID_COMMIT_OFFSET_SIZE
+            if error != ErrorCode.NONE:
+                return [error if r == ErrorCode.NONE else r for r in results]
+            if group_id not in self.groups:
+                self.groups[group_id] = ClassicGroup(group_id, now)
+            self.offsets.setdefault(group_id, {}).update(values)
+        return results
+
+    def _offset_records(
+        self, group_id: str, commits: Sequence[OffsetCommit], now: int
+    ) -> tuple[
+        list[ErrorCode],
+        list[tuple[records.Key, bytes | None]],
+        dict[TopicPartition, records.OffsetValue],
+    ]:
+        """Each commit checked (the partition exists, the metadata fits): one error per commit,
+        and the records and values of the valid ones."""
         results: list[ErrorCode] = []
         entries: list[tuple[records.Key, bytes | None]] = []
         values: dict[TopicPartition, records.OffsetValue] = {}
-        now = _now_ms()
         for c in commits:
             topic = self.topics.get(c.topic)
             metadata = c.metadata or ""
@@ -962,24 +971,11 @@ class GroupCoordinator:
             else:
                 expire = now + c.retention_ms if c.retention_ms >= 0 else records.NO_TIMESTAMP
                 value = records.OffsetValue(c.offset, c.leader_epoch, metadata, now, expire)
-                entries.append(
-                    (
-                        records.OffsetKey(group_id, c.topic, c.partition),
-                        records.encode_offset_value(value),
-                    )
-                )
+                key = records.OffsetKey(group_id, c.topic, c.partition)
+                entries.append((key, records.encode_offset_value(value)))
                 values[(c.topic, c.partition)] = value
                 results.append(ErrorCode.NONE)
-        if entries:
-            error = await self._append(group_id, entries)
-            if error == ErrorCode.UNKNOWN_SERVER_ERROR:
-                error = ErrorCode.INVALID_COMMIT_OFFSET_SIZE
-            if error != ErrorCode.NONE:
-                return [error if r == ErrorCode.NONE else r for r in results]
-            if group_id not in self.groups:
-                self.groups[group_id] = ClassicGroup(group_id, now)
-            self.offsets.setdefault(group_id, {}).update(values)
-        return results
+        return results, entries, values
 
     async def commit_txn_offsets(
         self,
@@ -1003,29 +999,9 @@ class GroupCoordinator:
             error = self._validate_commit(group, generation_id, member_id, group_instance_id, 8)
             if error != ErrorCode.NONE:
                 return [error] * len(commits)
-        results: list[ErrorCode] = []
-        entries: list[tuple[records.Key, bytes | None]] = []
-        values: dict[TopicPartition, records.OffsetValue] = {}
         now = _now_ms()
-        for c in commits:
-            topic = self.topics.get(c.topic)
-            metadata = c.metadata or ""
-            if topic is None or not 0 <= c.partition < topic.partitions:
-                results.append(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
-            elif len(metadata.encode("utf-16-le")) // 2 > self.config.offset_metadata_max_bytes:
-                results.append(ErrorCode.OFFSET_METADATA_TOO_LARGE)
-            else:
-                value = records.OffsetValue(
-                    c.offset, c.leader_epoch, metadata, now, records.NO_TIMESTAMP
-                )
-                entries.append(
-                    (
-                        records.OffsetKey(group_id, c.topic, c.partition),
-                        records.encode_offset_value(value),
-                    )
-                )
-                values[(c.topic, c.partition)] = value
-                results.append(ErrorCode.NONE)
+        # no retention time: a transaction's offsets expire as the group's do
+        results, entries, values = self._offset_records(group_id, commits, now)
         if not entries:
             return results
         error = await self.runtime.append(

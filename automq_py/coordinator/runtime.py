@@ -103,11 +103,15 @@ class CoordinatorRuntime:
             self._topic = topic
             self._load_in_background(topic)
 
-    def stop(self) -> None:
-        """Requests get COORDINATOR_NOT_AVAILABLE from now on; loads still running stop."""
+    async def stop(self) -> None:
+        """Requests get COORDINATOR_NOT_AVAILABLE from now on; loads and the coordinator's
+        other background work (:meth:`spawn`) are cancelled and waited for."""
         self._stopped = True
-        for task in list(self._tasks):
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
 
     @property
     def stopped(self) -> bool:
@@ -115,17 +119,20 @@ class CoordinatorRuntime:
 
     def _load_in_background(self, topic: TopicInfo) -> None:
         for index in range(topic.partitions):
-            self._spawn(self._load_partition(topic, index))
+            self.spawn(self._load_partition(topic, index), f"loading {topic.name}-{index}")
 
-    def _spawn(self, coro: Coroutine[Any, Any, object]) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, object], what: str) -> None:
+        """Run ``coro`` in the background until it ends or :meth:`stop`; a failure is
+        logged with ``what`` it was doing."""
         task: asyncio.Task[Any] = asyncio.ensure_future(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._task_done)
 
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("loading %s failed", self.topic_name, exc_info=task.exception())
+        def done(task: asyncio.Task[Any]) -> None:
+            self._tasks.discard(task)
+            if not task.cancelled() and task.exception() is not None:
+                log.error("%s failed", what, exc_info=task.exception())
+
+        task.add_done_callback(done)
 
     # --- the topic ---------------------------------------------------------------------------
 

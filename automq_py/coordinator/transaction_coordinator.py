@@ -30,9 +30,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from automq_py.config import BrokerConfig
 from automq_py.coordinator import transaction_log
@@ -173,7 +172,6 @@ class TransactionCoordinator:
             replicas,
             self,
         )
-        self._tasks: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
         self._stopped = False
 
@@ -186,25 +184,11 @@ class TransactionCoordinator:
 
     async def stop(self) -> None:
         self._stopped = True
-        self.runtime.stop()
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.wait(list(self._tasks))
-
-    def _spawn(self, coro: Coroutine[Any, Any, object]) -> None:
-        task: asyncio.Task[Any] = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("transaction coordinator task failed", exc_info=task.exception())
+        await self.runtime.stop()
 
     # --- loading (the runtime's Replayer) ----------------------------------------------------
 
@@ -455,7 +439,7 @@ class TransactionCoordinator:
         self._pending[txn_id] = markers.then.state
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._completing[txn_id] = done
-        self._spawn(self._complete(markers, done))
+        self.runtime.spawn(self._complete(markers, done), f"completing {txn_id}")
 
     async def _complete(self, markers: WriteMarkers, done: asyncio.Future[None]) -> None:
         """Write the markers, then the Complete* record (each retried until it lands)."""
