@@ -253,6 +253,20 @@ class BrokerConfig:
         1,
         "how often expired transactional ids are removed",
     )
+    offsets_topic_segment_bytes: int = _prop(
+        "offsets.topic.segment.bytes",
+        100 * 1024 * 1024,
+        ConfigType.INT,
+        1,
+        "segment.bytes of __consumer_offsets (small: compacted sooner)",
+    )
+    transaction_state_log_segment_bytes: int = _prop(
+        "transaction.state.log.segment.bytes",
+        100 * 1024 * 1024,
+        ConfigType.INT,
+        1,
+        "segment.bytes of __transaction_state",
+    )
     offsets_retention_minutes: int = _prop(
         "offsets.retention.minutes",
         10080,

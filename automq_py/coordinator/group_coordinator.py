@@ -73,6 +73,7 @@ class GroupConfig:
     """The group settings, from the broker's properties (Kafka's names and defaults)."""
 
     offsets_partitions: int = 50
+    offsets_segment_bytes: int = 100 * 1024 * 1024
     initial_rebalance_delay_ms: int = 3000
     min_session_timeout_ms: int = 6000
     max_session_timeout_ms: int = 1_800_000
@@ -99,6 +100,7 @@ class GroupConfig:
             )
         return cls(
             offsets_partitions=config.offsets_topic_num_partitions,
+            offsets_segment_bytes=config.offsets_topic_segment_bytes,
             initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
             min_session_timeout_ms=config.group_min_session_timeout_ms,
             max_session_timeout_ms=config.group_max_session_timeout_ms,
@@ -204,7 +206,7 @@ class GroupCoordinator:
         self.runtime = CoordinatorRuntime(
             OFFSETS_TOPIC,
             config.offsets_partitions,
-            OFFSETS_TOPIC_CONFIGS,
+            {**OFFSETS_TOPIC_CONFIGS, "segment.bytes": str(config.offsets_segment_bytes)},
             topics,
             replicas,
             self,

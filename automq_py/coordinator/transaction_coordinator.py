@@ -77,6 +77,7 @@ class TransactionConfig:
     """The transaction settings, from the broker's properties (Kafka's names and defaults)."""
 
     partitions: int = 50
+    segment_bytes: int = 100 * 1024 * 1024
     max_timeout_ms: int = tm.DEFAULT_TRANSACTION_MAX_TIMEOUT_MS
     id_expiration_ms: int = tm.DEFAULT_TRANSACTIONAL_ID_EXPIRATION_MS
     abort_interval_ms: int = 10_000
@@ -86,6 +87,7 @@ class TransactionConfig:
     def from_broker(cls, config: BrokerConfig) -> TransactionConfig:
         return cls(
             partitions=config.transaction_state_log_num_partitions,
+            segment_bytes=config.transaction_state_log_segment_bytes,
             max_timeout_ms=config.transaction_max_timeout_ms,
             id_expiration_ms=config.transactional_id_expiration_ms,
             abort_interval_ms=config.transaction_abort_timed_out_transaction_cleanup_interval_ms,
@@ -167,7 +169,7 @@ class TransactionCoordinator:
         self.runtime = CoordinatorRuntime(
             TRANSACTION_TOPIC,
             config.partitions,
-            TRANSACTION_TOPIC_CONFIGS,
+            {**TRANSACTION_TOPIC_CONFIGS, "segment.bytes": str(config.segment_bytes)},
             topics,
             replicas,
             self,

@@ -172,3 +172,37 @@ def test_compaction_drops_aborted_transactions(make_broker: MakeBroker) -> None:
     assert [after[f"k{k}".encode()][:4] for k in range(10)] == [b"t18-"] * 10
     committed = {k: v for _, k, v in read_all(broker, topic, "read_committed")}
     assert committed == after
+
+
+def test_the_offsets_topic_stays_bounded_under_steady_commits(make_broker: MakeBroker) -> None:
+    broker = make_broker(
+        **{
+            "offsets.topic.num.partitions": "1",
+            "offsets.topic.segment.bytes": str(16 << 10),
+        }
+    )
+    topic = create(broker, {})
+    consumer = Consumer(
+        {"bootstrap.servers": broker.bootstrap, "group.id": "steady", "enable.auto.commit": False}
+    )
+    for i in range(2000):  # 2,000 commits of one offset each
+        consumer.commit(offsets=[TopicPartition(topic, 0, i + 1)], asynchronous=False)
+    consumer.close()
+    offsets_topic = "__consumer_offsets"
+    before = read_all(broker, offsets_topic)
+    assert len(before) >= 2000
+    run_job(broker, "compact", "--kind", "key", "--runner", "local")
+    after = read_all(broker, offsets_topic)
+    base = active_base(broker, offsets_topic)
+    below = [key for offset, key, _ in after if offset < base]
+    assert base > 0 and len(below) == len(set(below)) <= 2  # the offset key (and the group's)
+    assert len(after) < len(before) // 4
+    # the group coordinator reads the cleaned log back after a restart
+    assert broker.stop() == 0
+    broker.start()
+    again = Consumer(
+        {"bootstrap.servers": broker.bootstrap, "group.id": "steady", "enable.auto.commit": False}
+    )
+    (committed,) = again.committed([TopicPartition(topic, 0)], timeout=30)
+    again.close()
+    assert committed.offset == 2000
