@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from typing import Any
 
 from automq_py.config import BrokerConfig
 from automq_py.coordinator.group_coordinator import GroupCoordinator
@@ -11,7 +12,9 @@ from automq_py.coordinator.transaction_coordinator import TransactionCoordinator
 from automq_py.partition import Partition
 from automq_py.replica_manager import ReplicaManager
 from automq_py.topics import TopicError, TopicInfo, TopicRegistry
+from protocol import build
 from protocol.errors import ErrorCode
+from protocol.messages import Request, response_schema
 
 # the address of the client whose request is being handled ("/127.0.0.1", as Kafka shows it);
 # the socket server sets it for each connection's task
@@ -64,3 +67,8 @@ class BrokerContext:
             if e.code == ErrorCode.TOPIC_ALREADY_EXISTS:
                 return self.topics.get(name), ErrorCode.NONE
             return None, ErrorCode(e.code)
+
+
+def respond(request: Request, data: dict[str, Any]) -> Any:
+    """The response to ``request`` at its version, built from ``data`` (plain values)."""
+    return build.build(response_schema(request.api_key, request.api_version), data)

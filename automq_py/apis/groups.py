@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from automq_py.apis.context import CLIENT_HOST, BrokerContext
+from automq_py.apis.context import CLIENT_HOST, BrokerContext, respond
 from automq_py.coordinator.classic_group import ClassicGroup, ClassicState, JoinResult
 from automq_py.coordinator.consumer_group import ConsumerGroup, HeartbeatRequest, Partitions
 from automq_py.coordinator.group_coordinator import (
@@ -24,10 +24,9 @@ from automq_py.coordinator.group_coordinator import (
     JoinRequest,
     OffsetCommit,
 )
-from protocol import build
 from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
-from protocol.messages import Request, response_schema
+from protocol.messages import Request
 
 # DescribeGroups' "not requested" value of authorized operations
 NO_OPERATIONS = -2147483648
@@ -43,10 +42,6 @@ def _millis(value: Any) -> int:
     if hasattr(value, "total_seconds"):
         return int(value.total_seconds() * 1000)
     return int(value)
-
-
-def _respond(request: Request, data: dict[str, Any]) -> Any:
-    return build.build(response_schema(request.api_key, request.api_version), data)
 
 
 # --- classic protocol ---------------------------------------------------------------------------
@@ -71,7 +66,7 @@ async def handle_join_group(ctx: BrokerContext, request: Request) -> Any:
         supports_skip_assignment=version >= 9,
     )
     result: JoinResult = await _coordinator(ctx).join_group(join)
-    return _respond(
+    return respond(
         request,
         {
             "throttle_time": 0,
@@ -102,7 +97,7 @@ async def handle_sync_group(ctx: BrokerContext, request: Request) -> Any:
         getattr(body, "protocol_name", None),
         assignments,
     )
-    return _respond(
+    return respond(
         request,
         {
             "throttle_time": 0,
@@ -122,7 +117,7 @@ async def handle_heartbeat(ctx: BrokerContext, request: Request) -> Any:
         str(body.member_id),
         getattr(body, "group_instance_id", None),
     )
-    return _respond(request, {"throttle_time": 0, "error_code": error})
+    return respond(request, {"throttle_time": 0, "error_code": error})
 
 
 async def handle_leave_group(ctx: BrokerContext, request: Request) -> Any:
@@ -134,7 +129,7 @@ async def handle_leave_group(ctx: BrokerContext, request: Request) -> Any:
     error, per_member = await _coordinator(ctx).leave_group(str(body.group_id), leaving)
     if request.api_version < 3:
         error = per_member[0] if error == ErrorCode.NONE else error
-    return _respond(
+    return respond(
         request,
         {
             "throttle_time": 0,
@@ -181,7 +176,7 @@ async def handle_offset_commit(ctx: BrokerContext, request: Request) -> Any:
         by_topic.setdefault(commit.topic, []).append(
             {"partition_index": commit.partition, "error_code": error}
         )
-    return _respond(
+    return respond(
         request,
         {
             "throttle_time": 0,
@@ -239,7 +234,7 @@ async def handle_offset_fetch(ctx: BrokerContext, request: Request) -> Any:
         group = await _fetch_group(
             coordinator, str(body.group_id), body.topics, None, -1, require_stable
         )
-        return _respond(
+        return respond(
             request,
             {"throttle_time": 0, "error_code": group["error_code"], "topics": group["topics"]},
         )
@@ -254,7 +249,7 @@ async def handle_offset_fetch(ctx: BrokerContext, request: Request) -> Any:
         )
         for g in body.groups
     ]
-    return _respond(request, {"throttle_time": 0, "groups": groups})
+    return respond(request, {"throttle_time": 0, "groups": groups})
 
 
 async def handle_offset_delete(ctx: BrokerContext, request: Request) -> Any:
@@ -264,7 +259,7 @@ async def handle_offset_delete(ctx: BrokerContext, request: Request) -> Any:
     by_topic: dict[str, list[dict[str, Any]]] = {}
     for (topic, partition), e in zip(wanted, per_partition, strict=False):
         by_topic.setdefault(topic, []).append({"partition_index": partition, "error_code": e})
-    return _respond(
+    return respond(
         request,
         {
             "throttle_time": 0,
@@ -282,7 +277,7 @@ async def handle_list_groups(ctx: BrokerContext, request: Request) -> Any:
     error, groups = await _coordinator(ctx).list_groups(
         getattr(body, "states_filter", ()), getattr(body, "types_filter", ())
     )
-    return _respond(
+    return respond(
         request,
         {
             "throttle_time": 0,
@@ -363,13 +358,13 @@ async def handle_describe_groups(ctx: BrokerContext, request: Request) -> Any:
                     "authorized_operations": NO_OPERATIONS,
                 }
             )
-    return _respond(request, {"throttle_time": 0, "groups": out})
+    return respond(request, {"throttle_time": 0, "groups": out})
 
 
 async def handle_delete_groups(ctx: BrokerContext, request: Request) -> Any:
     names = [str(g) for g in request.body.groups_names]
     errors = await _coordinator(ctx).delete_groups(names)
-    return _respond(
+    return respond(
         request,
         {
             "throttle_time": 0,
@@ -401,7 +396,7 @@ async def handle_consumer_group_heartbeat(ctx: BrokerContext, request: Request) 
     config = coordinator.config
     interval = config.consumer_heartbeat_interval_ms
     if group is None:
-        return _respond(
+        return respond(
             request,
             {
                 "throttle_time": 0,
@@ -412,7 +407,7 @@ async def handle_consumer_group_heartbeat(ctx: BrokerContext, request: Request) 
         )
     if request.api_version >= 1 and not str(body.member_id):
         # KIP-1082: from v1 the client makes its member id
-        return _respond(
+        return respond(
             request,
             {
                 "throttle_time": 0,
@@ -468,7 +463,7 @@ async def handle_consumer_group_heartbeat(ctx: BrokerContext, request: Request) 
                 for t, p in sorted(result.assignment.items(), key=lambda kv: str(kv[0]))
             ]
         }
-    return _respond(
+    return respond(
         request,
         {
             "throttle_time": 0,
@@ -540,7 +535,7 @@ async def handle_consumer_group_describe(ctx: BrokerContext, request: Request) -
                 "authorized_operations": NO_OPERATIONS,
             }
         )
-    return _respond(request, {"throttle_time": 0, "groups": out})
+    return respond(request, {"throttle_time": 0, "groups": out})
 
 
 HANDLERS: dict[int, tuple[Any, int, int]] = {

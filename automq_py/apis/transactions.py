@@ -21,16 +21,15 @@ import asyncio
 import datetime
 from typing import Any
 
-from automq_py.apis.context import BrokerContext
+from automq_py.apis.context import BrokerContext, respond
 from automq_py.coordinator import transaction_metadata as tm
 from automq_py.coordinator.group_coordinator import OffsetCommit
 from automq_py.coordinator.transaction_coordinator import TransactionCoordinator
 from automq_py.errors import partition_failed
 from automq_py.partition import AppendResult
-from protocol import build
 from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
-from protocol.messages import Request, response_schema
+from protocol.messages import Request
 
 TopicPartition = tuple[str, int]
 NO_TIME = datetime.datetime.fromtimestamp(-0.001, tz=datetime.UTC)  # Kafka's -1 ms
@@ -39,10 +38,6 @@ NO_TIME = datetime.datetime.fromtimestamp(-0.001, tz=datetime.UTC)  # Kafka's -1
 def _coordinator(ctx: BrokerContext) -> TransactionCoordinator:
     assert ctx.transactions is not None, "the broker starts its coordinators before serving"
     return ctx.transactions
-
-
-def _respond(request: Request, data: dict[str, Any]) -> Any:
-    return build.build(response_schema(request.api_key, request.api_version), data)
 
 
 def _for_version(request: Request, error: ErrorCode) -> ErrorCode:
@@ -103,7 +98,7 @@ async def handle_add_partitions_to_txn(ctx: BrokerContext, request: Request) -> 
             int(body.v3_and_below_producer_epoch),
             body.v3_and_below_topics,
         )
-        return _respond(
+        return respond(
             request, {"throttle_time": 0, "results_by_topic_v3_and_below": _by_topic(results)}
         )
     # v4 (KIP-890): a batch of transactions, sent by brokers; verify_only asks, not adds
@@ -119,7 +114,7 @@ async def handle_add_partitions_to_txn(ctx: BrokerContext, request: Request) -> 
             bool(txn.verify_only),
         )
         out.append({"transactional_id": txn.transactional_id, "topic_results": _by_topic(results)})
-    return _respond(
+    return respond(
         request, {"throttle_time": 0, "error_code": ErrorCode.NONE, "results_by_transaction": out}
     )
 
@@ -132,7 +127,7 @@ async def handle_add_offsets_to_txn(ctx: BrokerContext, request: Request) -> Any
         int(body.producer_epoch),
         str(body.group_id),
     )
-    return _respond(request, {"throttle_time": 0, "error_code": _for_version(request, error)})
+    return respond(request, {"throttle_time": 0, "error_code": _for_version(request, error)})
 
 
 async def handle_end_txn(ctx: BrokerContext, request: Request) -> Any:
@@ -143,7 +138,7 @@ async def handle_end_txn(ctx: BrokerContext, request: Request) -> Any:
         int(body.producer_epoch),
         bool(body.committed),
     )
-    return _respond(request, {"throttle_time": 0, "error_code": _for_version(request, error)})
+    return respond(request, {"throttle_time": 0, "error_code": _for_version(request, error)})
 
 
 async def handle_txn_offset_commit(ctx: BrokerContext, request: Request) -> Any:
@@ -174,7 +169,7 @@ async def handle_txn_offset_commit(ctx: BrokerContext, request: Request) -> Any:
         topics.setdefault(c.topic, []).append(
             {"partition_index": c.partition, "error_code": _for_version(request, error)}
         )
-    return _respond(
+    return respond(
         request,
         {
             "throttle_time": 0,
@@ -216,7 +211,7 @@ async def handle_describe_transactions(ctx: BrokerContext, request: Request) -> 
                 "topics": [{"topic": t, "partitions": list(ps)} for t, ps in d.topics],
             }
         )
-    return _respond(request, {"throttle_time": 0, "transaction_states": states})
+    return respond(request, {"throttle_time": 0, "transaction_states": states})
 
 
 async def handle_list_transactions(ctx: BrokerContext, request: Request) -> Any:
@@ -236,7 +231,7 @@ async def handle_list_transactions(ctx: BrokerContext, request: Request) -> Any:
             if started.get(t.transactional_id, -1) >= 0
             and now - started[t.transactional_id] > duration
         ]
-    return _respond(
+    return respond(
         request,
         {
             "throttle_time": 0,
@@ -283,7 +278,7 @@ async def handle_write_txn_markers(ctx: BrokerContext, request: Request) -> Any:
                 parts.append({"partition_index": int(index), "error_code": error})
             topics.append({"name": t.name, "partitions": parts})
         out.append({"producer_id": marker.producer_id, "topics": topics})
-    return _respond(request, {"markers": out})
+    return respond(request, {"markers": out})
 
 
 async def handle_describe_producers(ctx: BrokerContext, request: Request) -> Any:
@@ -322,7 +317,7 @@ async def handle_describe_producers(ctx: BrokerContext, request: Request) -> Any
                     ]
             parts.append(entry)
         topics.append({"name": t.name, "partitions": parts})
-    return _respond(request, {"throttle_time": 0, "topics": topics})
+    return respond(request, {"throttle_time": 0, "topics": topics})
 
 
 # Kafka 3.9's versions (the later ones are KIP-890 part 2 / KIP-1152, Kafka 4.0+)

@@ -16,6 +16,7 @@ from aiokafka.record.control_record import (  # type: ignore[import-untyped]
 )
 from hypothesis import given
 from hypothesis import strategies as st
+from kafka.record import default_records as kafka_records
 
 from protocol import record_batch
 from protocol.control_records import (
@@ -162,7 +163,6 @@ def test_aiokafka_reads_the_marker(batch_class: type, m: dict[str, int]) -> None
 
 @given(m=markers)
 def test_kafka_python_reads_the_marker(m: dict[str, int]) -> None:
-    kafka_records = pytest.importorskip("kafka.record.default_records")
     batch = kafka_records.DefaultRecordBatch(bytes(build_marker_batch(**m)))  # type: ignore[arg-type]
     assert batch.validate_crc()
     assert batch.is_control_batch and batch.is_transactional
