@@ -16,12 +16,13 @@ import signal
 from automq_py.apis import KafkaApis
 from automq_py.apis.context import BrokerContext
 from automq_py.apis.producer import producer_id_manager
-from automq_py.config import BrokerConfig
+from automq_py.config import BrokerConfig, ConfigError
 from automq_py.coordinator.group_coordinator import GroupConfig, GroupCoordinator
 from automq_py.coordinator.transaction_coordinator import (
     TransactionConfig,
     TransactionCoordinator,
 )
+from automq_py.dynamic_config import DynamicBrokerConfig
 from automq_py.loop_lag import LoopLagMonitor
 from automq_py.maintenance import Maintenance
 from automq_py.network.server import SocketServer
@@ -51,7 +52,14 @@ class Broker:
         transaction_config = TransactionConfig.from_broker(config)
         self.storage = await S3Storage.start(config.storage)
         topics = TopicRegistry(self.storage.metadata)
-        self.replicas = ReplicaManager(self.storage, config.topic_defaults())
+        dynamic_config = DynamicBrokerConfig(config, self.storage.metadata)
+        try:
+            topic_defaults = dynamic_config.topic_defaults()
+        except ConfigError as e:
+            # stored before a change of the properties made it invalid: Kafka skips it too
+            log.warning("dynamic broker configs ignored: %s", e)
+            topic_defaults = config.topic_defaults()
+        self.replicas = ReplicaManager(self.storage, topic_defaults)
         listener = config.listeners[0]
         advertised = config.advertised_listeners[0]
         ctx = BrokerContext(
@@ -64,6 +72,7 @@ class Broker:
             auto_create_topics=config.auto_create_topics_enable,
             num_partitions=config.num_partitions,
             config=config,
+            dynamic_config=dynamic_config,
         )
         # finish deleting the logs of topics deleted before a crash
         self.replicas.destroy_deleted_in_background(lambda i: topics.by_id(i) is not None)

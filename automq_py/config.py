@@ -17,6 +17,7 @@ Every error is a :class:`ConfigError` naming the property and the bad value.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -134,26 +135,119 @@ _COMPOSITE_KEYS = {
         _composite("controller.listener.names", "", ConfigType.STRING, "listeners not advertised"),
         _composite("log.dirs", None, ConfigType.STRING, "the data directory: WAL and metadata"),
         _composite("log.dir", DEFAULT_DATA_DIR, ConfigType.STRING, "log.dirs, if that is unset"),
-        _composite("log.retention.ms", None, ConfigType.LONG, "keep data this long (-1: ever)"),
-        _composite("log.retention.minutes", None, ConfigType.INT, "log.retention.ms in minutes"),
-        _composite("log.retention.hours", 168, ConfigType.INT, "log.retention.ms in hours"),
-        _composite("log.roll.ms", None, ConfigType.LONG, "roll a segment after this long", 1),
-        _composite("log.roll.hours", 168, ConfigType.INT, "log.roll.ms in hours", 1),
     )
 }
 
-# Topic property -> the broker properties its default is read from, highest precedence first:
-# Kafka's ServerTopicConfigSynonyms, for the ones automq-py reads (the keys of topic_defaults).
-TOPIC_CONFIG_SYNONYMS: dict[str, tuple[str, ...]] = {
-    "segment.bytes": ("log.segment.bytes",),
-    "segment.ms": ("log.roll.ms", "log.roll.hours"),
-    "retention.ms": ("log.retention.ms", "log.retention.minutes", "log.retention.hours"),
-    "retention.bytes": ("log.retention.bytes",),
-    "index.interval.bytes": ("log.index.interval.bytes",),
-    "max.message.bytes": ("message.max.bytes",),
-    "message.timestamp.type": ("log.message.timestamp.type",),
-    "cleanup.policy": ("log.cleanup.policy",),
+
+@dataclass(slots=True, frozen=True)
+class Synonym:
+    """A broker property that sets a topic config's default; ``unit_ms``: one of its units in
+    milliseconds (``log.retention.hours``), 1 when it is in the topic config's own unit."""
+
+    name: str
+    unit_ms: int = 1
+
+
+# Topic config -> the broker properties its default is read from, highest precedence first
+# (Kafka's ServerTopicConfigSynonyms): the first one set wins, else the first with a default.
+TOPIC_CONFIG_SYNONYMS: dict[str, tuple[Synonym, ...]] = {
+    "segment.bytes": (Synonym("log.segment.bytes"),),
+    "segment.ms": (Synonym("log.roll.ms"), Synonym("log.roll.hours", HOUR_MS)),
+    "segment.jitter.ms": (Synonym("log.roll.jitter.ms"), Synonym("log.roll.jitter.hours", HOUR_MS)),
+    "segment.index.bytes": (Synonym("log.index.size.max.bytes"),),
+    "flush.messages": (Synonym("log.flush.interval.messages"),),
+    "flush.ms": (Synonym("log.flush.interval.ms"), Synonym("log.flush.scheduler.interval.ms")),
+    "retention.bytes": (Synonym("log.retention.bytes"),),
+    "retention.ms": (
+        Synonym("log.retention.ms"),
+        Synonym("log.retention.minutes", MINUTE_MS),
+        Synonym("log.retention.hours", HOUR_MS),
+    ),
+    "max.message.bytes": (Synonym("message.max.bytes"),),
+    "index.interval.bytes": (Synonym("log.index.interval.bytes"),),
+    "delete.retention.ms": (Synonym("log.cleaner.delete.retention.ms"),),
+    "min.compaction.lag.ms": (Synonym("log.cleaner.min.compaction.lag.ms"),),
+    "max.compaction.lag.ms": (Synonym("log.cleaner.max.compaction.lag.ms"),),
+    "file.delete.delay.ms": (Synonym("log.segment.delete.delay.ms"),),
+    "min.cleanable.dirty.ratio": (Synonym("log.cleaner.min.cleanable.ratio"),),
+    "cleanup.policy": (Synonym("log.cleanup.policy"),),
+    "unclean.leader.election.enable": (Synonym("unclean.leader.election.enable"),),
+    "min.insync.replicas": (Synonym("min.insync.replicas"),),
+    "compression.type": (Synonym("compression.type"),),
+    "compression.gzip.level": (Synonym("compression.gzip.level"),),
+    "compression.lz4.level": (Synonym("compression.lz4.level"),),
+    "compression.zstd.level": (Synonym("compression.zstd.level"),),
+    "preallocate": (Synonym("log.preallocate"),),
+    "message.format.version": (Synonym("log.message.format.version"),),
+    "message.timestamp.type": (Synonym("log.message.timestamp.type"),),
+    "message.timestamp.difference.max.ms": (Synonym("log.message.timestamp.difference.max.ms"),),
+    "message.timestamp.before.max.ms": (Synonym("log.message.timestamp.before.max.ms"),),
+    "message.timestamp.after.max.ms": (Synonym("log.message.timestamp.after.max.ms"),),
+    "message.downconversion.enable": (Synonym("log.message.downconversion.enable"),),
+    "local.retention.ms": (Synonym("log.local.retention.ms"),),
+    "local.retention.bytes": (Synonym("log.local.retention.bytes"),),
 }
+
+# Kafka's broker defaults where they are not the topic config's: None leaves the property
+# unset, so a later synonym decides.
+_BROKER_DEFAULTS: dict[str, Any] = {
+    "log.roll.ms": None,
+    "log.roll.hours": 168,
+    "log.roll.jitter.ms": None,
+    "log.roll.jitter.hours": 0,
+    "log.retention.ms": None,
+    "log.retention.minutes": None,
+    "log.retention.hours": 168,
+    "log.flush.interval.ms": None,
+}
+
+
+@functools.cache
+def synonym_keys() -> Mapping[str, ConfigKey]:
+    """The broker property behind each topic config default, as a key derived from the topic
+    config's (same type and bounds; hours and minutes are INTs)."""
+    topic_keys = LogConfig.properties()
+    keys: dict[str, ConfigKey] = {}
+    for topic_name, synonyms in TOPIC_CONFIG_SYNONYMS.items():
+        _, topic_key = topic_keys[topic_name]
+        for synonym in synonyms:
+            default = _BROKER_DEFAULTS.get(synonym.name, topic_key.default)
+            doc = f"default of topic config {topic_name}: {topic_key.doc}"
+            if synonym.unit_ms != 1:
+                unit = "hours" if synonym.unit_ms == HOUR_MS else "minutes"
+                doc = f"{topic_name} in {unit}"
+                key = ConfigKey(synonym.name, ConfigType.INT, default, doc)
+            else:
+                key = dataclasses.replace(topic_key, name=synonym.name, default=default, doc=doc)
+            if topic_name == "retention.ms":  # any negative value: keep forever
+                key = dataclasses.replace(key, minimum=None)
+            elif topic_name in ("segment.ms", "segment.jitter.ms") and synonym.unit_ms != 1:
+                key = dataclasses.replace(key, minimum=topic_key.minimum)
+            keys[synonym.name] = key
+    return MappingProxyType(keys)
+
+
+def topic_defaults_of(props: Mapping[str, str]) -> dict[str, str]:
+    """The topic config defaults that broker properties ``props`` give (Kafka's
+    ``KafkaConfig.extractLogConfigMap``), by topic config name. Raises ConfigError naming the
+    broker property."""
+    keys = synonym_keys()
+    out: dict[str, str] = {}
+    for topic_name, synonyms in TOPIC_CONFIG_SYNONYMS.items():
+        given = [s for s in synonyms if s.name in props]
+        if given:
+            synonym = given[0]
+            value = keys[synonym.name].parse(props[synonym.name])
+        else:
+            with_default = [s for s in synonyms if keys[s.name].default is not None]
+            synonym = with_default[0]
+            value = keys[synonym.name].default
+        if synonym.unit_ms != 1:
+            value *= synonym.unit_ms
+        if topic_name == "retention.ms" and value < 0:
+            value = -1
+        out[topic_name] = format_value(value)
+    return out
 
 
 @dataclass(slots=True, frozen=True)
@@ -187,9 +281,6 @@ class BrokerConfig:
         ConfigType.INT,
         None,
         "accepted for compatibility; object storage makes replication unnecessary",
-    )
-    message_max_bytes: int = _prop(
-        "message.max.bytes", 1048588, ConfigType.INT, 0, "largest record batch accepted"
     )
     socket_request_max_bytes: int = _prop(
         "socket.request.max.bytes", 104857600, ConfigType.INT, 1, "largest request the server reads"
@@ -328,10 +419,6 @@ class BrokerConfig:
     delete_topic_enable: bool = _prop(
         "delete.topic.enable", True, ConfigType.BOOLEAN, None, "allow DeleteTopics"
     )
-    log_retention_ms: int = 168 * HOUR_MS
-    log_retention_bytes: int = _prop(
-        "log.retention.bytes", -1, ConfigType.LONG, None, "bytes kept per partition (-1: no limit)"
-    )
     log_retention_check_interval_ms: int = _prop(
         "log.retention.check.interval.ms",
         300_000,
@@ -339,24 +426,11 @@ class BrokerConfig:
         1,
         "how often retention runs (then GC of objects)",
     )
-    log_segment_bytes: int = _prop(
-        "log.segment.bytes", 1 << 30, ConfigType.INT, 14, "roll a segment at this size"
-    )
-    log_roll_ms: int = 168 * HOUR_MS
-    log_index_interval_bytes: int = _prop(
-        "log.index.interval.bytes", 4096, ConfigType.INT, 0, "log bytes between two index entries"
-    )
-    log_message_timestamp_type: str = _prop(
-        "log.message.timestamp.type",
-        "CreateTime",
-        ConfigType.STRING,
-        None,
-        "CreateTime or LogAppendTime",
-    )
-    log_cleanup_policy: tuple[str, ...] = _prop(
-        "log.cleanup.policy", ("delete",), ConfigType.LIST, None, "comma-separated: delete, compact"
-    )
     storage: S3StreamConfig = field(default_factory=S3StreamConfig)
+    # the topic config defaults the properties give, by topic config name (topic_defaults)
+    log_defaults: Mapping[str, str] = field(
+        default_factory=lambda: MappingProxyType(topic_defaults_of({})), hash=False, repr=False
+    )
     # Every property as given (after layering), known or not, for features that read more later.
     properties: Mapping[str, str] = field(
         default_factory=lambda: MappingProxyType({}), hash=False, repr=False
@@ -410,8 +484,6 @@ class BrokerConfig:
                 log.warning("property %r is not used by automq-py; ignored", name)
 
         values = parse_declared(cls, props)
-        values["log_retention_ms"] = _retention_ms(props)
-        values["log_roll_ms"] = _roll_ms(props)
         listeners, advertised = _listeners(props)
         data_dir = _data_dir(props)
         node_id = values.get("node_id", 0)
@@ -422,9 +494,9 @@ class BrokerConfig:
             data_dir=data_dir,
             storage=_storage(props, data_dir, node_id, cluster_id, env or {}),
             properties=MappingProxyType(dict(props)),
+            log_defaults=MappingProxyType(check_topic_defaults(props)),
             **values,
         )
-        config._check_topic_defaults()
         return config
 
     @classmethod
@@ -432,23 +504,15 @@ class BrokerConfig:
         """Every property automq-py reads (the broker's and the stream store's), by name."""
         keys = {name: key for name, (_, key) in declared_keys(cls).items()}
         keys.update(_COMPOSITE_KEYS)
+        keys.update(synonym_keys())
         keys.update((name, key) for name, (_, key) in S3StreamConfig.properties().items())
         return keys
 
     def topic_defaults(self) -> dict[str, str]:
-        """The broker's ``log.*`` defaults under topic-level names (the keys of
-        :data:`TOPIC_CONFIG_SYNONYMS`), which a topic's own configs override: see
+        """The topic config defaults the broker's properties give (:func:`topic_defaults_of`),
+        which a topic's own configs override: see
         :func:`automq_py.topic_config.effective_topic_config`."""
-        return {
-            "segment.bytes": str(self.log_segment_bytes),
-            "segment.ms": str(self.log_roll_ms),
-            "retention.ms": str(self.log_retention_ms),
-            "retention.bytes": str(self.log_retention_bytes),
-            "index.interval.bytes": str(self.log_index_interval_bytes),
-            "message.timestamp.type": self.log_message_timestamp_type,
-            "cleanup.policy": ",".join(self.log_cleanup_policy),
-            "max.message.bytes": str(self.message_max_bytes),
-        }
+        return dict(self.log_defaults)
 
     def all_properties(self, *, redact: bool = True) -> dict[str, str]:
         """Every property's effective value (given ones, unknown ones, defaults), by name.
@@ -466,29 +530,33 @@ class BrokerConfig:
         out["advertised.listeners"] = ",".join(str(x) for x in self.advertised_listeners)
         out["log.dirs"] = self.data_dir
         out.pop("log.dir", None)
-        out["log.retention.ms"] = str(self.log_retention_ms)
-        out["log.roll.ms"] = str(self.log_roll_ms)
+        for name, key in synonym_keys().items():
+            if name not in out and key.default is not None:
+                out[name] = format_value(key.default)
         for name, (attr, _) in S3StreamConfig.properties().items():
             out[name] = format_value(getattr(self.storage, attr))
         if redact:
             out = {name: _redacted(name, value) for name, value in out.items()}
         return dict(sorted(out.items()))
 
-    def _check_topic_defaults(self) -> None:
-        # LogConfig owns the topic-level rules; a broker default it rejects would fail every
-        # topic later, so fail now and name the broker property.
-        try:
-            LogConfig.from_properties(self.topic_defaults())
-        except ConfigError as e:
-            message = str(e)
-            for topic_name, broker_names in TOPIC_CONFIG_SYNONYMS.items():
-                if message.startswith(f"{topic_name}:"):
-                    # the broker property as the user wrote it (log.retention.hours, say)
-                    given = [b for b in broker_names if b in self.properties]
-                    broker_name = given[0] if given else broker_names[0]
-                    message = broker_name + message[len(topic_name) :]
-                    break
-            raise ConfigError(message) from None
+
+def check_topic_defaults(props: Mapping[str, str]) -> dict[str, str]:
+    """:func:`topic_defaults_of` ``props``, held to LogConfig's rules: a broker default it
+    rejects would fail every topic later, so it fails now and names the broker property (as
+    the user wrote it: ``log.retention.hours``, say)."""
+    defaults = topic_defaults_of(props)
+    try:
+        LogConfig.from_properties(defaults)
+    except ConfigError as e:
+        message = str(e)
+        for topic_name, synonyms in TOPIC_CONFIG_SYNONYMS.items():
+            if message.startswith(f"{topic_name}:"):
+                given = [s.name for s in synonyms if s.name in props]
+                broker_name = given[0] if given else synonyms[0].name
+                message = broker_name + message[len(topic_name) :]
+                break
+        raise ConfigError(message) from None
+    return defaults
 
 
 @functools.cache
@@ -649,30 +717,6 @@ def _encode_query(query: Mapping[str, str]) -> str:
 
 
 # --- composite properties ------------------------------------------------------------------
-
-
-def _composite_value(name: str, props: Mapping[str, str]) -> Any:
-    """A composite property's value: as given, else its default."""
-    key = _COMPOSITE_KEYS[name]
-    return key.parse(props.get(name, key.default))
-
-
-def _retention_ms(props: Mapping[str, str]) -> int:
-    """Kafka's rule: ``log.retention.ms`` wins over ``.minutes`` over ``.hours``; negative: -1."""
-    if "log.retention.ms" in props:
-        millis = int(_composite_value("log.retention.ms", props))
-    elif "log.retention.minutes" in props:
-        millis = int(_composite_value("log.retention.minutes", props)) * MINUTE_MS
-    else:
-        millis = int(_composite_value("log.retention.hours", props)) * HOUR_MS
-    return -1 if millis < 0 else millis
-
-
-def _roll_ms(props: Mapping[str, str]) -> int:
-    """Kafka's rule: ``log.roll.ms`` wins over ``log.roll.hours``."""
-    if "log.roll.ms" in props:
-        return int(_composite_value("log.roll.ms", props))
-    return int(_composite_value("log.roll.hours", props)) * HOUR_MS
 
 
 def _data_dir(props: Mapping[str, str]) -> str:

@@ -27,11 +27,13 @@ import time
 from dataclasses import dataclass
 
 from automq_py.log.elastic_log import ElasticLog
+from automq_py.log.log_config import LogConfig
 from automq_py.log.txn_index import AbortedTxn
 from protocol import control_records, record_batch
 from protocol.errors import ErrorCode
 from protocol.record_batch import InvalidRecordBatchError, LegacyMessageSetError
-from protocol.records import parse_records
+from protocol.records import encode_batch, parse_records
+from storage.config_def import LONG_MAX
 
 
 @dataclass(slots=True, frozen=True)
@@ -40,6 +42,8 @@ class AppendResult:
     base_offset: int = -1
     log_start_offset: int = -1
     message: str | None = None
+    # the broker's time stamped on the batches (a LogAppendTime topic), else -1
+    log_append_time_ms: int = -1
 
 
 @dataclass(slots=True, frozen=True)
@@ -51,11 +55,17 @@ class PendingAppend:
     durable: asyncio.Future[None]
     base_offset: int
     partition: Partition
+    log_append_time_ms: int = -1
 
     def result(self) -> AppendResult:
         """The append's result once ``durable`` is done; raises what failed it."""
         self.durable.result()
-        return AppendResult(ErrorCode.NONE, self.base_offset, self.partition.log_start_offset)
+        return AppendResult(
+            ErrorCode.NONE,
+            self.base_offset,
+            self.partition.log_start_offset,
+            log_append_time_ms=self.log_append_time_ms,
+        )
 
 
 class Partition:
@@ -114,6 +124,8 @@ class Partition:
             batches = list(record_batch.iter_batches(records))
             if not batches:
                 raise InvalidRecordBatchError("no record batch in the produce request")
+            config = self.log.config
+            now_ms = int(time.time() * 1000)
             for header, view in batches:
                 if header.size > self.max_message_bytes:
                     return AppendResult(
@@ -122,7 +134,10 @@ class Partition:
                         f"{self.max_message_bytes}",
                     )
                 record_batch.validate_batch(view)
-                if self.log.config.compact and not header.is_control:
+                out_of_range = _timestamp_out_of_range(config, view, now_ms)
+                if out_of_range is not None:
+                    return AppendResult(ErrorCode.INVALID_TIMESTAMP, message=out_of_range)
+                if config.compact and not header.is_control:
                     keyless = _keyless_record(view)
                     if keyless is not None:
                         # Kafka's LogValidator: compaction keeps the last record per key
@@ -132,6 +147,14 @@ class Partition:
                             f"topic partition {self.topic}-{self.index} (record {keyless} of "
                             "its batch)",
                         )
+            target = _TARGET_CODEC.get(config.compression_type)
+            if target is not None:
+                batches = [
+                    (header, view)
+                    if header.attributes & 0x07 == target
+                    else _recompressed(header, view, target)
+                    for header, view in batches
+                ]
         except LegacyMessageSetError as e:
             return AppendResult(ErrorCode.UNSUPPORTED_FOR_MESSAGE_FORMAT, message=str(e))
         except InvalidRecordBatchError as e:
@@ -153,16 +176,19 @@ class Partition:
                 return AppendResult(check.error, message=check.message)
             first = -1
             durable: asyncio.Future[None] | None = None
+            append_time = now_ms if config.message_timestamp_type == "LogAppendTime" else -1
             for header, view in batches:
                 base = self.log.log_end_offset
                 # a writable batch is the request's own memory: its offsets are set in place
                 buf = view if not view.readonly else memoryview(bytearray(view))
                 record_batch.assign_offsets(buf, base, self.leader_epoch)
+                if append_time >= 0:
+                    record_batch.set_log_append_time(buf, append_time)
                 durable = await self.log.start_append(
                     buf,
                     base_offset=base,
                     record_count=header.last_offset_delta + 1,
-                    max_timestamp=header.max_timestamp,
+                    max_timestamp=header.max_timestamp if append_time < 0 else append_time,
                     first_timestamp=header.base_timestamp,
                     # only the first batch may time out: a request is never half appended
                     # for lack of room
@@ -175,7 +201,7 @@ class Partition:
         assert durable is not None
         # the last batch durable means every one before it is
         durable.add_done_callback(self._on_durable)
-        return PendingAppend(durable, first, self)
+        return PendingAppend(durable, first, self, append_time)
 
     async def append_marker(
         self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool
@@ -261,6 +287,48 @@ class Partition:
         self, offset: int, max_bytes: int, max_offset: int | None = None, *, min_one: bool = True
     ) -> list[memoryview]:
         return await self.log.read(offset, max_bytes, max_offset=max_offset, min_one=min_one)
+
+
+# compression.type -> the codec a batch is stored with (producer: as it came)
+_TARGET_CODEC = {"uncompressed": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
+
+
+def _recompressed(
+    header: record_batch.RecordBatchHeader, view: memoryview, codec: int
+) -> tuple[record_batch.RecordBatchHeader, memoryview]:
+    """The batch with its records compressed with ``codec`` (a topic's compression.type other
+    than the producer's, as Kafka's LogValidator recompresses): every header field but the
+    codec bits kept, the records as they were."""
+    data = encode_batch(
+        parse_records(view, check_crc=False),
+        base_offset=header.base_offset,
+        last_offset_delta=header.last_offset_delta,
+        base_timestamp=header.base_timestamp,
+        max_timestamp=header.max_timestamp,
+        attributes=(header.attributes & ~0x07) | codec,
+        producer_id=header.producer_id,
+        producer_epoch=header.producer_epoch,
+        base_sequence=header.base_sequence,
+        partition_leader_epoch=header.partition_leader_epoch,
+    )
+    return record_batch.parse_header(data), memoryview(data)
+
+
+def _timestamp_out_of_range(config: LogConfig, batch: memoryview, now_ms: int) -> str | None:
+    """Kafka's LogValidator check of a CreateTime topic's message.timestamp.before.max.ms and
+    .after.max.ms (else the deprecated .difference.max.ms): what is wrong, or None. The
+    records are read only when a bound is set."""
+    before, after = config.timestamp_before_max_ms, config.timestamp_after_max_ms
+    if config.message_timestamp_type != "CreateTime" or before == after == LONG_MAX:
+        return None
+    low, high = now_ms - before, now_ms + after
+    for record in parse_records(batch, check_crc=False):
+        if record.timestamp >= 0 and not low <= record.timestamp <= high:
+            return (
+                f"Timestamp {record.timestamp} of message with offset {record.offset} is out of "
+                f"range. The timestamp should be within [{low}, {high}]"
+            )
+    return None
 
 
 def _keyless_record(batch: memoryview) -> int | None:

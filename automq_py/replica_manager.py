@@ -115,6 +115,17 @@ class ReplicaManager:
     def log_config(self, topic: TopicInfo) -> LogConfig:
         return effective_topic_config(self.topic_defaults, topic.configs).log_config
 
+    def apply_config(self, topic: TopicInfo) -> LogConfig:
+        """Hand ``topic``'s settings in effect to its open partitions, after a change of its
+        configs or of the broker's defaults: ``max.message.bytes``, ``segment.bytes`` and
+        ``segment.ms`` act on the next append, what a segment fixes when it is created
+        (``index.interval.bytes``, ``segment.index.bytes``) from the next segment on."""
+        config = self.log_config(topic)
+        for partition in self.opened(topic.name):
+            partition.log.config = config
+            partition.max_message_bytes = config.max_message_bytes
+        return config
+
     def open_in_background(self, topic: TopicInfo) -> asyncio.Task[None]:
         """Open a new topic's partitions now, as Kafka creates a topic's logs when the topic
         is created, rather than inside the first produce to each (which would wait for it)."""
@@ -308,6 +319,14 @@ class ReplicaManager:
             return AppendResult(ErrorCode.CORRUPT_MESSAGE, message="null records")
         try:
             partition = await self.partition(topic, entry.index)
+            min_isr = partition.log.config.min_insync_replicas
+            if acks == -1 and min_isr > 1:
+                # one replica in sync, as Kafka's Partition.appendRecordsToLeader checks it
+                return AppendResult(
+                    ErrorCode.NOT_ENOUGH_REPLICAS,
+                    message=f"The size of the current ISR 1 is insufficient to satisfy the "
+                    f"min.isr requirement of {min_isr} for partition {topic.name}-{entry.index}",
+                )
             return await partition.start_append(entry.records, deadline)
         except Exception as e:
             return self._append_failed(entry, e)

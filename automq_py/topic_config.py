@@ -8,9 +8,11 @@ and retention (DescribeLogSegments hands the maintenance jobs the partitions' ``
 ``retention.bytes`` and ``cleanup.policy``). The group coordinator's ``__consumer_offsets``
 settings are stored as that topic's own configs and merged the same way.
 
-For DescribeConfigs, :meth:`TopicConfig.describe` says where each value comes from, as Kafka
-reports it: the topic's own (DYNAMIC_TOPIC_CONFIG), a broker property set in the broker's
-configuration (STATIC_BROKER_CONFIG) or the broker property's default (DEFAULT_CONFIG).
+For DescribeConfigs, :meth:`TopicConfig.describe` and :meth:`ConfigLayers.synonyms` say where
+each value comes from, as Kafka reports it: the topic's own (DYNAMIC_TOPIC_CONFIG), a broker
+property set dynamically for this broker (DYNAMIC_BROKER_CONFIG) or for all
+(DYNAMIC_DEFAULT_BROKER_CONFIG), in the broker's properties (STATIC_BROKER_CONFIG), or the
+broker property's default (DEFAULT_CONFIG).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ class ConfigSource(IntEnum):
     """Where a config's value comes from (DescribeConfigs' ``config_source``)."""
 
     DYNAMIC_TOPIC_CONFIG = 1
+    DYNAMIC_BROKER_CONFIG = 2
+    DYNAMIC_DEFAULT_BROKER_CONFIG = 3
     STATIC_BROKER_CONFIG = 4
     DEFAULT_CONFIG = 5
 
@@ -38,8 +42,61 @@ class ConfigSynonym:
     """One property that sets a config, with its value and source."""
 
     name: str
-    value: str
+    value: str | None
     source: ConfigSource
+
+
+@dataclass(slots=True, frozen=True)
+class ConfigLayers:
+    """The broker's property sources, highest precedence first: this broker's dynamic configs,
+    the cluster-wide dynamic defaults, the properties it was started with, and the defaults."""
+
+    dynamic_broker: Mapping[str, str]
+    dynamic_default: Mapping[str, str]
+    static: Mapping[str, str]
+    defaults: Mapping[str, str]
+
+    @classmethod
+    def of(cls, broker: BrokerConfig) -> ConfigLayers:
+        """A broker's layers with no dynamic configs."""
+        return cls({}, {}, broker.properties, default_properties())
+
+    def merged(self) -> dict[str, str]:
+        """The properties in effect (without the defaults)."""
+        return {**self.static, **self.dynamic_default, **self.dynamic_broker}
+
+    def synonyms(self, name: str) -> list[ConfigSynonym]:
+        """Every value that sets broker property ``name``, as Kafka's ConfigHelper lists them:
+        each source in precedence order, within it each name of ``name``'s group
+        (``log.retention.ms``, ``.minutes``, ``.hours``); then the ones before the first entry
+        named ``name`` are dropped, so a property is never shown a higher-precedence
+        synonym's value (``log.retention.hours`` does not list ``log.retention.ms``)."""
+        names = broker_synonym_group(name)
+        out = [
+            ConfigSynonym(n, layer[n], source)
+            for source, layer in (
+                (ConfigSource.DYNAMIC_BROKER_CONFIG, self.dynamic_broker),
+                (ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG, self.dynamic_default),
+                (ConfigSource.STATIC_BROKER_CONFIG, self.static),
+                (ConfigSource.DEFAULT_CONFIG, self.defaults),
+            )
+            for n in names
+            if n in layer
+        ]
+        while out and out[0].name != name:
+            out.pop(0)
+        return out
+
+
+def broker_synonym_group(name: str) -> tuple[str, ...]:
+    """The broker properties that set the same value as ``name``, in precedence order
+    (Kafka's ``DynamicBrokerConfig.brokerConfigSynonyms``): the group of a topic config with
+    several broker synonyms, else ``name`` alone."""
+    for synonyms in TOPIC_CONFIG_SYNONYMS.values():
+        names = tuple(s.name for s in synonyms)
+        if len(names) > 1 and name in names:
+            return names
+    return (name,)
 
 
 @dataclass(slots=True, frozen=True)
@@ -67,38 +124,24 @@ class TopicConfig:
         attr, _ = LogConfig.properties()[name]
         return format_value(getattr(self.log_config, attr))
 
-    def describe(self, broker: BrokerConfig) -> list[DescribedConfig]:
-        """Every topic property with its value in effect and where it comes from; ``broker``
-        is the configuration the defaults were taken from."""
-        defaults = default_properties()
+    def describe(self, layers: ConfigLayers) -> list[DescribedConfig]:
+        """Every topic property with its value in effect and where it comes from, as Kafka's
+        ConfigHelper describes a topic: the topic's own value, then the synonyms of the
+        first broker property behind the default (``layers``: the broker's sources). Kafka's
+        rule has a quirk kept here: the synonyms of ``log.retention.ms`` start at
+        ``log.retention.ms``, so a default set only as ``log.retention.hours`` is reported as
+        DEFAULT_CONFIG with no synonym."""
         out = []
         for name, (attr, key) in LogConfig.properties().items():
-            broker_names = TOPIC_CONFIG_SYNONYMS.get(name, ())
+            value = format_value(getattr(self.log_config, attr))
             chain: list[ConfigSynonym] = []
             if name in self.overrides:
-                chain.append(
-                    ConfigSynonym(name, self.overrides[name], ConfigSource.DYNAMIC_TOPIC_CONFIG)
-                )
-            chain += [
-                ConfigSynonym(b, broker.properties[b], ConfigSource.STATIC_BROKER_CONFIG)
-                for b in broker_names
-                if b in broker.properties
-            ]
-            # Kafka names the default after the broker property it is written as
-            # (log.retention.hours), the last synonym that has one
-            default_name = next((b for b in reversed(broker_names) if b in defaults), None)
-            if default_name is None:
-                chain.append(
-                    ConfigSynonym(name, format_value(key.default), ConfigSource.DEFAULT_CONFIG)
-                )
-            else:
-                chain.append(
-                    ConfigSynonym(default_name, defaults[default_name], ConfigSource.DEFAULT_CONFIG)
-                )
-            value = format_value(getattr(self.log_config, attr))
-            out.append(
-                DescribedConfig(name, value, chain[0].source, tuple(chain), key.type, key.doc)
-            )
+                chain.append(ConfigSynonym(name, value, ConfigSource.DYNAMIC_TOPIC_CONFIG))
+            broker_names = TOPIC_CONFIG_SYNONYMS.get(name, ())
+            if broker_names:
+                chain += layers.synonyms(broker_names[0].name)
+            source = chain[0].source if chain else ConfigSource.DEFAULT_CONFIG
+            out.append(DescribedConfig(name, value, source, tuple(chain), key.type, key.doc))
         return out
 
 

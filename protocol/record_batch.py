@@ -49,9 +49,12 @@ LOG_OVERHEAD = 12  # baseOffset + batchLength
 BATCH_LENGTH_OFFSET = 8
 PARTITION_LEADER_EPOCH_OFFSET = 12
 ATTRIBUTES_OFFSET = 21
+MAX_TIMESTAMP_OFFSET = 35
+TIMESTAMP_TYPE_BIT = 0x08
 DELETE_HORIZON_BIT = 0x40
 _INT64 = struct.Struct(">q")
 _INT32 = struct.Struct(">i")
+_INT16 = struct.Struct(">h")
 
 COMPRESSION = {0: "NONE", 1: "GZIP", 2: "SNAPPY", 3: "LZ4", 4: "ZSTD"}
 
@@ -226,6 +229,16 @@ def assign_offsets(
     _INT64.pack_into(buf, pos, base_offset)
     if partition_leader_epoch is not None:
         _INT32.pack_into(buf, pos + PARTITION_LEADER_EPOCH_OFFSET, partition_leader_epoch)
+
+
+def set_log_append_time(buf: bytearray | memoryview, timestamp_ms: int, pos: int = 0) -> None:
+    """Stamp the writable batch at ``pos`` with the broker's time (a LogAppendTime topic):
+    the timestamp-type bit set, maxTimestamp the append time, the CRC rewritten. Readers then
+    take maxTimestamp as every record's timestamp; the records stay as they are."""
+    (attributes,) = _INT16.unpack_from(buf, pos + ATTRIBUTES_OFFSET)
+    _INT16.pack_into(buf, pos + ATTRIBUTES_OFFSET, attributes | TIMESTAMP_TYPE_BIT)
+    _INT64.pack_into(buf, pos + MAX_TIMESTAMP_OFFSET, timestamp_ms)
+    rewrite_crc(buf, pos)
 
 
 def rewrite_crc(buf: bytearray | memoryview, pos: int = 0) -> int:

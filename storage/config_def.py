@@ -20,7 +20,8 @@ LIST      comma-separated items, each stripped, empty ones dropped;       ``tupl
           (matched in any case, kept lower-cased)
 ========  ==============================================================  ===============
 
-Numbers are then held to ``minimum`` / ``maximum`` (inclusive) and ``positive``. Every failure
+Numbers are then held to ``minimum`` / ``maximum`` (inclusive) and ``positive``; a key's
+``check`` states any rule these cannot (one of Kafka's custom validators). Every failure
 is a :class:`ConfigError` whose message starts with the property's name (``segment.bytes:
 must be at least 14, got 10``), whatever the input; nothing else escapes.
 """
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from enum import IntEnum
 from typing import Any
@@ -70,10 +71,21 @@ class ConfigKey:
     maximum: int | float | None = None
     positive: bool = False  # a number above zero (for DOUBLE, where "at least" cannot say it)
     choices: tuple[str, ...] = ()
+    # a rule the bounds cannot say (Kafka's custom validators): the value -> what is wrong
+    # with it, or None when it is valid
+    check: Callable[[Any], str | None] | None = None
 
     def parse(self, raw: object) -> Any:
         """``raw`` as this key's Python value (see the module docstring); raises
         :class:`ConfigError` naming the property."""
+        value = self._parse_type(raw)
+        if self.check is not None:
+            problem = self.check(value)
+            if problem is not None:
+                raise ConfigError(f"{self.name}: {problem}, got {raw!r}")
+        return value
+
+    def _parse_type(self, raw: object) -> Any:
         if self.type is ConfigType.BOOLEAN:
             return _boolean(self, raw)
         if self.type in (ConfigType.INT, ConfigType.LONG):
@@ -109,9 +121,10 @@ def config_field(
     maximum: int | float | None = None,
     positive: bool = False,
     choices: tuple[str, ...] = (),
+    check: Callable[[Any], str | None] | None = None,
 ) -> Any:
     """A dataclass field holding property ``name``; :func:`declared_keys` finds it."""
-    key = ConfigKey(name, type, default, doc, minimum, maximum, positive, choices)
+    key = ConfigKey(name, type, default, doc, minimum, maximum, positive, choices, check)
     return field(default=default, metadata={"config_key": key})
 
 

@@ -18,12 +18,13 @@ a static config (INVALID_REQUEST).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from enum import IntEnum
 from typing import Any
 
 from automq_py.apis.context import BrokerContext
-from automq_py.config import BrokerConfig, default_properties
+from automq_py.config import BrokerConfig
+from automq_py.dynamic_config import RECONFIGURABLE, ReadOnlyConfigError
 from automq_py.log.log_config import LogConfig
 from automq_py.topic_config import ConfigSource, ConfigSynonym, effective_topic_config
 from automq_py.topics import TopicInfo
@@ -108,41 +109,49 @@ def describe_topic(
             "config_type": c.type,
             "documentation": c.doc if documentation else None,
         }
-        for c in effective.describe(ctx.config)
+        for c in effective.describe(ctx.config_layers())
     ]
 
 
 def describe_broker(
     ctx: BrokerContext, name: str, synonyms: bool, documentation: bool
 ) -> list[dict[str, Any]]:
-    """Every broker property with its effective value, secrets redacted; all read-only."""
-    if name == "":
-        return []  # the cluster-wide dynamic defaults: this broker keeps none
-    _check_broker(ctx, name)
-    config = ctx.config
-    shown = config.all_properties()
-    plain = config.all_properties(redact=False)
-    defaults = default_properties()
+    """The broker resource as Kafka's ConfigHelper describes it: for this broker's id every
+    property with its value in effect (null where nothing sets it), its source and synonyms,
+    read-only unless it can change dynamically; for the empty name (the cluster-wide dynamic
+    defaults) only the properties set there. Secrets are redacted."""
+    if name != "":
+        _check_broker(ctx, name, describing=True)
+    layers = ctx.config_layers()
+    shown = ctx.config.all_properties()
+    plain = ctx.config.all_properties(redact=False)
     keys = BrokerConfig.config_keys()
+    if name == "":
+        values: dict[str, str | None] = dict(layers.dynamic_default)
+    else:
+        values = {n: None for n in keys}
+        values.update(shown)
+        values.update(layers.dynamic_default)
+        values.update(layers.dynamic_broker)
     out = []
-    for prop, value in shown.items():
-        chain: list[ConfigSynonym] = []
-        if prop in config.properties:
-            chain.append(ConfigSynonym(prop, value, ConfigSource.STATIC_BROKER_CONFIG))
-        if prop in defaults:
-            chain.append(ConfigSynonym(prop, defaults[prop], ConfigSource.DEFAULT_CONFIG))
-        source = chain[0].source if chain else ConfigSource.DEFAULT_CONFIG
+    for prop, value in sorted(values.items()):
+        sensitive = prop in shown and shown[prop] != plain.get(prop)
+        chain = layers.synonyms(prop)
+        if name == "":
+            chain = [c for c in chain if c.source == ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG]
+        if sensitive:
+            chain = [ConfigSynonym(c.name, shown[prop], c.source) for c in chain]
         key = keys.get(prop)
         # a property automq-py does not read is shown as the text it was given
         config_type, doc = (key.type, key.doc or None) if key else (ConfigType.STRING, None)
         out.append(
             {
                 "name": prop,
-                "value": value,
-                "read_only": True,
-                "config_source": source,
+                "value": shown[prop] if sensitive else value,
+                "read_only": prop not in RECONFIGURABLE,
+                "config_source": chain[0].source if chain else ConfigSource.DEFAULT_CONFIG,
                 # the redacted form is still shown: the rest of a url (endpoint, bucket) helps
-                "is_sensitive": value != plain.get(prop),
+                "is_sensitive": sensitive,
                 "synonyms": _synonyms(chain) if synonyms else [],
                 "config_type": config_type,
                 "documentation": doc if documentation else None,
@@ -161,7 +170,7 @@ def _synonyms(chain: Sequence[ConfigSynonym]) -> list[dict[str, Any]]:
 async def handle_alter_configs(ctx: BrokerContext, request: Request) -> Any:
     """Replace the whole set of a topic's configs (a config left out returns to its default)."""
 
-    def replace_all(topic: TopicInfo, entries: Any) -> dict[str, str]:
+    def replace_all(current: Any, entries: Any, inherited: Any, is_list: Any) -> dict[str, str]:
         # a null value sets nothing, as in Kafka
         return {str(c.name): str(c.value) for c in entries if c.value is not None}
 
@@ -170,19 +179,17 @@ async def handle_alter_configs(ctx: BrokerContext, request: Request) -> Any:
 
 async def handle_incremental_alter_configs(ctx: BrokerContext, request: Request) -> Any:
     """SET, DELETE, APPEND to or SUBTRACT from a topic's configs; the rest stay as they are."""
-    return await _alter(
-        ctx, request, 44, lambda topic, entries: incremental_configs(ctx, topic, entries)
-    )
+    return await _alter(ctx, request, 44, incremental_configs)
 
 
 async def _alter(
     ctx: BrokerContext,
     request: Request,
     api_key: int,
-    new_configs: Callable[[TopicInfo, Any], dict[str, str]],
+    new_configs: NewConfigs,
 ) -> Any:
-    """The shared walk of both alter APIs: per resource, check the names, compute the topic's
-    new configs with ``new_configs`` and apply them (broker resources are refused)."""
+    """The shared walk of both alter APIs: per resource, check the names, compute the
+    resource's new configs with ``new_configs`` and apply them."""
     body = request.body
     responses = []
     for r in body.resources:
@@ -193,10 +200,16 @@ async def _alter(
             _check_unique(names)
             if kind == ResourceType.TOPIC:
                 topic = _topic(ctx, name)
-                configs = new_configs(topic, r.configs)
+                configs = new_configs(
+                    topic.configs, r.configs, _topic_inherited(ctx), _is_topic_list
+                )
                 await apply_topic_configs(ctx, topic, configs, bool(body.validate_only))
+            elif kind == ResourceType.BROKER:
+                await alter_broker(ctx, name, r.configs, new_configs, bool(body.validate_only))
             else:
-                _refuse_alter(ctx, kind, name, names)
+                raise ConfigRequestError(
+                    ErrorCode.INVALID_REQUEST, f"unsupported resource type {kind}"
+                )
         except ConfigRequestError as e:
             entry.update(error_code=e.code, error_message=str(e))
         responses.append(entry)
@@ -205,11 +218,16 @@ async def _alter(
     )
 
 
-def incremental_configs(ctx: BrokerContext, topic: TopicInfo, ops: Any) -> dict[str, str]:
-    """The topic's configs after ``ops`` (each with name, config_operation, value)."""
-    configs = dict(topic.configs)
-    properties = LogConfig.properties()
-    inherited = effective_topic_config(ctx.replicas.topic_defaults, {})
+def incremental_configs(
+    current: Mapping[str, str],
+    ops: Any,
+    inherited: Callable[[str], str | None],
+    is_list: Callable[[str], bool],
+) -> dict[str, str]:
+    """A resource's configs ``current`` after ``ops`` (each with name, config_operation,
+    value); APPEND and SUBTRACT start from ``inherited(name)`` where the resource has no
+    value of its own, and apply to the configs ``is_list`` says are lists."""
+    configs = dict(current)
     for op in ops:
         name, value, kind = str(op.name), op.value, int(op.config_operation)
         if kind == OpType.DELETE:
@@ -224,15 +242,13 @@ def incremental_configs(ctx: BrokerContext, topic: TopicInfo, ops: Any) -> dict[
         if kind == OpType.SET:
             configs[name] = str(value)
             continue
-        found = properties.get(name)
-        if found is None or found[1].type is not ConfigType.LIST:
+        if not is_list(name):
             verb = "append" if kind == OpType.APPEND else "subtract"
             raise ConfigRequestError(
                 ErrorCode.INVALID_CONFIG, f"{name}: {verb} applies to list configs only"
             )
-        # the list the topic has now: its own value, else what it inherits
-        current = configs.get(name) or inherited.value(name)
-        items = list(split_list(current))
+        # the list the resource has now: its own value, else what it inherits
+        items = list(split_list(configs.get(name) or inherited(name) or ""))
         given = split_list(str(value))
         if kind == OpType.APPEND:
             items += [v for v in given if v not in items]
@@ -240,6 +256,60 @@ def incremental_configs(ctx: BrokerContext, topic: TopicInfo, ops: Any) -> dict[
             items = [v for v in items if v not in given]
         configs[name] = ",".join(items)
     return configs
+
+
+# (current configs, entries, inherited value, is a list config) -> the new configs
+NewConfigs = Callable[
+    [Mapping[str, str], Any, Callable[[str], "str | None"], Callable[[str], bool]],
+    dict[str, str],
+]
+
+
+def _topic_inherited(ctx: BrokerContext) -> Callable[[str], str | None]:
+    inherited = effective_topic_config(ctx.replicas.topic_defaults, {})
+    return lambda name: inherited.value(name) if name in LogConfig.properties() else None
+
+
+def _is_topic_list(name: str) -> bool:
+    found = LogConfig.properties().get(name)
+    return found is not None and found[1].type is ConfigType.LIST
+
+
+async def alter_broker(
+    ctx: BrokerContext, name: str, entries: Any, new_configs: NewConfigs, validate_only: bool
+) -> None:
+    """Set the dynamic configs of broker resource ``name`` (this broker's id, or the empty
+    name for the cluster-wide defaults) and hand the new topic defaults to every topic's open
+    partitions."""
+    if name != "":
+        _check_broker(ctx, name)
+    dynamic = ctx.dynamic_config
+    if dynamic is None:
+        raise ConfigRequestError(ErrorCode.INVALID_REQUEST, "the broker is not started")
+    layers = dynamic.layers()
+    merged = layers.merged()
+    keys = BrokerConfig.config_keys()
+
+    def inherited(prop: str) -> str | None:
+        return merged.get(prop, layers.defaults.get(prop))
+
+    def is_list(prop: str) -> bool:
+        key = keys.get(prop)
+        return key is not None and key.type is ConfigType.LIST
+
+    configs = new_configs(dynamic.current(name), entries, inherited, is_list)
+    try:
+        if validate_only:
+            dynamic.validate(name, configs)
+            return
+        defaults = await dynamic.alter(name, configs)
+    except ReadOnlyConfigError as e:
+        raise ConfigRequestError(ErrorCode.INVALID_REQUEST, str(e)) from None
+    except ConfigError as e:
+        raise ConfigRequestError(ErrorCode.INVALID_CONFIG, str(e)) from None
+    ctx.replicas.topic_defaults = defaults
+    for topic in ctx.topics.all():
+        ctx.replicas.apply_config(topic)
 
 
 async def apply_topic_configs(
@@ -254,10 +324,7 @@ async def apply_topic_configs(
     if validate_only:
         return
     updated = await ctx.topics.update(topic, configs=configs)
-    config = ctx.replicas.log_config(updated)
-    for partition in ctx.open_partitions(topic.name):
-        partition.log.config = config
-        partition.max_message_bytes = config.max_message_bytes
+    ctx.replicas.apply_config(updated)
 
 
 def _alter_entry(kind: int, name: str) -> dict[str, Any]:
@@ -267,19 +334,6 @@ def _alter_entry(kind: int, name: str) -> dict[str, Any]:
         "error_code": ErrorCode.NONE,
         "error_message": None,
     }
-
-
-def _refuse_alter(ctx: BrokerContext, kind: int, name: str, names: list[str]) -> None:
-    if kind != ResourceType.BROKER:
-        raise ConfigRequestError(ErrorCode.INVALID_REQUEST, f"unsupported resource type {kind}")
-    if name != "":
-        _check_broker(ctx, name)
-    if names:
-        raise ConfigRequestError(
-            ErrorCode.INVALID_REQUEST,
-            f"Cannot update these configs dynamically: {', '.join(sorted(names))} (automq-py "
-            "reads broker configs once at start: set them in server.properties or --override)",
-        )
 
 
 def _check_unique(names: list[str]) -> None:
@@ -302,7 +356,7 @@ def _topic(ctx: BrokerContext, name: str) -> TopicInfo:
     return topic
 
 
-def _check_broker(ctx: BrokerContext, name: str) -> None:
+def _check_broker(ctx: BrokerContext, name: str, *, describing: bool = False) -> None:
     try:
         node = int(name)
     except ValueError:
@@ -310,9 +364,10 @@ def _check_broker(ctx: BrokerContext, name: str) -> None:
             ErrorCode.INVALID_REQUEST, f"Broker id must be an integer, but it is: {name}"
         ) from None
     if node != ctx.node_id:
+        expected = f"{ctx.node_id} or empty string," if describing else str(ctx.node_id)
         raise ConfigRequestError(
             ErrorCode.INVALID_REQUEST,
-            f"Unexpected broker id, expected {ctx.node_id} but received {node}",
+            f"Unexpected broker id, expected {expected} but received {node}",
         )
 
 

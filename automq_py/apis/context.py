@@ -9,8 +9,10 @@ from typing import Any
 from automq_py.config import BrokerConfig
 from automq_py.coordinator.group_coordinator import GroupCoordinator
 from automq_py.coordinator.transaction_coordinator import TransactionCoordinator
+from automq_py.dynamic_config import DynamicBrokerConfig
 from automq_py.partition import Partition
 from automq_py.replica_manager import ReplicaManager
+from automq_py.topic_config import ConfigLayers
 from automq_py.topics import TopicError, TopicInfo, TopicRegistry
 from protocol import build
 from protocol.errors import ErrorCode
@@ -35,6 +37,14 @@ class BrokerContext:
     config: BrokerConfig = field(default_factory=BrokerConfig)
     groups: GroupCoordinator | None = None
     transactions: TransactionCoordinator | None = None
+    # the dynamic broker configs (AlterConfigs on a broker resource), once the broker runs
+    dynamic_config: DynamicBrokerConfig | None = None
+
+    def config_layers(self) -> ConfigLayers:
+        """Where the broker's properties come from, for DescribeConfigs."""
+        if self.dynamic_config is None:
+            return ConfigLayers.of(self.config)
+        return self.dynamic_config.layers()
 
     @property
     def leader_epoch(self) -> int:

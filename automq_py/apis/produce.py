@@ -106,7 +106,12 @@ def _response(
     for name, entry, r in zip(names, entries, results, strict=True):
         by_topic.setdefault(name, []).append(
             ProducePartitionResponse(
-                entry.index, r.error, r.base_offset, -1, r.log_start_offset, r.message
+                entry.index,
+                r.error,
+                r.base_offset,
+                r.log_append_time_ms,
+                r.log_start_offset,
+                r.message,
             )
         )
     return encode_produce_response(

@@ -8,12 +8,14 @@ is a :class:`ConfigError` naming the property at fault.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from storage.config_def import (
     LONG_MAX,
+    ConfigError,
     ConfigKey,
     ConfigType,
     config_field,
@@ -36,22 +38,46 @@ def _long(name: str, default: int, minimum: int, doc: str) -> Any:
     return config_field(name, default, ConfigType.LONG, doc, minimum=minimum)
 
 
+def _gzip_level(level: int) -> str | None:
+    return None if level == -1 or 1 <= level <= 9 else "must be -1 or in 1..9"
+
+
+def _format_version(version: str) -> str | None:
+    if _FORMAT_VERSION.fullmatch(version):
+        return None
+    return "expected a Kafka version such as 3.0-IV1 or 2.8"
+
+
+def _throttled_replicas(items: tuple[str, ...]) -> str | None:
+    """Kafka's ThrottledReplicaListValidator: ``*`` alone, or ``partition:broker`` pairs."""
+    if items == ("*",) or all(_THROTTLED_REPLICA.fullmatch(item) for item in items):
+        return None
+    return "expected * or a list of partition:broker pairs"
+
+
+_FORMAT_VERSION = re.compile(r"[0-9]+\.[0-9]+(\.[0-9]+)?(-IV[0-9]+)?")
+_THROTTLED_REPLICA = re.compile(r"[0-9]+\s*:\s*[0-9]+")
+
+
 @dataclass(slots=True, frozen=True)
 class LogConfig:
-    """A topic's log settings; the types are Kafka's (INT or LONG) for DescribeConfigs."""
+    """A topic's log settings: every topic config Kafka 3.9 defines, with its type (INT or
+    LONG, for DescribeConfigs), default and bounds. The ones marked "accepted" are kept and
+    described but change nothing here (replication, page cache, tiered-storage and
+    message-format settings that an object-storage log has no use for)."""
 
     segment_bytes: int = _int("segment.bytes", 1 << 30, 14, "roll a segment at this size")
     segment_ms: int = _long("segment.ms", 7 * DAY_MS, 1, "roll a segment after this long")
     segment_jitter_ms: int = _long("segment.jitter.ms", 0, 0, "random jitter off segment.ms")
     segment_index_bytes: int = _int(
-        "segment.index.bytes", 10 << 20, 12, "time index bytes per segment; full -> roll"
+        "segment.index.bytes", 10 << 20, 4, "time index bytes per segment; full -> roll"
     )
     index_interval_bytes: int = _int(
         "index.interval.bytes", 4096, 0, "log bytes between two time index entries"
     )
     retention_ms: int = _long("retention.ms", 7 * DAY_MS, -1, "keep data this long (-1: ever)")
-    retention_bytes: int = _long(
-        "retention.bytes", -1, -1, "keep at most this many bytes (-1: no limit)"
+    retention_bytes: int = config_field(
+        "retention.bytes", -1, ConfigType.LONG, "keep at most this many bytes (negative: no limit)"
     )
     max_message_bytes: int = _int("max.message.bytes", 1048588, 0, "largest record batch accepted")
     message_timestamp_type: str = config_field(
@@ -66,6 +92,12 @@ class LogConfig:
     )
     message_timestamp_after_max_ms: int = _long(
         "message.timestamp.after.max.ms", LONG_MAX, 0, "newest timestamp accepted, from now"
+    )
+    message_timestamp_difference_max_ms: int = _long(
+        "message.timestamp.difference.max.ms",
+        LONG_MAX,
+        0,
+        "deprecated: both timestamp bounds, where before/after.max.ms are not set",
     )
     cleanup_policy: tuple[str, ...] = config_field(
         "cleanup.policy",
@@ -98,11 +130,131 @@ class LogConfig:
         "codec the log stores (producer: as sent)",
         choices=COMPRESSION_TYPES,
     )
+    compression_gzip_level: int = config_field(
+        "compression.gzip.level",
+        -1,
+        ConfigType.INT,
+        "gzip level when compression.type is gzip (-1: the codec's default)",
+        check=_gzip_level,
+    )
+    compression_lz4_level: int = config_field(
+        "compression.lz4.level",
+        9,
+        ConfigType.INT,
+        "lz4 level when compression.type is lz4",
+        minimum=1,
+        maximum=17,
+    )
+    compression_zstd_level: int = config_field(
+        "compression.zstd.level",
+        3,
+        ConfigType.INT,
+        "zstd level when compression.type is zstd",
+        minimum=-131072,
+        maximum=22,
+    )
+    min_insync_replicas: int = _int(
+        "min.insync.replicas", 1, 1, "acks=all needs this many in-sync replicas (here: 1)"
+    )
+    unclean_leader_election_enable: bool = config_field(
+        "unclean.leader.election.enable",
+        False,
+        ConfigType.BOOLEAN,
+        "accepted: a partition has one replica, its data in object storage",
+    )
+    flush_messages: int = _long(
+        "flush.messages", LONG_MAX, 1, "accepted: acks=all is fsynced in the WAL anyway"
+    )
+    flush_ms: int = _long("flush.ms", LONG_MAX, 0, "accepted: acks=all is fsynced in the WAL")
+    file_delete_delay_ms: int = _long(
+        "file.delete.delay.ms", 60_000, 0, "accepted: objects are deleted by the GC job"
+    )
+    preallocate: bool = config_field(
+        "preallocate", False, ConfigType.BOOLEAN, "accepted: segments are streams, not files"
+    )
+    message_format_version: str = config_field(
+        "message.format.version",
+        "3.0-IV1",
+        ConfigType.STRING,
+        "deprecated, accepted: record batches are always v2",
+        check=_format_version,
+    )
+    message_downconversion_enable: bool = config_field(
+        "message.downconversion.enable",
+        True,
+        ConfigType.BOOLEAN,
+        "deprecated, accepted: no Fetch version old enough to need it is served",
+    )
+    leader_replication_throttled_replicas: tuple[str, ...] = config_field(
+        "leader.replication.throttled.replicas",
+        (),
+        ConfigType.LIST,
+        "accepted: no replication to throttle",
+        check=_throttled_replicas,
+    )
+    follower_replication_throttled_replicas: tuple[str, ...] = config_field(
+        "follower.replication.throttled.replicas",
+        (),
+        ConfigType.LIST,
+        "accepted: no replication to throttle",
+        check=_throttled_replicas,
+    )
+    remote_storage_enable: bool = config_field(
+        "remote.storage.enable",
+        False,
+        ConfigType.BOOLEAN,
+        "Kafka's tiered storage: off (the whole log is in object storage already)",
+    )
+    local_retention_ms: int = _long(
+        "local.retention.ms", -2, -2, "accepted: tiered storage's local part (-2: retention.ms)"
+    )
+    local_retention_bytes: int = _long(
+        "local.retention.bytes",
+        -2,
+        -2,
+        "accepted: tiered storage's local part (-2: retention.bytes)",
+    )
+    remote_log_copy_disable: bool = config_field(
+        "remote.log.copy.disable", False, ConfigType.BOOLEAN, "accepted: tiered storage"
+    )
+    remote_log_delete_on_disable: bool = config_field(
+        "remote.log.delete.on.disable", False, ConfigType.BOOLEAN, "accepted: tiered storage"
+    )
+
+    def __post_init__(self) -> None:
+        # the rules across properties, as Kafka's LogConfig.validateValues(InBroker)
+        if self.min_compaction_lag_ms > self.max_compaction_lag_ms:
+            raise ConfigError(
+                f"min.compaction.lag.ms: conflict topic config setting min.compaction.lag.ms "
+                f"({self.min_compaction_lag_ms}) > max.compaction.lag.ms "
+                f"({self.max_compaction_lag_ms})"
+            )
+        if self.remote_storage_enable:
+            raise ConfigError(
+                "remote.storage.enable: Tiered Storage functionality is disabled in the broker. "
+                "Topic cannot be configured with remote log storage."
+            )
+
+    @property
+    def timestamp_before_max_ms(self) -> int:
+        """The oldest timestamp accepted, from now: before.max.ms, else the deprecated
+        difference.max.ms (Kafka 3.9's rule)."""
+        if self.message_timestamp_before_max_ms != LONG_MAX:
+            return self.message_timestamp_before_max_ms
+        return self.message_timestamp_difference_max_ms
+
+    @property
+    def timestamp_after_max_ms(self) -> int:
+        """The newest timestamp accepted, from now: after.max.ms, else difference.max.ms."""
+        if self.message_timestamp_after_max_ms != LONG_MAX:
+            return self.message_timestamp_after_max_ms
+        return self.message_timestamp_difference_max_ms
 
     @property
     def max_time_index_entries(self) -> int:
-        """Entries a segment's time index holds before the segment must roll (Kafka's rule)."""
-        return self.segment_index_bytes // 12
+        """Entries a segment's time index holds before the segment must roll (Kafka's rule;
+        at least one, where Kafka's smallest index would hold none)."""
+        return max(1, self.segment_index_bytes // 12)
 
     @property
     def compact(self) -> bool:

@@ -84,10 +84,13 @@ def test_describe_topic_configs_with_sources(broker: BrokerProcess) -> None:
     assert retention.value == "3600000"
     assert retention.source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
     assert not retention.is_read_only and not retention.is_sensitive
-    # the topic's own value first, then the broker default it overrides
+    # the topic's own value first, then the broker default it overrides: none named
+    # log.retention.ms here (Kafka lists a synonym chain from its first name on)
     assert [(s.name, s.source) for s in retention.synonyms.values()] == [
         ("retention.ms", ConfigSource.DYNAMIC_TOPIC_CONFIG.value),
-        ("log.retention.hours", ConfigSource.DEFAULT_CONFIG.value),
+    ]
+    assert [(s.name, s.source) for s in configs["segment.bytes"].synonyms.values()] == [
+        ("log.segment.bytes", ConfigSource.DEFAULT_CONFIG.value),
     ]
     inherited = configs["max.message.bytes"]
     assert inherited.value == "1048588"
@@ -114,7 +117,12 @@ def test_describe_broker_configs_redacts_secrets(
     assert configs["message.max.bytes"].value == "1048588"
     assert configs["message.max.bytes"].source == ConfigSource.DEFAULT_CONFIG.value
     assert configs["listeners"].source == ConfigSource.STATIC_BROKER_CONFIG.value
-    assert all(entry.is_read_only for entry in configs.values())
+    # read-only unless it can change dynamically, as Kafka marks them
+    assert configs["listeners"].is_read_only
+    assert configs["log.retention.hours"].is_read_only
+    assert not configs["log.retention.ms"].is_read_only
+    assert not configs["message.max.bytes"].is_read_only
+    assert configs["log.retention.ms"].value is None  # unset: log.retention.hours decides
     buckets = configs["s3.data.buckets"]
     assert buckets.is_sensitive
     assert s3_server.secret_key not in (buckets.value or "")
@@ -339,6 +347,7 @@ def test_describe_another_broker_is_an_invalid_request() -> None:
 
 def test_static_broker_default_is_the_source_of_an_inherited_topic_config() -> None:
     from automq_py.apis.configs import describe_topic
+    from automq_py.config import BrokerConfig
 
     ctx = fake_context()
     by_name = {
@@ -347,9 +356,18 @@ def test_static_broker_default_is_the_source_of_an_inherited_topic_config() -> N
     }
     retention = by_name["retention.ms"]
     assert retention["value"] == str(24 * 3600 * 1000)
-    assert retention["config_source"] == 4
-    assert [(s["name"], s["value"], s["source"]) for s in retention["synonyms"]] == [
-        ("log.retention.hours", "24", 4),
+    # Kafka's quirk: set as log.retention.hours, retention.ms reads DEFAULT_CONFIG
+    assert retention["config_source"] == 5
+    assert retention["synonyms"] == []
+    # set as the first synonym, the broker setting is the source
+    ctx.config = BrokerConfig.from_properties({"log.retention.ms": "60000"})
+    by_name = {
+        c["name"]: c
+        for c in describe_topic(ctx, ctx.topics.get("t"), synonyms=True, documentation=False)
+    }
+    assert by_name["retention.ms"]["config_source"] == 4
+    assert [(s["name"], s["value"], s["source"]) for s in by_name["retention.ms"]["synonyms"]] == [
+        ("log.retention.ms", "60000", 4),
         ("log.retention.hours", "168", 5),
     ]
 
@@ -357,20 +375,25 @@ def test_static_broker_default_is_the_source_of_an_inherited_topic_config() -> N
 def test_incremental_operations() -> None:
     from automq_py.apis.configs import ConfigRequestError, incremental_configs
 
-    ctx = fake_context({"cleanup.policy": "compact", "retention.ms": "5"})
-    topic = ctx.topics.get("t")
+    current = {"cleanup.policy": "compact", "retention.ms": "5"}
+
+    def apply(*ops: Any) -> dict[str, str]:
+        return incremental_configs(
+            current, ops, lambda name: "delete", lambda name: name == "cleanup.policy"
+        )
 
     def op(name: str, value: str | None, kind: int) -> Any:
         return SimpleNamespace(name=name, value=value, config_operation=kind)
 
-    assert incremental_configs(
-        ctx, topic, [op("cleanup.policy", "delete,compact", 2), op("retention.ms", None, 1)]
-    ) == {"cleanup.policy": "compact,delete"}
-    assert incremental_configs(ctx, topic, [op("cleanup.policy", "compact", 3)]) == {
-        "cleanup.policy": "",
-        "retention.ms": "5",
+    assert apply(op("cleanup.policy", "delete,compact", 2), op("retention.ms", None, 1)) == {
+        "cleanup.policy": "compact,delete"
     }
+    assert apply(op("cleanup.policy", "compact", 3)) == {"cleanup.policy": "", "retention.ms": "5"}
+    # a list the resource does not set starts from what it inherits
+    assert incremental_configs(
+        {}, [op("cleanup.policy", "compact", 2)], lambda name: "delete", lambda name: True
+    ) == {"cleanup.policy": "delete,compact"}
     with pytest.raises(ConfigRequestError) as raised:
-        incremental_configs(ctx, topic, [op("retention.ms", "1", 2)])
+        apply(op("retention.ms", "1", 2))
     assert raised.value.code == ErrorCode.INVALID_CONFIG
     assert "retention.ms" in str(raised.value)

@@ -99,8 +99,8 @@ def test_file_values_reach_the_config(tmp_path: Path) -> None:
     assert config.storage.node_id == 3
     assert config.auto_create_topics_enable is False
     assert config.num_partitions == 6
-    assert config.log_cleanup_policy == ("compact", "delete")
-    assert config.log_message_timestamp_type == "LogAppendTime"
+    assert config.topic_defaults()["cleanup.policy"] == "compact,delete"
+    assert config.topic_defaults()["message.timestamp.type"] == "LogAppendTime"
 
 
 def test_a_missing_file_names_its_path(tmp_path: Path) -> None:
@@ -121,7 +121,7 @@ def test_overrides_win_over_the_file_and_the_last_override_wins(tmp_path: Path) 
     path = write(tmp_path, "num.partitions=2\nmessage.max.bytes=2000\n")
     config = BrokerConfig.load(path, ["num.partitions=5", "num.partitions=7", "cluster.id=a-b_c"])
     assert config.num_partitions == 7
-    assert config.message_max_bytes == 2000
+    assert config.topic_defaults()["max.message.bytes"] == "2000"
     assert config.cluster_id == "a-b_c"
 
 
@@ -237,14 +237,73 @@ def test_environment_properties_apply_only_with_from_env_and_under_overrides() -
 )
 def test_retention_ms_wins_over_minutes_over_hours(props: dict[str, str], expected_ms: int) -> None:
     config = BrokerConfig.from_properties(props)
-    assert config.log_retention_ms == expected_ms
     assert config.topic_defaults()["retention.ms"] == str(expected_ms)
 
 
 def test_roll_ms_wins_over_roll_hours() -> None:
-    assert BrokerConfig.from_properties({"log.roll.hours": "2"}).log_roll_ms == 7_200_000
-    both = {"log.roll.hours": "2", "log.roll.ms": "1000"}
-    assert BrokerConfig.from_properties(both).log_roll_ms == 1000
+    def segment_ms(props: dict[str, str]) -> str:
+        return BrokerConfig.from_properties(props).topic_defaults()["segment.ms"]
+
+    assert segment_ms({"log.roll.hours": "2"}) == "7200000"
+    assert segment_ms({"log.roll.hours": "2", "log.roll.ms": "1000"}) == "1000"
+    assert segment_ms({"log.roll.jitter.hours": "1"}) == segment_ms({})  # another config
+
+
+def test_every_topic_config_takes_its_default_from_its_broker_synonym() -> None:
+    """Kafka's ServerTopicConfigSynonyms: each broker property sets its topic config's
+    default, converted from hours or minutes where it is in them."""
+    props = {
+        "log.roll.jitter.hours": "2",
+        "log.index.size.max.bytes": "4096",
+        "log.flush.scheduler.interval.ms": "900",
+        "log.cleaner.delete.retention.ms": "5",
+        "log.cleaner.min.compaction.lag.ms": "6",
+        "log.cleaner.max.compaction.lag.ms": "7",
+        "log.segment.delete.delay.ms": "8",
+        "log.cleaner.min.cleanable.ratio": "0.25",
+        "min.insync.replicas": "2",
+        "compression.type": "zstd",
+        "compression.zstd.level": "7",
+        "log.preallocate": "true",
+        "log.message.timestamp.before.max.ms": "9",
+        "log.message.downconversion.enable": "false",
+        "log.local.retention.ms": "10",
+    }
+    defaults = BrokerConfig.from_properties(props).topic_defaults()
+    assert defaults["segment.jitter.ms"] == "7200000"
+    assert defaults["segment.index.bytes"] == "4096"
+    assert defaults["flush.ms"] == "900"  # log.flush.interval.ms is unset: the next synonym
+    assert defaults["delete.retention.ms"] == "5"
+    assert defaults["min.compaction.lag.ms"] == "6"
+    assert defaults["max.compaction.lag.ms"] == "7"
+    assert defaults["file.delete.delay.ms"] == "8"
+    assert defaults["min.cleanable.dirty.ratio"] == "0.25"
+    assert defaults["min.insync.replicas"] == "2"
+    assert defaults["compression.type"] == "zstd"
+    assert defaults["compression.zstd.level"] == "7"
+    assert defaults["preallocate"] == "true"
+    assert defaults["message.timestamp.before.max.ms"] == "9"
+    assert defaults["message.downconversion.enable"] == "false"
+    assert defaults["local.retention.ms"] == "10"
+    assert BrokerConfig.from_properties({}).topic_defaults()["flush.ms"] == str((1 << 63) - 1)
+
+
+@pytest.mark.parametrize(
+    ("props", "message"),
+    [
+        ({"log.cleaner.min.cleanable.ratio": "2"}, "log.cleaner.min.cleanable.ratio: must be"),
+        ({"compression.gzip.level": "12"}, "compression.gzip.level: must be -1 or in 1..9"),
+        ({"log.roll.jitter.hours": "-1"}, "log.roll.jitter.hours: must be at least 0"),
+        ({"log.message.format.version": "banana"}, "log.message.format.version: expected"),
+        (
+            {"log.cleaner.min.compaction.lag.ms": "9", "log.cleaner.max.compaction.lag.ms": "5"},
+            "log.cleaner.min.compaction.lag.ms: conflict",
+        ),
+    ],
+)
+def test_a_bad_broker_synonym_is_named(props: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{message}"):
+        BrokerConfig.from_properties(props)
 
 
 def test_storage_defaults_live_under_the_data_directory(tmp_path: Path) -> None:
@@ -315,7 +374,11 @@ def test_all_properties_lists_effective_values_and_hides_secrets() -> None:
         s3_url=SEED_S3_URL,
     )
     props = config.all_properties()
-    assert props["log.retention.ms"] == "180000"
+    # each property as set (Kafka shows an unset log.retention.ms as null); in effect: 3 min
+    assert props["log.retention.minutes"] == "3"
+    assert props["log.retention.hours"] == "168"
+    assert "log.retention.ms" not in props
+    assert config.topic_defaults()["retention.ms"] == "180000"
     assert props["num.partitions"] == "1"
     assert props["some.unknown"] == "x"
     assert props["ssl.keystore.password"] == "[hidden]"

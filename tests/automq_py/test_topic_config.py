@@ -147,12 +147,14 @@ async def test_describe_configs_retention_and_the_partition_see_the_same_values(
     assert described["retention.bytes"].value == "5000"
     assert described["retention.bytes"].config_source == ConfigSource.DYNAMIC_TOPIC_CONFIG
     assert described["retention.ms"].value == str(24 * HOUR_MS)
-    assert described["retention.ms"].config_source == ConfigSource.STATIC_BROKER_CONFIG
-    assert [(s.name, s.value, s.source) for s in described["retention.ms"].synonyms] == [
-        ("log.retention.hours", "24", ConfigSource.STATIC_BROKER_CONFIG),
-        ("log.retention.hours", "168", ConfigSource.DEFAULT_CONFIG),
-    ]
+    # Kafka's ConfigHelper lists log.retention.ms's synonyms from log.retention.ms on: one set
+    # as log.retention.hours leaves none, and the source reads DEFAULT_CONFIG
+    assert described["retention.ms"].config_source == ConfigSource.DEFAULT_CONFIG
+    assert described["retention.ms"].synonyms == []
     assert described["segment.bytes"].config_source == ConfigSource.DEFAULT_CONFIG
+    assert [(s.name, s.value, s.source) for s in described["segment.bytes"].synonyms] == [
+        ("log.segment.bytes", str(1 << 30), ConfigSource.DEFAULT_CONFIG)
+    ]
     assert (await partition_config(ctx, "t")).retention_bytes == 5000
 
     # a change reaches the open partition, DescribeConfigs and retention alike

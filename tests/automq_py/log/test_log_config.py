@@ -45,11 +45,76 @@ def test_from_properties_parses_strings_and_values() -> None:
         ({"message.timestamp.type": "Now"}, "message.timestamp.type: expected one of"),
         ({"cleanup.policy": "delete,forever"}, "cleanup.policy"),
         ({"cleanup.policy": ""}, "cleanup.policy"),
+        ({"compression.gzip.level": "0"}, "compression.gzip.level: must be -1 or in 1..9"),
+        ({"compression.zstd.level": "23"}, "compression.zstd.level: must be at most 22"),
+        ({"segment.index.bytes": "3"}, "segment.index.bytes: must be at least 4"),
+        ({"follower.replication.throttled.replicas": "0:x"}, "follower.replication"),
+        ({"message.format.version": "3.x"}, "message.format.version: expected a Kafka"),
+        ({"remote.storage.enable": "true"}, "^remote.storage.enable: Tiered Storage"),
+        (
+            {"min.compaction.lag.ms": "10", "max.compaction.lag.ms": "9"},
+            r"^min.compaction.lag.ms: conflict .* \(10\) > max.compaction.lag.ms \(9\)",
+        ),
     ],
 )
 def test_errors_name_the_property(props: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         LogConfig.from_properties(props)
+
+
+def test_kafka_39_topic_configs_and_their_defaults() -> None:
+    """Every topic config Kafka 3.9 defines, with Kafka's default."""
+    c = LogConfig()
+    defaults = {name: getattr(c, attr) for name, (attr, _) in LogConfig.properties().items()}
+    long_max = (1 << 63) - 1
+    assert defaults == {
+        "cleanup.policy": ("delete",),
+        "compression.type": "producer",
+        "compression.gzip.level": -1,
+        "compression.lz4.level": 9,
+        "compression.zstd.level": 3,
+        "delete.retention.ms": 86_400_000,
+        "file.delete.delay.ms": 60_000,
+        "flush.messages": long_max,
+        "flush.ms": long_max,
+        "follower.replication.throttled.replicas": (),
+        "index.interval.bytes": 4096,
+        "leader.replication.throttled.replicas": (),
+        "local.retention.bytes": -2,
+        "local.retention.ms": -2,
+        "max.compaction.lag.ms": long_max,
+        "max.message.bytes": 1048588,
+        "message.downconversion.enable": True,
+        "message.format.version": "3.0-IV1",
+        "message.timestamp.after.max.ms": long_max,
+        "message.timestamp.before.max.ms": long_max,
+        "message.timestamp.difference.max.ms": long_max,
+        "message.timestamp.type": "CreateTime",
+        "min.cleanable.dirty.ratio": 0.5,
+        "min.compaction.lag.ms": 0,
+        "min.insync.replicas": 1,
+        "preallocate": False,
+        "remote.log.copy.disable": False,
+        "remote.log.delete.on.disable": False,
+        "remote.storage.enable": False,
+        "retention.bytes": -1,
+        "retention.ms": 604_800_000,
+        "segment.bytes": 1 << 30,
+        "segment.index.bytes": 10 << 20,
+        "segment.jitter.ms": 0,
+        "segment.ms": 604_800_000,
+        "unclean.leader.election.enable": False,
+    }
+
+
+def test_timestamp_bounds_fall_back_to_the_deprecated_difference() -> None:
+    c = LogConfig.from_properties({"message.timestamp.difference.max.ms": "1000"})
+    assert (c.timestamp_before_max_ms, c.timestamp_after_max_ms) == (1000, 1000)
+    c = LogConfig.from_properties(
+        {"message.timestamp.difference.max.ms": "1000", "message.timestamp.after.max.ms": "5"}
+    )
+    assert (c.timestamp_before_max_ms, c.timestamp_after_max_ms) == (1000, 5)
+    assert LogConfig.from_properties({"segment.index.bytes": "4"}).max_time_index_entries == 1
 
 
 def test_strict_rejects_unknown_names() -> None:

@@ -1,0 +1,106 @@
+"""Dynamic broker configs: the broker properties AlterConfigs and IncrementalAlterConfigs set
+on a broker resource, as Kafka's DynamicBrokerConfig keeps them.
+
+A broker resource named by this broker's id holds its own configs (DYNAMIC_BROKER_CONFIG); the
+one with the empty name holds the cluster-wide defaults (DYNAMIC_DEFAULT_BROKER_CONFIG). Both
+are kept in the metadata store (``broker-config/<id>``, ``broker-config/``) and layered over
+the properties file: this broker's over the cluster's over the static ones.
+
+What can change this way is what automq-py applies at once: the broker defaults of topic
+configs (Kafka's ``DynamicLogConfig.ReconfigurableConfigs``: ``log.retention.ms``,
+``log.segment.bytes``, ``message.max.bytes``, ``log.cleanup.policy``, ...). The open partitions
+take the new defaults at once, as a topic config change does. Every other broker property is
+read-only, and changing it is refused as Kafka refuses a static config.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from automq_py.config import TOPIC_CONFIG_SYNONYMS, BrokerConfig, check_topic_defaults
+from automq_py.topic_config import ConfigLayers
+from storage.config_def import ConfigError
+from storage.metadata.manager import MetadataManager
+
+KV_PREFIX = "broker-config/"
+
+# The first broker synonym of each topic config, but the deprecated message format version
+# (Kafka excludes it too): the properties that change without a restart.
+RECONFIGURABLE = frozenset(synonyms[0].name for synonyms in TOPIC_CONFIG_SYNONYMS.values()) - {
+    "log.message.format.version"
+}
+
+
+class ReadOnlyConfigError(ConfigError):
+    """A broker property that cannot change while the broker runs."""
+
+
+class DynamicBrokerConfig:
+    """This broker's and the cluster's dynamic configs, over the static configuration."""
+
+    def __init__(self, config: BrokerConfig, metadata: MetadataManager) -> None:
+        self.config = config
+        self.metadata = metadata
+        self.node = str(config.node_id)
+        kv = metadata.image.kv
+        self._own = _decode(kv.get(KV_PREFIX + self.node))
+        self._default = _decode(kv.get(KV_PREFIX))
+
+    def layers(self) -> ConfigLayers:
+        base = ConfigLayers.of(self.config)
+        return ConfigLayers(
+            MappingProxyType(dict(self._own)),
+            MappingProxyType(dict(self._default)),
+            base.static,
+            base.defaults,
+        )
+
+    def current(self, resource: str) -> dict[str, str]:
+        """The dynamic configs of broker resource ``resource`` (an id or the empty name)."""
+        return dict(self._default if resource == "" else self._own)
+
+    def topic_defaults(self) -> dict[str, str]:
+        """The topic config defaults in effect, dynamic configs included."""
+        return check_topic_defaults(self.layers().merged())
+
+    def validate(self, resource: str, configs: Mapping[str, str]) -> dict[str, str]:
+        """The topic defaults that setting broker resource ``resource``'s dynamic configs to
+        ``configs`` (the whole set) would give. Raises ReadOnlyConfigError for a property
+        that cannot change dynamically, ConfigError for a bad value."""
+        read_only = sorted(name for name in configs if name not in RECONFIGURABLE)
+        if read_only:
+            raise ReadOnlyConfigError(
+                f"Cannot update these configs dynamically: {', '.join(read_only)} (automq-py "
+                "changes only the broker defaults of topic configs at run time; set the "
+                "others in server.properties or --override)"
+            )
+        if resource == "":
+            merged = {**self.config.properties, **configs, **self._own}
+        else:
+            merged = {**self.config.properties, **self._default, **configs}
+        return check_topic_defaults(merged)
+
+    async def alter(self, resource: str, configs: Mapping[str, str]) -> dict[str, str]:
+        """Validate (:meth:`validate`) and store ``configs`` as broker resource ``resource``'s
+        dynamic configs; return the topic defaults now in effect."""
+        defaults = self.validate(resource, configs)
+        stored = dict(sorted(configs.items()))
+        key = KV_PREFIX + ("" if resource == "" else self.node)
+        if stored:
+            await self.metadata.put_kv(key, json.dumps(stored).encode())
+        elif key in self.metadata.image.kv:
+            await self.metadata.delete_kv(key)
+        if resource == "":
+            self._default = stored
+        else:
+            self._own = stored
+        return defaults
+
+
+def _decode(raw: bytes | None) -> dict[str, str]:
+    if raw is None:
+        return {}
+    value = json.loads(raw)
+    return {str(k): str(v) for k, v in value.items()}
