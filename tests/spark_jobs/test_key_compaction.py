@@ -36,9 +36,13 @@ def create(broker: BrokerProcess, configs: dict[str, str]) -> str:
 
 
 def produce(
-    broker: BrokerProcess, topic: str, updates: list[tuple[bytes, bytes | None]]
+    broker: BrokerProcess,
+    topic: str,
+    updates: list[tuple[bytes, bytes | None]],
+    timestamp_ms: int = 0,
 ) -> dict[bytes, tuple[int, bytes | None]]:
-    """Produce ``updates`` in order; each key's last (offset, value)."""
+    """Produce ``updates`` in order (with this CreateTime, else now); each key's last
+    (offset, value)."""
     last: dict[bytes, tuple[int, bytes | None]] = {}
 
     def delivered(err: object, msg: object) -> None:
@@ -48,7 +52,9 @@ def produce(
     # small batches, so that small segments roll often
     producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5, "batch.size": 4096})
     for key, value in updates:
-        producer.produce(topic, value, key=key, partition=0, on_delivery=delivered)
+        producer.produce(
+            topic, value, key=key, partition=0, on_delivery=delivered, timestamp=timestamp_ms
+        )
         producer.poll(0)
     producer.flush(30)
     return last
@@ -124,6 +130,48 @@ def test_only_the_last_value_of_each_key_is_left(make_broker: MakeBroker) -> Non
     assert offsets == sorted(offsets)
     # the active segment is left as it was
     assert len(after) - len(below) == 6000 - base < 1000
+
+
+def cleaned(output: str, topic: str) -> bool:
+    """Whether the job's output says it cleaned ``topic``'s partition."""
+    return f"{topic}-0: clean [" in output
+
+
+def test_min_compaction_lag_keeps_recent_records_uncompacted(make_broker: MakeBroker) -> None:
+    broker = make_broker()
+    waiting = create(broker, {**COMPACTED, "min.compaction.lag.ms": str(3_600_000)})
+    eager = create(broker, {**COMPACTED, "min.compaction.lag.ms": "0"})
+    for topic in (waiting, eager):
+        produce(broker, topic, updates(range(50), 20))  # 1,000 updates of 50 keys, just now
+    output = run_job(broker, "compact", "--kind", "key", "--runner", "local")
+    # every record is newer than an hour: no segment of it is cleanable yet
+    assert not cleaned(output, waiting) and len(read_all(broker, waiting)) == 1000
+    assert cleaned(output, eager) and len(read_all(broker, eager)) < 1000
+
+
+def test_max_compaction_lag_cleans_below_the_dirty_ratio(make_broker: MakeBroker) -> None:
+    """``max.compaction.lag.ms`` cleans a log whose dirty share is under
+    ``min.cleanable.dirty.ratio`` once its oldest dirty record is older than the lag (records
+    written with an hour-old CreateTime, so no test waits)."""
+    broker = make_broker()
+    lazy = {**COMPACTED, "min.cleanable.dirty.ratio": "0.99"}
+    bounded = create(broker, {**lazy, "max.compaction.lag.ms": "60000"})
+    unbounded = create(broker, lazy)
+    for topic in (bounded, unbounded):
+        produce(broker, topic, updates(range(100), 20))
+    first = run_job(broker, "compact", "--kind", "key", "--runner", "local")
+    assert cleaned(first, bounded) and cleaned(first, unbounded)  # all dirty: 100% >= 99%
+    an_hour_ago = int(time.time() * 1000) - 3_600_000
+    for topic in (bounded, unbounded):
+        produce(broker, topic, updates(range(100), 3, tag="w"), timestamp_ms=an_hour_ago)
+    second = run_job(broker, "compact", "--kind", "key", "--runner", "local")
+    # the cleaned segment now holds a share of the range: the dirty ratio is below 99%
+    assert not cleaned(second, unbounded)
+    assert cleaned(second, bounded) and "max.compaction.lag.ms passed" in second
+    for topic, left_dirty in ((bounded, False), (unbounded, True)):
+        base = active_base(broker, topic)
+        below = [key for offset, key, _ in read_all(broker, topic) if offset < base]
+        assert (len(below) > len(set(below))) is left_dirty, topic
 
 
 def test_tombstones_stay_until_delete_retention_then_go(make_broker: MakeBroker) -> None:
