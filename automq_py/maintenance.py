@@ -131,15 +131,16 @@ class Maintenance:
                 log.info("maintenance %s done in %.1fs", step, time.monotonic() - started)
 
     def _key_compaction_due(self) -> bool:
-        """Whether a compacted topic's partition is dirty enough to clean (a DescribeLogSegments
-        and the planner: cheap, unlike starting a job)."""
+        """Whether a compacted topic's partition is due for cleaning (a DescribeLogSegments of
+        the ``compact`` topics only, so other partitions stay shut, and the planner: cheap,
+        unlike starting a job)."""
         from spark_jobs.controller_client import ControllerClient
         from storage.compaction.cleanable import plan_cleaning
 
         async def check() -> bool:
             async with await ControllerClient.connect(self.bootstrap) as client:
-                logs, _ = await client.describe_log_segments()
-            return any(plan_cleaning(p) is not None for p in logs)
+                logs, now = await client.describe_log_segments(cleanup_policy="compact")
+            return any(plan_cleaning(p, now) is not None for p in logs)
 
         return asyncio.run(check())
 

@@ -17,7 +17,9 @@ api_key  message                    versions  origin
 1000     DescribeS3Metadata         0         automq-py: the whole stream/node/object image
 1001     ExpirePreparedObjects      0         automq-py: PREPARED past deadline -> MARK_DESTROYED
 1002     DestroyS3Objects           0         automq-py: MARK_DESTROYED objects are now deleted
-1003     DescribeLogSegments        0         automq-py: partitions' segments and retention
+1003     DescribeLogSegments        0-1       automq-py: partitions' segments and retention
+                                              (v1: a cleanup.policy filter, compaction lags,
+                                              segments' first batch timestamps)
 1004     CommitCleanedSegment       0         automq-py: key compaction's output replaces
                                               sealed segments
 =======  =========================  ========  ================================================
@@ -76,6 +78,7 @@ REQUEST_HEADER_VERSION = 2
 RESPONSE_HEADER_VERSION = 1
 
 MAX_STRING_BYTES = 0x7FFF  # Kafka refuses longer strings, compact or not
+LONG_MAX = (1 << 63) - 1
 
 
 class Kind(enum.Enum):
@@ -353,8 +356,13 @@ _MESSAGES = (
         ApiKey.DESCRIBE_LOG_SEGMENTS,
         "DescribeLogSegments",
         0,
-        0,
-        _s(_f("topics", Array(STRING))),
+        1,
+        _s(
+            _f("topics", Array(STRING)),
+            # v1: only topics whose cleanup.policy has this one ("": every topic); the broker
+            # skips the others before opening their partitions
+            _f("cleanup_policy", STRING, since=1),
+        ),
         _s(
             *ERROR_AND_THROTTLE,
             _f("now_ms", I64),
@@ -369,6 +377,8 @@ _MESSAGES = (
                     _f("delete_retention_ms", I64),
                     # min.cleanable.dirty.ratio, a decimal (the codec has no floats)
                     _f("min_cleanable_dirty_ratio", STRING),
+                    _f("min_compaction_lag_ms", I64, since=1),
+                    _f("max_compaction_lag_ms", I64, since=1, default=LONG_MAX),
                     _f(
                         "partitions",
                         _s(
@@ -385,6 +395,8 @@ _MESSAGES = (
                                     _f("size_bytes", I64),
                                     _f("max_timestamp", I64),
                                     _f("cleaned", BOOL),
+                                    # the first batch's max timestamp (0: none)
+                                    _f("first_batch_timestamp", I64, since=1),
                                 ),
                             ),
                         ),

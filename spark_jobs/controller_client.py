@@ -263,12 +263,15 @@ class ControllerClient:
     # -- partitions ----------------------------------------------------------------------------
 
     async def describe_log_segments(
-        self, topics: Sequence[str] = ()
+        self, topics: Sequence[str] = (), cleanup_policy: str = ""
     ) -> tuple[list[PartitionLog], int]:
         """Every partition of ``topics`` (all topics when empty; unknown names are left out)
-        with its segments and effective retention, and the controller's clock (ms). A
-        partition the broker could not open is left out too (logged)."""
-        body = await self._extension(ApiKey.DESCRIBE_LOG_SEGMENTS, {"topics": list(topics)})
+        with its segments and effective retention, and the controller's clock (ms). With a
+        ``cleanup_policy`` (``compact``, ``delete``), only the topics whose policy has it: the
+        broker does not open the others' partitions (v1; a v0 broker opens them all and they
+        are dropped here). A partition the broker could not open is left out too (logged)."""
+        request = {"topics": list(topics), "cleanup_policy": cleanup_policy}
+        body = await self._extension(ApiKey.DESCRIBE_LOG_SEGMENTS, request)
         out = []
         for t in body["topics"]:
             policy = RetentionPolicy(
@@ -277,7 +280,11 @@ class ControllerClient:
                 retention_bytes=t["retention_bytes"],
                 delete_retention_ms=t["delete_retention_ms"],
                 min_cleanable_dirty_ratio=float(t["min_cleanable_dirty_ratio"] or 0.5),
+                min_compaction_lag_ms=t["min_compaction_lag_ms"],
+                max_compaction_lag_ms=t["max_compaction_lag_ms"],
             )
+            if cleanup_policy and cleanup_policy not in policy.cleanup_policy:
+                continue  # a v0 broker does not filter
             for p in t["partitions"]:
                 if p["error_code"]:
                     log.warning(
@@ -294,6 +301,7 @@ class ControllerClient:
                         s["size_bytes"],
                         s["max_timestamp"],
                         s["cleaned"],
+                        s["first_batch_timestamp"],
                     )
                     for s in p["segments"]
                 )

@@ -105,13 +105,14 @@ async def _compact_keys(
     tombstones until ``delete.retention.ms``, aborted data and spent markers dropped), and its
     output replaces the range's segments with one ``.cleaned`` segment (CommitCleanedSegment).
     A partition whose segments changed meanwhile refuses the commit; the next run retries."""
-    logs, now = await client.describe_log_segments()
-    planned = [u for log_ in logs if (u := plan_cleaning(log_)) is not None]
+    logs, now = await client.describe_log_segments(cleanup_policy="compact")
+    planned = [u for log_ in logs if (u := plan_cleaning(log_, now)) is not None]
     counters["partitions_checked"] += len(logs)
     for u in planned:
+        overdue = ", max.compaction.lag.ms passed" if u.overdue else ""
         print(
             f"{u.topic}-{u.partition}: clean [{u.base_offset}, {u.end_offset}) "
-            f"({u.segments} segments, {u.total_bytes} bytes, dirty {u.dirty_ratio:.0%})",
+            f"({u.segments} segments, {u.total_bytes} bytes, dirty {u.dirty_ratio:.0%}{overdue})",
             file=out,
         )
     if dry_run or not planned:
@@ -297,7 +298,7 @@ async def run_retention(
     ElasticLogMeta, streams are trimmed, objects left with nothing are marked destroyed)."""
     counters: Counter[str] = Counter()
     async with await ControllerClient.connect(bootstrap) as client:
-        logs, now = await client.describe_log_segments()
+        logs, now = await client.describe_log_segments(cleanup_policy="delete")
         chunks = [
             (tuple(logs[i : i + PARTITIONS_PER_UNIT]), now)
             for i in range(0, len(logs), PARTITIONS_PER_UNIT)

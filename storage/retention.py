@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from storage.config_def import LONG_MAX
+
 NO_LIMIT = -1
 
 
@@ -32,6 +34,7 @@ class SegmentInfo:
     size: int
     max_timestamp: int  # -1 when the segment holds no timestamped batch
     cleaned: bool = False  # a ``.cleaned`` segment: key compaction's output
+    first_batch_timestamp: int = 0  # its first batch's max timestamp (0 or less: unknown)
 
 
 @dataclass(slots=True, frozen=True)
@@ -43,6 +46,8 @@ class RetentionPolicy:
     retention_bytes: int = NO_LIMIT
     delete_retention_ms: int = 24 * 3600 * 1000
     min_cleanable_dirty_ratio: float = 0.5
+    min_compaction_lag_ms: int = 0
+    max_compaction_lag_ms: int = LONG_MAX
 
     @property
     def deletes(self) -> bool:

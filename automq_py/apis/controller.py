@@ -14,7 +14,8 @@ key    API                     what it does
 1001   ExpirePreparedObjects   ``expire_prepared``: PREPARED past deadline -> MARK_DESTROYED
 1002   DestroyS3Objects        ``mark_destroyed_done``: these objects are gone from storage
 1003   DescribeLogSegments     each partition's segments and its topic's effective retention
-                               and compaction settings
+                               and compaction settings (v1: of the topics whose cleanup.policy
+                               has the one asked for, if any)
 1004   CommitCleanedSegment    ``ElasticLog.replace_with_cleaned``: key compaction's output
                                replaces sealed segments (CleanedSegmentError: INVALID_REQUEST
                                with the reason, e.g. the segments changed meanwhile)
@@ -297,14 +298,20 @@ async def describe_s3_metadata(ctx: BrokerContext, body: Body, version: int) -> 
 
 async def describe_log_segments(ctx: BrokerContext, body: Body, version: int) -> Body:
     """Every partition of the named topics (all topics when none are named; unknown names are
-    left out), opened if it was not, with its segments and the topic's effective configs."""
+    left out), opened if it was not, with its segments and the topic's effective configs.
+    With a ``cleanup_policy`` (v1), topics whose policy lacks it are left out before any of
+    their partitions is opened (the maintenance's key-compaction check asks every
+    ``log.cleaner.backoff.ms`` for ``compact`` topics only: idle other partitions stay shut)."""
     names: list[str] = body["topics"]
+    wanted: str = body["cleanup_policy"]
     found = [ctx.topics.get(n) for n in dict.fromkeys(names)] if names else ctx.topics.all()
     topics = []
     for topic in found:
         if topic is None:
             continue
         config = ctx.replicas.log_config(topic)
+        if wanted and wanted not in config.cleanup_policy:
+            continue
         partitions: list[Body] = []
         for index in range(topic.partitions):
             try:
@@ -330,6 +337,7 @@ async def describe_log_segments(ctx: BrokerContext, body: Body, version: int) ->
                             "size_bytes": s.size,
                             "max_timestamp": s.max_timestamp,
                             "cleaned": s.cleaned,
+                            "first_batch_timestamp": s.first_batch_timestamp,
                         }
                         for s in elastic_log.segment_infos()
                     ],
@@ -344,6 +352,8 @@ async def describe_log_segments(ctx: BrokerContext, body: Body, version: int) ->
                 "retention_bytes": config.retention_bytes,
                 "delete_retention_ms": config.delete_retention_ms,
                 "min_cleanable_dirty_ratio": repr(config.min_cleanable_dirty_ratio),
+                "min_compaction_lag_ms": config.min_compaction_lag_ms,
+                "max_compaction_lag_ms": config.max_compaction_lag_ms,
                 "partitions": partitions,
             }
         )

@@ -454,7 +454,8 @@ class ElasticLog:
         return [s.meta() for s in self._segments]
 
     def segment_infos(self) -> list[SegmentInfo]:
-        """Each segment's offsets, size and largest timestamp, oldest first (for retention)."""
+        """Each segment's offsets, size, largest and first batch timestamps, oldest first (for
+        retention and key compaction's lags)."""
         return [
             SegmentInfo(
                 s.base_offset,
@@ -462,6 +463,7 @@ class ElasticLog:
                 s.size,
                 s.largest_timestamp,
                 s.stream_suffix == CLEANED_SUFFIX,
+                s.first_batch_timestamp,
             )
             for s in self._segments
         ]

@@ -350,6 +350,9 @@ async def test_describe_log_segments_and_delete_records(produced: Produced) -> N
                 assert a.next_offset == b.base_offset
             assert all(s.size > 0 for s in p.segments if s.next_offset > s.base_offset)
             assert max(s.max_timestamp for s in p.segments) == produced.max_timestamps[p.partition]
+            # the first batch's timestamp (max.compaction.lag.ms measures a segment's age by it)
+            written = [s for s in p.segments if s.next_offset > s.base_offset]
+            assert all(0 < s.first_batch_timestamp <= s.max_timestamp for s in written)
         everything, _ = await client.describe_log_segments()
         assert {(p.topic, p.partition) for p in everything} >= {(TOPIC, 0), (TOPIC, 1)}
         unknown, _ = await client.describe_log_segments(["no-such-topic"])
@@ -364,6 +367,27 @@ async def test_describe_log_segments_and_delete_records(produced: Produced) -> N
         assert logs[0].log_start_offset == 150 and logs[1].log_start_offset == 0
         # whole segments below the new start left the log
         assert logs[0].segments[0].next_offset > 150
+
+
+async def test_describe_log_segments_for_a_cleanup_policy(produced: Produced) -> None:
+    """Only the topics whose policy has the one asked for, from a v1 broker (which skips the
+    others before opening them) and, by the client's own filter, from a v0 one."""
+    compact = f"ctl-compact-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": produced.broker.bootstrap})
+    new = NewTopic(compact, 1, 1, config={"cleanup.policy": "compact"})
+    await asyncio.to_thread(admin.create_topics([new])[compact].result, 15)
+    async with await ControllerClient.connect(produced.broker.bootstrap) as client:
+        for version in (1, 0):
+            client._versions[ApiKey.DESCRIBE_LOG_SEGMENTS] = (0, version)
+            compacted, _ = await client.describe_log_segments(cleanup_policy="compact")
+            assert all(p.policy.compacts for p in compacted)
+            assert (compact, 0) in {(p.topic, p.partition) for p in compacted}
+            assert TOPIC not in {p.topic for p in compacted}
+            deleting, _ = await client.describe_log_segments([TOPIC], cleanup_policy="delete")
+            assert [(p.topic, p.partition) for p in deleting] == [(TOPIC, 0), (TOPIC, 1)]
+            # a v0 answer has no lags: Kafka's defaults
+            assert deleting[0].policy.min_compaction_lag_ms == 0
+            assert deleting[0].policy.max_compaction_lag_ms == (1 << 63) - 1
 
 
 async def test_a_dead_connection_raises_connection_error(produced: Produced) -> None:

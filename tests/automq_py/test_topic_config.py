@@ -26,7 +26,7 @@ from automq_py.topic_config import ConfigSource, effective_topic_config
 from automq_py.topics import TopicRegistry
 from protocol import messages
 from protocol.errors import ErrorCode
-from storage.config_def import ConfigError, format_value
+from storage.config_def import LONG_MAX, ConfigError, format_value
 from storage.s3_storage import S3Storage
 from tests.protocol.kafka_oracle import request_frame
 
@@ -111,7 +111,8 @@ async def describe_configs(ctx: BrokerContext, name: str) -> dict[str, Any]:
 
 async def retention_view(ctx: BrokerContext, name: str) -> dict[str, Any]:
     """What the retention job is told about the topic (DescribeLogSegments)."""
-    (topic,) = (await describe_log_segments(ctx, {"topics": [name]}, 0))["topics"]
+    body = {"topics": [name], "cleanup_policy": ""}
+    (topic,) = (await describe_log_segments(ctx, body, 0))["topics"]
     return {
         "retention.ms": str(topic["retention_ms"]),
         "retention.bytes": str(topic["retention_bytes"]),
@@ -183,6 +184,29 @@ async def test_describe_configs_retention_and_the_partition_see_the_same_values(
     assert described["retention.bytes"].config_source == ConfigSource.DEFAULT_CONFIG
     assert described["cleanup.policy"].value == "delete,compact"
     assert (await retention_view(ctx, "t"))["cleanup.policy"] == "delete,compact"
+
+
+async def test_describe_log_segments_for_a_policy_leaves_the_other_partitions_shut(
+    ctx: BrokerContext,
+) -> None:
+    """The maintenance's key-compaction check asks for ``compact`` topics every
+    ``log.cleaner.backoff.ms``: the others' partitions are not opened for it (as after a
+    restart, where nothing is open until asked for)."""
+    lagged = {"cleanup.policy": "compact", "min.compaction.lag.ms": "5000"}
+    await ctx.topics.create("kept", 2, lagged)
+    await ctx.topics.create("plain", 2, {"cleanup.policy": "delete"})
+    await ctx.topics.create("both", 1, {"cleanup.policy": "compact,delete"})
+    answer = await describe_log_segments(ctx, {"topics": [], "cleanup_policy": "compact"}, 1)
+    assert [t["name"] for t in answer["topics"]] == ["both", "kept"]
+    assert ctx.replicas.opened("plain") == []
+    assert len(ctx.replicas.opened("kept")) == 2
+    kept = answer["topics"][1]
+    assert (kept["min_compaction_lag_ms"], kept["max_compaction_lag_ms"]) == (5000, LONG_MAX)
+    assert [len(p["segments"]) for p in kept["partitions"]] == [1, 1]
+    # no policy asked for: every topic, as v0 answers
+    answer = await describe_log_segments(ctx, {"topics": [], "cleanup_policy": ""}, 1)
+    assert [t["name"] for t in answer["topics"]] == ["both", "kept", "plain"]
+    assert len(ctx.replicas.opened("plain")) == 2
 
 
 @pytest.mark.parametrize(

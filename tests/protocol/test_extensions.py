@@ -201,6 +201,49 @@ def test_left_out_fields_take_defaults() -> None:
     }
 
 
+def test_describe_log_segments_v1_adds_a_policy_filter_lags_and_first_timestamps() -> None:
+    """v1's fields are appended: a v0 peer neither sends nor reads them, and what a v0 frame
+    leaves out decodes as Kafka's defaults (every topic; lags 0 and Long.MAX_VALUE; no first
+    batch timestamp)."""
+    asked = {"topics": ["a"], "cleanup_policy": "compact"}
+    _, v1 = decode(1003, 1, "request", encode(1003, 1, "request", asked))
+    assert v1 == asked
+    v0_frame = encode(1003, 0, "request", asked)
+    assert v0_frame == encode(1003, 0, "request", {"topics": ["a"]})
+    _, v0 = decode(1003, 0, "request", v0_frame)
+    assert v0 == {"topics": ["a"], "cleanup_policy": ""}
+
+    segment = {
+        "base_offset": 0,
+        "next_offset": 5,
+        "size_bytes": 100,
+        "max_timestamp": 9,
+        "cleaned": False,
+        "first_batch_timestamp": 7,
+    }
+    topic = {
+        "name": "a",
+        "topic_id": uuid.UUID(int=1),
+        "cleanup_policy": "compact",
+        "retention_ms": 1,
+        "retention_bytes": -1,
+        "delete_retention_ms": 2,
+        "min_cleanable_dirty_ratio": "0.5",
+        "min_compaction_lag_ms": 3,
+        "max_compaction_lag_ms": 4,
+        "partitions": [{"partition_index": 0, "segments": [segment]}],
+    }
+    answer = {"now_ms": 10, "topics": [topic]}
+    _, v1_answer = decode(1003, 1, "response", encode(1003, 1, "response", answer))
+    (t1,) = v1_answer["topics"]
+    assert (t1["min_compaction_lag_ms"], t1["max_compaction_lag_ms"]) == (3, 4)
+    assert t1["partitions"][0]["segments"][0] == segment
+    _, v0_answer = decode(1003, 0, "response", encode(1003, 0, "response", answer))
+    (t0,) = v0_answer["topics"]
+    assert (t0["min_compaction_lag_ms"], t0["max_compaction_lag_ms"]) == (0, (1 << 63) - 1)
+    assert t0["partitions"][0]["segments"][0] == {**segment, "first_batch_timestamp": 0}
+
+
 def test_describe_s3_metadata_answer_round_trips() -> None:
     answer = {
         "error_code": 0,
@@ -317,7 +360,7 @@ def test_unknown_keys_and_versions() -> None:
         ext.decode_response(505, 3, b"\x00\x00\x00\x01\x00")
     with pytest.raises(ValueError):
         ext.encode_request(72, 0, 1, {})
-    assert ext.serves(1003, 0) and not ext.serves(1003, 1) and not ext.serves(72, 0)
+    assert ext.serves(1003, 1) and not ext.serves(1003, 2) and not ext.serves(72, 0)
 
 
 def test_encoder_refuses_bad_bodies() -> None:
@@ -339,7 +382,7 @@ def test_messages_decode_request_routes_extension_keys() -> None:
     frame = ext.encode_request(1003, 0, 11, {"topics": ["a", "b"]}, "jobs")[4:]
     request = messages.decode_request(frame, {1003: (0, 0)})
     assert request.header.header_version == 2 and request.header.client_id == "jobs"
-    assert request.body == {"topics": ["a", "b"]}
+    assert request.body == {"topics": ["a", "b"], "cleanup_policy": ""}  # v0: every topic
     with pytest.raises(UnsupportedVersionError):
         messages.decode_request(frame, {18: (0, 4)})
     with pytest.raises(InvalidRequestError) as info:
@@ -492,4 +535,9 @@ def test_uuid_fields_round_trip() -> None:
         ]
     }
     _, body = decode(1003, 0, "response", encode(1003, 0, "response", answer))
-    assert body["topics"] == answer["topics"]
+    (topic,) = body["topics"]
+    assert topic["topic_id"] == topic_id
+    sent = answer["topics"][0]
+    assert {k: topic[k] for k in sent if k != "partitions"} == {
+        k: v for k, v in sent.items() if k != "partitions"
+    }
