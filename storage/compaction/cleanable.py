@@ -57,7 +57,8 @@ def plan_cleaning(log: PartitionLog, now_ms: int) -> CleanUnit | None:
     if dirty <= 0:
         return None
     overdue = max_compaction_delay(log, now_ms) > 0
-    if not overdue and dirty / total < policy.min_cleanable_dirty_ratio:
+    # Kafka cleans a log whose dirty share is above the ratio, not at it
+    if not overdue and dirty / total <= policy.min_cleanable_dirty_ratio:
         return None
     return CleanUnit(
         log.topic,

@@ -36,7 +36,7 @@ from kafka.protocol.admin.configs import (
     IncrementalAlterConfigsRequest,
     IncrementalAlterConfigsResponse,
 )
-from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
+from kafka.protocol.consumer.fetch import FetchResponse
 
 from protocol import record_batch
 from tests.automq_py.conftest import MakeBroker
@@ -48,7 +48,7 @@ from tests.automq_py.test_admin import (
     topic_configs,
 )
 from tests.support.broker import BrokerProcess
-from tests.support.raw_connection import RawConnection
+from tests.support.raw_connection import RawConnection, fetch_request
 
 pytestmark = pytest.mark.integration
 
@@ -396,22 +396,7 @@ def test_dynamic_broker_configs_change_topic_defaults_and_survive_a_restart(
 
 def stored_batches(broker: BrokerProcess, topic: str) -> list[Any]:
     """The headers of the batches partition 0 of ``topic`` stores, read by a raw Fetch."""
-    t = FetchRequest.FetchTopic
-    request = FetchRequest[4](
-        replica_id=-1,
-        max_wait_ms=0,
-        min_bytes=1,
-        max_bytes=1 << 24,
-        isolation_level=0,
-        topics=[
-            t(
-                topic=topic,
-                partitions=[
-                    t.FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1 << 22)
-                ],
-            )
-        ],
-    )
+    request = fetch_request(topic, {0: 0}, max_wait_ms=0)
     conn = RawConnection(broker.bootstrap)
     try:
         response = conn.call(request, FetchResponse)

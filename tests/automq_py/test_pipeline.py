@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
+from kafka.protocol.consumer.fetch import FetchResponse
 from kafka.protocol.consumer.offsets import ListOffsetsRequest, ListOffsetsResponse
 from kafka.protocol.metadata import (
     ApiVersionsRequest,
@@ -27,7 +27,7 @@ from kafka.protocol.producer import ProduceRequest, ProduceResponse
 from protocol.records import RecordInput, build_batch, parse_records
 from tests.automq_py.test_clients import create_topic
 from tests.support.broker import BrokerProcess
-from tests.support.raw_connection import RawConnection
+from tests.support.raw_connection import RawConnection, fetch_request
 from tests.support.seaweedfs import SeaweedFS
 
 pytestmark = pytest.mark.integration
@@ -84,26 +84,6 @@ def list_offsets_request(partitions: list[int]) -> Any:
     )
 
 
-def fetch_request(offsets: dict[int, int], max_wait_ms: int) -> Any:
-    t = FetchRequest.FetchTopic
-    return FetchRequest[4](
-        replica_id=-1,
-        max_wait_ms=max_wait_ms,
-        min_bytes=1,
-        max_bytes=1 << 24,
-        isolation_level=0,
-        topics=[
-            t(
-                topic=TOPIC,
-                partitions=[
-                    t.FetchPartition(partition=p, fetch_offset=o, partition_max_bytes=1 << 22)
-                    for p, o in offsets.items()
-                ],
-            )
-        ],
-    )
-
-
 def end_offsets(conn: RawConnection) -> dict[int, int]:
     response = conn.call(list_offsets_request(list(range(PARTITIONS))), ListOffsetsResponse)
     return {p.partition_index: p.offset for p in response.topics[0].partitions}
@@ -115,7 +95,7 @@ def read_values(conn: RawConnection, starts: dict[int, int], ends: dict[int, int
     offsets = dict(starts)
     while any(offsets[p] < ends[p] for p in offsets):
         wanted = {p: o for p, o in offsets.items() if o < ends[p]}
-        response = conn.call(fetch_request(wanted, 500), FetchResponse)
+        response = conn.call(fetch_request(TOPIC, wanted, max_wait_ms=500), FetchResponse)
         for part in response.responses[0].partitions:
             assert part.error_code == 0, part
             data = memoryview(part.records or b"")
@@ -195,7 +175,7 @@ def test_pipelined_requests_are_answered_in_request_order(
                 request = list_offsets_request(sorted(set(op[1])))
                 response_class = ListOffsetsResponse
             else:
-                request = fetch_request({p: start[p] for p in op[1]}, op[2])
+                request = fetch_request(TOPIC, {p: start[p] for p in op[1]}, max_wait_ms=op[2])
                 response_class = FetchResponse
             correlation_id, frame = conn.frame(request)
             data += frame

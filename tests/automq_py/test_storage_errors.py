@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 from kafka.protocol.admin import DeleteTopicsRequest, DeleteTopicsResponse
-from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
+from kafka.protocol.consumer.fetch import FetchResponse
 from kafka.protocol.metadata import (
     ApiVersionsRequest,
     ApiVersionsResponse,
@@ -42,7 +42,7 @@ from storage.s3_storage import S3Storage
 from storage.stream import StreamClient
 from tests.automq_py.test_clients import create_topic
 from tests.support.broker import BrokerProcess, free_port
-from tests.support.raw_connection import RawConnection
+from tests.support.raw_connection import RawConnection, fetch_request
 from tests.support.seaweedfs import SeaweedFS
 
 pytestmark = pytest.mark.integration
@@ -62,31 +62,11 @@ def own_s3(tmp_path: Path) -> Iterator[SeaweedFS]:
         server.stop()
 
 
-def fetch_request(topic: str, offset: int, max_bytes: int = 1 << 20) -> Any:
-    """Fetch v4 of partition 0 from ``offset``."""
-    t = FetchRequest.FetchTopic
-    return FetchRequest[4](
-        replica_id=-1,
-        max_wait_ms=100,
-        min_bytes=1,
-        max_bytes=max_bytes,
-        isolation_level=0,
-        topics=[
-            t(
-                topic=topic,
-                partitions=[
-                    t.FetchPartition(
-                        partition=0, fetch_offset=offset, partition_max_bytes=max_bytes
-                    )
-                ],
-            )
-        ],
-    )
-
-
 def fetch(conn: RawConnection, topic: str, offset: int) -> tuple[int, int]:
     """Fetch partition 0 from ``offset``: (error code, bytes of records)."""
-    response = conn.call(fetch_request(topic, offset), FetchResponse)
+    response = conn.call(
+        fetch_request(topic, {0: offset}, partition_max_bytes=1 << 20), FetchResponse
+    )
     (part,) = response.responses[0].partitions
     return part.error_code, len(part.records or b"")
 
@@ -96,7 +76,7 @@ def read_all(conn: RawConnection, topic: str, end: int) -> dict[int, bytes | Non
     got: dict[int, bytes | None] = {}
     offset = 0
     while offset < end:
-        response = conn.call(fetch_request(topic, offset, 1 << 22), FetchResponse)
+        response = conn.call(fetch_request(topic, {0: offset}), FetchResponse)
         (part,) = response.responses[0].partitions
         assert part.error_code == ErrorCode.NONE, part
         data = memoryview(part.records or b"")

@@ -8,7 +8,39 @@ import socket
 import struct
 from typing import Any
 
+from kafka.protocol.consumer.fetch import FetchRequest
+
 from tests.protocol.kafka_oracle import request_frame
+
+
+def fetch_request(
+    topic: str,
+    offsets: dict[int, int],
+    *,
+    max_wait_ms: int = 100,
+    max_bytes: int = 1 << 24,
+    partition_max_bytes: int = 1 << 22,
+) -> Any:
+    """A Fetch v4 of ``topic``'s partitions from their offsets (partition -> offset)."""
+    t = FetchRequest.FetchTopic
+    return FetchRequest[4](
+        replica_id=-1,
+        max_wait_ms=max_wait_ms,
+        min_bytes=1,
+        max_bytes=max_bytes,
+        isolation_level=0,
+        topics=[
+            t(
+                topic=topic,
+                partitions=[
+                    t.FetchPartition(
+                        partition=p, fetch_offset=o, partition_max_bytes=partition_max_bytes
+                    )
+                    for p, o in offsets.items()
+                ],
+            )
+        ],
+    )
 
 
 class RawConnection:

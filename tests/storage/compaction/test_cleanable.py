@@ -65,6 +65,9 @@ def test_the_dirty_ratio_decides() -> None:
     eager = RetentionPolicy(cleanup_policy=("compact",), min_cleanable_dirty_ratio=0.2)
     unit = plan_cleaning(log(*segments, policy=eager), NOW)
     assert unit is not None and (unit.base_offset, unit.end_offset) == (0, 20)
+    # at the ratio exactly: not yet (Kafka cleans above it)
+    exact = RetentionPolicy(cleanup_policy=("compact",), min_cleanable_dirty_ratio=0.25)
+    assert plan_cleaning(log(*segments, policy=exact), NOW) is None
     # nothing dirty: nothing to do, whatever the ratio
     zero = RetentionPolicy(cleanup_policy=("compact",), min_cleanable_dirty_ratio=0.0)
     assert plan_cleaning(log((0, 10, 300, True), (10, 11, 1, False), policy=zero), NOW) is None
