@@ -325,8 +325,8 @@ HANDLERS: dict[int, tuple[Any, int, int]] = {
     ApiKey.ADD_PARTITIONS_TO_TXN: (handle_add_partitions_to_txn, 0, 4),
     ApiKey.ADD_OFFSETS_TO_TXN: (handle_add_offsets_to_txn, 0, 4),
     ApiKey.END_TXN: (handle_end_txn, 0, 4),
-    # Kafka 3.9 also has v0, the same fields before flexible versions; kio has no schema for it
-    ApiKey.WRITE_TXN_MARKERS: (handle_write_txn_markers, 1, 1),
+    # v0 is v1 before flexible versions (its schema: ``protocol.schemas``)
+    ApiKey.WRITE_TXN_MARKERS: (handle_write_txn_markers, 0, 1),
     ApiKey.DESCRIBE_PRODUCERS: (handle_describe_producers, 0, 0),
     ApiKey.TXN_OFFSET_COMMIT: (handle_txn_offset_commit, 0, 4),
     ApiKey.DESCRIBE_TRANSACTIONS: (handle_describe_transactions, 0, 0),
