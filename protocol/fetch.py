@@ -35,8 +35,10 @@ responses                  all        ARRAY of topic
 =========================  =========  ===============================================
 
 ``MIN_VERSION``..``MAX_VERSION`` is the range the broker advertises for Fetch (a test holds
-the two equal), Kafka 4.0's. v18 (Kafka 4.1) only adds the high watermark that KRaft voters
-send (KIP-1166), nothing a consumer uses.
+the two equal). The maximum is Kafka 3.9's (and 4.0's), 17; v18 (Kafka 4.1) only adds the high
+watermark that KRaft voters send (KIP-1166), nothing a consumer uses. The minimum is 4, not
+Kafka 3.9's 0: v0-v3 answer with magic v0/v1 message sets, which this broker does not store
+(Kafka 4.0 dropped those versions too, KIP-896).
 """
 
 from __future__ import annotations

@@ -26,10 +26,11 @@ import functools
 import struct
 from dataclasses import dataclass
 
-from kio.index import KioIndexError, load_request_schema, load_response_schema
+from kio.index import KioIndexError
 
 from protocol import wire
 from protocol.errors import InvalidRequestError
+from protocol.schemas import load_request_schema, load_response_schema
 
 _FIXED = struct.Struct(">hhi")  # api_key, api_version, correlation_id
 FIXED_SIZE = _FIXED.size

@@ -6,7 +6,8 @@ A request frame (size prefix already stripped by ``FrameDecoder``):
 part        contents
 ==========  ======================================================================
 header      request header v1 or v2 (``headers``), chosen by api_key/api_version
-body        the API's request message (kio schema ``kio.schema.<api>.v<N>.request``)
+body        the API's request message (kio schema ``kio.schema.<api>.v<N>.request``, or
+            ``schemas``' for the few Kafka 3.9 versions kio lacks)
 ==========  ======================================================================
 
 A response is ``[size prefix, response header v0/v1, body buffers...]``.
@@ -36,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import IO, Any, cast
 
-from kio.index import KioIndexError, load_request_schema, load_response_schema
+from kio.index import KioIndexError
 from kio.serial import entity_writer
 from kio.static.protocol import Entity
 
@@ -46,6 +47,7 @@ from protocol.entity_reader import read_entity
 from protocol.errors import InvalidRequestError, ProtocolError, UnsupportedVersionError
 from protocol.framing import SIZE
 from protocol.headers import RequestHeader, ResponseHeaderInfo
+from protocol.schemas import load_request_schema, load_response_schema
 
 SupportedVersions = Mapping[int, tuple[int, int]]
 """api_key -> (min_version, max_version), inclusive."""

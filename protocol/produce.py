@@ -4,11 +4,11 @@ kio's decoder copies each partition's ``records`` into a new ``bytes``; for the
 broker's hottest request that copy is the main cost, so Produce bodies are parsed
 here and ``records`` is a read-only ``memoryview`` slice of the request frame.
 
-Produce request body, v3-v12 (v9+ flexible: compact lengths, TAGGED_FIELDS after
+Produce request body, v3-v11 (v9+ flexible: compact lengths, TAGGED_FIELDS after
 every struct):
 
 ==================  ================================  ================================
-field               v3-v8                             v9-v12
+field               v3-v8                             v9-v11
 ==================  ================================  ================================
 transactional_id    NULLABLE_STRING                   COMPACT_NULLABLE_STRING
 acks                int16                             int16
@@ -24,10 +24,10 @@ topic_data          ARRAY of topic                    COMPACT_ARRAY of topic
 ==================  ================================  ================================
 
 ``MIN_VERSION``..``MAX_VERSION`` is the range the broker advertises for Produce (a test holds
-the two equal). v12 is v11 on the wire; what it adds (KIP-890) concerns transactional
-producers of ``transaction.version`` 2, a feature this broker does not advertise. v13 names
-topics by id (KIP-516), which the Produce handler does not resolve, so it is neither served
-nor decoded.
+the two equal). The maximum is Kafka 3.9's, 11: clients read the broker's version from these
+maxima, and v12 (Kafka 4.0, KIP-890 part 2, v11 on the wire) would claim a 4.0 broker. v0-v2
+carry magic v0/v1 message sets, which this broker does not store (Kafka 4.0 dropped them too,
+KIP-896), so the minimum is 3 where Kafka 3.9's is 0.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from protocol import headers, wire
 from protocol.errors import InvalidRequestError
 
 MIN_VERSION = 3
-MAX_VERSION = 12
+MAX_VERSION = 11
 FIRST_FLEXIBLE_VERSION = 9
 
 _INT32 = struct.Struct(">i")
@@ -156,7 +156,7 @@ def _decode_flexible(body: memoryview, pos: int, version: int) -> ProduceRequest
 
 # -- response ------------------------------------------------------------------------------------
 #
-# Produce response body, v3-v12 (v9+ flexible), as the broker answers it:
+# Produce response body, v3-v11 (v9+ flexible), as the broker answers it:
 #   responses            ARRAY of topic
 #     name               STRING
 #     partition_responses ARRAY of partition

@@ -6,7 +6,9 @@ the same table, so what is advertised is what is decoded and handled. A version 
 only where its handler implements what the version means. Each handler module lists its APIs
 as ``HANDLERS``; the hand-written codecs (Produce's decoder, Fetch's encoder) cover exactly
 those ranges, the controller's extensions take theirs from ``extensions.MESSAGES``, and kio
-has a schema for every version listed (``tests/automq_py/apis/test_versions.py``).
+(or ``protocol.schemas``, for the Kafka 3.9 versions kio lacks) has a schema for every version
+listed. For the Kafka APIs the table is Kafka 3.9's, with the exceptions and their reasons
+listed in ``tests/automq_py/apis/test_versions.py``.
 
 A handler returns a kio response entity (encoded here), already-encoded buffers (Fetch's
 zero-copy path), or None (no response, as for acks=0 Produce).

@@ -372,7 +372,8 @@ def _check_broker(ctx: BrokerContext, name: str, *, describing: bool = False) ->
 
 
 HANDLERS: dict[int, tuple[Any, int, int]] = {
-    # v0 is not in kio's schemas (Kafka 4 dropped it too)
+    # Kafka 3.9's maxima; DescribeConfigs v0 (Kafka 3.9 has it) is not in kio's schemas (Kafka
+    # 4.0 removed it, KIP-896)
     ApiKey.DESCRIBE_CONFIGS: (handle_describe_configs, 1, 4),
     ApiKey.ALTER_CONFIGS: (handle_alter_configs, 0, 2),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: (handle_incremental_alter_configs, 0, 1),

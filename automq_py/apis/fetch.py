@@ -28,9 +28,12 @@ from protocol.messages import Request, response_schema
 from protocol.record_batch import InvalidRecordBatchError
 from protocol.records import parse_records
 
-EARLIEST = -2
+# ListOffsets' special timestamps
 LATEST = -1
-MAX_TIMESTAMP = -3
+EARLIEST = -2
+MAX_TIMESTAMP = -3  # v7+ (KIP-734)
+EARLIEST_LOCAL = -4  # v8+ (KIP-405): the first offset held locally, not in remote storage
+LATEST_TIERED = -5  # v9+ (KIP-1005): the last offset in remote storage
 READ_COMMITTED = 1  # isolation_level of Fetch v4+ and ListOffsets v2+
 
 
@@ -119,8 +122,11 @@ async def handle_list_offsets(ctx: BrokerContext, request: Request) -> Any:
             try:
                 partition = await ctx.replicas.partition(info, index)
                 ts = int(p.timestamp)
-                if ts == EARLIEST:
+                if ts in (EARLIEST, EARLIEST_LOCAL):
+                    # no tiered storage (Kafka's remote log): the whole log is local
                     entry["offset"] = partition.log_start_offset
+                elif ts == LATEST_TIERED:
+                    pass  # nothing in remote storage: Kafka answers offset -1, epoch -1
                 elif ts == LATEST:
                     # read_committed consumers start from, and see lag to, the stable offset
                     entry["offset"] = (
@@ -202,8 +208,11 @@ def error_response(request: Request, code: ErrorCode) -> list[wire.Buffer]:
 
 
 API_KEY = ApiKey.FETCH
-# Fetch >= 4, or librdkafka falls back to legacy message sets; 13+ names topics by id (KIP-516).
+# Kafka 3.9's maxima. Fetch >= 4, not Kafka 3.9's 0: v0-v3 answer with magic v0/v1 message
+# sets, which this broker does not store (Kafka 4.0 dropped them too, KIP-896). ListOffsets v0
+# (several offsets per partition), which Kafka 3.9 serves, is not in kio's schemas (Kafka 4.0
+# removed it, KIP-896).
 HANDLERS: dict[int, tuple[Any, int, int]] = {
     API_KEY: (handle_fetch, 4, 17),
-    ApiKey.LIST_OFFSETS: (handle_list_offsets, 1, 8),
+    ApiKey.LIST_OFFSETS: (handle_list_offsets, 1, 9),
 }

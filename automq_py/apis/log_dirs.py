@@ -8,9 +8,9 @@ the WAL's (``s3.wal.path``), its absolute path as the name; v4's total and usabl
 volume's. Every partition is led here, so no log end offset is behind the high watermark
 (offset lag 0) and no log is a future log.
 
-v0 is not served: kio has no schema for it (Kafka 4 dropped it, KIP-896); v1 is the same
-message (KIP-219 only changed when a throttled answer is sent), what Java clients send
-since Kafka 2.0.
+v0-v4, Kafka 3.9's versions. v0 is v1's message (KIP-219 only changed when a throttled answer
+is sent); kio has no schema for it (Kafka 4 dropped it, KIP-896), so it is read and written
+with v1's (``protocol.schemas``).
 """
 
 from __future__ import annotations
@@ -68,5 +68,5 @@ def logs_asked_for(ctx: BrokerContext, topics: Any) -> list[tuple[TopicInfo, int
 
 
 HANDLERS: dict[int, tuple[Any, int, int]] = {
-    ApiKey.DESCRIBE_LOG_DIRS: (handle_describe_log_dirs, 1, 4),
+    ApiKey.DESCRIBE_LOG_DIRS: (handle_describe_log_dirs, 0, 4),
 }

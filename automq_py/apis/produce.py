@@ -120,5 +120,6 @@ def _response(
 
 
 API_KEY = ApiKey.PRODUCE
-# Produce >= 3: magic v2 only (Kafka 4 clients need it). v13 names topics by id: not handled.
-HANDLERS: dict[int, tuple[Any, int, int]] = {API_KEY: (handle_produce, 3, 12)}
+# Kafka 3.9's maximum (11); the minimum is 3, not Kafka 3.9's 0: v0-v2 carry magic v0/v1
+# message sets, which this broker does not store (Kafka 4.0 dropped them too, KIP-896).
+HANDLERS: dict[int, tuple[Any, int, int]] = {API_KEY: (handle_produce, 3, 11)}

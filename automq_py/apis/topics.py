@@ -166,6 +166,8 @@ async def handle_create_partitions(ctx: BrokerContext, request: Request) -> Any:
     )
 
 
+# Kafka 3.9's maxima. CreateTopics v0-v1 and DeleteTopics v0, which Kafka 3.9 also serves, are
+# not: kio has no schema for them (Kafka 4.0 removed them, KIP-896).
 HANDLERS: dict[int, tuple[Any, int, int]] = {
     ApiKey.CREATE_TOPICS: (handle_create_topics, 2, 7),
     ApiKey.DELETE_TOPICS: (handle_delete_topics, 1, 6),

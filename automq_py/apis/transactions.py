@@ -101,7 +101,7 @@ async def handle_add_partitions_to_txn(ctx: BrokerContext, request: Request) -> 
         return respond(
             request, {"throttle_time": 0, "results_by_topic_v3_and_below": _by_topic(results)}
         )
-    # v4 (KIP-890): a batch of transactions, sent by brokers; verify_only asks, not adds
+    # v4+ (KIP-890): a batch of transactions, sent by brokers; verify_only asks, not adds
     out = []
     for txn in body.transactions:
         results = await _add_partitions(
@@ -320,13 +320,15 @@ async def handle_describe_producers(ctx: BrokerContext, request: Request) -> Any
     return respond(request, {"throttle_time": 0, "topics": topics})
 
 
-# Kafka 3.9's versions (the later ones are KIP-890 part 2 / KIP-1152, Kafka 4.0+)
+# Kafka 3.9's versions (EndTxn v5, TxnOffsetCommit v5: KIP-890 part 2, and ListTransactions
+# v2: KIP-1152, are Kafka 4.0+). AddPartitionsToTxn v5 is v4 that may answer
+# TRANSACTION_ABORTABLE, which verify_only does from v4 here as in Kafka 3.9. WriteTxnMarkers v0
+# is v1 before flexible versions (its schema: ``protocol.schemas``).
 HANDLERS: dict[int, tuple[Any, int, int]] = {
-    ApiKey.ADD_PARTITIONS_TO_TXN: (handle_add_partitions_to_txn, 0, 4),
+    ApiKey.ADD_PARTITIONS_TO_TXN: (handle_add_partitions_to_txn, 0, 5),
     ApiKey.ADD_OFFSETS_TO_TXN: (handle_add_offsets_to_txn, 0, 4),
     ApiKey.END_TXN: (handle_end_txn, 0, 4),
-    # Kafka 3.9 also has v0, the same fields before flexible versions; kio has no schema for it
-    ApiKey.WRITE_TXN_MARKERS: (handle_write_txn_markers, 1, 1),
+    ApiKey.WRITE_TXN_MARKERS: (handle_write_txn_markers, 0, 1),
     ApiKey.DESCRIBE_PRODUCERS: (handle_describe_producers, 0, 0),
     ApiKey.TXN_OFFSET_COMMIT: (handle_txn_offset_commit, 0, 4),
     ApiKey.DESCRIBE_TRANSACTIONS: (handle_describe_transactions, 0, 0),

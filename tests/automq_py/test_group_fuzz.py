@@ -203,7 +203,7 @@ def seed_requests(k: KnownGroups) -> list[tuple[int, int, dict[str, Any]]]:
         (ApiKey.DELETE_GROUPS, 0, {"groups_names": ["none"]}),
         (ApiKey.CONSUMER_GROUP_HEARTBEAT, 1, cgh),
         (ApiKey.CONSUMER_GROUP_HEARTBEAT, 0, {**cgh, "member_id": "", "member_epoch": 0}),
-        (ApiKey.CONSUMER_GROUP_DESCRIBE, 1, {"group_ids": [k.modern_group, k.classic_group]}),
+        (ApiKey.CONSUMER_GROUP_DESCRIBE, 0, {"group_ids": [k.modern_group, k.classic_group]}),
         (ApiKey.CONSUMER_GROUP_DESCRIBE, 0, {"group_ids": [k.modern_group]}),
     ]
 

@@ -93,3 +93,43 @@ def check(got: dict[int, list[Record]], expected: dict[int, list[Record]]) -> No
         assert len(got[p]) == len(expected[p]), f"partition {p}"
         for have, want in zip(got[p], expected[p], strict=True):
             assert have == want, f"partition {p} offset {want[0]}"
+
+
+def test_list_partition_offsets_by_every_spec(broker: BrokerProcess) -> None:
+    """kafka-python's admin sends ListOffsets at the broker's highest version, v9, and refuses
+    LATEST_TIERED (KIP-1005) below it. Answered as Kafka 3.9 answers without tiered storage:
+    the local log start is the log start, and no offset is in remote storage (-1)."""
+    from kafka.admin import OffsetSpec  # type: ignore[import-untyped]
+
+    topic = "kafka-python-specs"
+    tp = TopicPartition(topic, 0)
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=0)
+    try:
+        admin.create_topics([NewTopic(topic, 1, 1)])
+        base_ts = 1_700_000_000_000
+        for i in range(5):  # one batch each, timestamps 0, 10, ..., 40 ms past base_ts
+            producer.send(topic, b"v", partition=0, timestamp_ms=base_ts + 10 * i).get(30)
+        admin.delete_records({tp: 2})
+
+        specs = {
+            "earliest": OffsetSpec.EARLIEST,
+            "latest": OffsetSpec.LATEST,
+            "max_timestamp": OffsetSpec.MAX_TIMESTAMP,
+            "earliest_local": OffsetSpec.EARLIEST_LOCAL,
+            "latest_tiered": OffsetSpec.LATEST_TIERED,
+        }
+        got = {name: admin.list_partition_offsets({tp: spec})[tp] for name, spec in specs.items()}
+    finally:
+        producer.close()
+        admin.close()
+    found = {name: (r.offset, r.timestamp) for name, r in got.items()}
+    assert found == {
+        "earliest": (2, -1),
+        "latest": (5, -1),
+        "max_timestamp": (4, base_ts + 40),
+        "earliest_local": (2, -1),
+        "latest_tiered": (-1, -1),
+    }
+    assert got["latest_tiered"].leader_epoch is None  # -1 on the wire
+    assert got["earliest_local"].leader_epoch is not None

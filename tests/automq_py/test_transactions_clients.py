@@ -407,5 +407,35 @@ def test_a_transactional_write_to_a_partition_not_in_the_transaction_is_refused(
         ]
         assert codes == [ErrorCode.NONE]
         assert produce(9, 0) == ErrorCode.NONE
+
+        # what a partition leader asks the coordinator (v4+, KIP-890): v5, Kafka 3.9's highest,
+        # verifies as v4 does, the partition not in the transaction is TRANSACTION_ABORTABLE
+        for version in (4, 5):
+            verified = conn.call(
+                AddPartitionsToTxnRequest[version](
+                    transactions=[
+                        AddPartitionsToTxnRequest.AddPartitionsToTxnTransaction(
+                            transactional_id=txn_id,
+                            producer_id=pid,
+                            producer_epoch=epoch,
+                            verify_only=True,
+                            topics=[
+                                AddPartitionsToTxnRequest.AddPartitionsToTxnTopic(
+                                    name=topic, partitions=[0, 1]
+                                )
+                            ],
+                        )
+                    ]
+                ),
+                AddPartitionsToTxnResponse,
+            )
+            assert verified.error_code == ErrorCode.NONE
+            [txn] = verified.results_by_transaction
+            assert txn.transactional_id == txn_id
+            assert {
+                p.partition_index: p.partition_error_code
+                for t in txn.topic_results
+                for p in t.results_by_partition
+            } == {0: ErrorCode.NONE, 1: ErrorCode.TRANSACTION_ABORTABLE}
     finally:
         conn.close()

@@ -51,7 +51,7 @@ def _valid_frames() -> list[bytes]:
                 ],
             )
         )
-        for v in (3, 8, 9, 12)
+        for v in (3, 8, 9, 11)
     ]
     fetch_partition = FetchRequest.FetchTopic.FetchPartition(
         partition=0, fetch_offset=5, partition_max_bytes=100

@@ -7,15 +7,23 @@ import struct
 import uuid
 
 import pytest
-from kafka.protocol.admin import CreateTopicsRequest
+from kafka.protocol.admin import (
+    CreateTopicsRequest,
+    DescribeLogDirsRequest,
+    DescribeLogDirsResponse,
+)
 from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest
 from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest, MetadataResponse
+from kafka.protocol.producer import WriteTxnMarkersRequest, WriteTxnMarkersResponse
 from kio.schema.metadata.v12 import response as metadata_v12
+from kio.serial import entity_writer
 from kio.static.primitive import i32, i32Timedelta
 
-from protocol import messages
+from protocol import build, headers, messages
+from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode, InvalidRequestError, UnsupportedVersionError
 from protocol.headers import ResponseHeaderInfo
+from protocol.messages import BufferCollector
 from tests.protocol.kafka_oracle import request_frame, uvarint
 
 
@@ -242,3 +250,116 @@ def test_huge_array_count_is_rejected_not_allocated(count: bytes) -> None:
     at = frame.index(b"\x02" + bytes(16))
     with pytest.raises(InvalidRequestError, match="array of"):
         messages.decode_request(frame[:at] + count + frame[at + 1 :])
+
+
+def reencoded(request: messages.Request) -> bytes:
+    """``request`` written back: its header, then its body with the schema it was read with."""
+    out = BufferCollector()
+    out.write(headers.encode_request_header(request.header))
+    schema = messages.request_schema(request.api_key, request.api_version)
+    entity_writer(schema)(out, request.body)  # type: ignore[arg-type]
+    return b"".join(bytes(p) for p in out.finish())
+
+
+def answered(request: messages.Request, data: dict) -> bytes:
+    """The framed response to ``request`` built from ``data``, size prefix stripped."""
+    schema = messages.response_schema(request.api_key, request.api_version)
+    parts = messages.encode_response(request.response_info, build.build(schema, data))
+    return b"".join(bytes(p) for p in parts)[4:]
+
+
+@pytest.mark.parametrize("version", [0, 1])
+def test_write_txn_markers_v0_is_v1_before_flexible_versions(version: int) -> None:
+    """v0 is not in kio (Kafka 4 removed it): ``protocol.schemas`` has it, checked against
+    kafka-python's encoder and decoder, at v1 (kio's) alike."""
+    marker = WriteTxnMarkersRequest.WritableTxnMarker
+    frame = request_frame(
+        WriteTxnMarkersRequest[version](
+            markers=[
+                marker(
+                    producer_id=5,
+                    producer_epoch=2,
+                    transaction_result=True,
+                    topics=[marker.WritableTxnMarkerTopic(name="t", partition_indexes=[0, 3])],
+                    coordinator_epoch=7,
+                )
+            ]
+        ),
+        correlation_id=9,
+    )
+    request = messages.decode_request(frame)
+    assert (request.api_key, request.api_version) == (ApiKey.WRITE_TXN_MARKERS, version)
+    [m] = request.body.markers
+    assert (m.producer_id, m.producer_epoch, m.transaction_result, m.coordinator_epoch) == (
+        5,
+        2,
+        True,
+        7,
+    )
+    assert [(t.name, list(t.partition_indexes)) for t in m.topics] == [("t", [0, 3])]
+    assert reencoded(request) == frame
+
+    data = {
+        "markers": [
+            {
+                "producer_id": 5,
+                "topics": [
+                    {
+                        "name": "t",
+                        "partitions": [
+                            {"partition_index": 0, "error_code": ErrorCode.NONE},
+                            {"partition_index": 3, "error_code": ErrorCode.NOT_LEADER_OR_FOLLOWER},
+                        ],
+                    }
+                ],
+            }
+        ]
+    }
+    decoded = WriteTxnMarkersResponse.decode(answered(request, data), version=version, header=True)
+    assert decoded.header.correlation_id == 9
+    [result] = decoded.markers
+    assert result.producer_id == 5
+    assert [(p.partition_index, p.error_code) for t in result.topics for p in t.partitions] == [
+        (0, 0),
+        (3, ErrorCode.NOT_LEADER_OR_FOLLOWER),
+    ]
+
+
+@pytest.mark.parametrize("version", [0, 1])
+def test_describe_log_dirs_v0_is_v1(version: int) -> None:
+    """v0 is not in kio (Kafka 4 removed it); it is v1's message, read and written with kio's v1
+    classes: checked against kafka-python's encoder and decoder."""
+    topic = DescribeLogDirsRequest.DescribableLogDirTopic
+    for topics in (None, [topic(topic="t", partitions=[1, 2])]):
+        frame = request_frame(DescribeLogDirsRequest[version](topics=topics), correlation_id=4)
+        request = messages.decode_request(frame)
+        assert (request.api_key, request.api_version) == (ApiKey.DESCRIBE_LOG_DIRS, version)
+        got = request.body.topics
+        assert (got is None) == (topics is None)
+        if got is not None:
+            assert [(t.topic, list(t.partitions)) for t in got] == [("t", [1, 2])]
+        assert reencoded(request) == frame
+
+    partition = {
+        "partition_index": 1,
+        "partition_size": 99,
+        "offset_lag": 0,
+        "is_future_key": False,
+    }
+    data = {
+        "throttle_time": 0,
+        "results": [
+            {
+                "error_code": ErrorCode.NONE,
+                "log_dir": "/wal",
+                "topics": [{"name": "t", "partitions": [partition]}],
+                "total_bytes": 10,  # v4's: left out below
+            }
+        ],
+    }
+    decoded = DescribeLogDirsResponse.decode(answered(request, data), version=version, header=True)
+    assert decoded.header.correlation_id == 4
+    [result] = decoded.results
+    assert (result.error_code, result.log_dir) == (0, "/wal")
+    [p] = [p for t in result.topics for p in t.partitions]
+    assert (p.partition_index, p.partition_size, p.offset_lag, p.is_future_key) == (1, 99, 0, False)

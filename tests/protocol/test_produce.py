@@ -72,7 +72,7 @@ def test_produce_matches_kafka_python_and_kio(version: int) -> None:
     assert [p.records for p in kio_topic.partition_data] == [*batches, None]
 
 
-@pytest.mark.parametrize("version", [3, 8, 9, 11, 12])
+@pytest.mark.parametrize("version", [3, 8, 9, 11])
 def test_records_are_views_into_the_frame(version: int) -> None:
     frame = produce_frame(version, sample_batches())
     (view,) = FrameDecoder().feed(b"".join(bytes(p) for p in encode_frame([frame])))
@@ -84,12 +84,17 @@ def test_records_are_views_into_the_frame(version: int) -> None:
     assert header.records_count == 3
 
 
-def test_topic_ids_of_v13_are_not_decoded() -> None:
-    # v13 names topics by id (KIP-516), which the broker does not resolve: not advertised,
-    # not decoded, refused like any version the codec does not know
+@pytest.mark.parametrize("version", [12, 13])
+def test_versions_above_kafka_3_9s_are_not_decoded(version: int) -> None:
+    # v12 (Kafka 4.0, KIP-890 part 2) and v13 (topic ids, KIP-516): not advertised, not decoded,
+    # refused like any version the codec does not know
     with pytest.raises(UnsupportedVersionError) as info:
-        messages.decode_request(produce_frame(13, sample_batches(), correlation_id=8))
-    assert (info.value.api_key, info.value.api_version, info.value.correlation_id) == (0, 13, 8)
+        messages.decode_request(produce_frame(version, sample_batches(), correlation_id=8))
+    assert (info.value.api_key, info.value.api_version, info.value.correlation_id) == (
+        0,
+        version,
+        8,
+    )
 
 
 def test_writable_frame_records_follow_the_frame_buffer() -> None:
