@@ -244,3 +244,16 @@ async def test_a_version_above_the_table_is_refused_as_kafka_does() -> None:
             assert advertised == SUPPORTED
     finally:
         await server.stop()
+
+
+@pytest.mark.integration
+def test_kafka_python_infers_a_kafka_39_broker(broker: Any) -> None:
+    """Clients read the broker's version off its ApiVersions: kafka-python's inference, against
+    the real broker, names 3.9."""
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    try:
+        assert admin._client.check_version() == (3, 9)
+    finally:
+        admin.close()
