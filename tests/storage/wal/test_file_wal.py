@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import fcntl
 import logging
 import os
 import random
@@ -88,20 +89,28 @@ async def test_concurrent_appends_share_fsyncs(tmp_path: Path) -> None:
     await wal.close()
 
 
-async def test_appends_arriving_during_an_fsync_form_the_next_batch(
+async def test_the_ring_is_written_with_o_dsync(tmp_path: Path) -> None:
+    """A group commit is one pwritev and no fdatasync: the file must be open with O_DSYNC, or
+    an acknowledged append would only be in the page cache."""
+    wal = await FileWAL.open(str(tmp_path / "wal"), CAPACITY)
+    assert fcntl.fcntl(wal._fd, fcntl.F_GETFL) & os.O_DSYNC
+    await wal.close()
+
+
+async def test_appends_arriving_during_a_durable_write_form_the_next_batch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     wal = await FileWAL.open(str(tmp_path / "wal"), CAPACITY)
     in_fsync = threading.Event()
     release = threading.Event()
-    real_fdatasync = os.fdatasync
+    real_pwritev = os.pwritev
 
-    def slow_fdatasync(fd: int) -> None:
+    def slow_pwritev(fd: int, buffers: list[memoryview], offset: int) -> int:
         in_fsync.set()
         release.wait(5)
-        real_fdatasync(fd)
+        return real_pwritev(fd, buffers, offset)
 
-    monkeypatch.setattr(os, "fdatasync", slow_fdatasync)
+    monkeypatch.setattr(os, "pwritev", slow_pwritev)
     first = asyncio.create_task(wal.append(b"first"))
     await asyncio.to_thread(in_fsync.wait, 5)
     rest = [asyncio.create_task(wal.append(b"x" * i)) for i in range(50)]
@@ -439,16 +448,17 @@ async def test_an_existing_wal_must_be_recovered_before_appending(tmp_path: Path
     await wal.close()
 
 
-async def test_a_failed_fsync_fails_the_batch_and_every_later_append(
+async def test_a_failed_durable_write_fails_the_batch_and_every_later_append(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     wal = await FileWAL.open(str(tmp_path / "wal"), CAPACITY)
     await wal.append(b"durable")
 
-    def failing_fdatasync(fd: int) -> None:
+    def failing_pwritev(fd: int, buffers: object, offset: int) -> int:
+        # what an O_DSYNC write returns when the device fails to make it durable
         raise OSError(errno.EIO, "injected I/O error")
 
-    monkeypatch.setattr(os, "fdatasync", failing_fdatasync)
+    monkeypatch.setattr(os, "pwritev", failing_pwritev)
     batch = await asyncio.gather(*(wal.append(b"lost") for _ in range(5)), return_exceptions=True)
     assert all(isinstance(r, WALError) and "injected" in str(r) for r in batch)
     monkeypatch.undo()  # the disk is fine again, but the WAL must not trust it
