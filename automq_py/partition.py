@@ -149,10 +149,11 @@ class Partition:
                         )
             target = _TARGET_CODEC.get(config.compression_type)
             if target is not None:
+                level = _compression_level(config, target)
                 batches = [
                     (header, view)
                     if header.attributes & 0x07 == target
-                    else _recompressed(header, view, target)
+                    else _recompressed(header, view, target, level)
                     for header, view in batches
                 ]
         except LegacyMessageSetError as e:
@@ -293,12 +294,23 @@ class Partition:
 _TARGET_CODEC = {"uncompressed": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 
 
+def _compression_level(config: LogConfig, codec: int) -> int | None:
+    """The topic's compression.<codec>.level (None: the codec's default; gzip's -1 is)."""
+    if codec == 1:
+        return None if config.compression_gzip_level == -1 else config.compression_gzip_level
+    if codec == 3:
+        return config.compression_lz4_level
+    if codec == 4:
+        return config.compression_zstd_level
+    return None
+
+
 def _recompressed(
-    header: record_batch.RecordBatchHeader, view: memoryview, codec: int
+    header: record_batch.RecordBatchHeader, view: memoryview, codec: int, level: int | None
 ) -> tuple[record_batch.RecordBatchHeader, memoryview]:
-    """The batch with its records compressed with ``codec`` (a topic's compression.type other
-    than the producer's, as Kafka's LogValidator recompresses): every header field but the
-    codec bits kept, the records as they were."""
+    """The batch with its records compressed with ``codec`` at ``level`` (a topic's
+    compression.type other than the producer's, as Kafka's LogValidator recompresses): every
+    header field but the codec bits kept, the records as they were."""
     data = encode_batch(
         parse_records(view, check_crc=False),
         base_offset=header.base_offset,
@@ -310,6 +322,7 @@ def _recompressed(
         producer_epoch=header.producer_epoch,
         base_sequence=header.base_sequence,
         partition_leader_epoch=header.partition_leader_epoch,
+        compression_level=level,
     )
     return record_batch.parse_header(data), memoryview(data)
 

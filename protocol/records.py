@@ -165,6 +165,16 @@ _COMPRESSORS = {
 }
 
 
+def _compress(codec_id: Compression, section: bytes, level: int | None) -> bytes:
+    if level is None or codec_id == Compression.SNAPPY:
+        return _COMPRESSORS[codec_id](section)
+    if codec_id == Compression.GZIP:
+        return codec.gzip_encode(section, compresslevel=level)
+    if codec_id == Compression.LZ4:
+        return codec.lz4_encode(section, level=level)
+    return codec.zstd_encode(section, level=level)
+
+
 def encode_batch(
     records: Sequence[Record],
     *,
@@ -177,10 +187,12 @@ def encode_batch(
     producer_epoch: int = -1,
     base_sequence: int = -1,
     partition_leader_epoch: int = -1,
+    compression_level: int | None = None,
 ) -> bytearray:
     """One magic-v2 batch with every header field given, holding ``records`` at their own
     offsets and timestamps (Kafka's ``MemoryRecordsBuilder`` appending records with offsets,
-    then ``overrideLastOffset``).
+    then ``overrideLastOffset``). ``compression_level`` is the gzip, lz4 or zstd level (a
+    topic's ``compression.<codec>.level``; None: the codec's default; snappy has none).
 
     Each record's offsetDelta is ``offset - base_offset`` and its timestampDelta ``timestamp -
     base_timestamp`` (negative when the base is a delete horizon). The records section is
@@ -204,7 +216,7 @@ def encode_batch(
         _write_record(body, r, r.offset - base_offset, r.timestamp - base_timestamp)
     section = bytes(body)
     if codec_id != Compression.NONE:
-        section = _COMPRESSORS[Compression(codec_id)](section)
+        section = _compress(Compression(codec_id), section, compression_level)
     data = bytearray(record_batch.HEADER_SIZE + len(section))
     record_batch.HEADER.pack_into(
         data,
