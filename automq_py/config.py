@@ -212,17 +212,17 @@ def synonym_keys() -> Mapping[str, ConfigKey]:
         _, topic_key = topic_keys[topic_name]
         for synonym in synonyms:
             default = _BROKER_DEFAULTS.get(synonym.name, topic_key.default)
+            # retention: any negative value keeps data forever
+            minimum = None if topic_name == "retention.ms" else topic_key.minimum
             doc = f"default of topic config {topic_name}: {topic_key.doc}"
             if synonym.unit_ms != 1:
                 unit = "hours" if synonym.unit_ms == HOUR_MS else "minutes"
                 doc = f"{topic_name} in {unit}"
-                key = ConfigKey(synonym.name, ConfigType.INT, default, doc)
+                key = ConfigKey(synonym.name, ConfigType.INT, default, doc, minimum=minimum)
             else:
-                key = dataclasses.replace(topic_key, name=synonym.name, default=default, doc=doc)
-            if topic_name == "retention.ms":  # any negative value: keep forever
-                key = dataclasses.replace(key, minimum=None)
-            elif topic_name in ("segment.ms", "segment.jitter.ms") and synonym.unit_ms != 1:
-                key = dataclasses.replace(key, minimum=topic_key.minimum)
+                key = dataclasses.replace(
+                    topic_key, name=synonym.name, default=default, doc=doc, minimum=minimum
+                )
             keys[synonym.name] = key
     return MappingProxyType(keys)
 

@@ -92,11 +92,16 @@ def broker_synonym_group(name: str) -> tuple[str, ...]:
     """The broker properties that set the same value as ``name``, in precedence order
     (Kafka's ``DynamicBrokerConfig.brokerConfigSynonyms``): the group of a topic config with
     several broker synonyms, else ``name`` alone."""
-    for synonyms in TOPIC_CONFIG_SYNONYMS.values():
-        names = tuple(s.name for s in synonyms)
-        if len(names) > 1 and name in names:
-            return names
-    return (name,)
+    return _SYNONYM_GROUPS.get(name, (name,))
+
+
+# broker property -> its group, for the topic configs with several broker synonyms
+_SYNONYM_GROUPS: dict[str, tuple[str, ...]] = {
+    synonym.name: tuple(s.name for s in synonyms)
+    for synonyms in TOPIC_CONFIG_SYNONYMS.values()
+    if len(synonyms) > 1
+    for synonym in synonyms
+}
 
 
 @dataclass(slots=True, frozen=True)

@@ -18,17 +18,22 @@ def fetch_request(
     offsets: dict[int, int],
     *,
     max_wait_ms: int = 100,
+    min_bytes: int = 1,
     max_bytes: int = 1 << 24,
     partition_max_bytes: int = 1 << 22,
+    version: int = 4,
 ) -> Any:
-    """A Fetch v4 of ``topic``'s partitions from their offsets (partition -> offset)."""
+    """A Fetch of ``topic``'s partitions from their offsets (partition -> offset); v4 unless
+    ``version`` says otherwise (from v7 without a fetch session)."""
     t = FetchRequest.FetchTopic
-    return FetchRequest[4](
+    session = {"session_id": 0, "session_epoch": -1} if version >= 7 else {}
+    return FetchRequest[version](
         replica_id=-1,
         max_wait_ms=max_wait_ms,
-        min_bytes=1,
+        min_bytes=min_bytes,
         max_bytes=max_bytes,
         isolation_level=0,
+        **session,
         topics=[
             t(
                 topic=topic,

@@ -11,14 +11,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
+from kafka.protocol.consumer.fetch import FetchResponse
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
 
 from protocol.errors import ErrorCode
 from protocol.records import RecordInput, build_batch
 from tests.automq_py.test_clients import create_topic
 from tests.support.broker import BrokerProcess
-from tests.support.raw_connection import RawConnection
+from tests.support.raw_connection import RawConnection, fetch_request
 from tests.support.seaweedfs import SeaweedFS
 
 pytestmark = pytest.mark.integration
@@ -77,26 +77,14 @@ def produce_batches(bootstrap: str) -> None:
 
 
 def fetch(bootstrap: str, max_bytes: int, partition_max_bytes: int, offsets: dict[int, int]) -> Any:
-    t = FetchRequest.FetchTopic
-    request = FetchRequest[12](
-        replica_id=-1,
+    request = fetch_request(
+        TOPIC,
+        offsets,
         max_wait_ms=0,
         min_bytes=0,
         max_bytes=max_bytes,
-        isolation_level=0,
-        session_id=0,
-        session_epoch=-1,
-        topics=[
-            t(
-                topic=TOPIC,
-                partitions=[
-                    t.FetchPartition(
-                        partition=p, fetch_offset=o, partition_max_bytes=partition_max_bytes
-                    )
-                    for p, o in offsets.items()
-                ],
-            )
-        ],
+        partition_max_bytes=partition_max_bytes,
+        version=12,
     )
     conn = RawConnection(bootstrap)
     try:
