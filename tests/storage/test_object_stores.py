@@ -7,7 +7,9 @@ SeaweedFS (``s3``, marked integration). Each test works under its own key prefix
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import os
 import random
 import time
 import uuid
@@ -26,6 +28,7 @@ from storage.operator import (
     S3ObjectStore,
     open_object_store,
 )
+from storage.operator import local as local_module
 from storage.operator.base import (
     MIN_PART_SIZE,
     CopyPart,
@@ -377,6 +380,51 @@ async def test_local_writes_leave_no_temp_files(local_store: LocalObjectStore) -
         await local_store.get("a/b")
     with pytest.raises(ObjectNotFoundError):
         await local_store.size("a/b")
+
+
+# sizes around the staging chunk and the O_DIRECT block, split over several buffers
+_DIRECT_SIZES = [0, 1, 4095, 4096, 4097, MiB - 1, MiB, MiB + 1, 3 * MiB + 17]
+
+
+@pytest.mark.parametrize("size", _DIRECT_SIZES)
+async def test_local_direct_writes_keep_every_byte(
+    local_store: LocalObjectStore, size: int
+) -> None:
+    fd = os.open(local_store.root / "probe", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        assert local_module._direct_io(fd), "no O_DIRECT here: the test would not test it"
+    finally:
+        os.close(fd)
+    data = random.Random(size).randbytes(size)
+    cut = size // 3
+    await local_store.put(f"o/{size}", [data[:cut], data[cut : cut + 5], data[cut + 5 :]])
+    assert (local_store.root / "o" / str(size)).stat().st_size == size
+    assert await local_store.get(f"o/{size}") == data
+
+
+async def test_local_writes_without_direct_io(
+    local_store: LocalObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(local_module, "_direct_io", lambda fd: False)
+    for size in _DIRECT_SIZES:
+        data = random.Random(size).randbytes(size)
+        await local_store.put(f"b/{size}", [data[:7], data[7:]])
+        assert await local_store.get(f"b/{size}") == data
+
+
+async def test_local_direct_write_refused_midway_starts_over_buffered(
+    local_store: LocalObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = local_module._write_direct
+
+    def refused(fd: int, buffers: list[memoryview], rate: float | None) -> None:
+        real(fd, [memoryview(b"stale bytes that must not survive")] * 1000, rate)
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(local_module, "_write_direct", refused)
+    data = random.Random(7).randbytes(MiB + 3)
+    await local_store.put("r", data)
+    assert await local_store.get("r") == data
 
 
 # -- open_object_store --------------------------------------------------------------------
