@@ -139,6 +139,7 @@ class S3Storage:
         self._owns_store = owns_store
         self._streams: dict[int, _StreamState] = {}
         self._upload_wanted = asyncio.Event()
+        self._worker_readied_for = -1  # the cache block that last had the upload worker started
         self._changed = asyncio.Event()  # replaced on every notification: see _notify
         self._uploader: asyncio.Task[None] | None = None
         self._upload_tasks: dict[int, asyncio.Task[None]] = {}
@@ -479,10 +480,20 @@ class S3Storage:
             state.inflight.discard(record.done)
             if not record.done.done():
                 record.done.set_result(None)
-        if self.cache.active.size >= self.config.wal_upload_threshold:
+        active = self.cache.active
+        if active.size >= self.config.wal_upload_threshold:
             # seal now, so objects stay near the threshold however busy the uploads are
             self.cache.seal()
             self._upload_wanted.set()
+        elif (
+            active.size >= self.config.wal_upload_threshold // 4
+            and active.size > INLINE_OBJECT_MAX
+            and active.block_id != self._worker_readied_for
+        ):
+            # an upload the worker builds is coming: its process starts now (a Python start,
+            # ~0.1 s of CPU), not when the upload waits for it
+            self._worker_readied_for = active.block_id
+            self.upload_worker.prepare()
 
     def _wal_trim_point(self, fallback: int) -> int:
         """The WAL offset below which every durable record is in object storage."""

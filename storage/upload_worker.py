@@ -111,6 +111,13 @@ async def _read_message(reader: asyncio.StreamReader) -> dict[str, Any] | None:
     return message
 
 
+def _log_start_failure(task: asyncio.Task[None]) -> None:
+    # (a put waiting for the start gets the error itself; one started ahead by prepare() may
+    # have no put waiting)
+    if not task.cancelled() and (error := task.exception()) is not None:
+        log.warning("upload worker did not start: %r", error)
+
+
 # --- the broker's side --------------------------------------------------------------------
 
 
@@ -135,6 +142,16 @@ class UploadWorker:
         """Start the process in the background (the first put waits for it if need be)."""
         if self._starting is None or self._starting.done():
             self._starting = asyncio.create_task(self._spawn(), name="upload-worker-start")
+            self._starting.add_done_callback(_log_start_failure)
+
+    def prepare(self) -> None:
+        """Start the process ahead of the puts that will need it, unless it runs or is being
+        started."""
+        if self._closed:
+            return
+        gone = self._process is None or self._process.returncode is not None
+        if gone and (self._starting is None or self._starting.done()):
+            self.start()
 
     async def put(
         self, key: str, runs: Sequence[RunSpec], block_size: int, rate: float | None = None
@@ -186,9 +203,7 @@ class UploadWorker:
     async def _ready(self) -> None:
         if self._closed:
             raise UploadWorkerError("upload worker is closed")
-        gone = self._process is None or self._process.returncode is not None
-        if gone and (self._starting is None or self._starting.done()):
-            self.start()
+        self.prepare()
         assert self._starting is not None
         await asyncio.shield(self._starting)
         if self._process is None:

@@ -141,6 +141,25 @@ async def test_small_objects_are_written_without_a_worker(make_storage: StorageF
     assert await read_all(s) == payloads
 
 
+async def test_the_worker_starts_before_the_upload_that_needs_it(
+    make_storage: StorageFactory,
+) -> None:
+    """Once the cache block holds a quarter of the upload threshold (and more than an object
+    built in the broker), the worker starts, so the upload does not wait for its start."""
+    storage = await make_storage()  # threshold 4 MiB
+    s = await StreamClient(storage).create_and_open()
+    for i in range(4):  # 0.8 MB: under both
+        await s.append(payload_for(s.stream_id, i, 200_000), 1)
+    await asyncio.sleep(0.5)
+    assert storage.upload_worker._process is None
+    for i in range(4, 8):  # 1.6 MB
+        await s.append(payload_for(s.stream_id, i, 200_000), 1)
+    async with asyncio.timeout(30):
+        while storage.upload_worker._process is None:
+            await asyncio.sleep(0.02)
+    assert storage.uploads == 0
+
+
 def test_the_worker_ends_with_its_broker(tmp_path: Path) -> None:
     """A writer killed with SIGKILL (once it has uploaded, so its worker runs) closes its end
     of the worker's stdin: the worker exits rather than outlive it."""
