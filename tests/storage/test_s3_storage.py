@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,6 +17,8 @@ from storage.s3_storage import S3Storage
 from storage.stream import S3Stream, StreamClient
 from tests.storage.conftest import StorageFactory, storage_properties
 from tests.storage.crash_writer import payload_for
+
+MB = 1_000_000
 
 
 async def fill(stream: S3Stream, n: int, size: int = 1000, count: int = 3) -> list[bytes]:
@@ -215,3 +218,18 @@ async def test_uploads_are_paced_at_the_rate_their_block_filled(
     await storage.force_upload()
     assert len(times) == 4
     assert times[-1] - times[0] < 0.4
+
+
+async def test_a_burst_does_not_set_the_pace_for_good(make_storage: StorageFactory) -> None:
+    """A block is paced at the faster of its own fill rate and the previous block's: after a
+    burst the pace falls back to the rate data arrives at (AutoMQ keeps its fastest ever)."""
+    storage = await make_storage()
+    blocks = [
+        SimpleNamespace(size=100 * MB, first_put_at=0.0, sealed_at=seconds)
+        for seconds in (0.5, 5.0, 5.0, 0.05)
+    ]
+    rates = [storage._upload_rate(b) for b in blocks]  # type: ignore[arg-type]
+    assert rates[0] == pytest.approx(200 * MB)  # the burst
+    assert rates[1] == pytest.approx(200 * MB)  # the block after it keeps up with it
+    assert rates[2] == pytest.approx(20 * MB)  # then the pace is the fill rate again
+    assert rates[3] is None  # a block sealed within 0.1 s of its first record: full speed
