@@ -31,8 +31,12 @@ from automq_py.log.log_config import LogConfig
 from automq_py.log.txn_index import AbortedTxn
 from protocol import control_records, record_batch
 from protocol.errors import ErrorCode
-from protocol.record_batch import InvalidRecordBatchError, LegacyMessageSetError
-from protocol.records import encode_batch, parse_records
+from protocol.record_batch import (
+    InvalidRecordBatchError,
+    InvalidRecordsError,
+    LegacyMessageSetError,
+)
+from protocol.records import check_records, encode_batch, parse_records
 from storage.config_def import LONG_MAX
 
 
@@ -134,6 +138,7 @@ class Partition:
                         f"{self.max_message_bytes}",
                     )
                 record_batch.validate_batch(view)
+                check_records(view)  # as Kafka's LogValidator reads every record it appends
                 out_of_range = _timestamp_out_of_range(config, view, now_ms)
                 if out_of_range is not None:
                     return AppendResult(ErrorCode.INVALID_TIMESTAMP, message=out_of_range)
@@ -158,6 +163,8 @@ class Partition:
                 ]
         except LegacyMessageSetError as e:
             return AppendResult(ErrorCode.UNSUPPORTED_FOR_MESSAGE_FORMAT, message=str(e))
+        except InvalidRecordsError as e:
+            return AppendResult(ErrorCode.INVALID_RECORD, message=str(e))
         except InvalidRecordBatchError as e:
             return AppendResult(ErrorCode.CORRUPT_MESSAGE, message=str(e))
         loop = asyncio.get_running_loop()

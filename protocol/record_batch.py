@@ -65,6 +65,11 @@ class InvalidRecordBatchError(ProtocolError, ValueError):
     """Bytes that are not a well-formed magic-v2 record batch."""
 
 
+class InvalidRecordsError(InvalidRecordBatchError):
+    """A batch whose header and CRC are sound but whose records are not: they do not
+    decompress, or do not parse (Kafka's InvalidRecordException, INVALID_RECORD)."""
+
+
 class LegacyMessageSetError(InvalidRecordBatchError):
     """A magic 0/1 message set: this broker stores only magic-v2 batches."""
 

@@ -30,17 +30,21 @@ horizon so timestamp deltas may be negative, header-only empty batches).
 from __future__ import annotations
 
 import enum
+import struct
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import cramjam
 from aiokafka import codec  # type: ignore[import-untyped]
 from aiokafka.record.default_records import (  # type: ignore[import-untyped]
     DefaultRecordBatch,
     DefaultRecordBatchBuilder,
 )
+from aiokafka.record.util import decode_varint  # type: ignore[import-untyped]
 
 from protocol import record_batch
-from protocol.record_batch import InvalidRecordBatchError
+from protocol.record_batch import InvalidRecordBatchError, InvalidRecordsError
 
 _TIMESTAMP_TYPE_BIT = 0x08
 _CONTROL_BIT = 0x20
@@ -103,12 +107,115 @@ def parse_records(batch: bytes | bytearray | memoryview, *, check_crc: bool = Tr
     except Exception as e:
         # aiokafka raises CorruptRecordException, cramjam DecompressionError,
         # UnicodeDecodeError, ...: callers handle one type.
-        raise InvalidRecordBatchError(f"bad records: {type(e).__name__}: {e}") from None
+        raise InvalidRecordsError(f"bad records: {type(e).__name__}: {e}") from None
     if len(out) != header.records_count:
-        raise InvalidRecordBatchError(
-            f"batch says {header.records_count} records, found {len(out)}"
-        )
+        raise InvalidRecordsError(f"batch says {header.records_count} records, found {len(out)}")
     return out
+
+
+# A batch's records may not decompress to more than this: a few KiB of zeros compress to
+# nothing, and a broker that inflated them whole would run out of memory
+MAX_DECOMPRESSED = 64 << 20
+
+
+def check_records(batch: bytes | bytearray | memoryview) -> None:
+    """What Kafka's LogValidator finds reading every record of a batch it appends, as far as
+    lengths go: the records section decompresses (to at most ``MAX_DECOMPRESSED`` bytes) and
+    holds exactly the header's record count of length-prefixed records, filling it.
+    ``InvalidRecordsError`` otherwise. The batch's header and CRC are assumed checked."""
+    header = record_batch.parse_header(batch)
+    codec_id = header.attributes & 0x07
+    section = memoryview(batch)[record_batch.HEADER_SIZE : header.size]
+    if codec_id == Compression.NONE:
+        data: bytes | bytearray | memoryview = section
+    else:
+        if codec_id not in Compression._value2member_map_:
+            raise InvalidRecordsError(f"unknown compression codec {codec_id}")
+        name = record_batch.COMPRESSION[codec_id]
+        try:
+            data = _decompress_bounded(Compression(codec_id), section)
+        except InvalidRecordsError:
+            raise
+        except Exception as e:
+            raise InvalidRecordsError(
+                f"records do not decompress ({name}): {type(e).__name__}: {e}"
+            ) from None
+    count, pos, end = 0, 0, len(data)
+    try:
+        while pos < end:
+            length, pos = decode_varint(data, pos)
+            if length < 0 or pos + length > end:
+                raise InvalidRecordsError(
+                    f"record {count} claims {length} bytes, {end - pos} are left"
+                )
+            pos += length
+            count += 1
+    except IndexError:
+        raise InvalidRecordsError(f"record {count}: its length is cut off") from None
+    if count != header.records_count:
+        raise InvalidRecordsError(f"batch says {header.records_count} records, holds {count}")
+
+
+def _decompress_bounded(
+    codec_id: Compression, section: memoryview
+) -> bytes | bytearray | memoryview:
+    too_large = InvalidRecordsError(f"records decompress to more than {MAX_DECOMPRESSED} bytes")
+    if codec_id == Compression.GZIP:
+        out = bytearray()
+        rest = bytes(section)
+        while rest:
+            inflater = zlib.decompressobj(wbits=31)
+            out += inflater.decompress(rest, MAX_DECOMPRESSED + 1 - len(out))
+            if len(out) > MAX_DECOMPRESSED or inflater.unconsumed_tail:
+                raise too_large
+            if not inflater.eof:
+                raise InvalidRecordsError("records do not decompress (GZIP): truncated stream")
+            rest = inflater.unused_data  # another gzip member follows
+        return out
+    if codec_id == Compression.SNAPPY:
+        if sum(_snappy_lengths(section)) > MAX_DECOMPRESSED:
+            raise too_large
+        return bytes(codec.snappy_decode(section))
+    module = cramjam.lz4 if codec_id == Compression.LZ4 else cramjam.zstd
+    data = bytes(section)
+    # a buffer of a likely size first, larger ones while the records do not fit (a fresh
+    # buffer is zeroed: one of MAX_DECOMPRESSED up front would cost ~0.1 s per batch)
+    size = min(MAX_DECOMPRESSED, max(1 << 20, 32 * len(data)))
+    while True:
+        out = bytearray(size + 1)  # one byte more: a full buffer means it did not fit
+        try:
+            n = module.decompress_into(data, out)
+        except cramjam.DecompressionError as e:
+            if "whole buffer" not in str(e):
+                raise
+            n = len(out)
+        if n <= size:
+            return memoryview(out)[:n]
+        if size == MAX_DECOMPRESSED:
+            raise too_large
+        size = min(MAX_DECOMPRESSED, size * 8)
+
+
+_XERIAL_MAGIC = b"\x82SNAPPY\x00"
+
+
+def _snappy_lengths(section: memoryview) -> list[int]:
+    """The decompressed sizes of a snappy section's blocks (raw, or xerial-framed as the Java
+    clients write it), read from their headers."""
+    raw = bytes(section)
+    if not raw.startswith(_XERIAL_MAGIC):
+        return [cramjam.snappy.decompress_raw_len(raw)]
+    lengths, pos = [], 16
+    while pos < len(raw):
+        if pos + 4 > len(raw):
+            raise InvalidRecordsError("records do not decompress (SNAPPY): a block cut off")
+        (size,) = struct.unpack_from(">i", raw, pos)
+        block = raw[pos + 4 : pos + 4 + size]
+        if size < 0 or len(block) != size:
+            raise InvalidRecordsError("records do not decompress (SNAPPY): a block cut off")
+        lengths.append(cramjam.snappy.decompress_raw_len(block))
+        pos += 4 + size
+    return lengths
 
 
 def build_batch(

@@ -2,11 +2,29 @@
 
 from __future__ import annotations
 
-import pytest
+import contextlib
+import struct
+from collections.abc import Callable
 
-from protocol import record_batch
-from protocol.record_batch import InvalidRecordBatchError, LegacyMessageSetError
-from protocol.records import Compression, Record, RecordInput, build_batch, parse_records
+import pytest
+from aiokafka import codec  # type: ignore[import-untyped]
+from hypothesis import given
+from hypothesis import strategies as st
+
+from protocol import record_batch, records
+from protocol.record_batch import (
+    InvalidRecordBatchError,
+    InvalidRecordsError,
+    LegacyMessageSetError,
+)
+from protocol.records import (
+    Compression,
+    Record,
+    RecordInput,
+    build_batch,
+    check_records,
+    parse_records,
+)
 
 T0 = 1_712_451_146_370  # ms, with a non-zero millisecond part on purpose
 
@@ -98,3 +116,81 @@ def test_corrupt_compressed_payload_is_our_error() -> None:
     record_batch.rewrite_crc(batch)  # CRC fine, payload garbage
     with pytest.raises(InvalidRecordBatchError):
         parse_records(batch)
+
+
+# -- check_records: what the broker reads of every batch it appends ---------------------------
+
+
+@pytest.mark.parametrize("codec", list(Compression))
+@pytest.mark.parametrize("count", [1, 7, 600])
+def test_check_records_passes_every_well_formed_batch(codec: Compression, count: int) -> None:
+    inputs = [RecordInput(b"v%d" % i * 40, b"k", [("h", b"x")], i) for i in range(count)]
+    check_records(build_batch(inputs, compression=codec))
+
+
+@pytest.mark.parametrize("codec", list(Compression))
+def test_check_records_refuses_records_that_do_not_read(codec: Compression) -> None:
+    batch = bytearray(build_batch(INPUTS, compression=codec))
+    size = len(batch) - record_batch.HEADER_SIZE
+    batch[record_batch.HEADER_SIZE :] = (bytes(range(256)) * 64)[:size]  # same size, no records
+    record_batch.rewrite_crc(batch)
+    with pytest.raises(InvalidRecordsError):
+        check_records(batch)
+
+
+def test_check_records_counts_the_records() -> None:
+    batch = bytearray(build_batch(INPUTS))
+    struct.pack_into(">i", batch, 57, len(INPUTS) + 1)  # the header's record count
+    record_batch.rewrite_crc(batch)
+    with pytest.raises(InvalidRecordsError, match="records"):
+        check_records(batch)
+
+
+@pytest.mark.parametrize(
+    ("codec", "encode"),
+    [
+        (Compression.GZIP, codec.gzip_encode),
+        (Compression.LZ4, codec.lz4_encode),
+        (Compression.ZSTD, codec.zstd_encode),
+    ],
+)
+def test_check_records_refuses_a_decompression_bomb(
+    codec: Compression, encode: Callable[[bytes], bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(records, "MAX_DECOMPRESSED", 4 << 20)
+    batch = bytearray(build_batch(INPUTS, compression=codec))
+    batch[record_batch.HEADER_SIZE :] = encode(b"\0" * (5 << 20))
+    struct.pack_into(">i", batch, record_batch.BATCH_LENGTH_OFFSET, len(batch) - 12)
+    record_batch.rewrite_crc(batch)
+    with pytest.raises(InvalidRecordsError, match="more than"):
+        check_records(batch)
+
+
+@given(
+    codec=st.sampled_from(list(Compression)),
+    noise=st.binary(max_size=600),
+    cut=st.integers(min_value=0, max_value=600),
+)
+def test_check_records_raises_only_its_own_error(
+    codec: Compression, noise: bytes, cut: int
+) -> None:
+    """Fuzz: a valid batch's records section replaced by, or cut and followed by, any bytes."""
+    batch = bytearray(build_batch(INPUTS, compression=codec))
+    keep = record_batch.HEADER_SIZE + min(cut, len(batch) - record_batch.HEADER_SIZE)
+    batch[keep:] = noise
+    struct.pack_into(">i", batch, record_batch.BATCH_LENGTH_OFFSET, len(batch) - 12)
+    record_batch.rewrite_crc(batch)
+    with contextlib.suppress(InvalidRecordsError):
+        check_records(batch)
+
+
+def test_check_records_reads_xerial_framed_snappy() -> None:
+    """The Java clients frame snappy as xerial blocks; their sizes come from each block."""
+    batch = bytearray(build_batch(INPUTS * 50, compression=Compression.SNAPPY))
+    section = codec.snappy_decode(bytes(batch[record_batch.HEADER_SIZE :]))
+    framed = codec.snappy_encode(section, xerial_compatible=True, xerial_blocksize=4096)
+    batch[record_batch.HEADER_SIZE :] = framed
+    struct.pack_into(">i", batch, record_batch.BATCH_LENGTH_OFFSET, len(batch) - 12)
+    record_batch.rewrite_crc(batch)
+    assert framed.startswith(b"\x82SNAPPY\x00")
+    check_records(batch)

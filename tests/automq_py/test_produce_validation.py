@@ -1,0 +1,87 @@
+"""Produce validation a client can only reach by hand: a batch whose CRC is right but whose
+records do not read (a codec stream that does not decompress, a record count that lies) is
+refused with INVALID_RECORD, as Kafka's LogValidator refuses it, and never reaches the log;
+the connection goes on serving."""
+
+from __future__ import annotations
+
+import struct
+import uuid
+
+import pytest
+from confluent_kafka.admin import NewTopic
+from kafka.protocol.consumer.fetch import FetchResponse
+from kafka.protocol.producer import ProduceRequest, ProduceResponse
+
+from protocol import record_batch
+from protocol.errors import ErrorCode
+from protocol.records import Compression, RecordInput, build_batch, parse_records
+from tests.automq_py.test_admin import admin_for, create_topics
+from tests.support.broker import BrokerProcess
+from tests.support.raw_connection import RawConnection, fetch_request
+
+pytestmark = pytest.mark.integration
+
+
+def _produce(conn: RawConnection, topic: str, batch: bytes) -> tuple[int, str | None]:
+    request = ProduceRequest[9](
+        transactional_id=None,
+        acks=-1,
+        timeout_ms=10_000,
+        topic_data=[
+            ProduceRequest.TopicProduceData(
+                name=topic,
+                partition_data=[
+                    ProduceRequest.TopicProduceData.PartitionProduceData(index=0, records=batch)
+                ],
+            )
+        ],
+    )
+    response = conn.call(request, ProduceResponse[9])
+    partition = response.responses[0].partition_responses[0]
+    return partition.error_code, partition.error_message
+
+
+def _unreadable(codec: Compression) -> bytes:
+    """A batch of ``codec`` whose records section is noise, its CRC recomputed."""
+    batch = bytearray(
+        build_batch([RecordInput(b"v%d" % i, b"k") for i in range(5)], compression=codec)
+    )
+    size = len(batch) - record_batch.HEADER_SIZE
+    batch[record_batch.HEADER_SIZE :] = (bytes(range(7, 256)) * 64)[:size]
+    record_batch.rewrite_crc(batch)
+    return bytes(batch)
+
+
+def _count_lies() -> bytes:
+    batch = bytearray(build_batch([RecordInput(b"v%d" % i, b"k") for i in range(5)]))
+    struct.pack_into(">i", batch, 57, 4)  # records count: 4 of the 5
+    struct.pack_into(">i", batch, 23, 3)  # lastOffsetDelta to match, so only the count lies
+    record_batch.rewrite_crc(batch)
+    return bytes(batch)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        *(pytest.param(_unreadable(c), id=c.name) for c in Compression),
+        pytest.param(_count_lies(), id="count"),
+    ],
+)
+def test_a_batch_whose_records_do_not_read_is_refused(broker: BrokerProcess, bad: bytes) -> None:
+    topic = f"validate-{uuid.uuid4().hex[:8]}"
+    create_topics(admin_for(broker), NewTopic(topic, 1, 1))
+    good = bytes(build_batch([RecordInput(b"good", b"k")], compression=Compression.GZIP))
+    conn = RawConnection(broker.bootstrap)
+    try:
+        code, message = _produce(conn, topic, bad)
+        assert code == ErrorCode.INVALID_RECORD, message
+        assert message
+        # the same connection goes on, and the log holds only what was accepted
+        assert _produce(conn, topic, good) == (ErrorCode.NONE, None)
+        fetched = conn.call(fetch_request(topic, {0: 0}), FetchResponse)
+    finally:
+        conn.close()
+    data = memoryview(fetched.responses[0].partitions[0].records or b"")
+    batches = [bytes(view) for _, view in record_batch.iter_batches(data)]
+    assert [r.value for b in batches for r in parse_records(b)] == [b"good"]
