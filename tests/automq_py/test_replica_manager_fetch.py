@@ -6,23 +6,21 @@ max_bytes (Kafka's readFromLog)."""
 from __future__ import annotations
 
 import asyncio
-import struct
 import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import crc32c
 import pytest
 
 from automq_py.partition import Partition
 from automq_py.replica_manager import AppendEntry, FetchEntry, ReplicaManager
 from automq_py.topics import TopicInfo
 from protocol.errors import ErrorCode
+from protocol.records import RecordInput, build_batch
 from storage.config import S3StreamConfig
 from storage.s3_storage import S3Storage
-from tests.protocol.test_record_batch import make_batch
 from tests.storage.conftest import storage_properties
 
 TOPIC = TopicInfo("t", uuid.uuid4(), 4)
@@ -30,11 +28,9 @@ DELAY_S = 0.3
 
 
 def plain_batch(fill: int) -> bytes:
-    """Five records from a producer that is not idempotent (no sequence to deduplicate)."""
-    batch = bytearray(make_batch(0, 5, bytes([fill]) * 200))
-    struct.pack_into(">qhi", batch, 43, -1, -1, -1)
-    struct.pack_into(">I", batch, 17, crc32c.crc32c(bytes(batch[21:])))
-    return bytes(batch)
+    """Five records of 40 bytes from a producer that is not idempotent (no sequence to
+    deduplicate)."""
+    return bytes(build_batch([RecordInput(bytes([fill]) * 40) for _ in range(5)]))
 
 
 BATCH = len(plain_batch(0))
