@@ -322,14 +322,19 @@ def _write_direct(fd: int, buffers: Sequence[memoryview], rate: float | None) ->
                     flush(_CHUNK)
                     total += _CHUNK
                     filled = 0
-                    if rate:
-                        time.sleep(max(0.0, started + total / rate - time.monotonic()))
+                    _pace(started, total, rate)
         if filled:
             padded = -(-filled // _DIRECT_ALIGN) * _DIRECT_ALIGN
             stage[filled:padded] = bytes(padded - filled)
             flush(padded)
             total += filled
             os.ftruncate(fd, total)
+
+
+def _pace(started: float, written: int, rate: float | None) -> None:
+    """At ``rate`` bytes/s, wait until ``written`` bytes are due since ``started``."""
+    if rate:
+        time.sleep(max(0.0, started + written / rate - time.monotonic()))
 
 
 def _write_buffered(fd: int, buffers: Sequence[memoryview], rate: float | None) -> None:
@@ -348,5 +353,4 @@ def _write_buffered(fd: int, buffers: Sequence[memoryview], rate: float | None) 
                 # behind the whole object's writeback
                 os.fdatasync(fd)
                 unsynced = 0
-                if rate:
-                    time.sleep(max(0.0, started + total / rate - time.monotonic()))
+                _pace(started, total, rate)
