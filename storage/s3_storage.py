@@ -776,13 +776,13 @@ class S3Storage:
         sizes: dict[int, int],
         rate: float | None,
     ) -> None:
-        """Write the object ``object_id`` of ``runs`` (whole streams of ``block``) at ``rate``
-        bytes/s (a large object's writes spread out too, not only the objects): a small one
-        here, any other by the upload worker, which reads it from the WAL."""
+        """Write the object ``object_id`` of ``runs`` (whole streams of ``block``): a small one
+        here, at once (its burst is too small to pace); any other by the upload worker, which
+        reads it from the WAL and sends its bytes at ``rate`` bytes/s."""
         key = object_key(self.config.namespace, object_id)
         if sum(block.stream_sizes[run[0].stream_id] for run in runs) < INLINE_OBJECT_MAX:
             built = build_object(runs, self.config.object_block_size)
-            await self.store.put(key, built.parts, rate=rate)
+            await self.store.put(key, built.parts)
             sizes[object_id] = built.size
             return
         specs = [
