@@ -66,6 +66,14 @@ class S3StreamConfig:
     )
     wal_path: str = _text("s3.wal.path", "./data/wal", "directory of the file write-ahead log")
     wal_capacity: int = _count("s3.wal.capacity", 2 * GiB, "bytes of the WAL ring")
+    wal_init_zero: bool = config_field(
+        "s3.wal.init.zero",
+        True,
+        ConfigType.BOOLEAN,
+        "write zeros through a new WAL file (as PostgreSQL's wal_init_zero): appends then "
+        "overwrite written blocks; into merely allocated ones, each durable write first "
+        "waits for a file system journal commit (false: allocate only, a faster first start)",
+    )
     wal_cache_size: int = _count(
         "s3.wal.cache.size", 512 * MiB, "LogCache bytes; appends wait when unuploaded data fills it"
     )

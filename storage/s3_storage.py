@@ -178,7 +178,10 @@ class S3Storage:
         node_epoch = await metadata.register_node(config.node_id)
         os.makedirs(config.wal_path, exist_ok=True)
         wal = await FileWAL.open(
-            os.path.join(config.wal_path, WAL_FILE), config.wal_capacity, node_id=config.node_id
+            os.path.join(config.wal_path, WAL_FILE),
+            config.wal_capacity,
+            node_id=config.node_id,
+            init_zero=config.wal_init_zero,
         )
         storage = cls(
             config,

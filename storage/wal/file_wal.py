@@ -188,13 +188,33 @@ def _preallocate(fd: int, size: int) -> None:
         os.ftruncate(fd, size)
 
 
-def _create_file(path: str, capacity: int, node_id: int) -> None:
+def _write_zeros(fd: int, size: int) -> None:
+    """Write zeros over ``[0, size)`` of ``fd`` and make them durable.
+
+    fallocate only reserves blocks (ext4 and XFS mark them unwritten): the first write into one
+    changes the file's extent map, so an O_DSYNC write there returns only after a journal
+    commit. Measured (bench/README.md), saturated produce into a fresh ring: WAL write p50
+    1.0 ms and p99 21-23 ms into allocated blocks, 0.6 ms and 7-8 ms into written ones.
+    PostgreSQL zero-fills new WAL segments for the same reason (wal_init_zero).
+    """
+    zeros = memoryview(_ZEROS)
+    for position in range(0, size, len(zeros)):
+        _pwrite_all(fd, [zeros[: min(len(zeros), size - position)]], position)
+    os.fdatasync(fd)
+    # written and durable: the page cache need not keep gigabytes of zeros
+    with contextlib.suppress(OSError, AttributeError):
+        os.posix_fadvise(fd, 0, size, os.POSIX_FADV_DONTNEED)
+
+
+def _create_file(path: str, capacity: int, node_id: int, init_zero: bool = False) -> None:
     """Create the WAL file fully formed: built under a temporary name, then renamed, so a crash
     during creation never leaves a file without a valid header."""
     tmp = path + ".creating"
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         _preallocate(fd, HEADER_AREA_SIZE + capacity)
+        if init_zero:
+            _write_zeros(fd, HEADER_AREA_SIZE + capacity)
         for generation in range(SLOT_COUNT):
             empty = WALHeader(
                 generation=generation,
@@ -277,11 +297,15 @@ class FileWAL:
         self._write_times: collections.deque[float] = collections.deque(maxlen=_TIMINGS_KEPT)
 
     @classmethod
-    async def open(cls, path: str, capacity: int, *, node_id: int = 0) -> FileWAL:
+    async def open(
+        cls, path: str, capacity: int, *, node_id: int = 0, init_zero: bool = False
+    ) -> FileWAL:
         """Open the WAL at ``path``, creating and preallocating it if it does not exist.
 
         ``capacity`` is the ring size in bytes (``s3.wal.capacity``); it must match an existing
         file's. A file owned by another node id, or open in another process, is refused.
+        ``init_zero`` (``s3.wal.init.zero``): a new file's blocks are written with zeros, not
+        only allocated (see ``_write_zeros``).
         """
         if capacity < MIN_CAPACITY:
             raise WALError(f"s3.wal.capacity must be at least {MIN_CAPACITY} bytes, got {capacity}")
@@ -289,14 +313,25 @@ class FileWAL:
         if created:
             # the broker's largest file, reserved in full now: say how big
             logger.info(
-                "WAL %s: preallocating %d bytes (%.1f MiB: s3.wal.capacity %d + %d header bytes)",
+                "WAL %s: preallocating %d bytes (%.1f MiB: s3.wal.capacity %d + %d header bytes)%s",
                 path,
                 HEADER_AREA_SIZE + capacity,
                 (HEADER_AREA_SIZE + capacity) / (1 << 20),
                 capacity,
                 HEADER_AREA_SIZE,
+                " and writing zeros through them (s3.wal.init.zero)" if init_zero else "",
             )
-            await asyncio.to_thread(_create_file, path, capacity, node_id)
+            started = time.monotonic()
+            await asyncio.to_thread(_create_file, path, capacity, node_id, init_zero)
+            if init_zero:
+                elapsed = time.monotonic() - started
+                logger.info(
+                    "WAL %s: %.1f MiB of zeros written in %.1f s (%.0f MB/s)",
+                    path,
+                    (HEADER_AREA_SIZE + capacity) / (1 << 20),
+                    elapsed,
+                    (HEADER_AREA_SIZE + capacity) / max(elapsed, 1e-6) / 1e6,
+                )
         # O_DSYNC: a write returns once its data is durable, so a group commit is one
         # pwritev, not a pwritev and an fdatasync (one less hand-back of the GIL per commit)
         fd = os.open(path, os.O_RDWR | os.O_DSYNC)

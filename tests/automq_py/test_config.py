@@ -542,3 +542,11 @@ def test_any_broker_property_value_gives_a_config_or_an_error_naming_it(
         BrokerConfig.from_properties({name: raw})
     except ConfigError as e:
         assert name in str(e)
+
+
+def test_the_wal_is_zero_filled_unless_told_not_to() -> None:
+    assert BrokerConfig.from_properties({}).storage.wal_init_zero is True
+    config = BrokerConfig.from_properties({"s3.wal.init.zero": "false"})
+    assert config.storage.wal_init_zero is False
+    with pytest.raises(ConfigError, match=r"s3\.wal\.init\.zero"):
+        BrokerConfig.from_properties({"s3.wal.init.zero": "sometimes"})

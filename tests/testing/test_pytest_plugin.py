@@ -37,6 +37,7 @@ def test_test_defaults_keep_the_broker_small_and_quiet() -> None:
     assert defaults["s3.wal.capacity"] == str(64 * MiB)
     assert defaults["s3.wal.upload.threshold"] == str(16 * MiB)  # at most half the WAL
     assert defaults["s3.maintenance.runner"] == "none"
+    assert defaults["s3.wal.init.zero"] == "false"  # a quicker first start
     # a smaller WAL gets a threshold that fits it; an explicit threshold is kept
     assert with_test_defaults({"s3.wal.capacity": str(8 * MiB)})["s3.wal.upload.threshold"] == (
         str(4 * MiB)

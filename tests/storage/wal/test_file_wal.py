@@ -8,6 +8,7 @@ import fcntl
 import logging
 import os
 import random
+import struct
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -95,6 +96,60 @@ async def test_the_ring_is_written_with_o_dsync(tmp_path: Path) -> None:
     wal = await FileWAL.open(str(tmp_path / "wal"), CAPACITY)
     assert fcntl.fcntl(wal._fd, fcntl.F_GETFL) & os.O_DSYNC
     await wal.close()
+
+
+_FS_IOC_FIEMAP = 0xC020660B
+_FIEMAP_EXTENT_UNWRITTEN = 0x800
+_FIEMAP_EXTENT_LAST = 0x1
+
+
+def unwritten_bytes(path: Path) -> int:
+    """Bytes of ``path`` in extents the file system marks unwritten (allocated, never written:
+    what fallocate leaves), from the FIEMAP ioctl."""
+    header, extent = struct.Struct("=QQIIII"), struct.Struct("=QQQQQIIII")
+    unwritten, start = 0, 0
+    with open(path, "rb") as f:
+        while True:
+            request = bytearray(header.pack(start, 2**64 - 1 - start, 0, 0, 64, 0))
+            request += bytes(64 * extent.size)
+            fcntl.ioctl(f.fileno(), _FS_IOC_FIEMAP, request)
+            mapped = header.unpack_from(request)[3]
+            if mapped == 0:
+                return unwritten
+            for i in range(mapped):
+                logical, _, length, _, _, flags, *_ = extent.unpack_from(
+                    request, header.size + i * extent.size
+                )
+                if flags & _FIEMAP_EXTENT_UNWRITTEN:
+                    unwritten += length
+                start = logical + length
+                if flags & _FIEMAP_EXTENT_LAST:
+                    return unwritten
+
+
+@pytest.mark.parametrize("init_zero", [True, False])
+async def test_a_new_file_is_written_with_zeros_unless_told_not_to(
+    tmp_path: Path, init_zero: bool
+) -> None:
+    """``init_zero`` (s3.wal.init.zero): no block of the new file is left merely allocated, so
+    no durable append waits on an extent conversion; without it the ring is fallocated (on a
+    file system that supports it, as the test's does)."""
+    path = tmp_path / "wal"
+    capacity = 4 << 20
+    wal = await FileWAL.open(str(path), capacity, init_zero=init_zero)
+    try:
+        assert path.stat().st_size == HEADER_AREA_SIZE + capacity
+        if init_zero:
+            assert unwritten_bytes(path) == 0
+        else:
+            assert unwritten_bytes(path) >= capacity // 2
+        assert recovered(wal) == []  # zeros are the end of the log, as unwritten blocks are
+        first = await wal.append(b"record")
+    finally:
+        await wal.close()
+    wal, records = await reopen(path, capacity)
+    await wal.close()
+    assert records == [(first.offset, b"record")]
 
 
 async def test_appends_arriving_during_a_durable_write_form_the_next_batch(
