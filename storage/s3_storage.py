@@ -148,6 +148,7 @@ class S3Storage:
         self._upload_slots = asyncio.Semaphore(UPLOADS_IN_FLIGHT)
         # the rates the latest blocks filled at, bytes/s
         self._fill_rates: collections.deque[float] = collections.deque(maxlen=_PACE_HISTORY)
+        self._rated_through = -1  # the last block whose fill rate is in _fill_rates
         self._unpaced_through = -1  # blocks up to this id upload at full speed (forced)
         self._closing = False
         self._failed: BaseException | None = None
@@ -701,7 +702,9 @@ class S3Storage:
         elapsed = block.sealed_at - block.first_put_at
         if block.first_put_at < 0 or elapsed <= _PACE_FLOOR_S:
             return None
-        self._fill_rates.append(block.size / min(_PACE_WINDOW_S, elapsed))
+        if block.block_id > self._rated_through:  # once per block, not per upload attempt
+            self._rated_through = block.block_id
+            self._fill_rates.append(block.size / min(_PACE_WINDOW_S, elapsed))
         return max(self._fill_rates)
 
     def _paced(self, block: LogCacheBlock) -> bool:

@@ -225,11 +225,26 @@ async def test_a_burst_does_not_set_the_pace_for_good(make_storage: StorageFacto
     burst the pace falls back to the rate data arrives at (AutoMQ keeps its fastest ever)."""
     storage = await make_storage()
     blocks = [
-        SimpleNamespace(size=100 * MB, first_put_at=0.0, sealed_at=seconds)
-        for seconds in (0.5, 5.0, 5.0, 0.05)
+        SimpleNamespace(block_id=i, size=100 * MB, first_put_at=0.0, sealed_at=seconds)
+        for i, seconds in enumerate((0.5, 5.0, 5.0, 0.05))
     ]
     rates = [storage._upload_rate(b) for b in blocks]  # type: ignore[arg-type]
     assert rates[0] == pytest.approx(200 * MB)  # the burst
     assert rates[1] == pytest.approx(200 * MB)  # the block after it keeps up with it
     assert rates[2] == pytest.approx(20 * MB)  # then the pace is the fill rate again
     assert rates[3] is None  # a block sealed within 0.1 s of its first record: full speed
+
+
+async def test_a_retried_upload_does_not_count_its_block_twice(
+    make_storage: StorageFactory,
+) -> None:
+    """An upload attempt that failed and is retried rates its block again: the same rate, not a
+    second entry that would push the previous block's out of the history."""
+    storage = await make_storage()
+    burst, steady = (
+        SimpleNamespace(block_id=i, size=100 * MB, first_put_at=0.0, sealed_at=seconds)
+        for i, seconds in enumerate((0.5, 5.0))
+    )
+    assert storage._upload_rate(burst) == pytest.approx(200 * MB)  # type: ignore[arg-type]
+    for _ in range(3):  # the steady block's upload, tried three times
+        assert storage._upload_rate(steady) == pytest.approx(200 * MB)  # type: ignore[arg-type]
