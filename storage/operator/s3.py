@@ -326,7 +326,7 @@ class S3ObjectStore(ObjectStore):
 
     def _set_pace(self, rate: float) -> None:
         """Pace the paced client's sockets, open and future, for ``rate`` bytes/s."""
-        bps = min(max(int(rate * _PACE_HEADROOM), _PACE_FLOOR_BPS), _UNPACED - 1)
+        bps = min(max(int(rate * _PACE_HEADROOM), _PACE_FLOOR_BPS), _UNPACED)
         if bps == self._pace_bps:
             return
         self._pace_bps = bps

@@ -188,6 +188,16 @@ def _preallocate(fd: int, size: int) -> None:
         os.ftruncate(fd, size)
 
 
+def _pwrite_zeros(fd: int, position: int, length: int) -> None:
+    """Write ``length`` zero bytes at file ``position``, a MiB at a time."""
+    zeros = memoryview(_ZEROS)
+    end = position + length
+    while position < end:
+        n = min(len(zeros), end - position)
+        _pwrite_all(fd, [zeros[:n]], position)
+        position += n
+
+
 def _write_zeros(fd: int, size: int) -> None:
     """Write zeros over ``[0, size)`` of ``fd`` and make them durable.
 
@@ -197,9 +207,7 @@ def _write_zeros(fd: int, size: int) -> None:
     1.0 ms and p99 21-23 ms into allocated blocks, 0.6 ms and 7-8 ms into written ones.
     PostgreSQL zero-fills new WAL segments for the same reason (wal_init_zero).
     """
-    zeros = memoryview(_ZEROS)
-    for position in range(0, size, len(zeros)):
-        _pwrite_all(fd, [zeros[: min(len(zeros), size - position)]], position)
+    _pwrite_zeros(fd, 0, size)
     os.fdatasync(fd)
     # written and durable: the page cache need not keep gigabytes of zeros
     with contextlib.suppress(OSError, AttributeError):
@@ -548,9 +556,8 @@ class FileWAL:
         so it is done inline rather than in a thread."""
         offset = start
         while offset < end:
-            stop = min(end, _lap_end(offset, self._capacity), offset + len(_ZEROS))
-            position = HEADER_AREA_SIZE + offset % self._capacity
-            _pwrite_all(self._fd, [memoryview(_ZEROS)[: stop - offset]], position)
+            stop = min(end, _lap_end(offset, self._capacity))
+            _pwrite_zeros(self._fd, HEADER_AREA_SIZE + offset % self._capacity, stop - offset)
             offset = stop
         if end > start:
             os.fdatasync(self._fd)
