@@ -152,6 +152,26 @@ async def test_a_new_file_is_written_with_zeros_unless_told_not_to(
     assert records == [(first.offset, b"record")]
 
 
+async def test_a_creation_cut_short_is_redone(tmp_path: Path) -> None:
+    """A crash while the file was being created (zero-filling 2 GiB takes seconds) leaves only
+    its temporary file: the next open builds the WAL afresh, whatever that file holds."""
+    path = tmp_path / "wal"
+    capacity = 1 << 20
+    (tmp_path / "wal.creating").write_bytes(os.urandom(capacity // 2))
+    wal = await FileWAL.open(str(path), capacity, init_zero=True)
+    try:
+        assert not (tmp_path / "wal.creating").exists()
+        assert path.stat().st_size == HEADER_AREA_SIZE + capacity
+        assert unwritten_bytes(path) == 0
+        assert recovered(wal) == []
+        first = await wal.append(b"after")
+    finally:
+        await wal.close()
+    wal, records = await reopen(path, capacity)
+    await wal.close()
+    assert records == [(first.offset, b"after")]
+
+
 async def test_appends_arriving_during_a_durable_write_form_the_next_batch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
