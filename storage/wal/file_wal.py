@@ -20,7 +20,9 @@ queued up while its previous write ran and writes it with one ``pwritev``. The f
 ``O_DSYNC``, so the write returns once the data is durable (as ``fdatasync`` after it would
 make it, for one system call and one hand-back of the GIL less per commit); the thread then
 hands the results to the event loop, which acknowledges the records in offset order. The
-thread also serves the header writes, so it alone writes the file.
+thread also serves the header writes, so it alone writes the file. Each write is followed by
+zeros up to the next page boundary (never over a live byte): a write ending inside a page the
+kernel does not hold would first read that page from the disk, one more wait per commit.
 
 Torn tails: at most ``window`` bytes (kept in the header) are ever written past the last
 fsync. After a crash, recovery stops at the first invalid record and zeroes the next ``window``
@@ -59,6 +61,8 @@ _WINDOW_GRANULE = 1024 * 1024
 _READ_CHUNK = 1024 * 1024
 _TIMINGS_KEPT = 100_000  # the latest group commits whose write times are kept
 _ZEROS = bytes(1024 * 1024)
+_ZEROS_VIEW = memoryview(_ZEROS)
+_PAGE_SIZE = 4096  # the page cache's unit: a write ending inside a page reads it first
 try:
     _IOV_MAX = os.sysconf("SC_IOV_MAX")
 except (AttributeError, ValueError, OSError):  # pragma: no cover - not Linux
@@ -780,11 +784,25 @@ class FileWAL:
                 runs.append((position, buffers))
             # Padding is followed by a jump to the ring start, never by contiguous bytes.
             contiguous_at = -1 if write.parts is None else position + write.size
+        if writes[-1].parts is not None:
+            fill = self._page_fill(writes[-1].offset + writes[-1].size)
+            if fill:
+                runs[-1][1].append(_ZEROS_VIEW[:fill])
         started = time.perf_counter()
         for position, buffers in runs:
             _pwrite_all(self._fd, buffers, position)
         # the file is open with O_DSYNC: written is durable
         self._write_times.append(time.perf_counter() - started)
+
+    def _page_fill(self, end: int) -> int:
+        """How many zero bytes to write after a batch ending at offset ``end`` so that the write
+        ends on a page boundary: a write ending inside a page the kernel does not hold would
+        first read that page from the disk, a synchronous read on every commit. The next commit
+        starts in this page, which the write left cached. Never past the lap end, nor over the
+        oldest live byte; zeros past the log end read as its end, as the free ring does."""
+        fill = -(HEADER_AREA_SIZE + end % self._capacity) % _PAGE_SIZE
+        stop = min(end + fill, _lap_end(end, self._capacity), self._trim + self._capacity)
+        return max(0, stop - end)
 
     def _fail_queued(self, failure: WALError) -> None:
         """In the writer thread: fail every queued append."""

@@ -98,6 +98,49 @@ async def test_the_ring_is_written_with_o_dsync(tmp_path: Path) -> None:
     await wal.close()
 
 
+async def test_each_commit_is_written_up_to_a_page_boundary(tmp_path: Path) -> None:
+    """A write ending inside a page the kernel does not hold makes it read that page from the
+    disk first, on every commit: each commit is written with zeros up to the next page
+    boundary, and not a byte further."""
+    path = tmp_path / "wal"
+    wal = await FileWAL.open(str(path), CAPACITY)
+    patch_file(path, ring_position(0), b"\xee" * 3 * 4096)  # stands for an earlier lap's bytes
+    first = await wal.append(b"a" * 100)
+    raw = path.read_bytes()
+    end = ring_position(first.next_offset)
+    assert raw[end : HEADER_AREA_SIZE + 4096] == bytes(HEADER_AREA_SIZE + 4096 - end)
+    assert raw[HEADER_AREA_SIZE + 4096 : HEADER_AREA_SIZE + 3 * 4096] == b"\xee" * 2 * 4096
+
+    # the next commit starts inside that page and ends inside the next one
+    second = await wal.append(b"b" * 5000)
+    raw = path.read_bytes()
+    end = ring_position(second.next_offset)
+    assert raw[end : HEADER_AREA_SIZE + 2 * 4096] == bytes(HEADER_AREA_SIZE + 2 * 4096 - end)
+    assert raw[HEADER_AREA_SIZE + 2 * 4096 : HEADER_AREA_SIZE + 3 * 4096] == b"\xee" * 4096
+    await wal.close(clean=False)
+    wal, records = await reopen(path)
+    assert records == [(first.offset, b"a" * 100), (second.offset, b"b" * 5000)]
+    await wal.close()
+
+
+async def test_the_zeros_after_a_commit_stop_at_the_oldest_live_record(tmp_path: Path) -> None:
+    capacity = 8192
+    path = tmp_path / "wal"
+    wal = await FileWAL.open(str(path), capacity)
+    body = b"r" * (1000 - HEADER_SIZE)
+    written = [await wal.append(body) for _ in range(8)]  # [0, 8000): no room for another
+    await wal.trim(written[1].offset)  # frees [0, 1000), where the next lap starts
+    wrapped = await wal.append(b"w" * (500 - HEADER_SIZE))
+    assert wrapped == WALAppendResult(capacity, capacity + 500)
+    # the page holding the wrapped record's end also holds the oldest live record: the zeros
+    # after it stop where that record starts
+    await wal.close(clean=False)
+    wal, records = await reopen(path, capacity)
+    live = [(w.offset, body) for w in written[1:]]
+    assert records == [*live, (wrapped.offset, b"w" * (500 - HEADER_SIZE))]
+    await wal.close()
+
+
 _FS_IOC_FIEMAP = 0xC020660B
 _FIEMAP_EXTENT_UNWRITTEN = 0x800
 _FIEMAP_EXTENT_LAST = 0x1
