@@ -36,6 +36,12 @@ a fresh topic made with AdminClient.create_topics. Figures:
   GB consumed of the broker and of SeaweedFS while consuming (unlike MB/s, these do not depend on
   what else the machine runs). Tansu's memory engine loses its data on restart and is skipped.
 
+Each broker gets ``--settle-s`` (20 s) between its start and the warm-up. A new automq-py
+broker writes its 2 GiB WAL file full of zeros when it starts (``s3.wal.init.zero``, once per
+WAL file); on this machine the durable writes of the next ~20 s are slower (a fixed-load run
+started at once: WAL write max 7-57 ms, produce p99 9.0-9.6 ms; after 20 s: 2.9-5.7 ms and
+8.0-8.5 ms, alternated), a start-up cost, not the running broker's.
+
 A fresh automq-py process grows its heap while its LogCache (``s3.wal.cache.size``, 512 MiB)
 first fills: each new page is a page fault, ~0.5 s of system CPU per 300 MB on this machine,
 paid once. ``--steady`` warms automq-py up past that (the cache's size + 256 MiB, unpaced), so
@@ -666,6 +672,11 @@ def run_broker(broker: Broker, args: argparse.Namespace, results: list[Result]) 
         for partitions in args.partitions:
             results.append(Result(broker.name, partitions, records, notes=[f"start failed: {e}"]))
         return
+    if args.settle_s > 0:
+        # a fresh automq-py broker has just written its whole WAL (2 GiB of zeros): measured
+        # right after, its durable writes share the storage stack with that
+        print(f"  {broker.name}: settling {args.settle_s:g} s after start", file=sys.stderr)
+        time.sleep(args.settle_s)
     try:
         warmup_mib, warm_args = args.warmup_mib, args
         if args.steady and broker.name.startswith("automq"):
@@ -850,6 +861,14 @@ def parse_args() -> argparse.Namespace:
         "--brokers", nargs="+", choices=BROKERS, default=list(BROKERS), help="brokers to run"
     )
     parser.add_argument(
+        "--settle-s",
+        type=float,
+        default=20.0,
+        help="seconds to wait after each broker starts, before the warm-up (20; 0: none): a "
+        "new automq-py broker writes its WAL file full of zeros at start (s3.wal.init.zero), "
+        "and durable writes right after it are slower on this disk",
+    )
+    parser.add_argument(
         "--warmup-mib",
         type=int,
         default=32,
@@ -922,6 +941,7 @@ def main() -> None:
                 f"case, acks=all, linger.ms={args.linger_ms}, partitions {args.partitions}, "
                 + (f"offered at {args.rate_mbps:g} MB/s" if args.rate_mbps else "saturated")
                 + (", cold consume after a restart" if args.cold else "")
+                + f"; {args.settle_s:g} s settle after each start"
             )
             for name in brokers:
                 broker: Broker
