@@ -39,6 +39,7 @@ import dataclasses
 import errno
 import fcntl
 import logging
+import mmap
 import os
 import threading
 import time
@@ -62,7 +63,7 @@ _READ_CHUNK = 1024 * 1024
 _TIMINGS_KEPT = 100_000  # the latest group commits whose write times are kept
 _ZEROS = bytes(1024 * 1024)
 _ZEROS_VIEW = memoryview(_ZEROS)
-_PAGE_SIZE = 4096  # the page cache's unit: a write ending inside a page reads it first
+_PAGE_SIZE = mmap.PAGESIZE  # the page cache's unit: a write ending inside a page reads it first
 try:
     _IOV_MAX = os.sysconf("SC_IOV_MAX")
 except (AttributeError, ValueError, OSError):  # pragma: no cover - not Linux

@@ -6,6 +6,7 @@ import asyncio
 import errno
 import fcntl
 import logging
+import mmap
 import os
 import random
 import struct
@@ -102,24 +103,33 @@ async def test_each_commit_is_written_up_to_a_page_boundary(tmp_path: Path) -> N
     """A write ending inside a page the kernel does not hold makes it read that page from the
     disk first, on every commit: each commit is written with zeros up to the next page
     boundary, and not a byte further."""
+    page = mmap.PAGESIZE
+    capacity = 4 * page
     path = tmp_path / "wal"
-    wal = await FileWAL.open(str(path), CAPACITY)
-    patch_file(path, ring_position(0), b"\xee" * 3 * 4096)  # stands for an earlier lap's bytes
+    wal = await FileWAL.open(str(path), capacity)
+    ring_end = HEADER_AREA_SIZE + capacity
+    patch_file(path, HEADER_AREA_SIZE, b"\xee" * capacity)  # stands for an earlier lap's bytes
+
+    def boundary_after(position: int) -> int:
+        return -(-position // page) * page
+
     first = await wal.append(b"a" * 100)
     raw = path.read_bytes()
-    end = ring_position(first.next_offset)
-    assert raw[end : HEADER_AREA_SIZE + 4096] == bytes(HEADER_AREA_SIZE + 4096 - end)
-    assert raw[HEADER_AREA_SIZE + 4096 : HEADER_AREA_SIZE + 3 * 4096] == b"\xee" * 2 * 4096
+    end = ring_position(first.next_offset, capacity)
+    boundary = boundary_after(end)
+    assert end < boundary and raw[end:boundary] == bytes(boundary - end)
+    assert raw[boundary:ring_end] == b"\xee" * (ring_end - boundary)
 
-    # the next commit starts inside that page and ends inside the next one
-    second = await wal.append(b"b" * 5000)
+    # the next commit starts inside that page and ends inside a later one
+    second = await wal.append(b"b" * (page + 1000))
     raw = path.read_bytes()
-    end = ring_position(second.next_offset)
-    assert raw[end : HEADER_AREA_SIZE + 2 * 4096] == bytes(HEADER_AREA_SIZE + 2 * 4096 - end)
-    assert raw[HEADER_AREA_SIZE + 2 * 4096 : HEADER_AREA_SIZE + 3 * 4096] == b"\xee" * 4096
+    end = ring_position(second.next_offset, capacity)
+    boundary = boundary_after(end)
+    assert end < boundary and raw[end:boundary] == bytes(boundary - end)
+    assert raw[boundary:ring_end] == b"\xee" * (ring_end - boundary)
     await wal.close(clean=False)
-    wal, records = await reopen(path)
-    assert records == [(first.offset, b"a" * 100), (second.offset, b"b" * 5000)]
+    wal, records = await reopen(path, capacity)
+    assert records == [(first.offset, b"a" * 100), (second.offset, b"b" * (page + 1000))]
     await wal.close()
 
 
