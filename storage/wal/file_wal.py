@@ -61,8 +61,7 @@ DEFAULT_WINDOW = 8 * 1024 * 1024
 _WINDOW_GRANULE = 1024 * 1024
 _READ_CHUNK = 1024 * 1024
 _TIMINGS_KEPT = 100_000  # the latest group commits whose write times are kept
-_ZEROS = bytes(1024 * 1024)
-_ZEROS_VIEW = memoryview(_ZEROS)
+_ZEROS_VIEW = memoryview(bytes(1024 * 1024))  # written as the zero fill: never copied
 _PAGE_SIZE = mmap.PAGESIZE  # the page cache's unit: a write ending inside a page reads it first
 try:
     _IOV_MAX = os.sysconf("SC_IOV_MAX")
@@ -195,11 +194,10 @@ def _preallocate(fd: int, size: int) -> None:
 
 def _pwrite_zeros(fd: int, position: int, length: int) -> None:
     """Write ``length`` zero bytes at file ``position``, a MiB at a time."""
-    zeros = memoryview(_ZEROS)
     end = position + length
     while position < end:
-        n = min(len(zeros), end - position)
-        _pwrite_all(fd, [zeros[:n]], position)
+        n = min(len(_ZEROS_VIEW), end - position)
+        _pwrite_all(fd, [_ZEROS_VIEW[:n]], position)
         position += n
 
 
