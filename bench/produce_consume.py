@@ -385,18 +385,37 @@ def produce(
     )
     bar_pending = 0
 
-    def delivered(sent: float) -> Callable[[KafkaError | None, Message], None]:
+    def record(err: KafkaError | None, latency: float, sent: float) -> None:
+        nonlocal bar_pending
+        if err is not None:
+            if len(errors) < 5:
+                errors.append(str(err))
+            return
+        latencies.append(latency)
+        sent_at.append(sent)
+        bar_pending += 1
+
+    def due_at(due: float) -> Callable[[KafkaError | None, Message], None]:
+        """--rate-mbps: the record's latency counts from ``due``, so each gets a callback."""
+
         def callback(err: KafkaError | None, _msg: Message) -> None:
-            nonlocal bar_pending
-            if err is not None:
-                if len(errors) < 5:
-                    errors.append(str(err))
-                return
-            latencies.append(time.perf_counter() - sent)
-            sent_at.append(sent)
-            bar_pending += 1
+            now = time.perf_counter()
+            record(err, now - due, due)
 
         return callback
+
+    def delivered(err: KafkaError | None, msg: Message) -> None:
+        """Saturated: one callback for all records; librdkafka times each from its produce()
+        call. (A closure per record, as ``due_at`` makes, kept every outstanding record's
+        function and cell alive for the cyclic GC to scan: 15-19% of this thread's time, more
+        against a broker whose acknowledgements take longer, and it capped both brokers' figures
+        at the client's speed: 176-206 against 206-247 MB/s with it, 267 against 262-290
+        without, alternated.)"""
+        latency = msg.latency() if err is None else None
+        if latency is None:
+            record(err or KafkaError(KafkaError._FAIL, "no latency"), 0.0, 0.0)
+        else:
+            record(None, latency, time.perf_counter() - latency)
 
     def outstanding() -> int:
         return i - len(latencies) - len(errors)
@@ -435,7 +454,7 @@ def produce(
                     topic,
                     payload,
                     partition=i % partitions,
-                    on_delivery=delivered(due if interval else time.perf_counter()),
+                    on_delivery=due_at(due) if interval else delivered,
                 )
             except BufferError:
                 producer.poll(0.05)

@@ -51,6 +51,7 @@ from typing import Any
 import msgpack
 
 from storage import object_format, stream_record_batch
+from storage.heap import keep_large_buffers_in_heap
 from storage.object_format import DataBlockIndex
 from storage.operator import ObjectStore, open_object_store
 from storage.wal import record as wal_record
@@ -302,13 +303,20 @@ async def _end(process: asyncio.subprocess.Process) -> int | None:
 class WalObject:
     """An object built from the WAL: its bytes in one buffer, and its index."""
 
-    data: bytearray
+    data: bytearray | memoryview
     index: list[DataBlockIndex]
 
 
-def build_from_wal(fd: int, capacity: int, runs: Sequence[RunSpec], block_size: int) -> WalObject:
+def build_from_wal(
+    fd: int,
+    capacity: int,
+    runs: Sequence[RunSpec],
+    block_size: int,
+    allocate: Callable[[int], bytearray | memoryview] = bytearray,
+) -> WalObject:
     """Read ``runs`` from the WAL file ``fd`` into one object, laid out as
-    :class:`storage.object_writer.ObjectWriter` lays it out (the same bytes). Raises
+    :class:`storage.object_writer.ObjectWriter` lays it out (the same bytes), in a buffer from
+    ``allocate`` (the store's :meth:`~storage.operator.ObjectStore.new_buffer`). Raises
     ``CorruptWALError`` or ``UploadWorkerError`` if the WAL does not hold what the runs say.
 
     Each record body is read by the kernel straight into its place in the object (one
@@ -330,7 +338,7 @@ def build_from_wal(fd: int, capacity: int, runs: Sequence[RunSpec], block_size: 
             blocks.append((r, 2 * first, len(run.positions), filled))
     data_size = sum(object_format.BLOCK_HEADER_SIZE + size for *_, size in blocks)
     index_size = object_format.INDEX_ENTRY_SIZE * len(blocks)
-    data = bytearray(data_size + index_size + object_format.FOOTER_SIZE)
+    data = allocate(data_size + index_size + object_format.FOOTER_SIZE)
     view = memoryview(data)
     wal_header = bytearray(wal_record.HEADER_SIZE)
     index: list[DataBlockIndex] = []
@@ -435,7 +443,12 @@ class _Worker:
         assert self._store is not None
         try:
             built = await asyncio.to_thread(
-                build_from_wal, self._fd, self._capacity, _runs(message), message["block_size"]
+                build_from_wal,
+                self._fd,
+                self._capacity,
+                _runs(message),
+                message["block_size"],
+                self._store.new_buffer,
             )
             await self._store.put(message["key"], built.data, rate=message.get("rate"))
         except Exception as e:
@@ -516,6 +529,7 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     with contextlib.suppress(OSError):
         os.nice(WORKER_NICE)
+    keep_large_buffers_in_heap()  # an object is built in one buffer of MiBs
     asyncio.run(_serve())
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import logging
 import os
 import sys
@@ -116,10 +115,11 @@ def run(args: argparse.Namespace) -> int:
         "broker configuration:\n%s",
         "\n".join(f"\t{k} = {v}" for k, v in config.all_properties().items()),
     )
-    keep_large_buffers_in_heap()
+    from storage.heap import keep_large_buffers_in_heap
     from storage.metadata.sqlite_store import StoreInUseError
     from storage.wal.errors import WALError
 
+    keep_large_buffers_in_heap()
     try:
         _run_event_loop(_serve(config))
     except KeyboardInterrupt:  # a second Ctrl-C while shutting down
@@ -136,35 +136,6 @@ async def _serve(config: BrokerConfig) -> None:
     from automq_py.broker import run as run_broker
 
     await run_broker(config)
-
-
-# glibc gives each allocation above its mmap threshold its own mapping and unmaps it when freed.
-# Cold reads allocate a buffer of MiBs per ranged GET and keep it in the block cache for a while:
-# a fresh mapping for each costs a page fault per 4 KiB, which measured as much CPU as the rest
-# of the read path together. Up to 32 MiB (glibc's largest threshold, above the 16 MiB largest
-# merged GET), allocations come from the heap instead and freed space is reused; the heap is
-# trimmed only above 256 MiB of free space at its top, so it does not shrink and regrow with
-# every eviction.
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_THRESHOLD = -3
-_MMAP_THRESHOLD = 32 << 20
-_TRIM_THRESHOLD = 256 << 20
-
-
-def keep_large_buffers_in_heap() -> None:
-    """Tune glibc's malloc for the broker's large, short-lived buffers (no-op elsewhere)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
-        return
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    if not (
-        mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) and mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
-    ):
-        log.warning("mallopt refused the heap settings; large buffers stay in their own mappings")
 
 
 SWITCH_INTERVAL_S = 0.0005

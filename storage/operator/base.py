@@ -100,6 +100,11 @@ class ObjectStore(abc.ABC):
         that rate, in order, rather than all at once (its parts, or its writes to disk).
         """
 
+    def new_buffer(self, size: int) -> bytearray | memoryview:
+        """A zeroed writable buffer of ``size`` bytes to build an object in, of the memory
+        ``put`` writes from fastest (the default: a bytearray)."""
+        return bytearray(size)
+
     @abc.abstractmethod
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         """Return the bytes ``[start, end)`` of ``key`` (``end=None``: to the end).

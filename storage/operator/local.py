@@ -9,6 +9,7 @@ object or the new one. Blocking file I/O runs in worker threads. Requests are co
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import errno
 import fcntl
 import mmap
@@ -69,6 +70,15 @@ class LocalObjectStore(ObjectStore):
         else:
             self.stats.put += 1
         self.stats.bytes_put += total
+
+    def new_buffer(self, size: int) -> bytearray | memoryview:
+        """Block-aligned memory: written with O_DIRECT from where it lies, not copied through
+        the staging chunk. (A slice of a bytearray: the heap's memory is reused from object to
+        object, where a fresh mapping per object cost a page fault per 4 KiB, more CPU than the
+        copy it saves.)"""
+        raw = bytearray(size + _DIRECT_ALIGN - 1)
+        start = -ctypes.addressof(ctypes.c_char.from_buffer(raw)) % _DIRECT_ALIGN
+        return memoryview(raw)[start : start + size]
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         """Read bytes ``[start, end)``; short or empty past the end of the file."""
@@ -295,40 +305,59 @@ def _direct_io(fd: int) -> bool:
 
 
 def _write_direct(fd: int, buffers: Sequence[memoryview], rate: float | None) -> None:
-    """Write the buffers through a page-aligned staging chunk; the last chunk is padded to the
-    block size and the file truncated back to its length."""
+    """Write the buffers with O_DIRECT. A buffer at a page-aligned address (see
+    :meth:`LocalObjectStore.new_buffer`) met while the file offset is aligned is written from
+    its own memory, its whole blocks at least; other bytes go through a page-aligned staging
+    chunk. The last write is padded to the block size and the file truncated back to its
+    length."""
     started = time.monotonic()
     total = 0
-    with mmap.mmap(-1, _CHUNK) as stage:
+    with mmap.mmap(-1, _CHUNK, flags=mmap.MAP_PRIVATE) as stage:
         filled = 0
+        stage_view = memoryview(stage)
+        try:
+            for buffer in buffers:
+                taken = 0
+                if filled == 0 and _page_aligned(buffer):
+                    whole = len(buffer) - len(buffer) % _DIRECT_ALIGN
+                    while taken < whole:
+                        n = min(_CHUNK, whole - taken)
+                        _write_all(fd, buffer[taken : taken + n])
+                        taken += n
+                        total += n
+                        _pace(started, total, rate)
+                while taken < len(buffer):
+                    n = min(_CHUNK - filled, len(buffer) - taken)
+                    stage[filled : filled + n] = buffer[taken : taken + n]
+                    filled += n
+                    taken += n
+                    if filled == _CHUNK:
+                        _write_all(fd, stage_view)
+                        total += _CHUNK
+                        filled = 0
+                        _pace(started, total, rate)
+            if filled:
+                padded = -(-filled // _DIRECT_ALIGN) * _DIRECT_ALIGN
+                stage[filled:padded] = bytes(padded - filled)
+                _write_all(fd, stage_view[:padded])
+                total += filled
+                os.ftruncate(fd, total)
+        finally:
+            stage_view.release()
 
-        def flush(length: int) -> None:
-            view = memoryview(stage)
-            try:
-                written = 0
-                while written < length:
-                    written += os.write(fd, view[written:length])
-            finally:
-                view.release()
 
-        for buffer in buffers:
-            taken = 0
-            while taken < len(buffer):
-                n = min(_CHUNK - filled, len(buffer) - taken)
-                stage[filled : filled + n] = buffer[taken : taken + n]
-                filled += n
-                taken += n
-                if filled == _CHUNK:
-                    flush(_CHUNK)
-                    total += _CHUNK
-                    filled = 0
-                    _pace(started, total, rate)
-        if filled:
-            padded = -(-filled // _DIRECT_ALIGN) * _DIRECT_ALIGN
-            stage[filled:padded] = bytes(padded - filled)
-            flush(padded)
-            total += filled
-            os.ftruncate(fd, total)
+def _write_all(fd: int, view: memoryview) -> None:
+    written = 0
+    while written < len(view):
+        written += os.write(fd, view[written:])
+
+
+def _page_aligned(buffer: memoryview) -> bool:
+    """Whether ``buffer`` starts at a block-aligned address and holds a whole block (only a
+    writable buffer's address can be had)."""
+    if buffer.readonly or len(buffer) < _DIRECT_ALIGN:
+        return False
+    return ctypes.addressof(ctypes.c_char.from_buffer(buffer)) % _DIRECT_ALIGN == 0
 
 
 def _pace(started: float, written: int, rate: float | None) -> None:

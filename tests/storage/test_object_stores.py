@@ -7,6 +7,7 @@ SeaweedFS (``s3``, marked integration). Each test works under its own key prefix
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import errno
 import logging
 import os
@@ -423,6 +424,33 @@ async def test_local_direct_writes_keep_every_byte(
     await local_store.put(f"o/{size}", [data[:cut], data[cut : cut + 5], data[cut + 5 :]])
     assert (local_store.root / "o" / str(size)).stat().st_size == size
     assert await local_store.get(f"o/{size}") == data
+
+
+@pytest.mark.parametrize("size", _DIRECT_SIZES)
+async def test_local_direct_writes_from_the_stores_own_buffers(
+    local_store: LocalObjectStore, size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Buffers from ``new_buffer`` are written from their own memory, whole blocks of them at
+    least, also after bytes that went through the staging chunk and were flushed."""
+    rng = random.Random(size)
+    aligned = local_store.new_buffer(size)
+    aligned[:] = rng.randbytes(size)
+    head = rng.randbytes(MiB)  # unaligned, and one whole staging chunk: flushed before `aligned`
+    parts = [head, aligned, rng.randbytes(5), aligned]  # the second `aligned` meets a full stage
+    start = ctypes.addressof(ctypes.c_char.from_buffer(aligned)) if size else 0
+    written_from: list[int] = []
+    real = local_module._write_all
+
+    def spy(fd: int, view: memoryview) -> None:
+        written_from.append(ctypes.addressof(ctypes.c_char.from_buffer(view)))
+        real(fd, view)
+
+    monkeypatch.setattr(local_module, "_write_all", spy)
+    await local_store.put(f"n/{size}", parts)
+    assert await local_store.get(f"n/{size}") == b"".join(bytes(p) for p in parts)
+    whole_blocks = size // 4096 * 4096
+    direct = [a for a in written_from if start <= a < start + whole_blocks]
+    assert len(direct) == -(-whole_blocks // MiB)  # one write per MiB of its whole blocks
 
 
 async def test_local_writes_without_direct_io(

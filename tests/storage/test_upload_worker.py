@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from storage.operator.local import LocalObjectStore
 from storage.s3_storage import S3Storage
 from storage.stream import StreamClient
 from storage.stream_record_batch import StreamRecordBatch
@@ -45,10 +46,11 @@ def _specs(storage: S3Storage) -> tuple[list[RunSpec], list[list[StreamRecordBat
 
 @pytest.mark.parametrize("seed", range(4))
 async def test_objects_built_from_the_wal_are_those_built_from_the_cache(
-    make_storage: StorageFactory, seed: int
+    make_storage: StorageFactory, seed: int, tmp_path: Path
 ) -> None:
     """Streams written interleaved, in records of random sizes (some over a data block), read
-    back from the WAL file, give the very bytes the cache's own copy of them gives."""
+    back from the WAL file, give the very bytes the cache's own copy of them gives; in a
+    bytearray or in the local store's page-aligned memory."""
     storage = await make_storage(**{"s3.wal.upload.threshold": 16 << 20})
     client = StreamClient(storage)
     streams = [await client.create_and_open() for _ in range(5)]
@@ -58,9 +60,12 @@ async def test_objects_built_from_the_wal_are_those_built_from_the_cache(
         await s.append(payload_for(s.stream_id, s.next_offset, rng.randint(1, 40_000)), 3)
     specs, runs = _specs(storage)
     block_size = rng.choice([1024, 64 << 10, 512 << 10])
+    allocate = bytearray if seed % 2 else LocalObjectStore(tmp_path).new_buffer
     fd = os.open(storage.wal.path, os.O_RDONLY)
     try:
-        built = await asyncio.to_thread(build_from_wal, fd, storage.wal.capacity, specs, block_size)
+        built = await asyncio.to_thread(
+            build_from_wal, fd, storage.wal.capacity, specs, block_size, allocate
+        )
     finally:
         os.close(fd)
     expected = build_object(runs, block_size)
