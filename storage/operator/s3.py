@@ -21,6 +21,7 @@ import ssl
 import struct
 import time
 import urllib.parse
+import urllib.request
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
@@ -789,6 +790,10 @@ class _Getter:
         self._path_prefix = path_prefix
         self._region = region
         self._credentials = credentials
+        # HTTP(S)_PROXY and NO_PROXY, as botocore honours them; read once (aiohttp's
+        # trust_env reads them, and ~/.netrc in a thread, at every request)
+        proxies = urllib.request.getproxies()
+        self._proxy = None if urllib.request.proxy_bypass(host) else proxies.get(scheme)
         ssl_context: ssl.SSLContext | bool = False
         if scheme == "https":
             # the CAs botocore trusts: AWS_CA_BUNDLE, else its bundle (certifi's if installed)
@@ -799,7 +804,6 @@ class _Getter:
             connector=aiohttp.TCPConnector(limit=limit, ssl=ssl_context),
             # botocore's connect and read timeouts (see S3ObjectStore._new_client)
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=30),
-            trust_env=True,  # HTTP(S)_PROXY and NO_PROXY, as botocore honours them
             auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
         )
@@ -812,7 +816,10 @@ class _Getter:
             "GET", self._host, path, headers, await self._credentials(), self._region, amz_date
         )
         async with self._session.get(
-            yarl.URL(self._origin + path, encoded=True), headers=signed, allow_redirects=False
+            yarl.URL(self._origin + path, encoded=True),
+            headers=signed,
+            allow_redirects=False,
+            proxy=self._proxy,
         ) as response:
             body = await response.read()  # a short body raises aiohttp.ClientPayloadError
             if response.status in (200, 206):
