@@ -125,7 +125,12 @@ class FrameConnection(asyncio.BufferedProtocol):
             check_frame_size(size, self._max_frame_size)
             start = pos + SIZE_BYTES
             if end - start >= size:
-                self._push(memoryview(bytes(view[start : start + size])))
+                frame_view = view[start : start + size]
+                # a Produce request (API key 0) in memory of its own, writable: the broker sets
+                # its batches' offsets in place (protocol.messages.decode_request), no second
+                # copy; every other request as bytes, which kio's decoders take
+                produce = size >= 2 and not stage[start] and not stage[start + 1]
+                self._push(memoryview(bytearray(frame_view) if produce else bytes(frame_view)))
                 pos = start + size
                 continue
             if SIZE_BYTES + size > STAGE_SIZE:
