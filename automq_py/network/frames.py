@@ -18,14 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import struct
 import time
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, cast
 
 from protocol import wire
+from protocol.api_keys import ApiKey
 from protocol.errors import ProtocolError
 from protocol.framing import SIZE, SIZE_BYTES, check_frame_size
 
+API_KEY = struct.Struct(">h")  # a request's first field
 STAGE_SIZE = 64 * 1024  # frames up to this size (prefix included) are read into the stage
 MAX_QUEUED = 8  # frames read ahead of the connection's task before reading pauses
 
@@ -126,10 +129,10 @@ class FrameConnection(asyncio.BufferedProtocol):
             start = pos + SIZE_BYTES
             if end - start >= size:
                 frame_view = view[start : start + size]
-                # a Produce request (API key 0) in memory of its own, writable: the broker sets
-                # its batches' offsets in place (protocol.messages.decode_request), no second
+                # a Produce request in memory of its own, writable: the broker sets its
+                # batches' offsets in place (protocol.messages.decode_request), no second
                 # copy; every other request as bytes, which kio's decoders take
-                produce = size >= 2 and not stage[start] and not stage[start + 1]
+                produce = size >= 2 and API_KEY.unpack_from(stage, start)[0] == ApiKey.PRODUCE
                 self._push(memoryview(bytearray(frame_view) if produce else bytes(frame_view)))
                 pos = start + size
                 continue

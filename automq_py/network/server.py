@@ -158,7 +158,7 @@ class _ResponseQueue:
         self._check()
         if not self._queue and not isinstance(response, PendingResponse):
             if response is not None:
-                self._write(response, api_key, arrived_at)
+                self._write(response, [(api_key, arrived_at)])
                 await self._writer.drain()
             return
         self._queue.append((response, api_key, arrived_at))
@@ -187,9 +187,13 @@ class _ResponseQueue:
         if self._error is not None:
             raise self._error
 
-    def _write(self, response: list[wire.Buffer], api_key: int, arrived_at: float) -> None:
-        self._writer.writelines(response)
-        self._metrics.record(api_key, time.perf_counter() - arrived_at)
+    def _write(self, buffers: list[wire.Buffer], requests: list[tuple[int, float]]) -> None:
+        """Write the responses in ``buffers`` at once; ``requests``: each one's API key and
+        arrival time, for the metrics."""
+        self._writer.writelines(buffers)
+        now = time.perf_counter()
+        for api_key, arrived_at in requests:
+            self._metrics.record(api_key, now - arrived_at)
 
     def _write_ready(self, _: object = None) -> None:
         """Write every response at the head of the queue that is ready, in order."""
@@ -198,7 +202,7 @@ class _ResponseQueue:
         # the responses one WAL commit made ready go out in one write (one syscall, and one
         # wake-up of the client, not one per response)
         ready: list[wire.Buffer] = []
-        timings: list[tuple[int, float]] = []
+        requests: list[tuple[int, float]] = []
         try:
             while self._queue:
                 head, api_key, arrived_at = self._queue[0]
@@ -211,14 +215,11 @@ class _ResponseQueue:
                 self._queue.popleft()
                 if response is not None:
                     ready += response
-                    timings.append((api_key, arrived_at))
+                    requests.append((api_key, arrived_at))
         except BaseException as e:
             self._error = e
         if ready:  # (those ahead of a failed one too)
-            self._writer.writelines(ready)
-            now = time.perf_counter()
-            for api_key, arrived_at in timings:
-                self._metrics.record(api_key, now - arrived_at)
+            self._write(ready, requests)
         if self._error is not None:
             self._writer.close()  # the read loop sees the connection end
         if len(self._queue) < self._limit:
