@@ -367,6 +367,14 @@ def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
     raise RuntimeError(f"topic {topic} does not show {partitions} partitions")
 
 
+def await_stats(client: Producer | Consumer, seen: Callable[[], int], interval_s: float) -> None:
+    """Serve ``client``'s callbacks until its next statistics arrive (``seen()``, the count of
+    statistics callbacks so far, grows), or 1.5 windows of ``interval_s`` have passed."""
+    start, until = seen(), time.monotonic() + interval_s * 1.5
+    while seen() == start and time.monotonic() < until:
+        client.poll(0.05)
+
+
 def produce(
     bootstrap: str,
     topic: str,
@@ -540,9 +548,7 @@ def produce(
         if produced is not None:
             produced()
         # one more statistics window, for the requests the whole case took
-        seen, until = stats_seen, time.monotonic() + STATS_INTERVAL_S * 1.5
-        while stats_seen == seen and time.monotonic() < until:
-            producer.poll(0.05)
+        await_stats(producer, lambda: stats_seen, STATS_INTERVAL_S)
     finally:
         bar.close()
         producer.purge()
@@ -649,9 +655,7 @@ def consume(
         if consumed is not None:
             consumed()
         # one more statistics window, for the fetch responses the whole read took
-        seen, until = stats_seen, time.monotonic() + CONSUMER_STATS_INTERVAL_S * 1.5
-        while stats_seen == seen and time.monotonic() < until:
-            consumer.poll(0.05)
+        await_stats(consumer, lambda: stats_seen, CONSUMER_STATS_INTERVAL_S)
     finally:
         bar.close()
         consumer.close()
@@ -737,34 +741,41 @@ def restart(broker: Broker) -> None:
     time.sleep(RESTART_SETTLE_S)
 
 
+def busy_cores(broker: Broker) -> Callable[[], dict[str, float]]:
+    """From now: a function giving the cores each process kept busy since (CPU seconds / wall
+    seconds)."""
+    before, started = cpu_snapshot(broker), time.perf_counter()
+
+    def since() -> dict[str, float]:
+        elapsed = time.perf_counter() - started
+        after = cpu_snapshot(broker)
+        return {k: (after[k] - before.get(k, 0.0)) / elapsed for k in after if elapsed > 0}
+
+    return since
+
+
 def run_case(broker: Broker, partitions: int, args: argparse.Namespace, result: Result) -> None:
     topic = f"bench-p{partitions}-{time.monotonic_ns()}"
     create_topic(broker.bootstrap, topic, partitions)
-    cpu_before = cpu_snapshot(broker)
-    started = time.perf_counter()
-
-    def produced() -> None:
-        elapsed = time.perf_counter() - started
-        cpu_after = cpu_snapshot(broker)
-        result.produce_cores = {
-            k: (cpu_after[k] - cpu_before.get(k, 0.0)) / elapsed for k in cpu_after if elapsed > 0
-        }
-
-    produce(broker.bootstrap, topic, partitions, args, result, produced)
+    cores = busy_cores(broker)
+    produce(
+        broker.bootstrap,
+        topic,
+        partitions,
+        args,
+        result,
+        lambda: result.produce_cores.update(cores()),
+    )
     if not args.cold:
-        cpu_before = cpu_snapshot(broker)
-        started = time.perf_counter()
-
-        def consumed() -> None:
-            elapsed = time.perf_counter() - started
-            cpu_after = cpu_snapshot(broker)
-            result.consume_cores = {
-                k: (cpu_after[k] - cpu_before.get(k, 0.0)) / elapsed
-                for k in cpu_after
-                if elapsed > 0
-            }
-
-        consume(broker.bootstrap, topic, partitions, args, result, consumed)
+        cores = busy_cores(broker)
+        consume(
+            broker.bootstrap,
+            topic,
+            partitions,
+            args,
+            result,
+            lambda: result.consume_cores.update(cores()),
+        )
         return
     restart(broker)
     # CPU time the broker and the S3 server spent serving the consume: unlike MB/s it does not
@@ -786,6 +797,12 @@ def run_case(broker: Broker, partitions: int, args: argparse.Namespace, result: 
             result.gets, result.get_bytes = requests.get("get", 0), requests.get("bytes_get", 0)
         result.loop_lag = logged_loop_lag(broker)
         broker.start()
+
+
+def print_cores(name: str, while_: str, cores: dict[str, float]) -> None:
+    if cores:
+        busy = ", ".join(f"{k} {v:.2f}" for k, v in cores.items())
+        print(f"  {name} cores busy while {while_}: {busy}", flush=True)
 
 
 def run_broker(broker: Broker, args: argparse.Namespace, results: list[Result]) -> None:
@@ -843,18 +860,14 @@ def run_broker(broker: Broker, args: argparse.Namespace, results: list[Result]) 
                     f" {result.client_tx_bytes / result.client_requests / 1e3:.1f} KB average",
                     flush=True,
                 )
-            if result.produce_cores:
-                busy = ", ".join(f"{k} {v:.2f}" for k, v in result.produce_cores.items())
-                print(f"  {broker.name} cores busy while producing: {busy}", flush=True)
+            print_cores(broker.name, "producing", result.produce_cores)
             if result.fetched[0]:
                 print(
                     f"  {broker.name} consumer's librdkafka received {result.fetched[0]}"
                     f" responses, {result.fetched[1] / 1e6:.1f} MB",
                     flush=True,
                 )
-            if result.consume_cores:
-                busy = ", ".join(f"{k} {v:.2f}" for k, v in result.consume_cores.items())
-                print(f"  {broker.name} cores busy while consuming: {busy}", flush=True)
+            print_cores(broker.name, "consuming", result.consume_cores)
             if result.loop_lag:
                 print(f"  {broker.name} after the restart: {result.loop_lag}", flush=True)
             if result.notes:
