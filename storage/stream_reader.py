@@ -12,7 +12,10 @@ as *unread*, so a consumer catching up finds its next fetch already in memory.
 StreamReaders finds the reader a read continues: the one whose last read began at or before
 the read's start and ended at or after it (Kafka re-reads the tail of a fetch that did not fit
 its byte limit). Readers idle for ``READER_IDLE_S`` are dropped. Each reader's read-ahead is
-capped so that the read-ahead of every active reader fits in the block cache at once.
+capped so that the read-ahead of every active reader fits in the block cache at once. A reader
+shares that room from the first read-ahead it plans until it finds no further object in the
+stream (a MetaStream read when a partition opens, a consumer that caught up with the uploads) or
+stays unused for ``READER_ACTIVE_S``.
 """
 
 from __future__ import annotations
@@ -133,6 +136,7 @@ class StreamReader:
         objects: ObjectReader,
         cache: BlockCache,
         readahead_cap: Callable[[], int],
+        sharing: set[StreamReader],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.stream_id = stream_id
@@ -146,6 +150,7 @@ class StreamReader:
         self._objects = objects
         self._cache = cache
         self._readahead_cap = readahead_cap
+        self._sharing = sharing  # the readers that share the cache's room for read-ahead
         self._blocks: list[LocatedBlock] = []  # contiguous offsets, up to _located_end
         self._located_end = offset
         self._passed = 0  # blocks before this index are marked read in the cache
@@ -160,6 +165,7 @@ class StreamReader:
 
     def close(self) -> asyncio.Task[None] | None:
         """Stop reading ahead; returns the read-ahead task, cancelled, if one was running."""
+        self._sharing.discard(self)
         task, self._readahead_task = self._readahead_task, None
         if task is not None:
             task.cancel()
@@ -258,6 +264,7 @@ class StreamReader:
         offset = self._located_end
         objects = self._metadata.get_objects(self.stream_id, offset, -1, GET_OBJECTS_STEP)
         if not objects:
+            self._sharing.discard(self)  # nothing further to read ahead, for now
             return False
         indexes = await asyncio.gather(
             *(self._objects.index(o.object_id, o.object_size) for o in objects)
@@ -323,6 +330,7 @@ class StreamReader:
     def _maybe_read_ahead(self) -> None:
         if self._readahead_task is not None and not self._readahead_task.done():
             return  # AutoMQ's rule too: one read-ahead being planned at a time
+        self._sharing.add(self)
         cap = self._readahead_cap()
         if cap < MIN_READAHEAD:
             return  # the cache holds as much unread read-ahead as it may: try after a later read
@@ -375,7 +383,8 @@ class StreamReaders:
         self._max_readahead = max_readahead
         self._clock = clock
         self._readers: dict[int, list[StreamReader]] = {}
-        self._active = 0  # readers used in the last READER_ACTIVE_S, counted by _sweep
+        # readers that read ahead, used in the last READER_ACTIVE_S (the sweep drops the others)
+        self._sharing: set[StreamReader] = set()
         self._swept_at = clock()
 
     def __len__(self) -> int:
@@ -399,10 +408,10 @@ class StreamReaders:
             self._objects,
             self._cache,
             self.readahead_cap,
+            self._sharing,
             self._clock,
         )
         readers.append(reader)
-        self._active += 1  # until the next sweep counts again
         if len(readers) > READERS_PER_STREAM:
             oldest = min(readers, key=lambda r: r.last_access)
             readers.remove(oldest)
@@ -414,7 +423,7 @@ class StreamReaders:
         the active readers' read-ahead would not fit in the block cache, and never more than
         the room left for unread read-ahead (counting GETs in flight)."""
         budget = int(self._cache.max_bytes * UNREAD_SHARE)
-        share = budget // (2 * max(self._active, 1))
+        share = budget // (2 * max(len(self._sharing), 1))
         room = budget - self._cache.unread_size - self._objects.prefetching
         return min(self._max_readahead, share, room)
 
@@ -423,18 +432,16 @@ class StreamReaders:
         if now - self._swept_at < 1.0:
             return
         self._swept_at = now
-        active = 0
         for stream_id, readers in list(self._readers.items()):
             for reader in list(readers):
                 idle = now - reader.last_access
                 if idle > READER_IDLE_S and not reader.busy:
                     readers.remove(reader)
                     reader.close()
-                elif idle <= READER_ACTIVE_S:
-                    active += 1
+                elif idle > READER_ACTIVE_S:
+                    self._sharing.discard(reader)
             if not readers:
                 del self._readers[stream_id]
-        self._active = max(active, 1)
 
     def forget(self, stream_id: int) -> None:
         """Drop the stream's readers (the stream closed here or was deleted)."""
@@ -450,6 +457,7 @@ class StreamReaders:
                 if task is not None:
                     tasks.append(task)
         self._readers.clear()
+        self._sharing.clear()
         return tasks
 
     async def close(self) -> None:

@@ -337,3 +337,31 @@ async def test_a_deleted_object_is_located_again(make_storage: StorageFactory) -
     storage.store.get = get_once_missing  # type: ignore[method-assign]
     assert await read_all(s) == payloads
     assert failed
+
+
+async def test_readers_at_the_end_of_their_stream_take_no_share_of_the_read_ahead_room(
+    make_storage: StorageFactory,
+) -> None:
+    # a partition's open reads its MetaStream to the end: fifty of those (the group
+    # coordinator's partitions at a restart) must not shrink a catch-up reader's read-ahead
+    storage = await make_storage(**{**SMALL_OBJECTS, "s3.block.cache.readahead.size": 64 * MiB})
+    client = StreamClient(storage)
+    big = await client.create_and_open()
+    small = [await client.create_and_open() for _ in range(6)]
+    for _ in range(3):
+        await fill(big, 60, size=3000)
+        await storage.force_upload()
+    for s in small:
+        await fill(s, 2, size=100)
+    await storage.force_upload()
+    storage.drop_cache()
+    for s in small:
+        await read_all(s)
+    await big.fetch(0, -1, 32_768)
+    await asyncio.sleep(0.05)  # the small streams' read-ahead looks for objects and finds none
+    budget = int(storage.block_cache.max_bytes * 0.75)
+    share = budget // 2  # the catch-up reader alone
+    room = budget - storage.block_cache.unread_size - storage.reader.prefetching
+    assert len(storage.readers) == 7
+    assert storage.readers.readahead_cap() == min(share, room)
+    assert min(share, room) > budget // (2 * 7)
