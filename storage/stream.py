@@ -181,9 +181,13 @@ class StreamClient:
         self.storage = storage
 
     async def create_and_open(self, epoch: int = 0) -> S3Stream:
+        return (await self.create_and_open_many(1, epoch))[0]
+
+    async def create_and_open_many(self, count: int, epoch: int = 0) -> list[S3Stream]:
+        """``count`` new streams, open here at ``epoch``: one metadata transaction."""
         s = self.storage
-        stream_id = await s.metadata.create_stream(s.node_id, s.node_epoch)
-        return await self.open(stream_id, epoch)
+        metas = await s.metadata.create_open_streams(s.node_id, s.node_epoch, epoch, count)
+        return [S3Stream(s, m.stream_id, epoch, m.start_offset, m.end_offset) for m in metas]
 
     async def open(self, stream_id: int, epoch: int) -> S3Stream:
         """Open ``stream_id`` at ``epoch``; a newer epoch than the current one fences the owner."""

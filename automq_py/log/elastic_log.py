@@ -236,8 +236,7 @@ class ElasticLog:
         config: LogConfig,
         clock: Callable[[], int],
     ) -> ElasticLog:
-        log_stream = await client.create_and_open(epoch)
-        time_stream = await client.create_and_open(epoch)
+        log_stream, time_stream = await client.create_and_open_many(2, epoch)
         streams = {LOG_STREAM: log_stream, TIME_STREAM: time_stream}
         stream_map = {
             LOG_STREAM: log_stream.stream_id,

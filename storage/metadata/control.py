@@ -81,6 +81,30 @@ def create_stream(image: MetadataImage, node_id: int, node_epoch: int) -> tuple[
     ], stream_id
 
 
+def create_open_streams(
+    image: MetadataImage, node_id: int, node_epoch: int, epoch: int, count: int
+) -> tuple[Records, list[int]]:
+    """``count`` new streams, opened on ``node_id`` at ``epoch``: the records of
+    :func:`create_stream` then :func:`open_stream` for each, in one change (a new partition's
+    streams cost one metadata transaction, not two per stream)."""
+    if epoch < 0:
+        raise ValueError(f"stream epoch must not be negative, got {epoch}")
+    if count < 1:
+        raise ValueError(f"stream count must be positive, got {count}")
+    check_node_epoch(image, node_id, node_epoch)
+    first = image.next_id(rec.STREAM_ID_COUNTER)
+    ids = list(range(first, first + count))
+    records: Records = [rec.CounterRecord(rec.STREAM_ID_COUNTER, first + count)]
+    for stream_id in ids:
+        records += [
+            rec.StreamRecord(stream_id, INIT_EPOCH, StreamState.CLOSED, 0, 0),
+            # what open_stream makes of a new stream: its epoch, and range 0 from offset 0
+            rec.StreamRecord(stream_id, epoch, StreamState.OPENED, 0, 0),
+            rec.RangeRecord(RangeMetadata(stream_id, epoch, 0, 0, 0, node_id)),
+        ]
+    return records, ids
+
+
 def open_stream(
     image: MetadataImage, node_id: int, node_epoch: int, stream_id: int, epoch: int
 ) -> Records:

@@ -92,6 +92,17 @@ class MetadataManager:
             await self._commit(records)
             return stream_id
 
+    async def create_open_streams(
+        self, node_id: int, node_epoch: int, epoch: int, count: int = 1
+    ) -> list[StreamMetadata]:
+        """Create ``count`` streams and open them at ``epoch``, in one transaction."""
+        async with self._lock:
+            records, ids = control.create_open_streams(
+                self.image, node_id, node_epoch, epoch, count
+            )
+            await self._commit(records)
+            return [self.image.streams[i] for i in ids]
+
     async def open_stream(
         self, node_id: int, node_epoch: int, stream_id: int, epoch: int
     ) -> StreamMetadata:

@@ -298,3 +298,37 @@ async def test_delete_frees_the_stream_objects_and_leaves_the_ssos(
     assert left.ranges == (StreamOffsetRange(other, 0, 5),)
     # deleting again is fine
     await manager.delete_stream(1, e, sid, 0)
+
+
+async def test_create_open_streams_is_create_then_open_in_one_transaction(
+    manager: MetadataManager,
+) -> None:
+    other = await MetadataManager.open("sqlite://:memory:")
+    try:
+        for m in (manager, other):
+            assert await m.register_node(1) == 1
+            await m.create_stream(1, 1)  # ids do not start at 0
+        made = await manager.create_open_streams(1, 1, 3, count=2)
+        ids = [await other.create_stream(1, 1) for _ in range(2)]
+        for stream_id in ids:
+            await other.open_stream(1, 1, stream_id, 3)
+        assert [s.stream_id for s in made] == ids == [1, 2]
+        for stream_id in ids:
+            assert manager.image.streams[stream_id] == other.image.streams[stream_id]
+        assert manager.image.streams[1].state is StreamState.OPENED
+        assert manager.image.streams[1].ranges == (RangeMetadata(1, 3, 0, 0, 0, 1),)
+        assert await manager.create_stream(1, 1) == await other.create_stream(1, 1) == 3
+        # and it survives a reload from the store, as written
+        assert (await manager._store.load()).streams == manager.image.streams
+    finally:
+        await other.close()
+
+
+async def test_create_open_streams_checks_the_node_epoch(manager: MetadataManager) -> None:
+    epoch = await manager.register_node(1)
+    await manager.register_node(1)
+    await assert_refused(
+        manager, ErrorCode.NODE_EPOCH_EXPIRED, manager.create_open_streams(1, epoch, 0)
+    )
+    with pytest.raises(ValueError):
+        await manager.create_open_streams(1, epoch + 1, -1)
