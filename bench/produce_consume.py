@@ -33,7 +33,12 @@ a fresh topic made with AdminClient.create_topics. Figures:
   take ~20 s), record bytes / time from assign() until the expected record count has arrived.
   Records are counted, offsets are not trusted (Tansu's high watermark is wrong after
   multi-record batches). A case that does not finish within ``--timeout`` is reported as a
-  timeout with what arrived by then;
+  timeout with what arrived by then. The consumer's ``fetch.queue.backoff.ms`` is
+  ``CONSUMER_FETCH_QUEUE_BACKOFF_MS`` (librdkafka's default 1000 ms): a broker that serves
+  faster than this process takes the records in fills librdkafka's local queue past
+  ``queued.max.messages.kbytes``, and with the default the consumer then stops fetching for a
+  whole second, with nothing left to hand over after the first ~0.2 s (``--timeline`` showed
+  0.5-0.75 s with no record received in cold reads of automq-py);
 * ``--cold``: after producing, the broker is stopped cleanly (automq-py uploads its WAL) and
   started again on the same store with empty caches, so the consume reads every byte from
   object storage. The consume starts ``RESTART_SETTLE_S`` after the restart, for both brokers:
@@ -106,6 +111,7 @@ BATCH_RECORDS = 64  # saturated: records per produce_batch() call, all to one pa
 LATENCY_SAMPLE = 8  # saturated: one record in this many gets a delivery callback
 STATS_INTERVAL_S = 1.0  # librdkafka's statistics window
 CONSUMER_STATS_INTERVAL_S = 0.2  # (a consume is over in about a second)
+CONSUMER_FETCH_QUEUE_BACKOFF_MS = 50  # librdkafka's 1000 ms pause when its queue is full
 PACE_S = 0.002  # --rate-mbps: the client sleeps only this far ahead (ThroughputThrottler's)
 BROKERS = ("automq-s3", "automq-file", "tansu-mem", "tansu-s3")
 LABELS = {
@@ -622,10 +628,12 @@ def consume(
             "group.id": f"bench-unused-{time.monotonic_ns()}",
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
+            "fetch.queue.backoff.ms": CONSUMER_FETCH_QUEUE_BACKOFF_MS,
         }
     )
     got = nbytes = 0
     errors: list[str] = []
+    received: list[tuple[float, int]] = []  # --timeline: (seconds in, bytes so far) per batch
     bar = tqdm(
         total=expected,
         desc=f"{result.broker} consume p={partitions}",
@@ -651,6 +659,8 @@ def consume(
                 nbytes += len(msg.value() or b"")
             got += n
             bar.update(n)
+            if args.timeline and n:
+                received.append((time.perf_counter() - t0, nbytes))
         elapsed = time.perf_counter() - t0
         if consumed is not None:
             consumed()
@@ -663,12 +673,26 @@ def consume(
     result.consumed_bytes = nbytes
     if got:
         result.consume_mbs = nbytes / elapsed / 1e6
+    if received:
+        print_consume_timeline(received)
     if nbytes != got * args.record_size:
         result.notes.append(f"consumed {nbytes} bytes for {got} records")
     if errors:
         result.notes.append(f"consume errors: {len(errors)}+ e.g. {errors[0]}")
     if got < expected:
         result.notes.append(f"consume TIMEOUT after {args.timeout}s ({got}/{expected} records)")
+
+
+def print_consume_timeline(received: list[tuple[float, int]], bucket_s: float = 0.25) -> None:
+    """Where a consume stalled: MB received in each ``bucket_s`` from the consumer's start."""
+    per_bucket: dict[int, int] = {}
+    last = 0
+    for t, total in received:
+        b = int(t / bucket_s)
+        per_bucket[b] = per_bucket.get(b, 0) + total - last
+        last = total
+    cells = [f"{per_bucket.get(b, 0) / 1e6:5.1f}" for b in range(max(per_bucket) + 1)]
+    print(f"    consume timeline, MB per {bucket_s * 1e3:.0f} ms: {' '.join(cells)}", flush=True)
 
 
 def object_store_requests(broker: Broker) -> dict[str, int] | None:
@@ -1057,7 +1081,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--timeline",
         action="store_true",
-        help="print each 250 ms of a produce case with records over 10 ms (where the tail is)",
+        help="print each 250 ms of a produce case with records over 10 ms (where the tail is),"
+        " and the MB a consume received in each 250 ms (where it stalled)",
     )
     return parser.parse_args()
 
