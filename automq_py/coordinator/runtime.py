@@ -13,7 +13,8 @@ the coordinator's memory. This module is that shared part:
 * loading: each partition read back and handed to the coordinator batch by batch (the batch
   header says whether a batch is a transactional one or a transaction marker, which offsets
   committed inside transactions need); until its partition is loaded a key's requests are
-  answered COORDINATOR_LOAD_IN_PROGRESS (:meth:`CoordinatorRuntime.ready`);
+  answered COORDINATOR_LOAD_IN_PROGRESS (:meth:`CoordinatorRuntime.ready`), except while a
+  topic created here loads: its partitions are empty, and a request waits for its own;
 * appends: records (key bytes, value bytes or ``None`` for a tombstone) written durably into a
   key's partition, with the error code a coordinator answers when that fails.
 
@@ -90,6 +91,9 @@ class CoordinatorRuntime:
         self.replayer = replayer
         self._topic: TopicInfo | None = None
         self._loaded: set[int] = set()
+        # a topic created here loads one partition at a time, the ones requests wait for first
+        self._new_load: asyncio.Task[Any] | None = None
+        self._load_waiters: dict[int, asyncio.Future[None]] = {}
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopped = False
@@ -121,7 +125,7 @@ class CoordinatorRuntime:
         for index in range(topic.partitions):
             self.spawn(self._load_partition(topic, index), f"loading {topic.name}-{index}")
 
-    def spawn(self, coro: Coroutine[Any, Any, object], what: str) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, object], what: str) -> asyncio.Task[Any]:
         """Run ``coro`` in the background until it ends or :meth:`stop`; a failure is
         logged with ``what`` it was doing."""
         task: asyncio.Task[Any] = asyncio.ensure_future(coro)
@@ -133,11 +137,47 @@ class CoordinatorRuntime:
                 log.error("%s failed", what, exc_info=task.exception())
 
         task.add_done_callback(done)
+        return task
+
+    async def _load_new(self, topic: TopicInfo) -> None:
+        """Load a topic just created: one partition at a time, so that the metadata
+        transactions that create its streams leave room for other requests' (a partition
+        opened by a Fetch meanwhile waits for one of them, not for all), and the partitions
+        requests are waiting for first (:meth:`_loaded_new`)."""
+        pending = dict.fromkeys(range(topic.partitions))
+        try:
+            while pending:
+                index = next((i for i in self._load_waiters if i in pending), next(iter(pending)))
+                del pending[index]
+                try:
+                    await self._load_partition(topic, index)
+                except Exception:  # the partition stays unloaded: LOAD_IN_PROGRESS, as at a start
+                    log.exception("loading %s-%d failed", topic.name, index)
+                waiter = self._load_waiters.pop(index, None)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(None)
+        finally:
+            for waiter in self._load_waiters.values():
+                if not waiter.done():
+                    waiter.set_result(None)
+            self._load_waiters.clear()
+
+    async def _loaded_new(self, index: int) -> None:
+        """While a topic created here loads: have partition ``index`` loaded next and wait
+        for it (a few ms: a new partition is empty)."""
+        task = self._new_load
+        if task is None or task.done() or index in self._loaded:
+            return
+        waiter = self._load_waiters.get(index)
+        if waiter is None:
+            waiter = self._load_waiters[index] = asyncio.get_running_loop().create_future()
+        await asyncio.shield(waiter)
 
     # --- the topic ---------------------------------------------------------------------------
 
     async def topic(self) -> TopicInfo:
-        """The topic, created (and every partition loaded) on first use."""
+        """The topic, created on first use (its partitions then load in the background,
+        those that requests wait for first)."""
         if self._topic is not None:
             return self._topic
         async with self._lock:
@@ -153,10 +193,8 @@ class CoordinatorRuntime:
                         topic = self.topics.get(self.topic_name)
                         if topic is None:
                             raise
-                    # a new topic is empty: loading it is quick, and the first request waits
-                    await asyncio.gather(
-                        *(self._load_partition(topic, i) for i in range(topic.partitions))
-                    )
+                    # a new topic is empty: a request for a key waits for its partition only
+                    self._new_load = self.spawn(self._load_new(topic), f"loading {topic.name}")
                 else:
                     self._load_in_background(topic)
                 self._topic = topic
@@ -180,7 +218,9 @@ class CoordinatorRuntime:
         except Exception as e:
             log.warning("cannot create %s: %s", self.topic_name, e)
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
-        if partition_for(key, topic.partitions) not in self._loaded:
+        index = partition_for(key, topic.partitions)
+        await self._loaded_new(index)
+        if index not in self._loaded:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
         return ErrorCode.NONE
 
@@ -192,6 +232,8 @@ class CoordinatorRuntime:
             topic = await self.topic()
         except Exception:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if self._new_load is not None and not self._new_load.done():
+            await asyncio.wait([self._new_load])  # a topic created here: every partition soon
         if len(self._loaded) < topic.partitions:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
         return ErrorCode.NONE

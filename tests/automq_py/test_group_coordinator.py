@@ -19,6 +19,7 @@ from automq_py.coordinator.group_coordinator import (
     JoinRequest,
     OffsetCommit,
 )
+from automq_py.coordinator.runtime import partition_for
 from protocol.errors import ErrorCode
 from tests.support.broker import free_port
 
@@ -189,3 +190,24 @@ async def test_offsets_of_a_deleted_topic_are_forgotten(started: tuple[Broker, P
     await groups.delete_topic_offsets("drop")
     error, found = await groups.fetch_offsets("g", None)
     assert error == ErrorCode.NONE and [tp for tp, _ in found] == [("keep", 0)]
+
+
+async def test_a_new_offsets_topic_loads_the_partition_a_request_waits_for_first(
+    tmp_path: Path,
+) -> None:
+    broker = Broker(_config(tmp_path / "data", **{"offsets.topic.num.partitions": "30"}))
+    await broker.start()
+    try:
+        runtime = _coordinator(broker).runtime
+        # FindCoordinator creates the topic; it does not wait for its 30 partitions' streams
+        assert await _coordinator(broker).find_coordinator() == ErrorCode.NONE
+        assert len(runtime._loaded) < 30
+        group = next(g for g in (f"group-{i}" for i in range(100)) if partition_for(g, 30) >= 20)
+        # a request for a group waits for the group's partition, loaded next, and no other
+        assert await runtime.ready(group) == ErrorCode.NONE
+        assert partition_for(group, 30) in runtime._loaded
+        assert len(runtime._loaded) < 10
+        assert await runtime.all_ready() == ErrorCode.NONE
+        assert runtime._loaded == set(range(30))
+    finally:
+        await broker.stop()
