@@ -151,6 +151,7 @@ class StreamReader:
         self._cache = cache
         self._readahead_cap = readahead_cap
         self._sharing = sharing  # the readers that share the cache's room for read-ahead
+        self._closed = False
         self._blocks: list[LocatedBlock] = []  # contiguous offsets, up to _located_end
         self._located_end = offset
         self._passed = 0  # blocks before this index are marked read in the cache
@@ -165,6 +166,7 @@ class StreamReader:
 
     def close(self) -> asyncio.Task[None] | None:
         """Stop reading ahead; returns the read-ahead task, cancelled, if one was running."""
+        self._closed = True
         self._sharing.discard(self)
         task, self._readahead_task = self._readahead_task, None
         if task is not None:
@@ -328,11 +330,16 @@ class StreamReader:
     # -- read-ahead ------------------------------------------------------------------------------
 
     def _maybe_read_ahead(self) -> None:
+        if self._closed:
+            return  # dropped while its last read ran
         if self._readahead_task is not None and not self._readahead_task.done():
             return  # AutoMQ's rule too: one read-ahead being planned at a time
-        self._sharing.add(self)
+        joined = self not in self._sharing
+        self._sharing.add(self)  # counted in the share it asks for; stays if it reads ahead
         cap = self._readahead_cap()
         if cap < MIN_READAHEAD:
+            if joined:
+                self._sharing.discard(self)
             return  # the cache holds as much unread read-ahead as it may: try after a later read
         ahead = sum(
             b.index.size
@@ -344,6 +351,8 @@ class StreamReader:
             self._readahead_task = asyncio.create_task(
                 self._read_ahead(*plan), name=f"readahead-{self.stream_id}"
             )
+        elif joined:
+            self._sharing.discard(self)
 
     async def _read_ahead(self, start: int, max_bytes: int) -> None:
         """Locate ``max_bytes`` of blocks from ``start`` and start loading them as unread."""

@@ -41,6 +41,7 @@ from protocol.records import Record, RecordInput, build_batch, parse_records
 log = logging.getLogger("automq.coordinator")
 
 LOAD_READ_BYTES = 1 << 20
+LOAD_RETRY_S = 1.0  # a new topic's partition that failed to load is tried again after this
 
 
 def java_string_hash(text: str) -> int:
@@ -127,8 +128,10 @@ class CoordinatorRuntime:
 
     def spawn(self, coro: Coroutine[Any, Any, object], what: str) -> asyncio.Task[Any]:
         """Run ``coro`` in the background until it ends or :meth:`stop`; a failure is
-        logged with ``what`` it was doing."""
+        logged with ``what`` it was doing. After :meth:`stop` it is cancelled at once."""
         task: asyncio.Task[Any] = asyncio.ensure_future(coro)
+        if self._stopped:
+            task.cancel()
         self._tasks.add(task)
 
         def done(task: asyncio.Task[Any]) -> None:
@@ -145,14 +148,27 @@ class CoordinatorRuntime:
         opened by a Fetch meanwhile waits for one of them, not for all), and the partitions
         requests are waiting for first (:meth:`_loaded_new`)."""
         pending = dict.fromkeys(range(topic.partitions))
+        retry_at: dict[int, float] = {}  # partitions that failed, and when to try them again
         try:
             while pending:
-                index = next((i for i in self._load_waiters if i in pending), next(iter(pending)))
-                del pending[index]
+                now = time.monotonic()
+                ready = [i for i in pending if retry_at.get(i, 0.0) <= now]
+                if not ready:
+                    await asyncio.sleep(min(retry_at[i] for i in pending) - now)
+                    continue
+                index = next((i for i in self._load_waiters if i in ready), ready[0])
                 try:
                     await self._load_partition(topic, index)
-                except Exception:  # the partition stays unloaded: LOAD_IN_PROGRESS, as at a start
-                    log.exception("loading %s-%d failed", topic.name, index)
+                    del pending[index]
+                except Exception as e:  # its requests get LOAD_IN_PROGRESS meanwhile
+                    log.warning(
+                        "loading %s-%d failed, retrying in %g s: %s",
+                        topic.name,
+                        index,
+                        LOAD_RETRY_S,
+                        e,
+                    )
+                    retry_at[index] = time.monotonic() + LOAD_RETRY_S
                 waiter = self._load_waiters.pop(index, None)
                 if waiter is not None and not waiter.done():
                     waiter.set_result(None)
@@ -171,7 +187,8 @@ class CoordinatorRuntime:
         waiter = self._load_waiters.get(index)
         if waiter is None:
             waiter = self._load_waiters[index] = asyncio.get_running_loop().create_future()
-        await asyncio.shield(waiter)
+        # the task too: cancelled before it ran (a stop), it resolves no waiter
+        await asyncio.wait([waiter, task], return_when=asyncio.FIRST_COMPLETED)
 
     # --- the topic ---------------------------------------------------------------------------
 
@@ -220,6 +237,8 @@ class CoordinatorRuntime:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         index = partition_for(key, topic.partitions)
         await self._loaded_new(index)
+        if self._stopped:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
         if index not in self._loaded:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
         return ErrorCode.NONE
@@ -234,6 +253,8 @@ class CoordinatorRuntime:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         if self._new_load is not None and not self._new_load.done():
             await asyncio.wait([self._new_load])  # a topic created here: every partition soon
+        if self._stopped:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
         if len(self._loaded) < topic.partitions:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
         return ErrorCode.NONE

@@ -20,6 +20,7 @@ from automq_py.coordinator.group_coordinator import (
     OffsetCommit,
 )
 from automq_py.coordinator.runtime import partition_for
+from automq_py.topics import TopicInfo
 from protocol.errors import ErrorCode
 from tests.support.broker import free_port
 
@@ -209,5 +210,32 @@ async def test_a_new_offsets_topic_loads_the_partition_a_request_waits_for_first
         assert len(runtime._loaded) < 10
         assert await runtime.all_ready() == ErrorCode.NONE
         assert runtime._loaded == set(range(30))
+    finally:
+        await broker.stop()
+
+
+async def test_a_new_offsets_topic_partition_that_fails_to_load_is_tried_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("automq_py.coordinator.runtime.LOAD_RETRY_S", 0.2)
+    broker = Broker(_config(tmp_path / "data"))
+    await broker.start()
+    try:
+        runtime = _coordinator(broker).runtime
+        real = runtime._load_partition
+        failed: list[int] = []
+
+        async def fail_once(topic: TopicInfo, index: int) -> None:
+            if index == partition_for("g", 5) and not failed:
+                failed.append(index)
+                raise OSError("object store down")
+            await real(topic, index)
+
+        monkeypatch.setattr(runtime, "_load_partition", fail_once)
+        assert await _coordinator(broker).find_coordinator() == ErrorCode.NONE
+        assert await runtime.ready("g") == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        assert failed
+        assert await runtime.all_ready() == ErrorCode.NONE
+        assert await runtime.ready("g") == ErrorCode.NONE
     finally:
         await broker.stop()

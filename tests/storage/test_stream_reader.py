@@ -365,3 +365,26 @@ async def test_readers_at_the_end_of_their_stream_take_no_share_of_the_read_ahea
     assert len(storage.readers) == 7
     assert storage.readers.readahead_cap() == min(share, room)
     assert min(share, room) > budget // (2 * 7)
+
+
+async def test_a_reader_dropped_during_its_read_neither_reads_ahead_nor_keeps_a_share(
+    make_storage: StorageFactory,
+) -> None:
+    storage = await make_storage(**SMALL_OBJECTS)
+    s = await StreamClient(storage).create_and_open()
+    for _ in range(10):  # more than a read-ahead: one would not reach the stream's end
+        await fill(s, 60, size=3000)
+        await storage.force_upload()
+    storage.drop_cache()
+    fetch = asyncio.ensure_future(s.fetch(0, -1, 32_768))
+    for _ in range(1000):  # until the read waits for object storage
+        await asyncio.sleep(0)
+        if any(r.busy for rs in storage.readers._readers.values() for r in rs):
+            break
+    else:
+        pytest.fail("the read never started")
+    storage.readers.clear()  # as when its stream is unregistered mid-read
+    assert (await fetch).batches
+    await asyncio.sleep(0.05)
+    assert not storage.readers._sharing
+    assert storage.reader.prefetching == 0
