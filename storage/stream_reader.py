@@ -13,7 +13,7 @@ StreamReaders finds the reader a read continues: the one whose last read began a
 the read's start and ended at or after it (Kafka re-reads the tail of a fetch that did not fit
 its byte limit). Readers idle for ``READER_IDLE_S`` are dropped. Each reader's read-ahead is
 capped so that the read-ahead of every active reader fits in the block cache at once. A reader
-shares that room from the first read-ahead it plans until it finds no further object in the
+shares that room from the first read-ahead it starts until it finds no further object in the
 stream (a MetaStream read when a partition opens, a consumer that caught up with the uploads) or
 stays unused for ``READER_ACTIVE_S``.
 """
@@ -135,7 +135,7 @@ class StreamReader:
         metadata: MetadataManager,
         objects: ObjectReader,
         cache: BlockCache,
-        readahead_cap: Callable[[], int],
+        readahead_cap: Callable[[StreamReader], int],
         sharing: set[StreamReader],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -334,12 +334,8 @@ class StreamReader:
             return  # dropped while its last read ran
         if self._readahead_task is not None and not self._readahead_task.done():
             return  # AutoMQ's rule too: one read-ahead being planned at a time
-        joined = self not in self._sharing
-        self._sharing.add(self)  # counted in the share it asks for; stays if it reads ahead
-        cap = self._readahead_cap()
+        cap = self._readahead_cap(self)
         if cap < MIN_READAHEAD:
-            if joined:
-                self._sharing.discard(self)
             return  # the cache holds as much unread read-ahead as it may: try after a later read
         ahead = sum(
             b.index.size
@@ -348,11 +344,10 @@ class StreamReader:
         )
         plan = self.readahead.plan(self.next_offset, ahead, cap)
         if plan is not None:
+            self._sharing.add(self)
             self._readahead_task = asyncio.create_task(
                 self._read_ahead(*plan), name=f"readahead-{self.stream_id}"
             )
-        elif joined:
-            self._sharing.discard(self)
 
     async def _read_ahead(self, start: int, max_bytes: int) -> None:
         """Locate ``max_bytes`` of blocks from ``start`` and start loading them as unread."""
@@ -427,12 +422,14 @@ class StreamReaders:
             oldest.close()
         return reader
 
-    def readahead_cap(self) -> int:
-        """The most a reader may read ahead now: ``s3.block.cache.readahead.size``, less when
-        the active readers' read-ahead would not fit in the block cache, and never more than
-        the room left for unread read-ahead (counting GETs in flight)."""
+    def readahead_cap(self, reader: StreamReader | None = None) -> int:
+        """The most ``reader`` may read ahead now: ``s3.block.cache.readahead.size``, less
+        when the active readers' read-ahead (``reader``'s counted) would not fit in the block
+        cache, and never more than the room left for unread read-ahead (counting GETs in
+        flight)."""
         budget = int(self._cache.max_bytes * UNREAD_SHARE)
-        share = budget // (2 * max(len(self._sharing), 1))
+        sharing = len(self._sharing) + (reader is not None and reader not in self._sharing)
+        share = budget // (2 * max(sharing, 1))
         room = budget - self._cache.unread_size - self._objects.prefetching
         return min(self._max_readahead, share, room)
 

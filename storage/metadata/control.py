@@ -84,8 +84,8 @@ def create_stream(image: MetadataImage, node_id: int, node_epoch: int) -> tuple[
 def create_open_streams(
     image: MetadataImage, node_id: int, node_epoch: int, epoch: int, count: int
 ) -> tuple[Records, list[int]]:
-    """``count`` new streams, opened on ``node_id`` at ``epoch``: the records of
-    :func:`create_stream` then :func:`open_stream` for each, in one change (a new partition's
+    """``count`` new streams, opened on ``node_id`` at ``epoch``, in one change: each
+    stream as :func:`create_stream` then :func:`open_stream` would leave it (a new partition's
     streams cost one metadata transaction, not two per stream)."""
     if epoch < 0:
         raise ValueError(f"stream epoch must not be negative, got {epoch}")
@@ -97,7 +97,6 @@ def create_open_streams(
     records: Records = [rec.CounterRecord(rec.STREAM_ID_COUNTER, first + count)]
     for stream_id in ids:
         records += [
-            rec.StreamRecord(stream_id, INIT_EPOCH, StreamState.CLOSED, 0, 0),
             # what open_stream makes of a new stream: its epoch, and range 0 from offset 0
             rec.StreamRecord(stream_id, epoch, StreamState.OPENED, 0, 0),
             rec.RangeRecord(RangeMetadata(stream_id, epoch, 0, 0, 0, node_id)),
