@@ -906,7 +906,7 @@ def run_broker(broker: Broker, args: argparse.Namespace, results: list[Result]) 
             if lag:
                 print(f"  {broker.name}: {lag}", flush=True)
             commits = [x for x in broker.log_tail(60).splitlines() if "group commits" in x]
-            if commits:  # and of its WAL's writes and fsyncs
+            if commits:  # and of its WAL: durable write times, appends queued and acknowledged
                 print(f"  {broker.name} WAL: {commits[-1].split(': ', 2)[-1]}", flush=True)
             # and the time its Produce and Fetch requests took, arrival to response (Kafka's
             # TotalTimeMs; a Fetch's includes its wait for data, up to fetch.wait.max.ms)

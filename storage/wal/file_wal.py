@@ -103,6 +103,8 @@ class _Pending:
     size: int  # the record's, header included
     future: asyncio.Future[WALAppendResult]
     on_done: Callable[[asyncio.Future[WALAppendResult]], object] | None
+    submitted: float  # time.perf_counter() at submit, for the append-wait figures
+    taken: float = 0.0  # ... when the writer took it into a batch
 
 
 @dataclass(slots=True)
@@ -309,6 +311,10 @@ class FileWAL:
         self._header_writes = 0
         # seconds each recent group commit spent in its durable pwritev (logged at close)
         self._write_times: collections.deque[float] = collections.deque(maxlen=_TIMINGS_KEPT)
+        # seconds each recent append waited: from submit until the writer took it, and until
+        # its acknowledgement ran on the event loop
+        self._queued_times: collections.deque[float] = collections.deque(maxlen=_TIMINGS_KEPT)
+        self._wait_times: collections.deque[float] = collections.deque(maxlen=_TIMINGS_KEPT)
 
     @classmethod
     async def open(
@@ -426,7 +432,8 @@ class FileWAL:
         return WALStats(self._appends, self._fsyncs, self._bytes, self._header_writes)
 
     def timing_summary(self) -> str:
-        """p50, p99 and max of the recent group commits' durable write times."""
+        """p50, p99 and max of the recent group commits' durable write times, and of the recent
+        appends' waits: until the writer took them, and until acknowledged."""
         if not self._write_times:
             return "no group commits"
 
@@ -435,7 +442,11 @@ class FileWAL:
             p50, p99 = (ordered[min(len(ordered) - 1, int(p * len(ordered)))] for p in (0.5, 0.99))
             return f"p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms, max {ordered[-1] * 1e3:.1f} ms"
 
-        return f"{len(self._write_times)} group commits: O_DSYNC write {spread(self._write_times)}"
+        return (
+            f"{len(self._write_times)} group commits: O_DSYNC write {spread(self._write_times)};"
+            f" {len(self._wait_times)} appends: queued {spread(self._queued_times)},"
+            f" acknowledged {spread(self._wait_times)}"
+        )
 
     # --- recovery -----------------------------------------------------------------------
 
@@ -612,7 +623,7 @@ class FileWAL:
         future: asyncio.Future[WALAppendResult] = self._loop.create_future()
         self._unwritten += size
         with self._cond:
-            self._queue.append(_Pending(parts, size, future, on_done))
+            self._queue.append(_Pending(parts, size, future, on_done, time.perf_counter()))
             if self._writer_idle:
                 self._cond.notify()
         return future
@@ -680,6 +691,7 @@ class FileWAL:
         writes: list[_Write] = []
         dropped = 0
         cursor = self._next
+        taken = time.perf_counter()
         while self._queue:
             pending = self._queue[0]
             if pending.future.done():  # cancelled by its caller before being written
@@ -716,6 +728,7 @@ class FileWAL:
                     break
                 continue
             self._queue.popleft()
+            pending.taken = taken
             if padding is not None and padding >= self._trim:
                 writes.append(_Write(padding, HEADER_SIZE, None, start))
             writes.append(_Write(start, size, pending.parts))
@@ -756,10 +769,13 @@ class FileWAL:
     ) -> None:
         """On the event loop: a batch was written (or failed), or cancelled appends dropped."""
         self._unwritten -= dropped + sum(stop - start for _, start, stop in acked)
+        now = time.perf_counter()
         for pending, start, stop in acked:
             if pending.future.done():
                 continue
             if failure is None:
+                self._queued_times.append(pending.taken - pending.submitted)
+                self._wait_times.append(now - pending.submitted)
                 pending.future.set_result(WALAppendResult(start, stop))
             else:
                 pending.future.set_exception(failure)

@@ -251,6 +251,39 @@ async def test_appends_arriving_during_a_durable_write_form_the_next_batch(
     await wal.close()
 
 
+async def test_the_timing_summary_counts_the_wait_behind_a_write_in_progress(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wal = await FileWAL.open(str(tmp_path / "wal"), CAPACITY)
+    in_write = threading.Event()
+    real_pwritev = os.pwritev
+    held = [True]
+
+    def slow_pwritev(fd: int, buffers: list[memoryview], offset: int) -> int:
+        if held[0]:
+            held[0] = False
+            in_write.set()
+            threading.Event().wait(0.2)  # the first write takes 200 ms
+        return real_pwritev(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "pwritev", slow_pwritev)
+    first = asyncio.create_task(wal.append(b"first"))
+    await asyncio.to_thread(in_write.wait, 5)
+    await asyncio.gather(first, *(wal.append(b"x") for _ in range(3)))
+    summary = wal.timing_summary()
+    # "2 group commits: O_DSYNC write p50 .., p99 .., max 200.x ms; 4 appends: queued p50 ..,
+    # p99 .., max 1xx ms, acknowledged p50 .., p99 .., max 200.x ms"
+    writes, appends = summary.split("; ")
+    assert writes.startswith("2 group commits: O_DSYNC write")
+    assert float(writes.rsplit("max ", 1)[1].removesuffix(" ms")) >= 200
+    assert appends.startswith("4 appends: queued")
+    queued, acknowledged = appends.split(", acknowledged ")
+    # the three appends behind the held write waited for most of it before being taken
+    assert float(queued.rsplit("max ", 1)[1].removesuffix(" ms")) >= 100
+    assert float(acknowledged.rsplit("max ", 1)[1].removesuffix(" ms")) >= 200
+    await wal.close()
+
+
 async def test_recovery_returns_exactly_the_records_past_the_trim_point(tmp_path: Path) -> None:
     path = tmp_path / "wal"
     wal = await FileWAL.open(str(path), CAPACITY)
