@@ -176,11 +176,16 @@ class FrameConnection(asyncio.BufferedProtocol):
                 raise self._error
             if self._ended:
                 return None
-            self._waiter = self._loop.create_future()
+            # awaited directly, its timeout a timer that fails it: asyncio.wait_for would put
+            # one more pass of the event loop between a frame's arrival and its handling
+            waiter = self._waiter = self._loop.create_future()
+            timer = None if timeout is None else self._loop.call_later(timeout, _expire, waiter)
             try:
-                await asyncio.wait_for(self._waiter, timeout)
+                await waiter
             finally:
                 self._waiter = None
+                if timer is not None:
+                    timer.cancel()
         frame, self.arrived_at = self._frames.popleft()
         if self._read_paused and self._error is None and len(self._frames) <= self._max_queued // 2:
             self._read_paused = False
@@ -208,3 +213,9 @@ class FrameConnection(asyncio.BufferedProtocol):
 
     async def wait_closed(self) -> None:
         await asyncio.shield(self._closed)
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    """``next_frame``'s timeout: nothing arrived in time."""
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
