@@ -35,6 +35,8 @@ pytestmark = pytest.mark.integration
 PARTITIONS = 6
 SESSION_TIMEOUT_MS = 6000
 HEARTBEAT_INTERVAL_MS = 1000
+# a synchronous commit refused with STALE_MEMBER_EPOCH is tried again this often, 0.1 s apart
+STALE_EPOCH_RETRIES = 30
 CLIENTS = ["confluent-classic", "confluent-consumer", "kafka-python", "aiokafka"]
 
 Key = tuple[int, int]  # partition, offset
@@ -132,12 +134,28 @@ class ConfluentMember(Member):
         consumer = Consumer(config)
 
         def commit(offsets: dict[int, int], asynchronous: bool) -> None:
-            if offsets:
-                tps = [TopicPartition(self.topic, p, o) for p, o in offsets.items()]
-                if asynchronous:
-                    consumer.commit(offsets=tps, asynchronous=True)
-                else:
+            if not offsets:
+                return
+            tps = [TopicPartition(self.topic, p, o) for p, o in offsets.items()]
+            if asynchronous:
+                consumer.commit(offsets=tps, asynchronous=True)
+                return
+            # A consumer-protocol member's commit can cross the heartbeat that moves it to its
+            # next epoch (answered first, on the same connection): Kafka's coordinator answers
+            # STALE_MEMBER_EPOCH, and the Java consumer retries with the new epoch; librdkafka
+            # hands the error to the application, so retry here as the Java consumer does.
+            for attempt in range(STALE_EPOCH_RETRIES + 1):
+                try:
                     consumer.commit(offsets=tps, asynchronous=False)
+                    return
+                except KafkaException as e:
+                    error = e.args[0] if e.args else None
+                    stale = isinstance(error, KafkaError) and (
+                        error.code() == KafkaError.STALE_MEMBER_EPOCH
+                    )
+                    if not stale or attempt == STALE_EPOCH_RETRIES:
+                        raise
+                time.sleep(0.1)
 
         def on_assign(_: Consumer, partitions: list[TopicPartition]) -> None:
             self.rebalances += 1
