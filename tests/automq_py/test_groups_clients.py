@@ -141,9 +141,9 @@ class ConfluentMember(Member):
                 consumer.commit(offsets=tps, asynchronous=True)
                 return
             # A consumer-protocol member's commit can cross the heartbeat that moves it to its
-            # next epoch (answered first, on the same connection): Kafka's coordinator answers
-            # STALE_MEMBER_EPOCH, and the Java consumer retries with the new epoch; librdkafka
-            # hands the error to the application, so retry here as the Java consumer does.
+            # next epoch (answered first): Kafka's coordinator answers STALE_MEMBER_EPOCH. The
+            # Java consumer retries its own commits (auto-commit, commit before revocation) with
+            # the new epoch; librdkafka hands the error to the application, which retries here.
             for attempt in range(STALE_EPOCH_RETRIES + 1):
                 try:
                     consumer.commit(offsets=tps, asynchronous=False)
