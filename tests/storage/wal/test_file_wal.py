@@ -225,20 +225,27 @@ async def test_a_creation_cut_short_is_redone(tmp_path: Path) -> None:
     assert records == [(first.offset, b"after")]
 
 
-async def test_appends_arriving_during_a_durable_write_form_the_next_batch(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    wal = await FileWAL.open(str(tmp_path / "wal"), CAPACITY)
-    in_fsync = threading.Event()
+def hold_writes(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """Make every durable write wait until the test sets ``release`` (the second event); the
+    first event is set once a write is waiting."""
+    in_write = threading.Event()
     release = threading.Event()
     real_pwritev = os.pwritev
 
     def slow_pwritev(fd: int, buffers: list[memoryview], offset: int) -> int:
-        in_fsync.set()
+        in_write.set()
         release.wait(5)
         return real_pwritev(fd, buffers, offset)
 
     monkeypatch.setattr(os, "pwritev", slow_pwritev)
+    return in_write, release
+
+
+async def test_appends_arriving_during_a_durable_write_form_the_next_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wal = await FileWAL.open(str(tmp_path / "wal"), CAPACITY)
+    in_fsync, release = hold_writes(monkeypatch)
     first = asyncio.create_task(wal.append(b"first"))
     await asyncio.to_thread(in_fsync.wait, 5)
     rest = [asyncio.create_task(wal.append(b"x" * i)) for i in range(50)]
@@ -255,19 +262,7 @@ async def test_the_timing_summary_counts_the_wait_behind_a_write_in_progress(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     wal = await FileWAL.open(str(tmp_path / "wal"), CAPACITY)
-    in_write = threading.Event()
-    release = threading.Event()
-    real_pwritev = os.pwritev
-    held = [True]
-
-    def slow_pwritev(fd: int, buffers: list[memoryview], offset: int) -> int:
-        if held[0]:  # the first write lasts until the test releases it
-            held[0] = False
-            in_write.set()
-            release.wait(5)
-        return real_pwritev(fd, buffers, offset)
-
-    monkeypatch.setattr(os, "pwritev", slow_pwritev)
+    in_write, release = hold_writes(monkeypatch)  # the first write lasts until released
     first = asyncio.create_task(wal.append(b"first"))
     await asyncio.to_thread(in_write.wait, 5)
     rest = [asyncio.create_task(wal.append(b"x")) for _ in range(3)]
