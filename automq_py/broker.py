@@ -23,7 +23,7 @@ from automq_py.coordinator.transaction_coordinator import (
     TransactionCoordinator,
 )
 from automq_py.dynamic_config import DynamicBrokerConfig
-from automq_py.loop_lag import LoopLagMonitor
+from automq_py.loop_lag import CollectorPauses, LoopLagMonitor
 from automq_py.maintenance import Maintenance
 from automq_py.network.server import SocketServer
 from automq_py.replica_manager import ReplicaManager
@@ -43,11 +43,13 @@ class Broker:
         self.transactions: TransactionCoordinator | None = None
         self.maintenance: Maintenance | None = None
         self.loop_lag = LoopLagMonitor()
+        self.collector_pauses = CollectorPauses()
         self._settling: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         config = self.config
         self.loop_lag.start()
+        self.collector_pauses.start()
         group_config = GroupConfig.from_broker(config)  # a bad setting fails before any I/O
         transaction_config = TransactionConfig.from_broker(config)
         self.storage = await S3Storage.start(config.storage)
@@ -95,6 +97,7 @@ class Broker:
             max_request_size=config.socket_request_max_bytes,
             idle_timeout_s=config.connections_max_idle_ms / 1000,
         )
+        _settle_garbage_collector()  # startup's objects, before a client can wait behind them
         await self.server.start(listener.host or "0.0.0.0", listener.port)
         own_host = listener.host if listener.host not in ("", "0.0.0.0", "::") else "127.0.0.1"
         self.maintenance = Maintenance(config, f"{own_host}:{listener.port}")
@@ -127,6 +130,8 @@ class Broker:
             await self.storage.close()
         await self.loop_lag.stop()
         log.info("%s", self.loop_lag.summary())
+        self.collector_pauses.stop()
+        log.info("%s", self.collector_pauses.summary())
         log.info("broker stopped")
 
     async def _settle(self, apis: KafkaApis) -> None:
@@ -143,8 +148,10 @@ class Broker:
 def _settle_garbage_collector() -> None:
     """Move what startup built (modules, schemas, the metadata image) out of the cyclic
     collector's reach, so a full collection no longer walks it: on a 2-core machine that walk
-    paused the event loop for 25-50 ms, and every produce waited behind it. Objects made from
-    here on are collected as usual; frozen ones are still freed by reference counting."""
+    paused the event loop for 25-80 ms, and every produce waited behind it. Called before the
+    listener opens, and again once the request schemas are loaded (the second walk is short:
+    frozen objects are skipped). Objects made from here on are collected as usual; frozen ones
+    are still freed by reference counting."""
     gc.collect()
     gc.freeze()
     # fewer, larger young collections: each request allocates hundreds of short-lived objects

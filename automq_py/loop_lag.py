@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
+import time
 from collections import deque
 
 log = logging.getLogger("automq.loop")
@@ -15,6 +17,7 @@ log = logging.getLogger("automq.loop")
 INTERVAL_S = 0.01
 WINDOW = 60_000  # samples kept: ten minutes at the interval
 SLOW_S = 0.5  # a single stall this long is logged as it happens
+SLOW_COLLECTION_S = 0.02  # a garbage collection this long is logged as it happens
 
 
 class LoopLagMonitor:
@@ -60,3 +63,53 @@ class LoopLagMonitor:
             f"event loop lag over {len(self.samples)} samples: p50 {p['p50']:.1f} ms, "
             f"p99 {p['p99']:.1f} ms, max {p['max']:.1f} ms"
         )
+
+
+class CollectorPauses:
+    """How long the cyclic garbage collector held the interpreter, per generation. While it
+    runs nothing else does: not the event loop, not the WAL writer thread waiting for the GIL
+    after its write. A collection's time grows with the tracked objects it walks."""
+
+    def __init__(self, window: int = WINDOW) -> None:
+        self.pauses: tuple[deque[float], ...] = tuple(deque(maxlen=window) for _ in range(3))
+        self.counts = [0, 0, 0]
+        self._started = 0.0
+
+    def start(self) -> None:
+        if self._callback not in gc.callbacks:
+            gc.callbacks.append(self._callback)
+
+    def stop(self) -> None:
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        generation = info["generation"]
+        pause = time.perf_counter() - self._started
+        self.pauses[generation].append(pause)
+        self.counts[generation] += 1
+        if pause >= SLOW_COLLECTION_S:
+            log.info(
+                "a generation-%d garbage collection held the interpreter for %.0f ms "
+                "(%d objects freed)",
+                generation,
+                pause * 1000,
+                info["collected"],
+            )
+
+    def summary(self) -> str:
+        parts = []
+        for generation, pauses in enumerate(self.pauses):
+            ordered = sorted(pauses)
+            if not ordered:
+                parts.append(f"gen{generation} 0")
+                continue
+            p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+            parts.append(
+                f"gen{generation} {self.counts[generation]} (p99 {p99 * 1000:.1f} ms, "
+                f"max {ordered[-1] * 1000:.1f} ms)"
+            )
+        return "garbage collector pauses: " + ", ".join(parts)

@@ -908,6 +908,9 @@ def run_broker(broker: Broker, args: argparse.Namespace, results: list[Result]) 
             commits = [x for x in broker.log_tail(60).splitlines() if "group commits" in x]
             if commits:  # and of its WAL: durable write times, appends queued and acknowledged
                 print(f"  {broker.name} WAL: {commits[-1].split(': ', 2)[-1]}", flush=True)
+            pauses = [x for x in broker.log_tail(60).splitlines() if "collector pauses" in x]
+            if pauses:  # and how long its garbage collector held the interpreter
+                print(f"  {broker.name} GC: {pauses[-1].split(': ', 2)[-1]}", flush=True)
             # and the time its Produce and Fetch requests took, arrival to response (Kafka's
             # TotalTimeMs; a Fetch's includes its wait for data, up to fetch.wait.max.ms)
             for api, label in (("PRODUCE", "Produce"), ("FETCH", "Fetch")):

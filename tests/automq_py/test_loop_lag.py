@@ -1,11 +1,17 @@
-"""The event-loop lag monitor sees a loop held by blocking code."""
+"""The event-loop lag monitor sees a loop held by blocking code; the collector's pauses are
+counted per generation."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 import time
 
-from automq_py.loop_lag import LoopLagMonitor
+import pytest
+
+from automq_py import loop_lag
+from automq_py.loop_lag import CollectorPauses, LoopLagMonitor
 
 
 async def test_a_blocked_loop_shows_as_lag() -> None:
@@ -23,3 +29,25 @@ async def test_a_blocked_loop_shows_as_lag() -> None:
 
 def test_no_samples_reads_as_zero() -> None:
     assert LoopLagMonitor().percentiles() == {"p50": 0.0, "p99": 0.0, "max": 0.0}
+
+
+def test_collections_are_counted_per_generation_and_slow_ones_logged(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    pauses = CollectorPauses()
+    assert pauses.summary() == "garbage collector pauses: gen0 0, gen1 0, gen2 0"
+    pauses.start()
+    pauses.start()  # once only
+    try:
+        gc.collect(0)
+        gc.collect(2)
+        monkeypatch.setattr(loop_lag, "SLOW_COLLECTION_S", 0.0)
+        with caplog.at_level(logging.INFO, logger="automq.loop"):
+            gc.collect(1)
+    finally:
+        pauses.stop()
+    counted = list(pauses.counts)
+    gc.collect(2)  # stopped: not counted
+    assert pauses.counts == counted and min(counted) >= 1  # (automatic ones may add to it)
+    assert "gen2 1 (p99 " in pauses.summary()
+    assert "a generation-1 garbage collection held the interpreter" in caplog.text
