@@ -5,6 +5,13 @@ Data arrives per stream in offset order after the WAL made it durable. It accumu
 objects are committed, marks it uploaded. Uploaded blocks stay readable until the cache needs
 their room (oldest first). Every record is therefore either in the cache or committed to object
 storage, so a reader never sees a gap.
+
+A block keeps each stream's records column by column (:class:`CachedRun`): offsets and epochs
+in arrays, payloads as ``bytes``. None of these is an object the cyclic garbage collector
+tracks, so a full cache costs a collection nothing. Kept as one ``StreamRecordBatch`` per
+record, with its payload a ``memoryview`` of the request, a record was three tracked objects
+(four with its time-index entry); a generation-1 collection walked 150,000 of them in a 20 MB/s
+produce and held the interpreter, the loop and the WAL writer with it, for 60-80 ms.
 """
 
 from __future__ import annotations
@@ -13,9 +20,75 @@ import bisect
 import time
 from array import array
 from collections import deque
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import overload
 
 from storage.stream_record_batch import StreamRecordBatch
+
+
+class CachedRun(Sequence[StreamRecordBatch]):
+    """One stream's records in a block, in offset order, stored column by column. Indexing
+    builds the :class:`StreamRecordBatch` of a record on demand."""
+
+    __slots__ = ("bases", "ends", "epochs", "payloads", "stream_id")
+
+    def __init__(self, stream_id: int) -> None:
+        self.stream_id = stream_id
+        self.bases = array("q")
+        self.ends = array("q")  # each record's exclusive end offset, for bisection
+        self.epochs = array("q")
+        self.payloads: list[bytes] = []
+
+    def append(self, record: StreamRecordBatch) -> None:
+        if self.ends and self.ends[-1] != record.base_offset:
+            raise ValueError(
+                f"stream {self.stream_id}: record at {record.base_offset} does not follow "
+                f"{self.ends[-1]}"
+            )
+        self.bases.append(record.base_offset)
+        self.ends.append(record.last_offset)
+        self.epochs.append(record.epoch)
+        payload = record.payload
+        # a copy, unless it already is bytes: a memoryview is tracked by the collector, and
+        # keeps the whole request it came from alive
+        self.payloads.append(payload if type(payload) is bytes else bytes(payload))
+
+    def __len__(self) -> int:
+        return len(self.bases)
+
+    @overload
+    def __getitem__(self, i: int) -> StreamRecordBatch: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[StreamRecordBatch]: ...
+
+    def __getitem__(self, i: int | slice) -> StreamRecordBatch | list[StreamRecordBatch]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        base = self.bases[i]
+        return StreamRecordBatch(
+            self.stream_id, self.epochs[i], base, self.ends[i] - base, self.payloads[i]
+        )
+
+    def __iter__(self) -> Iterator[StreamRecordBatch]:
+        for i in range(len(self.bases)):
+            yield self[i]
+
+    def get(self, start: int, end: int, max_bytes: int) -> list[StreamRecordBatch]:
+        """Records overlapping ``[start, end)``, at most about ``max_bytes``."""
+        ends = self.ends
+        if not ends or ends[-1] <= start:
+            return []
+        i = bisect.bisect_right(ends, start)
+        out: list[StreamRecordBatch] = []
+        size = 0
+        while i < len(ends) and self.bases[i] < end and size < max_bytes:
+            record = self[i]
+            out.append(record)
+            size += record.size
+            i += 1
+        return out
 
 
 @dataclass(slots=True)
@@ -25,7 +98,7 @@ class LogCacheBlock:
     block_id: int
     first_put_at: float = -1.0  # time.monotonic() of the first record, -1 while empty
     sealed_at: float = -1.0  # time.monotonic() of the seal
-    records: dict[int, list[StreamRecordBatch]] = field(default_factory=dict)
+    records: dict[int, CachedRun] = field(default_factory=dict)
     size: int = 0
     stream_sizes: dict[int, int] = field(default_factory=dict)  # bytes per stream
     stream_epochs: dict[int, int] = field(default_factory=dict)  # newest epoch per stream
@@ -38,12 +111,9 @@ class LogCacheBlock:
     order_id: int = -1  # the SSO order id, fixed at the first upload attempt
 
     def put(self, record: StreamRecordBatch, wal_offset: int, wal_next_offset: int) -> None:
-        records = self.records.setdefault(record.stream_id, [])
-        if records and records[-1].last_offset != record.base_offset:
-            raise ValueError(
-                f"stream {record.stream_id}: record at {record.base_offset} does not follow "
-                f"{records[-1].last_offset}"
-            )
+        records = self.records.get(record.stream_id)
+        if records is None:
+            records = self.records[record.stream_id] = CachedRun(record.stream_id)
         records.append(record)
         if self.first_put_at < 0:
             self.first_put_at = time.monotonic()
@@ -64,24 +134,11 @@ class LogCacheBlock:
     def get(self, stream_id: int, start: int, end: int, max_bytes: int) -> list[StreamRecordBatch]:
         """Records of ``stream_id`` overlapping ``[start, end)``, at most about ``max_bytes``."""
         records = self.records.get(stream_id)
-        if not records or records[-1].last_offset <= start:
-            return []
-        i = bisect.bisect_right(records, start, key=_last_offset)
-        out: list[StreamRecordBatch] = []
-        size = 0
-        while i < len(records) and records[i].base_offset < end and size < max_bytes:
-            out.append(records[i])
-            size += records[i].size
-            i += 1
-        return out
+        return records.get(start, end, max_bytes) if records is not None else []
 
     def first_offset(self, stream_id: int) -> int | None:
         records = self.records.get(stream_id)
-        return records[0].base_offset if records else None
-
-
-def _last_offset(r: StreamRecordBatch) -> int:
-    return r.last_offset
+        return records.bases[0] if records else None
 
 
 class LogCache:

@@ -15,6 +15,7 @@ copy, and the event loop waits for it meanwhile.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from storage import object_format, stream_record_batch
@@ -78,7 +79,7 @@ class ObjectWriter:
         if self._block_bytes >= self._block_size:
             self._close_block()
 
-    def add_all(self, batches: list[StreamRecordBatch]) -> None:
+    def add_all(self, batches: Iterable[StreamRecordBatch]) -> None:
         for b in batches:
             self.add(b)
 

@@ -23,7 +23,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from storage import stream_record_batch
@@ -778,7 +778,7 @@ class S3Storage:
         self,
         object_id: int,
         block: LogCacheBlock,
-        runs: list[list[StreamRecordBatch]],
+        runs: list[Sequence[StreamRecordBatch]],
         sizes: dict[int, int],
         rate: float | None,
     ) -> None:

@@ -8,6 +8,7 @@ follows the bytes written, not the number of streams.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from storage.object_writer import BuiltObject, ObjectWriter
@@ -16,8 +17,8 @@ from storage.stream_record_batch import StreamRecordBatch
 
 @dataclass(slots=True, frozen=True)
 class UploadPlan:
-    stream_set: list[list[StreamRecordBatch]]
-    stream_objects: list[list[StreamRecordBatch]]
+    stream_set: list[Sequence[StreamRecordBatch]]
+    stream_objects: list[Sequence[StreamRecordBatch]]
 
     @property
     def object_count(self) -> int:
@@ -25,14 +26,14 @@ class UploadPlan:
 
 
 def plan_upload(
-    records: dict[int, list[StreamRecordBatch]],
+    records: Mapping[int, Sequence[StreamRecordBatch]],
     split_size: int,
     sizes: dict[int, int] | None = None,
 ) -> UploadPlan:
     """``sizes``: each stream's bytes, when the caller keeps them (summed here otherwise; a
     sum over thousands of batches takes milliseconds of the event loop)."""
-    stream_set: list[list[StreamRecordBatch]] = []
-    stream_objects: list[list[StreamRecordBatch]] = []
+    stream_set: list[Sequence[StreamRecordBatch]] = []
+    stream_objects: list[Sequence[StreamRecordBatch]] = []
     for stream_id in sorted(records):
         run = records[stream_id]
         if not run:
@@ -45,7 +46,7 @@ def plan_upload(
     return UploadPlan(stream_set, stream_objects)
 
 
-def build_object(runs: list[list[StreamRecordBatch]], block_size: int) -> BuiltObject:
+def build_object(runs: list[Sequence[StreamRecordBatch]], block_size: int) -> BuiltObject:
     """Lay out runs (already in stream order) as one object."""
     writer = ObjectWriter(block_size)
     for run in runs:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from storage.log_cache import LogCache
+import gc
+
+import pytest
+
+from storage.log_cache import CachedRun, LogCache
 from storage.stream_record_batch import StreamRecordBatch
 from storage.upload import plan_upload
 
@@ -58,3 +62,44 @@ def test_log_cache_evicts_only_uploaded_blocks() -> None:
     assert first is not None
     cache.mark_uploaded(first)
     assert cache.size == 400 and cache.unuploaded_size == 400
+
+
+def test_a_cached_run_reads_back_what_was_put_and_refuses_a_gap() -> None:
+    cached = CachedRun(4)
+    records = [
+        StreamRecordBatch(4, 1, 0, 3, b"abc"),
+        StreamRecordBatch(4, 2, 3, 1, memoryview(bytearray(b"d"))),
+        StreamRecordBatch(4, 2, 4, 2, b"ef"),
+    ]
+    for r in records:
+        cached.append(r)
+    assert len(cached) == 3
+    assert cached[-1] == records[-1] and cached[0] == records[0]
+    assert cached[1].payload == b"d" and type(cached[1].payload) is bytes
+    assert list(cached) == [cached[0], cached[1], cached[2]] and cached[1:] == [
+        cached[1],
+        cached[2],
+    ]
+    assert [r.base_offset for r in cached.get(3, 100, 1 << 20)] == [3, 4]
+    assert [r.base_offset for r in cached.get(2, 4, 1 << 20)] == [0, 3]
+    assert [r.base_offset for r in cached.get(0, 100, 1)] == [0]  # at least one record
+    assert cached.get(6, 100, 1 << 20) == []
+    with pytest.raises(IndexError):
+        cached[3]
+    with pytest.raises(ValueError, match="does not follow 6"):
+        cached.append(StreamRecordBatch(4, 2, 7, 1, b"g"))
+
+
+def test_cached_records_add_no_object_the_garbage_collector_tracks() -> None:
+    """A cache full of records must not make every collection walk them: before, each
+    record was a StreamRecordBatch, a memoryview and its buffer, all tracked."""
+    cache = LogCache(max_size=1 << 30)
+    frame = memoryview(bytearray(1000 * 100))  # a request's memory, records arrive in it
+    gc.collect()
+    before = len(gc.get_objects())
+    for i in range(1000):
+        for s in (1, 2):
+            cache.put(StreamRecordBatch(s, 0, i, 1, frame[i * 100 : (i + 1) * 100]), i, i + 1)
+    gc.collect()
+    assert len(gc.get_objects()) - before < 50
+    assert [b.base_offset for b in cache.get(2, 998, 2000, 1 << 20)] == [998, 999]
