@@ -136,10 +136,6 @@ class LogCacheBlock:
         records = self.records.get(stream_id)
         return records.get(start, end, max_bytes) if records is not None else []
 
-    def first_offset(self, stream_id: int) -> int | None:
-        records = self.records.get(stream_id)
-        return records.bases[0] if records else None
-
 
 class LogCache:
     """Ordered blocks; the last one is active (receiving appends)."""
