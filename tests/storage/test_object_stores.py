@@ -601,3 +601,45 @@ def _merge(points: list[tuple[str, int]]) -> list[tuple[str, int]]:
 def test_environment_port_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AUTOMQ_TEST_S3_BASE_PORT", "23000")
     assert default_base_port() == SeaweedFS.default_base_port() == 23000
+
+
+async def test_a_large_get_arrives_whole(store: tuple[ObjectStore, str]) -> None:
+    # many network chunks, each copied into the buffer as it arrives
+    objects, prefix = store
+    data = random_bytes(6 * MiB + 123, seed=4)
+    await objects.put(prefix + "large", data)
+    assert await objects.get(prefix + "large") == data
+    assert await objects.get(prefix + "large", MiB + 7, 5 * MiB) == data[MiB + 7 : 5 * MiB]
+
+
+async def test_a_body_shorter_than_its_content_length_is_an_error() -> None:
+    """A server that closes the connection halfway through a body: the GET fails (after its
+    retries) rather than return the part that came."""
+    requests: list[bytes] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        requests.append(head.split(b" ", 1)[0])
+        if head.startswith(b"GET"):
+            writer.write(
+                b"HTTP/1.1 206 Partial Content\r\nContent-Length: 1000\r\n\r\n" + b"x" * 500
+            )
+        else:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    url = (
+        f"s3://bucket?endpoint=http://127.0.0.1:{port}&region=us-east-1&pathStyle=true"
+        "&accessKey=ak&secretKey=sk"
+    )
+    try:
+        async with open_object_store(url, retry_timeout_s=0.5) as objects:
+            with pytest.raises(ObjectStoreError, match="GetObject 'short' failed after"):
+                await objects.get("short", 0, 1000)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert requests.count(b"GET") >= 2  # retried, as any transient failure
