@@ -47,9 +47,18 @@ class Broker:
         self._settling: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        config = self.config
         self.loop_lag.start()
         self.collector_pauses.start()
+        try:
+            await self._start()
+        except BaseException:
+            # a broker that failed to start is never stopped: take its monitors back
+            self.collector_pauses.stop()
+            await self.loop_lag.stop()
+            raise
+
+    async def _start(self) -> None:
+        config = self.config
         group_config = GroupConfig.from_broker(config)  # a bad setting fails before any I/O
         transaction_config = TransactionConfig.from_broker(config)
         self.storage = await S3Storage.start(config.storage)

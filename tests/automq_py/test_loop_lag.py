@@ -7,10 +7,13 @@ import asyncio
 import gc
 import logging
 import time
+from pathlib import Path
 
 import pytest
 
 from automq_py import loop_lag
+from automq_py.broker import Broker
+from automq_py.config import BrokerConfig, ConfigError
 from automq_py.loop_lag import CollectorPauses, LoopLagMonitor
 
 
@@ -51,3 +54,20 @@ def test_collections_are_counted_per_generation_and_slow_ones_logged(
     assert pauses.counts == counted and min(counted) >= 1  # (automatic ones may add to it)
     assert "gen2 1 (p99 " in pauses.summary()
     assert "a generation-1 garbage collection held the interpreter" in caplog.text
+
+
+async def test_a_broker_that_fails_to_start_takes_its_monitors_back(tmp_path: Path) -> None:
+    config = BrokerConfig.load(
+        None,
+        [
+            f"log.dirs={tmp_path}",
+            "group.min.session.timeout.ms=60000",
+            "group.max.session.timeout.ms=6000",
+        ],
+    )
+    broker = Broker(config)
+    callbacks = list(gc.callbacks)
+    with pytest.raises(ConfigError, match=r"group\.min\.session\.timeout\.ms"):
+        await broker.start()
+    assert gc.callbacks == callbacks
+    assert broker.loop_lag._task is None
