@@ -202,9 +202,11 @@ async def test_a_paced_object_of_one_put_is_sent_at_the_rate(store_url: str) -> 
         assert await objects.get(key) == data
         assert await objects.get(key + "-fast") == data
     # 6 MiB at 8 MiB/s: 0.75 s; S3's socket is set to twice the rate, which the kernel's
-    # pacing on loopback makes ~0.55 s; unpaced ~0.1 s
+    # pacing on loopback makes 0.37-0.55 s; unpaced ~0.1 s, and up to 0.23 s measured while
+    # the rest of the suite ran beside it. Held back to the rate, it would take as long as
+    # the paced one.
     assert paced >= 0.3
-    assert fast < paced / 2
+    assert fast < 0.8 * paced
 
 
 async def test_compose_copies_large_ranges(store: tuple[ObjectStore, str]) -> None:
