@@ -20,6 +20,11 @@ SLOW_S = 0.5  # a single stall this long is logged as it happens
 SLOW_COLLECTION_S = 0.02  # a garbage collection this long is logged as it happens
 
 
+def nearest_rank(ordered: list[float], p: float) -> float:
+    """The ``p``-th percentile (0-100) of ``ordered`` (sorted, not empty), nearest rank."""
+    return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
+
+
 class LoopLagMonitor:
     def __init__(self, interval_s: float = INTERVAL_S, window: int = WINDOW) -> None:
         self.interval_s = interval_s
@@ -51,11 +56,11 @@ class LoopLagMonitor:
         ordered = sorted(self.samples)
         if not ordered:
             return {"p50": 0.0, "p99": 0.0, "max": 0.0}
-
-        def at(p: float) -> float:
-            return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))] * 1000
-
-        return {"p50": at(50), "p99": at(99), "max": ordered[-1] * 1000}
+        return {
+            "p50": nearest_rank(ordered, 50) * 1000,
+            "p99": nearest_rank(ordered, 99) * 1000,
+            "max": ordered[-1] * 1000,
+        }
 
     def summary(self) -> str:
         p = self.percentiles()
@@ -107,9 +112,9 @@ class CollectorPauses:
             if not ordered:
                 parts.append(f"gen{generation} 0")
                 continue
-            p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
             parts.append(
-                f"gen{generation} {self.counts[generation]} (p99 {p99 * 1000:.1f} ms, "
+                f"gen{generation} {self.counts[generation]} "
+                f"(p99 {nearest_rank(ordered, 99) * 1000:.1f} ms, "
                 f"max {ordered[-1] * 1000:.1f} ms)"
             )
         return "garbage collector pauses: " + ", ".join(parts)

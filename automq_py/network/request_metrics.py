@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from automq_py.loop_lag import nearest_rank
 from protocol.api_keys import ApiKey
 
 WINDOW = 100_000  # the latest requests of each API kept
@@ -32,10 +33,8 @@ class RequestMetrics:
         if not ordered:
             return {"p50": 0.0, "p99": 0.0, "p99.9": 0.0, "max": 0.0}
 
-        def at(p: float) -> float:
-            return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))] * 1000
-
-        return {"p50": at(50), "p99": at(99), "p99.9": at(99.9), "max": ordered[-1] * 1000}
+        p50, p99, p999 = (nearest_rank(ordered, p) * 1000 for p in (50, 99, 99.9))
+        return {"p50": p50, "p99": p99, "p99.9": p999, "max": ordered[-1] * 1000}
 
     def summary(self) -> list[str]:
         """A line per API served, busiest first."""
