@@ -905,20 +905,20 @@ def run_broker(broker: Broker, args: argparse.Namespace, results: list[Result]) 
             lag = logged_loop_lag(broker)  # what the broker measured of its own loop
             if lag:
                 print(f"  {broker.name}: {lag}", flush=True)
-            commits = [x for x in broker.log_tail(60).splitlines() if "group commits" in x]
-            if commits:  # and of its WAL: durable write times, appends queued and acknowledged
-                print(f"  {broker.name} WAL: {commits[-1].split(': ', 2)[-1]}", flush=True)
-            pauses = [x for x in broker.log_tail(60).splitlines() if "collector pauses" in x]
-            if pauses:  # and how long its garbage collector held the interpreter
-                print(f"  {broker.name} GC: {pauses[-1].split(': ', 2)[-1]}", flush=True)
-            # and the time its Produce and Fetch requests took, arrival to response (Kafka's
-            # TotalTimeMs; a Fetch's includes its wait for data, up to fetch.wait.max.ms)
-            for api, label in (("PRODUCE", "Produce"), ("FETCH", "Fetch")):
-                times = [
-                    x for x in broker.log_tail(80).splitlines() if f"request total time {api}:" in x
-                ]
-                if times:
-                    print(f"  {broker.name} {label}: {times[-1].split(': ', 2)[-1]}", flush=True)
+            tail = broker.log_tail(80).splitlines()  # its summary lines, logged at stop
+            # its WAL's durable write times, appends queued and acknowledged; how long its
+            # garbage collector held the interpreter; the time its Produce and Fetch requests
+            # took, arrival to response (Kafka's TotalTimeMs; a Fetch's includes its wait for
+            # data, up to fetch.wait.max.ms)
+            for marker, label in (
+                ("group commits", "WAL"),
+                ("collector pauses", "GC"),
+                ("request total time PRODUCE:", "Produce"),
+                ("request total time FETCH:", "Fetch"),
+            ):
+                found = [x for x in tail if marker in x]
+                if found:
+                    print(f"  {broker.name} {label}: {found[-1].split(': ', 2)[-1]}", flush=True)
 
 
 # -- report -------------------------------------------------------------------------------------
