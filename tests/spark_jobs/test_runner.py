@@ -106,7 +106,7 @@ async def test_units_may_call_asyncio_run_when_mapped_from_async_code() -> None:
 def test_spark_is_available_here() -> None:
     ok, why = spark_available()
     assert ok, why
-    assert "pyspark 4.3.0" in why
+    assert "pyspark 4.2.0" in why
 
 
 def test_make_runner() -> None:
