@@ -1,12 +1,13 @@
-"""ApiVersions (18) and Metadata (3)."""
+"""ApiVersions (18), Metadata (3) and DescribeTopicPartitions (75)."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from typing import Any
 
 from automq_py.apis.context import BrokerContext
-from automq_py.topics import TopicInfo
+from automq_py.topics import TopicError, TopicInfo, validate_name
 from protocol import api_versions, build
 from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
@@ -22,24 +23,27 @@ def api_versions_handler(supported: Callable[[], dict[int, tuple[int, int]]]) ->
     return handle
 
 
-def _topic_entry(topic: TopicInfo, ctx: BrokerContext) -> dict[str, Any]:
+def _partition_entry(ctx: BrokerContext, partition: int) -> dict[str, Any]:
+    return {
+        "error_code": ErrorCode.NONE,
+        "partition_index": partition,
+        "leader_id": ctx.node_id,
+        "leader_epoch": ctx.leader_epoch,
+        "replica_nodes": [ctx.node_id],
+        "isr_nodes": [ctx.node_id],
+        "offline_replicas": [],
+    }
+
+
+def _topic_entry(
+    topic: TopicInfo, ctx: BrokerContext, partitions: range | None = None
+) -> dict[str, Any]:
     return {
         "error_code": ErrorCode.NONE,
         "name": topic.name,
         "topic_id": topic.topic_id,
         "is_internal": topic.internal,
-        "partitions": [
-            {
-                "error_code": ErrorCode.NONE,
-                "partition_index": p,
-                "leader_id": ctx.node_id,
-                "leader_epoch": ctx.leader_epoch,
-                "replica_nodes": [ctx.node_id],
-                "isr_nodes": [ctx.node_id],
-                "offline_replicas": [],
-            }
-            for p in range(topic.partitions)
-        ],
+        "partitions": [_partition_entry(ctx, p) for p in partitions or range(topic.partitions)],
     }
 
 
@@ -88,5 +92,78 @@ async def handle_metadata(ctx: BrokerContext, request: Request) -> Any:
     )
 
 
+# Kafka's max.request.partition.size.limit: the most partitions one response describes
+MAX_RESPONSE_PARTITIONS = 2000
+
+
+async def handle_describe_topic_partitions(ctx: BrokerContext, request: Request) -> Any:
+    """The topics asked for (all when none is named), sorted by name, from the cursor on and
+    at most ``response_partition_limit`` partitions; where that cuts the list, ``next_cursor``
+    names the first partition left out. As Kafka's KRaft broker: a named topic that does not
+    exist is answered UNKNOWN_TOPIC_OR_PARTITION (INVALID_TOPIC_EXCEPTION for an invalid name)
+    and nothing is created; a cursor must name one of the topics asked for."""
+    body = request.body
+    cursor = body.cursor
+    after = cursor.topic_name if cursor is not None else ""
+    fetch_all = not body.topics
+    if fetch_all:
+        names = {t.name for t in ctx.topics.all() if t.name >= after}
+    else:
+        names = {str(t.name) for t in body.topics if t.name >= after}
+        if cursor is not None and cursor.topic_name not in names:
+            # Kafka's error response: the error on every topic asked for
+            rejected = [
+                {**_unknown_topic(str(t.name)), "error_code": ErrorCode.INVALID_REQUEST}
+                for t in body.topics
+            ]
+            return _describe_topic_partitions_response(request, rejected, None)
+    remaining = min(MAX_RESPONSE_PARTITIONS, int(body.response_partition_limit))
+    topics: list[dict[str, Any]] = []
+    next_cursor: dict[str, Any] | None = None
+    for name in sorted(names):
+        if remaining <= 0:
+            next_cursor = {"topic_name": name, "partition_index": 0}
+            break
+        topic = ctx.topics.get(name)
+        if topic is None:
+            if not fetch_all:
+                topics.append(_unknown_topic(name))
+            continue
+        first = cursor.partition_index if cursor is not None and name == after else 0
+        end = min(topic.partitions, first + remaining)
+        entry = _topic_entry(topic, ctx, range(first, end))
+        for partition in entry["partitions"]:
+            # KIP-966: the leader is the only replica, so no other is eligible
+            partition["eligible_leader_replicas"] = []
+            partition["last_known_elr"] = []
+        topics.append(entry)
+        if end < topic.partitions:
+            next_cursor = {"topic_name": name, "partition_index": end}
+            break
+        remaining -= end - first
+    return _describe_topic_partitions_response(request, topics, next_cursor)
+
+
+def _describe_topic_partitions_response(
+    request: Request, topics: list[dict[str, Any]], next_cursor: dict[str, Any] | None
+) -> Any:
+    return build.build(
+        response_schema(ApiKey.DESCRIBE_TOPIC_PARTITIONS, request.api_version),
+        {"throttle_time": 0, "topics": topics, "next_cursor": next_cursor},
+    )
+
+
+def _unknown_topic(name: str) -> dict[str, Any]:
+    try:
+        validate_name(name)
+        error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    except TopicError:
+        error = ErrorCode.INVALID_TOPIC_EXCEPTION
+    return {"error_code": error, "name": name, "topic_id": uuid.UUID(int=0), "partitions": []}
+
+
 # ApiVersions (18) is added by KafkaApis, which knows the whole table.
-HANDLERS: dict[int, tuple[Any, int, int]] = {ApiKey.METADATA: (handle_metadata, 0, 12)}
+HANDLERS: dict[int, tuple[Any, int, int]] = {
+    ApiKey.METADATA: (handle_metadata, 0, 12),
+    ApiKey.DESCRIBE_TOPIC_PARTITIONS: (handle_describe_topic_partitions, 0, 0),
+}
