@@ -108,7 +108,7 @@ class TopicRegistry:
     ) -> TopicInfo:
         validate_name(name)
         if name in self._by_name:
-            raise TopicError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
+            raise TopicError(ErrorCode.TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.")
         check_partition_count(partitions)
         internal = name in INTERNAL_TOPICS
         info = TopicInfo(name, uuid.uuid4(), partitions, dict(configs or {}), internal)

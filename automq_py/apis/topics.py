@@ -44,7 +44,7 @@ async def handle_create_topics(ctx: BrokerContext, request: Request) -> Any:
             check_partition_count(partitions)
             effective_topic_config(ctx.replicas.topic_defaults, configs, strict=True)
             if ctx.topics.get(name) is not None:
-                raise TopicError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
+                raise TopicError(ErrorCode.TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.")
             if not body.validate_only:
                 info = await ctx.topics.create(name, partitions, configs)
                 opening.append(ctx.replicas.open_in_background(info))

@@ -12,8 +12,10 @@ class that script runs.
 
 from __future__ import annotations
 
+import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import threading
@@ -65,6 +67,27 @@ def classpath(kafka: str = "4.4") -> str:
     return os.pathsep.join([str(TEST_PROGRAMS), *sorted(str(j) for j in lib.glob("*.jar"))])
 
 
+def artifact_name(jar: Path) -> str:
+    """``spark-sql-kafka-0-10_2.13-4.2.0.jar`` -> ``spark-sql-kafka-0-10_2.13``: the name as
+    Maven's copy-dependencies writes it (artifactId-version.jar), without the version."""
+    return re.sub(r"-\d[^-]*\.jar$", "", jar.name)
+
+
+def spark_kafka_jars() -> list[Path]:
+    """The jars of Spark's Kafka connector (``.java/spark-kafka``) that pyspark does not ship:
+    those to give ``spark.jars``. pyspark's own (scala-library, hadoop-client, slf4j, ...) stay,
+    whatever version the connector's pom asked for, so that one copy of each class is on the
+    classpath."""
+    lib = JAVA_DIR / "spark-kafka"
+    jars = sorted(lib.glob("*.jar"))
+    if not jars:
+        raise JavaSideMissing(f"{lib} is missing: run `make java`")
+    import pyspark  # only the tests that run Spark need it
+
+    bundled = {artifact_name(j) for j in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    return [j for j in jars if artifact_name(j) not in bundled]
+
+
 def java_command(
     main: str, *args: str, kafka: str = "4.4", jvm: Sequence[str] = QUICK_JVM
 ) -> list[str]:
@@ -105,12 +128,103 @@ def run_tool(
         done.stdout.decode(errors="replace"),
         done.stderr.decode(errors="replace"),
     )
+    return _checked(run, check)
+
+
+def _checked(run: ToolRun, check: bool) -> ToolRun:
     if check:
         assert run.returncode == 0, (
-            f"{tool} {' '.join(args)} exited with {run.returncode}:\n"
+            f"{' '.join(run.args)} exited with {run.returncode}:\n"
             f"stdout:\n{run.stdout}\nstderr:\n{run.stderr}"
         )
     return run
+
+
+# tools that keep static state from one run to the next (a message count, a shutdown latch):
+# each run gets a JVM of its own
+OWN_JVM = frozenset(
+    {
+        "kafka-console-producer",
+        "kafka-console-consumer",
+        "kafka-producer-perf-test",
+        "kafka-consumer-perf-test",
+    }
+)
+
+
+class ToolRunner:
+    """Runs Kafka's tools in one JVM, one after another (``io.automq.tests.ToolRunner``, as
+    Kafka's own tool tests run them): the same main classes, arguments, stdin, stdout, stderr
+    and exit codes, without a JVM start per run. Tools in ``OWN_JVM`` run as processes of their
+    own. A run that outlasts its timeout stops the runner (the next run starts a new one)."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.log_path = log_path
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def run(
+        self,
+        tool: str,
+        *args: str,
+        stdin: str | None = None,
+        timeout: float = 120,
+        check: bool = True,
+    ) -> ToolRun:
+        if tool in OWN_JVM:
+            return run_tool(tool, *args, stdin=stdin, timeout=timeout, check=check)
+        process = self._started()
+        assert process.stdin is not None and process.stdout is not None
+        request = {"main": TOOLS[tool], "args": list(args), "stdin": stdin or ""}
+        process.stdin.write(json.dumps(request).encode() + b"\n")
+        process.stdin.flush()
+        answer: queue.Queue[bytes] = queue.Queue()
+        reader = threading.Thread(target=lambda: answer.put(process.stdout.readline()))  # type: ignore[union-attr]
+        reader.start()
+        try:
+            line = answer.get(timeout=timeout)
+        except queue.Empty:
+            self.close(wait=0)
+            raise AssertionError(
+                f"{tool} {' '.join(args)} did not finish within {timeout}s"
+            ) from None
+        if not line:
+            self.close()
+            raise AssertionError(f"the tool runner exited:\n{self._log_tail()}")
+        response = json.loads(line)
+        return _checked(
+            ToolRun([tool, *args], response["code"], response["stdout"], response["stderr"]),
+            check,
+        )
+
+    def _started(self) -> subprocess.Popen[bytes]:
+        if self._process is None or self._process.poll() is not None:
+            log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's lifetime
+            self._process = subprocess.Popen(
+                java_command("io.automq.tests.ToolRunner", jvm=("-Xmx512m",)),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+            )
+            log.close()
+        return self._process
+
+    def _log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def close(self, wait: float = 10) -> None:
+        """End of input stops the runner; SIGKILL if it has not stopped within ``wait``."""
+        if self._process is not None:
+            if self._process.stdin is not None:
+                self._process.stdin.close()
+            try:
+                self._process.wait(wait)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+            self._process = None
 
 
 class JavaProgram:

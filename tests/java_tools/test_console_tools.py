@@ -1,0 +1,649 @@
+"""Apache Kafka 4.4's command-line tools against the real broker process, run as ``bin/*.sh``
+runs them (same main classes, Kafka's jars from Maven Central), their output read as a user
+reads it: the lines they print, their exit codes, their error messages."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from tests.java_tools.conftest import KafkaTools
+from tests.support.broker import BrokerProcess
+from tests.support.java import TOOLS, JavaProgram, ToolRun, java_command, run_tool
+
+pytestmark = pytest.mark.integration
+
+
+def create(tool: KafkaTools, topic: str, partitions: int = 1, *config: str) -> None:
+    run = tool(
+        "kafka-topics",
+        "--create",
+        "--topic",
+        topic,
+        "--partitions",
+        str(partitions),
+        *config,
+    )
+    assert run.lines() == [f"Created topic {topic}."]
+
+
+def produce(broker: BrokerProcess, topic: str, values: list[str], partition: int = 0) -> None:
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all"})
+    for value in values:
+        producer.produce(topic, value.encode(), partition=partition)
+    assert producer.flush(15) == 0
+
+
+def table(run: ToolRun, first_column: str) -> list[dict[str, str]]:
+    """The rows of a whitespace-aligned table the tools print (kafka-consumer-groups), as dicts
+    keyed by its header."""
+    lines = run.lines()
+    start = next(i for i, line in enumerate(lines) if line.split()[0] == first_column)
+    header = lines[start].split()
+    rows = []
+    for line in lines[start + 1 :]:
+        cells = line.split()
+        if len(cells) != len(header):
+            break
+        rows.append(dict(zip(header, cells, strict=True)))
+    return rows
+
+
+def eventually(check: Callable[[], bool], timeout: float = 30, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"not within {timeout}s: {what}"
+        time.sleep(0.5)
+
+
+def test_kafka_topics_creates_lists_describes_alters_and_deletes(
+    tool: KafkaTools,
+) -> None:
+    """kafka-topics: create with configs, --list, --describe (partitions, leader, replicas, ISR,
+    the configs given), --alter adds partitions, and the errors a user meets: an existing
+    topic, fewer partitions, a replication factor one broker cannot give, an unknown topic."""
+    create(
+        tool,
+        "inventory",
+        3,
+        "--config",
+        "retention.ms=86400000",
+        "--config",
+        "cleanup.policy=compact",
+    )
+    assert "inventory" in tool("kafka-topics", "--list").lines()
+
+    describe = tool("kafka-topics", "--describe", "--topic", "inventory").lines()
+    head = dict(cell.split(": ", 1) for cell in describe[0].split("\t"))
+    assert head["Topic"] == "inventory"
+    assert (head["PartitionCount"], head["ReplicationFactor"]) == ("3", "1")
+    assert sorted(head["Configs"].split(",")) == ["cleanup.policy=compact", "retention.ms=86400000"]
+    assert re.fullmatch(r"[A-Za-z0-9_-]{22}", head["TopicId"])
+    rows = [
+        dict(cell.split(": ", 1) for cell in line.strip().split("\t")[:5]) for line in describe[1:]
+    ]
+    assert rows == [
+        {"Topic": "inventory", "Partition": str(p), "Leader": "0", "Replicas": "0", "Isr": "0"}
+        for p in range(3)
+    ]
+
+    tool("kafka-topics", "--alter", "--topic", "inventory", "--partitions", "5")
+    describe = tool("kafka-topics", "--describe", "--topic", "inventory").lines()
+    assert "PartitionCount: 5" in describe[0] and len(describe) == 6
+
+    again = tool("kafka-topics", "--create", "--topic", "inventory", check=False)
+    assert again.returncode == 1
+    assert "Topic 'inventory' already exists." in again.stdout
+    fewer = tool(
+        "kafka-topics", "--alter", "--topic", "inventory", "--partitions", "2", check=False
+    )
+    assert fewer.returncode == 1 and "InvalidPartitionsException" in fewer.stderr
+    rf3 = tool(
+        "kafka-topics", "--create", "--topic", "rf3", "--replication-factor", "3", check=False
+    )
+    assert rf3.returncode == 1 and "InvalidReplicationFactorException" in rf3.stderr
+    missing = tool("kafka-topics", "--describe", "--topic", "missing", check=False)
+    assert missing.returncode == 1
+    assert "Topic 'missing' does not exist as expected" in missing.stdout
+
+    tool("kafka-topics", "--delete", "--topic", "inventory")
+    eventually(
+        lambda: "inventory" not in tool("kafka-topics", "--list").lines(), what="topic deleted"
+    )
+
+
+def test_console_producer_and_consumer_carry_keys_headers_and_timestamps(
+    tool: KafkaTools,
+) -> None:
+    """kafka-console-producer parses keys and headers from its input lines; the console consumer
+    prints them back from the beginning, with partition, offset and CreateTime, and stops after
+    --max-messages or --timeout-ms, saying how many it processed."""
+    create(tool, "orders", 2)
+    lines = [f"source:web,n:{i}\torder-{i}|amount={i * 10}" for i in range(6)]
+    before = int(time.time() * 1000)
+    tool(
+        "kafka-console-producer",
+        "--topic",
+        "orders",
+        "--reader-property",
+        "parse.key=true",
+        "--reader-property",
+        "key.separator=|",
+        "--reader-property",
+        "parse.headers=true",
+        "--producer-property",
+        "acks=all",
+        stdin="\n".join(lines) + "\n",
+    )
+    after = int(time.time() * 1000)
+
+    run = tool(
+        "kafka-console-consumer",
+        "--topic",
+        "orders",
+        "--from-beginning",
+        "--max-messages",
+        "6",
+        *("--formatter-property", "print.key=true"),
+        *("--formatter-property", "print.headers=true"),
+        *("--formatter-property", "print.partition=true"),
+        *("--formatter-property", "print.offset=true"),
+        *("--formatter-property", "print.timestamp=true"),
+    )
+    assert "Processed a total of 6 messages" in run.stderr
+    seen: dict[int, list[int]] = {}
+    for line in run.lines():
+        stamp, partition, offset, headers, key, value = line.split("\t")
+        assert stamp.startswith("CreateTime:") and before <= int(stamp[11:]) <= after
+        n = int(key.removeprefix("order-"))
+        assert value == f"amount={n * 10}"
+        assert headers == f"source:web,n:{n}"
+        # offsets count from 0 in each partition, in the order the producer sent
+        assert int(offset.removeprefix("Offset:")) == len(seen.setdefault(int(partition[10:]), []))
+        seen[int(partition[10:])].append(n)
+    assert sorted(n for ns in seen.values() for n in ns) == list(range(6))
+    assert all(ns == sorted(ns) for ns in seen.values())
+
+    # from a given partition and offset, and a timeout when fewer records exist than asked for
+    one = tool(
+        "kafka-console-consumer",
+        "--topic",
+        "orders",
+        "--partition",
+        "0",
+        "--offset",
+        "1",
+        "--max-messages",
+        "1",
+    )
+    assert one.lines() == [f"amount={seen[0][1] * 10}"]
+    short = tool(
+        "kafka-console-consumer",
+        "--topic",
+        "orders",
+        "--from-beginning",
+        "--max-messages",
+        "10",
+        "--timeout-ms",
+        "3000",
+    )
+    assert len(short.lines()) == 6 and "Processed a total of 6 messages" in short.stderr
+
+
+@pytest.fixture
+def console_consumer(tool: KafkaTools, tmp_path: Path) -> Iterator[Callable[..., JavaProgram]]:
+    """Starts kafka-console-consumer processes that keep running (group members)."""
+    started: list[JavaProgram] = []
+
+    def start(*args: str) -> JavaProgram:
+        command = java_command(
+            TOOLS["kafka-console-consumer"], "--bootstrap-server", tool.broker.bootstrap, *args
+        )
+        program = JavaProgram(command, tmp_path / f"console-consumer-{len(started)}.log").start()
+        started.append(program)
+        return program
+
+    yield start
+    for program in started:
+        program.stop()
+
+
+def test_consumer_groups_describe_lag_reset_and_delete(
+    tool: KafkaTools, console_consumer: Callable[..., JavaProgram]
+) -> None:
+    """kafka-consumer-groups: a console consumer in a group reads part of a topic; --describe
+    shows its offsets, the log end and the lag, its member and the group's state; offsets are
+    reset (dry run, then to earliest, to an offset, by a shift) only while the group is
+    inactive; --delete-offsets and --delete remove what they name."""
+    b = tool.broker
+    create(tool, "payments", 1)
+    produce(b, "payments", [f"p{i}" for i in range(10)])
+
+    consumer = console_consumer("--topic", "payments", "--group", "billing", "--from-beginning")
+    consumer.wait_for(lambda line: line == "p9", timeout=60)
+    eventually(
+        lambda: (
+            table(tool("kafka-consumer-groups", "--describe", "--group", "billing"), "GROUP")[0][
+                "CURRENT-OFFSET"
+            ]
+            == "10"
+        ),
+        what="the console consumer commits offset 10",
+    )
+    [row] = table(tool("kafka-consumer-groups", "--describe", "--group", "billing"), "GROUP")
+    assert (row["TOPIC"], row["PARTITION"], row["LOG-END-OFFSET"], row["LAG"]) == (
+        "payments",
+        "0",
+        "10",
+        "0",
+    )
+    assert row["CONSUMER-ID"].startswith("console-consumer-") and row["HOST"] == "/127.0.0.1"
+    [state] = table(
+        tool("kafka-consumer-groups", "--describe", "--group", "billing", "--state"), "GROUP"
+    )
+    assert (state["STATE"], state["#MEMBERS"], state["ASSIGNMENT-STRATEGY"]) == (
+        "Stable",
+        "1",
+        "range",
+    )
+    [member] = table(
+        tool("kafka-consumer-groups", "--describe", "--group", "billing", "--members"), "GROUP"
+    )
+    assert member["#PARTITIONS"] == "1"
+    assert "billing" in tool("kafka-consumer-groups", "--list").lines()
+
+    busy = tool(
+        "kafka-consumer-groups",
+        "--group",
+        "billing",
+        "--reset-offsets",
+        "--to-earliest",
+        "--topic",
+        "payments",
+        "--execute",
+    )
+    assert (
+        "Assignments can only be reset if the group 'billing' is inactive, "
+        "but the current state is Stable." in busy.stdout
+    )
+    refused = tool("kafka-consumer-groups", "--delete", "--group", "billing")
+    assert "GroupNotEmptyException" in refused.stdout
+
+    consumer.stop()
+    produce(b, "payments", [f"p{i}" for i in range(10, 14)])
+    eventually(
+        lambda: (
+            "Empty"
+            in tool("kafka-consumer-groups", "--describe", "--group", "billing", "--state").stdout
+        ),
+        what="the group is empty once its member left",
+    )
+    [row] = table(tool("kafka-consumer-groups", "--describe", "--group", "billing"), "GROUP")
+    assert (row["CURRENT-OFFSET"], row["LOG-END-OFFSET"], row["LAG"], row["CONSUMER-ID"]) == (
+        "10",
+        "14",
+        "4",
+        "-",
+    )
+
+    def reset(*how: str) -> str:
+        run = tool(
+            "kafka-consumer-groups",
+            "--group",
+            "billing",
+            "--reset-offsets",
+            "--topic",
+            "payments",
+            *how,
+        )
+        [result] = table(run, "GROUP")
+        return result["NEW-OFFSET"]
+
+    assert reset("--to-earliest", "--dry-run") == "0"
+    assert (
+        table(tool("kafka-consumer-groups", "--describe", "--group", "billing"), "GROUP")[0][
+            "CURRENT-OFFSET"
+        ]
+        == "10"
+    )
+    assert reset("--to-earliest", "--execute") == "0"
+    assert reset("--to-offset", "7", "--execute") == "7"
+    assert reset("--shift-by", "-2", "--execute") == "5"
+    assert reset("--to-latest", "--execute") == "14"
+    assert reset("--to-datetime", "2020-01-01T00:00:00.000", "--execute") == "0"
+    [row] = table(tool("kafka-consumer-groups", "--describe", "--group", "billing"), "GROUP")
+    assert (row["CURRENT-OFFSET"], row["LAG"]) == ("0", "14")
+
+    # the next member of the group starts from the reset offset
+    again = console_consumer("--topic", "payments", "--group", "billing")
+    again.wait_for(lambda line: line == "p13", timeout=60)
+    assert again.lines[:14] == [f"p{i}" for i in range(14)]
+    again.stop()
+
+    deleted = tool(
+        "kafka-consumer-groups", "--delete-offsets", "--group", "billing", "--topic", "payments"
+    )
+    assert "Request succeeded for deleting offsets from group billing." in deleted.stdout
+    gone = tool("kafka-consumer-groups", "--delete", "--group", "billing")
+    assert "Deletion of requested consumer groups ('billing') was successful." in gone.stdout
+    assert (
+        "Consumer group 'billing' does not exist."
+        in tool("kafka-consumer-groups", "--describe", "--group", "billing").stdout
+    )
+
+
+def test_kafka_configs_alters_and_describes_topic_and_broker_configs(
+    tool: KafkaTools,
+) -> None:
+    """kafka-configs: a topic's dynamic configs added, shown and deleted; a bad value refused
+    naming the property; the broker's configs described with their sources; a broker-wide
+    default for a topic config set at run time and reported as a dynamic default."""
+    create(tool, "audit", 1)
+    topic = ("--entity-type", "topics", "--entity-name", "audit")
+    done = tool(
+        "kafka-configs",
+        *topic,
+        "--alter",
+        "--add-config",
+        "retention.ms=3600000,cleanup.policy=[compact,delete]",
+    )
+    assert done.lines() == ["Completed updating config for topic audit."]
+    described = tool("kafka-configs", *topic, "--describe").lines()
+    assert described[0] == "Dynamic configs for topic audit are:"
+    assert any(
+        line.strip().startswith(
+            "retention.ms=3600000 sensitive=false "
+            "synonyms={DYNAMIC_TOPIC_CONFIG:retention.ms=3600000"
+        )
+        for line in described
+    )
+    assert any(line.strip().startswith("cleanup.policy=compact,delete ") for line in described)
+
+    tool("kafka-configs", *topic, "--alter", "--delete-config", "retention.ms")
+    described = tool("kafka-configs", *topic, "--describe").lines()
+    assert not any("retention.ms=" in line for line in described)
+
+    bad = tool("kafka-configs", *topic, "--alter", "--add-config", "retention.ms=soon", check=False)
+    assert bad.returncode != 0
+    assert "InvalidConfigurationException" in bad.stderr and "retention.ms" in bad.stderr
+
+    broker = tool(
+        "kafka-configs", "--entity-type", "brokers", "--entity-name", "0", "--describe", "--all"
+    ).lines()
+    assert broker[0] == "All configs for broker 0 are:"
+    assert any(line.strip().startswith("log.retention.hours=168 ") for line in broker)
+
+    default = ("--entity-type", "brokers", "--entity-default")
+    done = tool("kafka-configs", *default, "--alter", "--add-config", "log.retention.ms=7200000")
+    assert done.lines() == ["Completed updating default config for brokers in the cluster."]
+    described = tool("kafka-configs", *default, "--describe").lines()
+    assert (
+        "  log.retention.ms=7200000 sensitive=false "
+        "synonyms={DYNAMIC_DEFAULT_BROKER_CONFIG:log.retention.ms=7200000}" in described
+    )
+    tool("kafka-configs", *default, "--alter", "--delete-config", "log.retention.ms")
+    assert not any(
+        "log.retention.ms" in line for line in tool("kafka-configs", *default, "--describe").lines()
+    )
+
+
+def test_get_offsets_and_delete_records(tool: KafkaTools) -> None:
+    """kafka-get-offsets prints topic:partition:offset for the latest, earliest and by-time
+    specs; kafka-delete-records moves a partition's low watermark, which the earliest offset
+    and a consumer from the beginning then show."""
+    b = tool.broker
+    create(tool, "clicks", 2)
+    start = int(time.time() * 1000)
+    produce(b, "clicks", [f"c{i}" for i in range(10)], partition=0)
+    produce(b, "clicks", [f"d{i}" for i in range(3)], partition=1)
+
+    assert tool("kafka-get-offsets", "--topic", "clicks").lines() == [
+        "clicks:0:10",
+        "clicks:1:3",
+    ]
+    assert tool("kafka-get-offsets", "--topic", "clicks", "--time", "-2").lines() == [
+        "clicks:0:0",
+        "clicks:1:0",
+    ]
+    assert tool(
+        "kafka-get-offsets", "--topic-partitions", "clicks:1", "--time", str(start)
+    ).lines() == ["clicks:1:0"]
+
+    offsets = Path(b.data_dir.parent / "delete-clicks.json")
+    offsets.write_text(
+        json.dumps({"version": 1, "partitions": [{"topic": "clicks", "partition": 0, "offset": 4}]})
+    )
+    run = tool("kafka-delete-records", "--offset-json-file", str(offsets))
+    assert run.lines() == [
+        "Executing records delete operation",
+        "Records delete operation completed:",
+        "partition: clicks-0\tlow_watermark: 4",
+    ]
+    assert tool("kafka-get-offsets", "--topic", "clicks", "--time", "-2").lines() == [
+        "clicks:0:4",
+        "clicks:1:0",
+    ]
+    read = tool(
+        "kafka-console-consumer",
+        "--topic",
+        "clicks",
+        "--partition",
+        "0",
+        "--offset",
+        "earliest",
+        "--max-messages",
+        "6",
+    )
+    assert read.lines() == [f"c{i}" for i in range(4, 10)]
+
+
+def test_kafka_transactions_lists_describes_and_aborts_a_hanging_transaction(
+    tool: KafkaTools,
+) -> None:
+    """kafka-transactions: an open transaction is listed and described (state Ongoing, its
+    partition), its producer shows on the partition (describe-producers) with the
+    transaction's start offset; `abort` ends it as an operator ends a hanging transaction, after
+    which read_committed consumers get past it and the records it wrote stay invisible."""
+    b = tool.broker
+    create(tool, "ledger", 1)
+    producer = Producer({"bootstrap.servers": b.bootstrap, "transactional.id": "ledger-writer"})
+    producer.init_transactions()
+    producer.begin_transaction()
+    producer.produce("ledger", b"uncommitted", partition=0)
+    assert producer.flush(15) == 0
+
+    [listed] = table(tool("kafka-transactions", "list"), "TransactionalId")
+    assert (listed["TransactionalId"], listed["TransactionState"]) == ("ledger-writer", "Ongoing")
+    [described] = table(
+        tool("kafka-transactions", "describe", "--transactional-id", "ledger-writer"),
+        "CoordinatorId",
+    )
+    assert (described["TransactionState"], described["TopicPartitions"]) == ("Ongoing", "ledger-0")
+    assert described["ProducerId"] == listed["ProducerId"]
+    [producing] = table(
+        tool("kafka-transactions", "describe-producers", "--topic", "ledger", "--partition", "0"),
+        "ProducerId",
+    )
+    assert producing["ProducerId"] == listed["ProducerId"]
+    assert producing["CurrentTransactionStartOffset"] == "0"
+
+    # the producer goes away without ending its transaction; the operator aborts it
+    del producer
+    aborted = tool(
+        "kafka-transactions",
+        "abort",
+        "--topic",
+        "ledger",
+        "--partition",
+        "0",
+        "--start-offset",
+        "0",
+    )
+    assert aborted.returncode == 0
+    after = Producer({"bootstrap.servers": b.bootstrap, "acks": "all"})
+    after.produce("ledger", b"committed", partition=0)
+    assert after.flush(15) == 0
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": b.bootstrap,
+            "group.id": "ledger-reader",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        consumer.assign([TopicPartition("ledger", 0, 0)])
+        values: list[bytes | None] = []
+        deadline = time.monotonic() + 30
+        while not values and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                values.append(message.value())
+        assert values == [b"committed"]
+    finally:
+        consumer.close()
+    [producing] = table(
+        tool("kafka-transactions", "describe-producers", "--topic", "ledger", "--partition", "0"),
+        "ProducerId",
+    )
+    assert producing["CurrentTransactionStartOffset"] == "None"
+
+
+def test_perf_tools_produce_and_consume_every_record(tool: KafkaTools) -> None:
+    """kafka-producer-perf-test sends its records (acks=all) and kafka-consumer-perf-test reads
+    them all back; both print their summary lines."""
+    b = tool.broker
+    create(tool, "perf", 2)
+    sent = run_tool(
+        "kafka-producer-perf-test",
+        *(
+            "--topic",
+            "perf",
+            "--num-records",
+            "20000",
+            "--record-size",
+            "200",
+            "--throughput",
+            "-1",
+        ),
+        *("--command-property", f"bootstrap.servers={b.bootstrap}", "acks=all"),
+    )
+    summary = re.search(
+        r"^20000 records sent, ([\d.]+) records/sec \(([\d.]+) MB/sec\), ([\d.]+) ms avg latency",
+        sent.stdout,
+        re.M,
+    )
+    assert summary is not None, sent.stdout
+    assert float(summary.group(1)) > 0
+
+    read = tool(
+        "kafka-consumer-perf-test",
+        "--topic",
+        "perf",
+        "--num-records",
+        "20000",
+        "--timeout",
+        "30000",
+    )
+    header, values = read.lines()[-2:]
+    row = dict(
+        zip(
+            [h.strip() for h in header.split(",")],
+            [v.strip() for v in values.split(",")],
+            strict=True,
+        )
+    )
+    assert int(row["data.consumed.in.nMsg"]) == 20000
+    assert float(row["data.consumed.in.MB"]) == pytest.approx(20000 * 200 / 2**20, rel=1e-3)
+
+
+def test_leader_election_and_partition_reassignment_on_one_broker(
+    tool: KafkaTools, tmp_path: Path
+) -> None:
+    """kafka-leader-election finds the one replica already leading; kafka-reassign-partitions
+    generates, executes and verifies a plan onto the broker already holding the partitions,
+    lists no reassignment in progress, and refuses an unknown broker."""
+    create(tool, "routes", 2)
+    one = tool(
+        "kafka-leader-election",
+        "--election-type",
+        "preferred",
+        "--topic",
+        "routes",
+        "--partition",
+        "0",
+    )
+    assert one.lines() == ["Valid replica already elected for partitions routes-0"]
+    unclean = tool(
+        "kafka-leader-election",
+        "--election-type",
+        "unclean",
+        "--topic",
+        "routes",
+        "--partition",
+        "1",
+    )
+    assert unclean.lines() == ["Valid replica already elected for partitions routes-1"]
+    # every partition: Kafka leaves out those that need no election, so nothing to report
+    assert (
+        tool(
+            "kafka-leader-election", "--election-type", "preferred", "--all-topic-partitions"
+        ).lines()
+        == []
+    )
+
+    topics = tmp_path / "topics.json"
+    topics.write_text(json.dumps({"version": 1, "topics": [{"topic": "routes"}]}))
+    generated = tool(
+        "kafka-reassign-partitions",
+        "--generate",
+        "--topics-to-move-json-file",
+        str(topics),
+        "--broker-list",
+        "0",
+    ).lines()
+    assert (
+        generated[0] == "Current partition replica assignment"
+        and generated[2] == "Proposed partition reassignment configuration"
+    )
+    proposed = json.loads(generated[3])
+    assert sorted((p["topic"], p["partition"], p["replicas"]) for p in proposed["partitions"]) == [
+        ("routes", 0, [0]),
+        ("routes", 1, [0]),
+    ]
+    plan = tmp_path / "plan.json"
+    plan.write_text(generated[3])
+    executed = tool(
+        "kafka-reassign-partitions", "--execute", "--reassignment-json-file", str(plan)
+    ).stdout
+    assert "Successfully started partition reassignments for routes-0,routes-1" in executed
+    verified = tool(
+        "kafka-reassign-partitions", "--verify", "--reassignment-json-file", str(plan)
+    ).lines()
+    assert "Reassignment of partition routes-0 is completed." in verified
+    assert "Reassignment of partition routes-1 is completed." in verified
+    assert tool("kafka-reassign-partitions", "--list").lines() == [
+        "No partition reassignments found."
+    ]
+
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text(
+        json.dumps(
+            {"version": 1, "partitions": [{"topic": "routes", "partition": 0, "replicas": [7]}]}
+        )
+    )
+    refused = tool(
+        "kafka-reassign-partitions",
+        "--execute",
+        "--reassignment-json-file",
+        str(elsewhere),
+        check=False,
+    )
+    assert refused.returncode == 1 and "Unknown broker id 7" in refused.stdout
