@@ -13,12 +13,26 @@ from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
 from protocol.messages import Request, response_schema
 
+# The feature flags (KIP-584) Kafka tools show, at the levels automq-py serves: metadata.version
+# 3.9-IV0 (21), its APIs' versions being Kafka 3.9's (from 3.3-IV3, 7, the oldest Kafka 4
+# names); group.version 1, the consumer rebalance protocol of KIP-848. No transaction.version:
+# from level 2 Kafka 4 producers would use KIP-890 part 2's protocol, which is not served.
+FEATURES = (
+    api_versions.Feature("metadata.version", 7, 21, finalized=21),
+    api_versions.Feature("group.version", 0, 1, finalized=1),
+)
+# the metadata offset at which Kafka finalized them; these never change
+FEATURES_EPOCH = 0
+
 
 def api_versions_handler(supported: Callable[[], dict[int, tuple[int, int]]]) -> Any:
-    """ApiVersions lists the broker's whole table (read when asked, so it includes itself)."""
+    """ApiVersions lists the broker's whole table (read when asked, so it includes itself)
+    and its feature flags."""
 
     async def handle(ctx: BrokerContext, request: Request) -> Any:
-        return api_versions.build_api_versions_response(request.api_version, supported())
+        return api_versions.build_api_versions_response(
+            request.api_version, supported(), features=FEATURES, features_epoch=FEATURES_EPOCH
+        )
 
     return handle
 

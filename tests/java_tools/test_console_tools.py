@@ -647,3 +647,24 @@ def test_leader_election_and_partition_reassignment_on_one_broker(
         check=False,
     )
     assert refused.returncode == 1 and "Unknown broker id 7" in refused.stdout
+
+
+def test_features_cluster_id_and_api_versions(tool: KafkaTools) -> None:
+    """kafka-features shows the feature levels in force (metadata.version 3.9-IV0, the consumer
+    group protocol's group.version 1); kafka-cluster prints the cluster id;
+    kafka-broker-api-versions lists each API with the versions both sides can use."""
+    features = {
+        line.split()[1]: dict(re.findall(r"(\w+): (\S+)", line))
+        for line in tool("kafka-features", "describe").lines()
+    }
+    assert features["metadata.version"]["FinalizedVersionLevel"] == "3.9-IV0"
+    assert features["group.version"]["FinalizedVersionLevel"] == "1"
+    # a subcommand first, as kafka-cluster's usage has it
+    cluster = tool.runner.run(
+        "kafka-cluster", "cluster-id", "--bootstrap-server", tool.broker.bootstrap
+    ).lines()
+    assert cluster == [f"Cluster ID: {tool.broker.overrides['cluster.id']}"]
+    versions = tool("kafka-broker-api-versions").stdout
+    assert f"{tool.broker.bootstrap} (id: 0 rack: null isFenced: false) -> (" in versions
+    assert "Produce(0): 3 to 11 [usable: 11]" in versions
+    assert "DescribeTopicPartitions(75): 0 [usable: 0]" in versions

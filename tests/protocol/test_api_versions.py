@@ -39,3 +39,31 @@ def test_unknown_version_gets_v0_with_unsupported_version() -> None:
     assert r.header.correlation_id == 42  # type: ignore[attr-defined]
     assert r.error_code == 35  # type: ignore[attr-defined]
     assert {k.api_key for k in r.api_keys} == set(SUPPORTED)  # type: ignore[attr-defined]
+
+
+FEATURES = (
+    api_versions.Feature("metadata.version", 7, 21, finalized=21),
+    api_versions.Feature("group.version", 0, 1, finalized=1),
+)
+
+
+@pytest.mark.parametrize("version", [3, 4])
+def test_features_are_reported_from_v3(version: int) -> None:
+    """v4 lists every supported feature; v3 leaves out those whose minimum is 0 (Kafka's v3
+    clients read a minimum of 0 as not supported). Both list the finalized levels."""
+    body = api_versions.build_api_versions_response(
+        version, SUPPORTED, features=FEATURES, features_epoch=5
+    )
+    supported = {(f.name, f.min_version, f.max_version) for f in body.supported_features}
+    expected = {("metadata.version", 7, 21), ("group.version", 0, 1)}
+    assert supported == (expected if version == 4 else {("metadata.version", 7, 21)})
+    assert body.finalized_features_epoch == 5
+    finalized = {
+        (f.name, f.min_version_level, f.max_version_level) for f in body.finalized_features
+    }
+    assert finalized == {("metadata.version", 21, 21), ("group.version", 1, 1)}
+
+
+def test_no_features_before_v3() -> None:
+    body = api_versions.build_api_versions_response(2, SUPPORTED, features=FEATURES)
+    assert not hasattr(body, "supported_features")

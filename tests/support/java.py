@@ -200,7 +200,10 @@ class ToolRunner:
         if self._process is None or self._process.poll() is not None:
             log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's lifetime
             self._process = subprocess.Popen(
-                java_command("io.automq.tests.ToolRunner", jvm=("-Xmx512m",)),
+                java_command(
+                    "io.automq.tests.ToolRunner",
+                    jvm=("-Xmx512m", "-Djava.security.manager=allow"),
+                ),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log,

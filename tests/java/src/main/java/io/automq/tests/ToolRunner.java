@@ -12,6 +12,7 @@ import java.io.OutputStream;
 import java.io.PrintStream;
 import java.lang.reflect.InvocationTargetException;
 import java.nio.charset.StandardCharsets;
+import java.security.Permission;
 import org.apache.kafka.common.utils.internals.Exit;
 
 /**
@@ -19,7 +20,7 @@ import org.apache.kafka.common.utils.internals.Exit;
  * each tool's main() with its own stdin, stdout and stderr, and Exit.exit() turned into the
  * tool's exit code instead of the JVM's. Saves a JVM start (about a second) per tool run.
  *
- * <p>The first Exit.exit() of a run ends it as it would end the JVM: its code is the run's, and
+ * <p>The first Exit.exit() (or System.exit(), as argparse4j calls on bad arguments) of a run ends it as it would end the JVM: its code is the run's, and
  * whatever the tool prints after it (a catch (Throwable) reporting the ToolExit) is dropped.
  *
  * <p>Requests on stdin, one JSON object per line: {"main": CLASS, "args": [...], "stdin": TEXT};
@@ -40,6 +41,9 @@ public final class ToolRunner {
     /** The first exit code of the current run, or null while it has not exited. */
     private static Integer exited;
 
+    /** Whether a tool runs now: System.exit() then ends the tool's run, not the JVM. */
+    private static volatile boolean running;
+
     private static void exit(int code) {
         if (exited == null) {
             exited = code;
@@ -50,6 +54,33 @@ public final class ToolRunner {
         throw new ToolExit(code);
     }
 
+    /**
+     * System.exit() ends the running tool's run, not the JVM: the one hook on it before Java 24
+     * is a SecurityManager (the JVM runs with -Djava.security.manager=allow). Without one, a
+     * tool calling System.exit() ends the runner, which its caller sees.
+     */
+    @SuppressWarnings("removal")
+    private static void trapSystemExit(PrintStream err) {
+        try {
+            System.setSecurityManager(new SecurityManager() {
+                @Override
+                public void checkPermission(Permission permission) {}
+
+                @Override
+                public void checkPermission(Permission permission, Object context) {}
+
+                @Override
+                public void checkExit(int status) {
+                    if (running) {
+                        exit(status);
+                    }
+                }
+            });
+        } catch (UnsupportedOperationException e) {
+            err.println("ToolRunner: no SecurityManager on this Java; System.exit() ends the runner");
+        }
+    }
+
     public static void main(String[] args) throws Exception {
         ObjectMapper json = new ObjectMapper();
         PrintStream out = System.out;
@@ -57,6 +88,7 @@ public final class ToolRunner {
         InputStream in = System.in;
         Exit.setExitProcedure((code, message) -> exit(code));
         Exit.setHaltProcedure((code, message) -> exit(code));
+        trapSystemExit(err);
         BufferedReader requests = new BufferedReader(new InputStreamReader(in, StandardCharsets.UTF_8));
         String line;
         while ((line = requests.readLine()) != null) {
@@ -73,6 +105,7 @@ public final class ToolRunner {
             System.setIn(new ByteArrayInputStream(stdin));
             PrintStream toolErrStream = System.err;
             exited = null;
+            running = true;
             int code = 0;
             try {
                 Class.forName(request.get("main").asText())
@@ -85,6 +118,7 @@ public final class ToolRunner {
                     code = 1;
                 }
             } finally {
+                running = false;
                 if (exited != null) {
                     code = exited;
                 }
@@ -101,5 +135,7 @@ public final class ToolRunner {
             out.println(json.writeValueAsString(response));
             out.flush();
         }
+        // end of input: stop, whatever threads a tool left behind
+        System.exit(0);
     }
 }
