@@ -42,6 +42,9 @@ public final class TransformLoop {
         c.put(ConsumerConfig.ENABLE_AUTO_COMMIT_CONFIG, "false");
         c.put(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG, "earliest");
         c.put(ConsumerConfig.MAX_POLL_RECORDS_CONFIG, "200");
+        // a restarted loop gets the partitions of a killed one after 6 s, not the default 45
+        c.put(ConsumerConfig.SESSION_TIMEOUT_MS_CONFIG, "6000");
+        c.put(ConsumerConfig.HEARTBEAT_INTERVAL_MS_CONFIG, "1000");
         c.put(ConsumerConfig.KEY_DESERIALIZER_CLASS_CONFIG, StringDeserializer.class.getName());
         c.put(ConsumerConfig.VALUE_DESERIALIZER_CLASS_CONFIG, StringDeserializer.class.getName());
 
