@@ -668,3 +668,55 @@ def test_features_cluster_id_and_api_versions(tool: KafkaTools) -> None:
     assert f"{tool.broker.bootstrap} (id: 0 rack: null isFenced: false) -> (" in versions
     assert "Produce(0): 3 to 11 [usable: 11]" in versions
     assert "DescribeTopicPartitions(75): 0 [usable: 0]" in versions
+
+
+def test_a_console_consumer_in_a_kip_848_group(
+    tool: KafkaTools, console_consumer: Callable[..., JavaProgram]
+) -> None:
+    """The Java consumer with group.protocol=consumer (KIP-848) joins through the broker's
+    group coordinator: kafka-consumer-groups shows the group with the server-side assignor and
+    its member, kafka-groups lists it as a Consumer group, and its committed offsets show once
+    the member has left."""
+    create(tool, "shipments", 2)
+    produce(tool.broker, "shipments", [f"s{i}" for i in range(4)], partition=0)
+    produce(tool.broker, "shipments", [f"t{i}" for i in range(4)], partition=1)
+    consumer = console_consumer(
+        *("--topic", "shipments", "--group", "dispatch", "--from-beginning"),
+        *("--command-property", "group.protocol=consumer"),
+    )
+    eventually(lambda: {"s3", "t3"} <= set(consumer.lines), 60, "every record consumed")
+    eventually(
+        lambda: (
+            "Stable"
+            in tool("kafka-consumer-groups", "--describe", "--group", "dispatch", "--state").stdout
+        ),
+        what="the group is stable",
+    )
+    [state] = table(
+        tool("kafka-consumer-groups", "--describe", "--group", "dispatch", "--state"), "GROUP"
+    )
+    assert (state["ASSIGNMENT-STRATEGY"], state["STATE"], state["#MEMBERS"]) == (
+        "uniform",
+        "Stable",
+        "1",
+    )
+    [member] = table(
+        tool("kafka-consumer-groups", "--describe", "--group", "dispatch", "--members"), "GROUP"
+    )
+    assert member["#PARTITIONS"] == "2" and member["CLIENT-ID"].startswith("console-consumer")
+    listed = table(tool("kafka-groups", "--list"), "GROUP")
+    assert {"GROUP": "dispatch", "TYPE": "Consumer", "PROTOCOL": "consumer"} in listed
+
+    consumer.stop()
+    eventually(
+        lambda: (
+            "Empty"
+            in tool("kafka-consumer-groups", "--describe", "--group", "dispatch", "--state").stdout
+        ),
+        what="the group is empty once its member left",
+    )
+    rows = table(tool("kafka-consumer-groups", "--describe", "--group", "dispatch"), "GROUP")
+    assert sorted((r["PARTITION"], r["CURRENT-OFFSET"], r["LAG"]) for r in rows) == [
+        ("0", "4", "0"),
+        ("1", "4", "0"),
+    ]
