@@ -17,6 +17,7 @@ from automq_py.apis import KafkaApis
 from automq_py.apis.context import BrokerContext
 from automq_py.apis.producer import producer_id_manager
 from automq_py.config import BrokerConfig, ConfigError
+from automq_py.coordinator.group_configs import GroupConfigs
 from automq_py.coordinator.group_coordinator import GroupConfig, GroupCoordinator
 from automq_py.coordinator.transaction_coordinator import (
     TransactionConfig,
@@ -84,6 +85,7 @@ class Broker:
             num_partitions=config.num_partitions,
             config=config,
             dynamic_config=dynamic_config,
+            group_configs=GroupConfigs(config, self.storage.metadata),
         )
         # finish deleting the logs of topics deleted before a crash
         self.replicas.destroy_deleted_in_background(lambda i: topics.by_id(i) is not None)

@@ -402,6 +402,36 @@ class BrokerConfig:
         1,
         "heartbeat interval of consumer-protocol (KIP-848) members",
     )
+    # the range a group's own consumer.session.timeout.ms and consumer.heartbeat.interval.ms
+    # (kafka-configs --entity-type groups) must fall in
+    group_consumer_min_session_timeout_ms: int = _prop(
+        "group.consumer.min.session.timeout.ms",
+        45_000,
+        ConfigType.INT,
+        1,
+        "smallest consumer.session.timeout.ms a consumer group may set",
+    )
+    group_consumer_max_session_timeout_ms: int = _prop(
+        "group.consumer.max.session.timeout.ms",
+        60_000,
+        ConfigType.INT,
+        1,
+        "largest consumer.session.timeout.ms a consumer group may set",
+    )
+    group_consumer_min_heartbeat_interval_ms: int = _prop(
+        "group.consumer.min.heartbeat.interval.ms",
+        5000,
+        ConfigType.INT,
+        1,
+        "smallest consumer.heartbeat.interval.ms a consumer group may set",
+    )
+    group_consumer_max_heartbeat_interval_ms: int = _prop(
+        "group.consumer.max.heartbeat.interval.ms",
+        15_000,
+        ConfigType.INT,
+        1,
+        "largest consumer.heartbeat.interval.ms a consumer group may set",
+    )
     group_consumer_max_size: int = _prop(
         "group.consumer.max.size",
         INT_MAX,

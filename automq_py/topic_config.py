@@ -35,6 +35,7 @@ class ConfigSource(IntEnum):
     DYNAMIC_DEFAULT_BROKER_CONFIG = 3
     STATIC_BROKER_CONFIG = 4
     DEFAULT_CONFIG = 5
+    DYNAMIC_GROUP_CONFIG = 8
 
 
 @dataclass(slots=True, frozen=True)

@@ -24,6 +24,8 @@ from typing import Any
 
 from automq_py.apis.context import BrokerContext
 from automq_py.config import BrokerConfig
+from automq_py.coordinator.group_configs import KEYS as GROUP_CONFIG_KEYS
+from automq_py.coordinator.group_configs import GroupConfigs
 from automq_py.dynamic_config import RECONFIGURABLE, ReadOnlyConfigError
 from automq_py.log.log_config import LogConfig
 from automq_py.topic_config import ConfigSource, ConfigSynonym, effective_topic_config
@@ -38,6 +40,7 @@ from storage.config_def import ConfigError, ConfigType, split_list
 class ResourceType(IntEnum):
     TOPIC = 2
     BROKER = 4
+    GROUP = 32
 
 
 class OpType(IntEnum):
@@ -79,6 +82,8 @@ async def handle_describe_configs(ctx: BrokerContext, request: Request) -> Any:
                 configs = describe_topic(ctx, _topic(ctx, name), synonyms, documentation)
             elif kind == ResourceType.BROKER:
                 configs = describe_broker(ctx, name, synonyms, documentation)
+            elif kind == ResourceType.GROUP:
+                configs = describe_group(ctx, name, synonyms, documentation)
             else:
                 raise ConfigRequestError(
                     ErrorCode.INVALID_REQUEST, f"unsupported resource type {kind}"
@@ -160,6 +165,42 @@ def describe_broker(
     return out
 
 
+def describe_group(
+    ctx: BrokerContext, name: str, synonyms: bool, documentation: bool
+) -> list[dict[str, Any]]:
+    """A consumer group's configs (KIP-848): its own value of each (DYNAMIC_GROUP_CONFIG), else
+    the broker property giving the default, for any group id, as Kafka describes them."""
+    configs = _group_configs(ctx, name)
+    own = configs.own(name)
+    out = []
+    for key in GROUP_CONFIG_KEYS.values():
+        default, static = configs.broker_default(key)
+        chain = [
+            ConfigSynonym(
+                key.default_property,
+                default,
+                ConfigSource.STATIC_BROKER_CONFIG if static else ConfigSource.DEFAULT_CONFIG,
+            )
+        ]
+        if key.name in own:
+            chain.insert(
+                0, ConfigSynonym(key.name, own[key.name], ConfigSource.DYNAMIC_GROUP_CONFIG)
+            )
+        out.append(
+            {
+                "name": key.name,
+                "value": chain[0].value,
+                "read_only": False,
+                "config_source": chain[0].source,
+                "is_sensitive": False,
+                "synonyms": _synonyms(chain) if synonyms else [],
+                "config_type": ConfigType.INT,
+                "documentation": key.doc if documentation else None,
+            }
+        )
+    return out
+
+
 def _synonyms(chain: Sequence[ConfigSynonym]) -> list[dict[str, Any]]:
     return [{"name": c.name, "value": c.value, "source": c.source} for c in chain]
 
@@ -206,6 +247,12 @@ async def _alter(
                 await apply_topic_configs(ctx, topic, configs, bool(body.validate_only))
             elif kind == ResourceType.BROKER:
                 await alter_broker(ctx, name, r.configs, new_configs, bool(body.validate_only))
+            elif kind == ResourceType.GROUP:
+                group_configs = _group_configs(ctx, name)
+                configs = new_configs(
+                    group_configs.own(name), r.configs, lambda _: None, lambda _: False
+                )
+                await alter_group(group_configs, name, configs, bool(body.validate_only))
             else:
                 raise ConfigRequestError(
                     ErrorCode.INVALID_REQUEST, f"unsupported resource type {kind}"
@@ -327,6 +374,19 @@ async def apply_topic_configs(
     ctx.replicas.apply_config(updated)
 
 
+async def alter_group(
+    configs: GroupConfigs, group_id: str, new: dict[str, str], validate_only: bool
+) -> None:
+    """Make ``new`` consumer group ``group_id``'s configs, checked as Kafka checks them."""
+    try:
+        if validate_only:
+            configs.validate(new)
+        else:
+            await configs.alter(group_id, new)
+    except ConfigError as e:
+        raise ConfigRequestError(ErrorCode.INVALID_CONFIG, str(e)) from None
+
+
 def _alter_entry(kind: int, name: str) -> dict[str, Any]:
     return {
         "resource_type": kind,
@@ -354,6 +414,14 @@ def _topic(ctx: BrokerContext, name: str) -> TopicInfo:
             ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist"
         )
     return topic
+
+
+def _group_configs(ctx: BrokerContext, group_id: str) -> GroupConfigs:
+    if not group_id:
+        raise ConfigRequestError(ErrorCode.INVALID_REQUEST, "Group name must not be empty")
+    if ctx.group_configs is None:
+        raise ConfigRequestError(ErrorCode.INVALID_REQUEST, "the broker is not started")
+    return ctx.group_configs
 
 
 def _check_broker(ctx: BrokerContext, name: str, *, describing: bool = False) -> None:

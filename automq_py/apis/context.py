@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from automq_py.config import BrokerConfig
+from automq_py.coordinator.group_configs import GroupConfigs
 from automq_py.coordinator.group_coordinator import GroupCoordinator
 from automq_py.coordinator.transaction_coordinator import TransactionCoordinator
 from automq_py.dynamic_config import DynamicBrokerConfig
@@ -39,6 +40,8 @@ class BrokerContext:
     transactions: TransactionCoordinator | None = None
     # the dynamic broker configs (AlterConfigs on a broker resource), once the broker runs
     dynamic_config: DynamicBrokerConfig | None = None
+    # consumer groups' own configs (AlterConfigs on a group resource), once the broker runs
+    group_configs: GroupConfigs | None = None
 
     def config_layers(self) -> ConfigLayers:
         """Where the broker's properties come from, for DescribeConfigs."""

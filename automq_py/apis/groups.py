@@ -394,7 +394,16 @@ async def handle_consumer_group_heartbeat(ctx: BrokerContext, request: Request) 
     group_id = str(body.group_id)
     error, group = await coordinator.consumer_group(group_id)
     config = coordinator.config
-    interval = config.consumer_heartbeat_interval_ms
+    # the group's own settings (kafka-configs --entity-type groups) over the broker's
+    own = ctx.group_configs
+    interval = (
+        own.heartbeat_interval_ms(group_id)
+        if own is not None
+        else config.consumer_heartbeat_interval_ms
+    )
+    session_timeout = (
+        own.session_timeout_ms(group_id) if own is not None else config.consumer_session_timeout_ms
+    )
     if group is None:
         return respond(
             request,
@@ -448,7 +457,7 @@ async def handle_consumer_group_heartbeat(ctx: BrokerContext, request: Request) 
         resolve,
         [t.name for t in topics.all()],
         config.consumer_assignors,
-        config.consumer_session_timeout_ms,
+        session_timeout,
         config.consumer_max_size,
     )
     if result.error == ErrorCode.NONE:

@@ -720,3 +720,44 @@ def test_a_console_consumer_in_a_kip_848_group(
         ("0", "4", "0"),
         ("1", "4", "0"),
     ]
+
+
+def test_kafka_configs_for_a_consumer_group(tool: KafkaTools) -> None:
+    """kafka-configs --entity-type groups: a consumer group's session timeout and heartbeat
+    interval shown with the broker defaults they come from, set, refused out of bounds with
+    Kafka's message, and deleted back to the default."""
+    group = ("--entity-type", "groups", "--entity-name", "checkout")
+    described = tool("kafka-configs", *group, "--describe", "--all").lines()
+    assert described == [
+        "All configs for group checkout are:",
+        "  consumer.heartbeat.interval.ms=5000 sensitive=false "
+        "synonyms={DEFAULT_CONFIG:group.consumer.heartbeat.interval.ms=5000}",
+        "  consumer.session.timeout.ms=45000 sensitive=false "
+        "synonyms={DEFAULT_CONFIG:group.consumer.session.timeout.ms=45000}",
+    ]
+    done = tool(
+        "kafka-configs", *group, "--alter", "--add-config", "consumer.session.timeout.ms=50000"
+    )
+    assert done.lines() == ["Completed updating config for group checkout."]
+    assert tool("kafka-configs", *group, "--describe").lines() == [
+        "Dynamic configs for group checkout are:",
+        "  consumer.session.timeout.ms=50000 sensitive=false "
+        "synonyms={DYNAMIC_GROUP_CONFIG:consumer.session.timeout.ms=50000, "
+        "DEFAULT_CONFIG:group.consumer.session.timeout.ms=45000}",
+    ]
+    bad = tool(
+        "kafka-configs",
+        *group,
+        "--alter",
+        "--add-config",
+        "consumer.session.timeout.ms=5",
+        check=False,
+    )
+    assert bad.returncode != 0
+    assert (
+        "consumer.session.timeout.ms must be in the range 45000 to 60000 inclusive." in bad.stderr
+    )
+    tool("kafka-configs", *group, "--alter", "--delete-config", "consumer.session.timeout.ms")
+    assert tool("kafka-configs", *group, "--describe").lines() == [
+        "Dynamic configs for group checkout are:"
+    ]
