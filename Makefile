@@ -18,9 +18,9 @@ $(STAMP): setup.cfg pyproject.toml Makefile
 
 venv: $(STAMP)  ## create .venv with the package and its test/dev/spark extras
 
-# kcat (Debian) and kafkajs (npm) drive the broker in the client tests, PySpark's jobs need a
-# Java 17 runtime, the image tests podman (with runc) and debootstrap for a local base image;
-# apt runs only when one of them is missing, npm ci only when the lock file changed.
+# kcat (Debian) and kafkajs (npm) drive the broker in the client tests, the image tests podman
+# (with runc) and debootstrap for a local base image; apt runs only when one of them is missing,
+# npm ci only when the lock file changed.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 JS_STAMP := tests/js/node_modules/.installed
 
@@ -30,7 +30,8 @@ $(JS_STAMP): tests/js/package.json tests/js/package-lock.json
 
 # The Java side (tests/java/pom.xml): Kafka's clients, tools, Streams and broker, and Spark's
 # Kafka connector, resolved by Maven (its cache is ~/.m2) and copied into one directory per
-# classpath under .java/, with the Java test programs compiled beside them.
+# classpath under .java/, with the Java test programs compiled beside them. A JDK 17 (also
+# PySpark's runtime) and Maven come from Debian where missing.
 JAVA_DIR := .java
 JAVA_STAMP := $(JAVA_DIR)/.installed
 JAVA_SRC := $(shell find tests/java/src -type f 2>/dev/null)
