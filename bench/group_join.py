@@ -417,7 +417,7 @@ def run_case(broker: Broker, case: Case, args: argparse.Namespace, apis: set[str
 def make_broker(name: str, root: Path, delay_ms: int | None) -> Broker:
     if name == "tansu":
         return TansuBroker("tansu", root / "tansu", None)
-    broker = AutomqBroker("automq", root / "automq", None)
+    broker = AutomqBroker("automq", root / "automq", None, {})
     if delay_ms is not None:
         broker.process.overrides[DELAY_PROPERTY] = str(delay_ms)
     return broker
