@@ -501,7 +501,8 @@ class Result:
     # responses the consumer's librdkafka received from the broker, and their bytes
     fetched: tuple[int, int] = (0, 0)
     loop_lag: str | None = None  # --cold, automq-py: the restarted broker's event-loop lag
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # failures: the work directory is kept
+    remarks: list[str] = field(default_factory=list)  # what to know when reading the figures
 
     @property
     def gets_per_mb(self) -> float | None:
@@ -1064,7 +1065,7 @@ def run_java_case(
     if args.rate_mbps and result.produce_mbs > args.rate_mbps * 1.05:
         # its throttle counts from the tool's start: what the warm-up fell behind by is sent
         # as fast as it goes in the measured part
-        result.notes.append(
+        result.remarks.append(
             f"java client caught up at {result.produce_mbs:.1f} MB/s: its warm-up fell behind "
             f"the {args.rate_mbps:g} MB/s offered"
         )
@@ -1244,7 +1245,7 @@ def fmt(value: float | None, width: int = 8, digits: int = 1) -> str:
 
 
 def line(r: Result) -> str:
-    notes = f"  [{'; '.join(r.notes)}]" if r.notes else ""
+    notes = f"  [{'; '.join(r.notes + r.remarks)}]" if r.notes or r.remarks else ""
     if r.client == "java":
         return (
             f"{LABELS[r.broker]:<15} p={r.partitions} java client: produce "
@@ -1378,9 +1379,10 @@ def table(results: list[Result], brokers: list[str], partitions: list[int], cold
         if of_client:
             client_tables(client, of_client, brokers, partitions, cold)
     for r in results:
-        if r.notes:
+        if r.notes or r.remarks:
             client = " java client" if r.client == "java" else ""
-            print(f"# {LABELS[r.broker]} p={r.partitions}{client}: {'; '.join(r.notes)}")
+            said = "; ".join(r.notes + r.remarks)
+            print(f"# {LABELS[r.broker]} p={r.partitions}{client}: {said}")
 
 
 # -- main ---------------------------------------------------------------------------------------
