@@ -51,8 +51,15 @@ TOOLS = {
     "kafka-storage": "kafka.tools.StorageTool",
 }
 
-# Short-lived JVMs: start fast rather than run fast (what matters for a tool run in a test).
-QUICK_JVM = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xss1m", "-Xmx512m")
+# Short-lived JVMs: start fast rather than run fast (what matters for a tool run in a test); no
+# hsperfdata file in /tmp, which a JVM killed with SIGKILL would leave behind.
+QUICK_JVM = (
+    "-XX:+UseSerialGC",
+    "-XX:TieredStopAtLevel=1",
+    "-Xss1m",
+    "-Xmx512m",
+    "-XX:-UsePerfData",
+)
 
 
 class JavaSideMissing(RuntimeError):
@@ -202,7 +209,7 @@ class ToolRunner:
             self._process = subprocess.Popen(
                 java_command(
                     "io.automq.tests.ToolRunner",
-                    jvm=("-Xmx512m", "-Djava.security.manager=allow"),
+                    jvm=("-Xmx512m", "-XX:-UsePerfData", "-Djava.security.manager=allow"),
                 ),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -233,7 +240,9 @@ class ToolRunner:
 class JavaProgram:
     """A long-running Java process whose stdout lines are collected as they come; stderr goes
     to ``log_path``. Stopped (SIGKILL if SIGTERM is not enough) by ``stop()`` or the context
-    manager."""
+    manager. Its JVM's temporary files (RocksDB's native library, 15 MB, extracted at each
+    Kafka Streams start and left behind by a SIGKILL) go to a directory beside the log, not
+    to /tmp."""
 
     def __init__(self, command: list[str], log_path: Path) -> None:
         self.command = command
@@ -244,8 +253,12 @@ class JavaProgram:
         self._reader: threading.Thread | None = None
 
     def start(self) -> JavaProgram:
+        scratch = self.log_path.with_name(self.log_path.stem + "-tmp")
+        scratch.mkdir(exist_ok=True)
+        java, *rest = self.command
+        command = [java, f"-Djava.io.tmpdir={scratch}", *rest]
         log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's lifetime
-        self._process = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=log)
+        self._process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log)
         log.close()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
