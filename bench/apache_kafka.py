@@ -7,7 +7,8 @@ Both run from the jars ``make java`` puts in ``.java/kafka-4.4/`` (``tests/suppo
   ``process.roles=broker,controller`` on two free loopback ports of its own, ``log.dirs`` in its
   work directory, ``kafka-storage format --standalone``, then ``kafka.Kafka server.properties``
   with the JVM options ``kafka-server-start.sh`` gives (``-Xmx1G -Xms1G``,
-  ``KAFKA_JVM_PERFORMANCE_OPTS``: G1 with 20 ms pauses, the GC log ``-loggc`` asks for) and a
+  ``KAFKA_JVM_PERFORMANCE_OPTS``: G1 with 20 ms pauses, the GC log ``-loggc`` asks for; and
+  ``-XX:-UsePerfData``) and a
   log4j2 configuration writing ``server.log`` in the work directory. Ready when a metadata
   request lists the broker; stopped with SIGTERM (a controlled shutdown, SIGKILL after
   ``STOP_TIMEOUT_S``). ``flush_every_message`` adds ``log.flush.interval.messages=1``: each
@@ -52,6 +53,9 @@ JVM_PERFORMANCE_OPTS = (
     "-Djava.awt.headless=true",
 )
 PERF_HEAP = ("-Xmx512M",)  # kafka-producer-perf-test.sh's KAFKA_HEAP_OPTS
+# Beyond the scripts': no hsperfdata file in /tmp (jstat's counters), which a JVM killed with
+# SIGKILL would leave behind, as the tests' JVMs (tests/support/java.py).
+NO_PERF_DATA = "-XX:-UsePerfData"
 # The JVM exits with 128 + the signal after its shutdown hooks (Kafka's controlled shutdown) ran.
 CLEAN_EXITS = (0, 128 + signal.SIGTERM)
 
@@ -194,6 +198,7 @@ class KafkaServer:
             "java",
             *SERVER_HEAP,
             *JVM_PERFORMANCE_OPTS,
+            NO_PERF_DATA,
             gc_log,
             f"-Dkafka.logs.dir={self.workdir}",
             f"-Dlog4j2.configurationFile={self._log4j}",
@@ -361,7 +366,13 @@ def producer_perf_command(
     ]
     if warmup_records:
         args += ["--warmup-records", str(warmup_records)]
-    jvm = [*PERF_HEAP, *JVM_PERFORMANCE_OPTS, "-Duser.language=en", "-Duser.country=US"]
+    jvm = [
+        *PERF_HEAP,
+        *JVM_PERFORMANCE_OPTS,
+        NO_PERF_DATA,
+        "-Duser.language=en",
+        "-Duser.country=US",
+    ]
     return [
         "java",
         *jvm,

