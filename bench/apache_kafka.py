@@ -8,9 +8,9 @@ Both run from the jars ``make java`` puts in ``.java/kafka-4.4/`` (``tests/suppo
   work directory, ``kafka-storage format --standalone``, then ``kafka.Kafka server.properties``
   with the JVM options ``kafka-server-start.sh`` gives (``-Xmx1G -Xms1G``,
   ``KAFKA_JVM_PERFORMANCE_OPTS``: G1 with 20 ms pauses, the GC log ``-loggc`` asks for; and
-  ``-XX:-UsePerfData``) and a
-  log4j2 configuration writing ``server.log`` in the work directory. Ready when a metadata
-  request lists the broker; stopped with SIGTERM (a controlled shutdown, SIGKILL after
+  ``-XX:-UsePerfData``) and a log4j2 configuration writing ``server.log`` in the work
+  directory. Ready when a metadata request lists the broker; stopped with SIGTERM (a
+  controlled shutdown, SIGKILL after
   ``STOP_TIMEOUT_S``). ``flush_every_message`` adds ``log.flush.interval.messages=1``: each
   append is fsynced before the broker answers it. As shipped, Kafka leaves that to the OS.
 * ``run_producer_perf`` runs ``kafka-producer-perf-test`` (``ProducerPerformance``) and
