@@ -57,7 +57,10 @@ def _topic_entry(
         "name": topic.name,
         "topic_id": topic.topic_id,
         "is_internal": topic.internal,
-        "partitions": [_partition_entry(ctx, p) for p in partitions or range(topic.partitions)],
+        "partitions": [
+            _partition_entry(ctx, p)
+            for p in (range(topic.partitions) if partitions is None else partitions)
+        ],
     }
 
 
@@ -144,6 +147,8 @@ async def handle_describe_topic_partitions(ctx: BrokerContext, request: Request)
                 topics.append(_unknown_topic(name))
             continue
         first = cursor.partition_index if cursor is not None and name == after else 0
+        # a cursor past the last partition gives none of this topic, one below 0 starts at 0
+        first = min(max(first, 0), topic.partitions)
         end = min(topic.partitions, first + remaining)
         entry = _topic_entry(topic, ctx, range(first, end))
         for partition in entry["partitions"]:

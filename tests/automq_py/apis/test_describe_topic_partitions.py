@@ -86,3 +86,16 @@ def test_a_cursor_must_name_a_topic_asked_for(admin: KafkaAdminClient) -> None:
     assert [(t["name"], t["error_code"]) for t in result["topics"]] == [
         ("alpha", ErrorCode.INVALID_REQUEST)
     ]
+
+
+def test_a_cursor_outside_the_topics_partitions_is_bounded(admin: KafkaAdminClient) -> None:
+    """A cursor past a topic's last partition gives none of it, one below 0 starts at 0: never
+    a partition that does not exist."""
+    past = admin.describe_topic_partitions(
+        ["alpha", "beta"], cursor={"topic_name": "alpha", "partition_index": 9}
+    )
+    assert partitions(past) == [("beta", 0), ("beta", 1), ("beta", 2)]
+    below = admin.describe_topic_partitions(
+        ["beta"], cursor={"topic_name": "beta", "partition_index": -5}
+    )
+    assert partitions(below) == [("beta", 0), ("beta", 1), ("beta", 2)]
