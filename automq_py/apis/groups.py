@@ -395,15 +395,11 @@ async def handle_consumer_group_heartbeat(ctx: BrokerContext, request: Request) 
     error, group = await coordinator.consumer_group(group_id)
     config = coordinator.config
     # the group's own settings (kafka-configs --entity-type groups) over the broker's
-    own = ctx.group_configs
-    interval = (
-        own.heartbeat_interval_ms(group_id)
-        if own is not None
-        else config.consumer_heartbeat_interval_ms
-    )
-    session_timeout = (
-        own.session_timeout_ms(group_id) if own is not None else config.consumer_session_timeout_ms
-    )
+    if ctx.group_configs is not None:
+        session_timeout, interval = ctx.group_configs.timeouts(group_id)
+    else:
+        session_timeout = config.consumer_session_timeout_ms
+        interval = config.consumer_heartbeat_interval_ms
     if group is None:
         return respond(
             request,

@@ -90,16 +90,16 @@ class GroupConfigs:
             return {}
         return {str(k): str(v) for k, v in json.loads(raw).items()}
 
-    def value(self, group_id: str, key: GroupConfigKey) -> int:
-        """The group's own value of ``key``, else the broker's default."""
-        own = self.own(group_id).get(key.name)
-        return int(own) if own is not None else self._broker[key.default_property]
-
-    def session_timeout_ms(self, group_id: str) -> int:
-        return self.value(group_id, SESSION_TIMEOUT)
-
-    def heartbeat_interval_ms(self, group_id: str) -> int:
-        return self.value(group_id, HEARTBEAT_INTERVAL)
+    def timeouts(self, group_id: str) -> tuple[int, int]:
+        """The group's session timeout and heartbeat interval (ms): its own values, else the
+        broker's defaults."""
+        own = self.own(group_id)
+        return (
+            int(own.get(SESSION_TIMEOUT.name, self._broker[SESSION_TIMEOUT.default_property])),
+            int(
+                own.get(HEARTBEAT_INTERVAL.name, self._broker[HEARTBEAT_INTERVAL.default_property])
+            ),
+        )
 
     def broker_default(self, key: GroupConfigKey) -> tuple[str, bool]:
         """The broker's default of ``key`` and whether its properties set it (else the
