@@ -35,6 +35,7 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
+from tests.support.broker import terminate
 from tests.support.java import QUICK_JVM, TOOLS, classpath
 
 KAFKA = "4.4"
@@ -65,13 +66,7 @@ _live: set[subprocess.Popen[bytes]] = set()
 def _stop(process: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT_S) -> int:
     """SIGTERM, SIGKILL after ``timeout``; the exit code."""
     _live.discard(process)
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-    try:
-        return process.wait(timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        return process.wait()
+    return terminate(process, timeout)
 
 
 @atexit.register

@@ -13,6 +13,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
+def terminate(process: subprocess.Popen[bytes], timeout: float) -> int:
+    """SIGTERM (unless it has exited), SIGKILL after ``timeout``; the exit code."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -71,12 +82,7 @@ class BrokerProcess:
         """SIGTERM and wait for the graceful shutdown; returns the exit code."""
         if self._process is None:
             return 0
-        self._process.send_signal(signal.SIGTERM)
-        try:
-            code = self._process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            code = self._process.wait()
+        code = terminate(self._process, timeout)
         self._process = None
         return code
 

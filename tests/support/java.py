@@ -16,7 +16,6 @@ import json
 import os
 import queue
 import re
-import signal
 import subprocess
 import threading
 import time
@@ -24,10 +23,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support.broker import terminate
+
 REPO = Path(__file__).resolve().parents[2]
 JAVA_DIR = REPO / ".java"
 TEST_PROGRAMS = JAVA_DIR / "build" / "automq-java-tests.jar"
-KAFKA_VERSIONS = ("4.4", "3.9")
 
 # bin/<script>.sh -> the main class kafka-run-class.sh is given (Kafka 4.4)
 TOOLS = {
@@ -303,13 +303,7 @@ class JavaProgram:
         """SIGTERM (the JVM's shutdown hooks run), SIGKILL after ``timeout``."""
         if self._process is None:
             return None
-        if self._process.poll() is None:
-            self._process.send_signal(signal.SIGTERM)
-        try:
-            code = self._process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            code = self._process.wait()
+        code = terminate(self._process, timeout)
         self._finish()
         return code
 
