@@ -18,9 +18,10 @@ $(STAMP): setup.cfg pyproject.toml Makefile
 
 venv: $(STAMP)  ## create .venv with the package and its test/dev/spark extras
 
-# kcat (Debian) and kafkajs (npm) drive the broker in the client tests, the image tests podman
-# (with runc) and debootstrap for a local base image; apt runs only when one of them is missing,
-# npm ci only when the lock file changed.
+# kcat (Debian) and kafkajs (npm) drive the broker in the client tests, PostgreSQL (Debian's
+# server, started per test session) holds cluster metadata, the image tests use podman (with runc)
+# and debootstrap for a local base image; apt runs only when one of them is missing, npm ci only
+# when the lock file changed.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 JS_STAMP := tests/js/node_modules/.installed
 
@@ -50,9 +51,11 @@ $(JAVA_STAMP): tests/java/pom.xml $(JAVA_SRC)
 
 java: $(JAVA_STAMP)  ## fetch the Java clients, tools, Streams, Kafka broker and Spark connector
 
-deps: $(STAMP) $(JS_STAMP) $(JAVA_STAMP)  ## install what the tests run beside Python (kcat, kafkajs, Java, podman)
+deps: $(STAMP) $(JS_STAMP) $(JAVA_STAMP)  ## install what the tests run beside Python (kcat, kafkajs, Java, PostgreSQL, podman)
 	@command -v kcat >/dev/null 2>&1 || { $(SUDO) apt-get update && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-upgrade kcat; }
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { $(SUDO) apt-get update && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-upgrade postgresql; }
 	@{ command -v podman && command -v runc && command -v debootstrap; } >/dev/null 2>&1 || \
 		{ $(SUDO) apt-get update && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install \
 		-y --no-upgrade podman runc debootstrap; }
