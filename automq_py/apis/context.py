@@ -55,6 +55,12 @@ class BrokerContext:
         with each broker start, as a new leadership would)."""
         return self.replicas.storage.node_epoch
 
+    @property
+    def broker_ids(self) -> frozenset[int]:
+        """The registered brokers, which a manual replica assignment may name: this broker is
+        the whole cluster."""
+        return frozenset({self.node_id})
+
     def broker_entry(self) -> dict[str, object]:
         return {"node_id": self.node_id, "host": self.host, "port": self.port, "rack": None}
 

@@ -167,7 +167,7 @@ def _partition_result(index: int, outcome: Outcome) -> dict[str, Any]:
 
 
 async def handle_alter_partition_reassignments(ctx: BrokerContext, request: Request) -> Any:
-    brokers = frozenset({ctx.node_id})
+    brokers = ctx.broker_ids
     responses = []
     for t in request.body.topics:
         name = str(t.name)

@@ -1,12 +1,22 @@
-"""CreateTopics (19), DeleteTopics (20) and CreatePartitions (37)."""
+"""CreateTopics (19), DeleteTopics (20) and CreatePartitions (37).
+
+A partition has one replica, whatever replication factor is asked for: object storage keeps
+every byte durable, and every broker can serve any partition. So any replication factor Kafka
+accepts, and a manual replica assignment naming this cluster's brokers, is accepted and gives
+each partition one replica: CreateTopics answers replication factor 1, and Metadata and
+DescribeTopicPartitions list that one replica, the leader, as the replicas and the ISR.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from automq_py.apis.context import BrokerContext
+from automq_py.apis.replication import assignment_problem
 from automq_py.topic_config import effective_topic_config
 from automq_py.topics import INTERNAL_TOPICS, TopicError, check_partition_count, validate_name
 from protocol import build
@@ -15,8 +25,82 @@ from protocol.errors import ErrorCode
 from protocol.messages import Request, response_schema
 from storage.config_def import ConfigError
 
+log = logging.getLogger("automq.apis.topics")
+
 # longest a CreateTopics waits for its partitions to open before answering
 CREATE_WAIT_S = 5.0
+
+
+def requested_replication(replication_factor: int, default: int) -> int:
+    """The replication factor a CreateTopics without a manual assignment asks for: its own, or
+    ``default`` (``default.replication.factor``) for -1; refused as Kafka's controller refuses
+    it. The topic gets one replica either way."""
+    if replication_factor == 0 or replication_factor < -1:
+        raise TopicError(
+            ErrorCode.INVALID_REPLICATION_FACTOR,
+            "Replication factor must be larger than 0, or -1 to use the default value.",
+        )
+    return default if replication_factor == -1 else replication_factor
+
+
+def manual_partition_count(
+    num_partitions: int,
+    replication_factor: int,
+    assignments: Sequence[tuple[int, Sequence[int]]],
+    brokers: frozenset[int],
+) -> int:
+    """The partition count of a CreateTopics manual assignment (``(partition index, replica
+    broker ids)`` pairs), checked in the order and with the messages of Kafka's controller
+    (``ReplicationControlManager.createTopic``). Each partition gets one replica: its first
+    listed broker, which the checks make a registered one (today always this broker)."""
+    if replication_factor != -1:
+        raise TopicError(
+            ErrorCode.INVALID_REQUEST,
+            "A manual partition assignment was specified, but replication factor was not set "
+            "to -1.",
+        )
+    if num_partitions != -1:
+        raise TopicError(
+            ErrorCode.INVALID_REQUEST,
+            "A manual partition assignment was specified, but numPartitions was not set to -1.",
+        )
+    placed: set[int] = set()
+    for index, replicas in assignments:
+        if index in placed:
+            raise TopicError(
+                ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                f"Found multiple manual partition assignments for partition {index}",
+            )
+        _check_replicas(replicas, brokers)
+        placed.add(index)
+    if placed != set(range(len(placed))):
+        raise TopicError(
+            ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+            "partitions should be a consecutive 0-based integer sequence",
+        )
+    return len(placed)
+
+
+def check_new_partition_assignments(
+    added: int, assignments: Sequence[Sequence[int]], brokers: frozenset[int]
+) -> None:
+    """A CreatePartitions manual assignment of ``added`` new partitions, checked as Kafka's
+    controller does (``ReplicationControlManager.createPartitions``); each new partition gets
+    one replica."""
+    if len(assignments) != added:
+        raise TopicError(
+            ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+            f"Attempted to add {added} additional partition(s), but only {len(assignments)} "
+            "assignment(s) were specified.",
+        )
+    for replicas in assignments:
+        _check_replicas(replicas, brokers)
+
+
+def _check_replicas(replicas: Sequence[int], brokers: frozenset[int]) -> None:
+    problem = assignment_problem(replicas, brokers)
+    if problem is not None:
+        raise TopicError(ErrorCode.INVALID_REPLICA_ASSIGNMENT, problem)
 
 
 async def handle_create_topics(ctx: BrokerContext, request: Request) -> Any:
@@ -34,12 +118,19 @@ async def handle_create_topics(ctx: BrokerContext, request: Request) -> Any:
         try:
             validate_name(name)
             if t.assignments:
-                partitions = len(t.assignments)
-            if replication not in (-1, 1):
-                raise TopicError(
-                    ErrorCode.INVALID_REPLICATION_FACTOR,
-                    f"replication factor {replication}: this broker keeps one copy (the object "
-                    "store replicates the data); use 1 or -1",
+                partitions = manual_partition_count(
+                    int(t.num_partitions),
+                    replication,
+                    [
+                        (int(a.partition_index), [int(b) for b in a.broker_ids])
+                        for a in t.assignments
+                    ],
+                    ctx.broker_ids,
+                )
+                requested = 1  # each list is [this broker], the only one registered
+            else:
+                requested = requested_replication(
+                    replication, ctx.config.default_replication_factor
                 )
             check_partition_count(partitions)
             effective_topic_config(ctx.replicas.topic_defaults, configs, strict=True)
@@ -49,6 +140,15 @@ async def handle_create_topics(ctx: BrokerContext, request: Request) -> Any:
                 info = await ctx.topics.create(name, partitions, configs)
                 opening.append(ctx.replicas.open_in_background(info))
                 entry["topic_id"] = info.topic_id
+                if requested > 1:
+                    log.info(
+                        "topic %s: replication factor %d%s recorded as one replica per "
+                        "partition: object storage keeps the data durable and every broker "
+                        "can serve any partition",
+                        name,
+                        requested,
+                        " (default.replication.factor)" if replication == -1 else "",
+                    )
             entry.update(
                 num_partitions=partitions,
                 replication_factor=1,
@@ -154,7 +254,12 @@ async def handle_create_partitions(ctx: BrokerContext, request: Request) -> Any:
                 raise TopicError(
                     ErrorCode.INVALID_PARTITIONS, f"topic {name!r} already has {count} partitions"
                 )
-            # assignments place replicas on brokers: this broker leads every partition
+            if t.assignments is not None:
+                check_new_partition_assignments(
+                    count - info.partitions,
+                    [[int(b) for b in a.broker_ids] for a in t.assignments],
+                    ctx.broker_ids,
+                )
             if not body.validate_only:
                 await ctx.topics.update(info, partitions=count)
         except TopicError as e:

@@ -66,8 +66,9 @@ def test_kafka_topics_creates_lists_describes_alters_and_deletes(
     tool: KafkaTools,
 ) -> None:
     """kafka-topics: create with configs, --list, --describe (partitions, leader, replicas, ISR,
-    the configs given), --alter adds partitions, and the errors a user meets: an existing
-    topic, fewer partitions, a replication factor one broker cannot give, an unknown topic."""
+    the configs given), --alter adds partitions, a replication factor of 3 or a replica
+    assignment of this broker gives one replica, and the errors a user meets: an existing
+    topic, fewer partitions, an assignment to an unknown broker, an unknown topic."""
     create(
         tool,
         "inventory",
@@ -104,10 +105,25 @@ def test_kafka_topics_creates_lists_describes_alters_and_deletes(
         "kafka-topics", "--alter", "--topic", "inventory", "--partitions", "2", check=False
     )
     assert fewer.returncode == 1 and "InvalidPartitionsException" in fewer.stderr
-    rf3 = tool(
-        "kafka-topics", "--create", "--topic", "rf3", "--replication-factor", "3", check=False
+    # object storage keeps the data durable: a partition has one replica, whatever is asked
+    create(tool, "rf3", 2, "--replication-factor", "3")
+    tool("kafka-topics", "--create", "--topic", "placed", "--replica-assignment", "0,0")
+    for name in ("rf3", "placed"):
+        describe = tool("kafka-topics", "--describe", "--topic", name).lines()
+        assert "ReplicationFactor: 1" in describe[0]
+        assert [line.strip().split("\t")[1:5] for line in describe[1:]] == [
+            [f"Partition: {p}", "Leader: 0", "Replicas: 0", "Isr: 0"] for p in range(2)
+        ]
+    elsewhere = tool(
+        "kafka-topics",
+        "--create",
+        "--topic",
+        "elsewhere",
+        "--replica-assignment",
+        "0,1",
+        check=False,
     )
-    assert rf3.returncode == 1 and "InvalidReplicationFactorException" in rf3.stderr
+    assert elsewhere.returncode == 1 and "InvalidReplicaAssignmentException" in elsewhere.stderr
     missing = tool("kafka-topics", "--describe", "--topic", "missing", check=False)
     assert missing.returncode == 1
     assert "Topic 'missing' does not exist as expected" in missing.stdout

@@ -1,0 +1,355 @@
+"""CreateTopics and CreatePartitions: the replication factor and manual replica assignments.
+
+A partition has one replica here (object storage keeps the data durable; every broker can serve
+any partition), so any replication factor Kafka accepts is accepted and recorded as one replica,
+and an assignment naming this cluster's brokers is accepted; what Kafka refuses is refused with
+Kafka's error codes and messages. The handlers run in-process, over a real embedded store."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kafka.protocol.admin.topics import (
+    CreatePartitionsRequest,
+    CreatePartitionsResponse,
+    CreateTopicsRequest,
+    CreateTopicsResponse,
+)
+from kafka.protocol.metadata import MetadataRequest, MetadataResponse
+
+from automq_py.apis.context import BrokerContext
+from automq_py.apis.topics import (
+    check_new_partition_assignments,
+    manual_partition_count,
+    requested_replication,
+)
+from automq_py.config import BrokerConfig
+from automq_py.replica_manager import ReplicaManager
+from automq_py.topics import TopicError, TopicRegistry
+from protocol.errors import ErrorCode
+from storage.s3_storage import S3Storage
+from tests.automq_py.test_topic_config import call
+
+BAD_FACTOR = "Replication factor must be larger than 0, or -1 to use the default value."
+UNKNOWN_BROKER = (
+    "The manual partition assignment includes broker {}, but no such broker is registered."
+)
+ONE_REPLICA_LOG = "recorded as one replica per partition"
+BROKERS = frozenset({0})
+
+MakeContext = Callable[..., Awaitable[BrokerContext]]
+
+
+@pytest.fixture
+async def make_ctx(tmp_path: Path) -> AsyncIterator[MakeContext]:
+    """BrokerContexts over real embedded stores, as Broker.start builds them (no sockets), with
+    extra broker properties."""
+    opened: list[tuple[ReplicaManager, S3Storage]] = []
+
+    async def make(**properties: str) -> BrokerContext:
+        config = BrokerConfig.from_properties(
+            {
+                "log.dirs": str(tmp_path / f"data{len(opened)}"),
+                "s3.wal.capacity": str(32 << 20),
+                "s3.wal.upload.threshold": str(8 << 20),
+                **properties,
+            }
+        )
+        storage = await S3Storage.start(config.storage)
+        replicas = ReplicaManager(storage, config.topic_defaults())
+        opened.append((replicas, storage))
+        return BrokerContext(
+            node_id=config.node_id,
+            cluster_id=config.cluster_id,
+            host="127.0.0.1",
+            port=9092,
+            topics=TopicRegistry(storage.metadata),
+            replicas=replicas,
+            auto_create_topics=False,
+            num_partitions=1,
+            config=config,
+        )
+
+    yield make
+    for replicas, storage in opened:
+        await replicas.close()
+        await storage.close()
+
+
+@pytest.fixture
+async def ctx(make_ctx: MakeContext) -> BrokerContext:
+    return await make_ctx()
+
+
+def new_topic(
+    name: str,
+    partitions: int = 1,
+    replication_factor: int = 1,
+    assignments: dict[int, list[int]] | None = None,
+) -> Any:
+    topic = CreateTopicsRequest.CreatableTopic
+    assignment = topic.CreatableReplicaAssignment
+    return topic(
+        name=name,
+        num_partitions=partitions,
+        replication_factor=replication_factor,
+        assignments=[
+            assignment(partition_index=i, broker_ids=b) for i, b in (assignments or {}).items()
+        ],
+        configs=[],
+    )
+
+
+async def create_topics(ctx: BrokerContext, *topics: Any, validate_only: bool = False) -> Any:
+    request = CreateTopicsRequest[7](
+        topics=list(topics), timeout_ms=5000, validate_only=validate_only
+    )
+    return (await call(ctx, request, CreateTopicsResponse)).topics
+
+
+async def create_partitions(
+    ctx: BrokerContext, name: str, count: int, assignments: list[list[int]] | None
+) -> Any:
+    topic = CreatePartitionsRequest.CreatePartitionsTopic
+    request = CreatePartitionsRequest[3](
+        topics=[
+            topic(
+                name=name,
+                count=count,
+                assignments=None
+                if assignments is None
+                else [topic.CreatePartitionsAssignment(broker_ids=b) for b in assignments],
+            )
+        ],
+        timeout_ms=5000,
+        validate_only=False,
+    )
+    (result,) = (await call(ctx, request, CreatePartitionsResponse)).results
+    return result
+
+
+async def replica_sets(
+    ctx: BrokerContext, name: str
+) -> list[tuple[int, int, list[int], list[int]]]:
+    """Each partition of ``name`` as Metadata shows it: (index, leader, replicas, ISR)."""
+    request = MetadataRequest[12](
+        topics=[MetadataRequest.MetadataRequestTopic(topic_id=None, name=name)],
+        allow_auto_topic_creation=False,
+        include_topic_authorized_operations=False,
+    )
+    (topic,) = (await call(ctx, request, MetadataResponse)).topics
+    assert topic.error_code == ErrorCode.NONE
+    return sorted(
+        (p.partition_index, p.leader_id, list(p.replica_nodes), list(p.isr_nodes))
+        for p in topic.partitions
+    )
+
+
+def one_replica_logs(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "automq.apis.topics" and ONE_REPLICA_LOG in r.getMessage()
+    ]
+
+
+# -- the decisions -------------------------------------------------------------------------------
+
+
+def test_a_requested_factor_is_its_own_or_the_default() -> None:
+    assert requested_replication(3, default=1) == 3
+    assert requested_replication(1, default=3) == 1
+    assert requested_replication(-1, default=3) == 3
+    assert requested_replication(-1, default=1) == 1
+
+
+@pytest.mark.parametrize("factor", [0, -2, -32768])
+def test_a_factor_of_zero_or_below_minus_one_is_refused(factor: int) -> None:
+    with pytest.raises(TopicError) as refused:
+        requested_replication(factor, default=1)
+    assert refused.value.code == ErrorCode.INVALID_REPLICATION_FACTOR
+    assert str(refused.value) == BAD_FACTOR
+
+
+def test_a_manual_assignment_of_this_broker_gives_its_partition_count() -> None:
+    assert manual_partition_count(-1, -1, [(0, [0]), (1, [0]), (2, [0])], BROKERS) == 3
+    assert manual_partition_count(-1, -1, [(1, [0]), (0, [0])], BROKERS) == 2
+
+
+@pytest.mark.parametrize(
+    ("partitions", "factor", "assignments", "code", "message"),
+    [
+        (
+            -1,
+            3,
+            [(0, [0])],
+            ErrorCode.INVALID_REQUEST,
+            "A manual partition assignment was specified, but replication factor was not set "
+            "to -1.",
+        ),
+        (
+            1,
+            -1,
+            [(0, [0])],
+            ErrorCode.INVALID_REQUEST,
+            "A manual partition assignment was specified, but numPartitions was not set to -1.",
+        ),
+        (
+            -1,
+            -1,
+            [(0, [0]), (0, [0])],
+            ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+            "Found multiple manual partition assignments for partition 0",
+        ),
+        (-1, -1, [(0, [0, 1, 2])], ErrorCode.INVALID_REPLICA_ASSIGNMENT, UNKNOWN_BROKER.format(1)),
+        (-1, -1, [(0, [5])], ErrorCode.INVALID_REPLICA_ASSIGNMENT, UNKNOWN_BROKER.format(5)),
+        (
+            -1,
+            -1,
+            [(0, [])],
+            ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+            "The manual partition assignment includes an empty replica list.",
+        ),
+        (
+            -1,
+            -1,
+            [(0, [0, 0])],
+            ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+            "The manual partition assignment includes the broker 0 more than once.",
+        ),
+        (
+            -1,
+            -1,
+            [(0, [0]), (2, [0])],
+            ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+            "partitions should be a consecutive 0-based integer sequence",
+        ),
+    ],
+)
+def test_a_manual_assignment_is_refused_as_kafka_refuses_it(
+    partitions: int,
+    factor: int,
+    assignments: list[tuple[int, list[int]]],
+    code: ErrorCode,
+    message: str,
+) -> None:
+    with pytest.raises(TopicError) as refused:
+        manual_partition_count(partitions, factor, assignments, BROKERS)
+    assert (refused.value.code, str(refused.value)) == (code, message)
+
+
+def test_new_partitions_assignments_name_registered_brokers_one_list_each() -> None:
+    check_new_partition_assignments(2, [[0], [0]], BROKERS)
+    with pytest.raises(TopicError) as refused:
+        check_new_partition_assignments(2, [[0]], BROKERS)
+    assert (refused.value.code, str(refused.value)) == (
+        ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+        "Attempted to add 2 additional partition(s), but only 1 assignment(s) were specified.",
+    )
+    with pytest.raises(TopicError) as refused:
+        check_new_partition_assignments(1, [[0, 3]], BROKERS)
+    assert (refused.value.code, str(refused.value)) == (
+        ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+        UNKNOWN_BROKER.format(3),
+    )
+
+
+# -- the handlers --------------------------------------------------------------------------------
+
+
+async def test_replication_factor_3_is_created_with_one_replica(
+    ctx: BrokerContext, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="automq.apis.topics")
+    (result,) = await create_topics(ctx, new_topic("schemas", 2, 3))
+
+    assert (result.error_code, result.error_message) == (ErrorCode.NONE, None)
+    assert (result.num_partitions, result.replication_factor) == (2, 1)
+    assert await replica_sets(ctx, "schemas") == [(0, 0, [0], [0]), (1, 0, [0], [0])]
+    (line,) = one_replica_logs(caplog)
+    assert line.startswith("topic schemas: replication factor 3 recorded as one replica")
+    assert "object storage keeps the data durable" in line
+    assert "every broker can serve any partition" in line
+
+
+async def test_factor_1_and_a_validation_log_nothing(
+    ctx: BrokerContext, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="automq.apis.topics")
+    (checked,) = await create_topics(ctx, new_topic("checked", 1, 3), validate_only=True)
+    (single,) = await create_topics(ctx, new_topic("single", 1, 1))
+
+    assert (checked.error_code, checked.replication_factor) == (ErrorCode.NONE, 1)
+    assert ctx.topics.get("checked") is None
+    assert (single.error_code, single.replication_factor) == (ErrorCode.NONE, 1)
+    assert one_replica_logs(caplog) == []
+
+
+async def test_default_replication_factor_3_gives_one_replica(
+    make_ctx: MakeContext, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="automq.apis.topics")
+    ctx = await make_ctx(**{"default.replication.factor": "3"})
+    (result,) = await create_topics(ctx, new_topic("connect-offsets", 1, -1))
+
+    assert (result.error_code, result.replication_factor) == (ErrorCode.NONE, 1)
+    assert await replica_sets(ctx, "connect-offsets") == [(0, 0, [0], [0])]
+    (line,) = one_replica_logs(caplog)
+    assert "replication factor 3 (default.replication.factor) recorded as one" in line
+
+
+@pytest.mark.parametrize("factor", [0, -2])
+async def test_factor_0_or_minus_2_is_refused(ctx: BrokerContext, factor: int) -> None:
+    (result,) = await create_topics(ctx, new_topic("refused", 1, factor))
+
+    assert (result.error_code, result.error_message) == (
+        ErrorCode.INVALID_REPLICATION_FACTOR,
+        BAD_FACTOR,
+    )
+    assert (result.num_partitions, result.replication_factor) == (-1, -1)
+    assert ctx.topics.get("refused") is None
+
+
+async def test_a_manual_assignment_creates_one_replica_per_partition(ctx: BrokerContext) -> None:
+    placed, elsewhere, factor_too = await create_topics(
+        ctx,
+        new_topic("placed", -1, -1, {0: [0], 1: [0], 2: [0]}),
+        new_topic("elsewhere", -1, -1, {0: [0], 1: [2]}),
+        new_topic("factor-too", -1, 3, {0: [0]}),
+    )
+
+    assert (placed.error_code, placed.num_partitions, placed.replication_factor) == (
+        ErrorCode.NONE,
+        3,
+        1,
+    )
+    assert await replica_sets(ctx, "placed") == [(p, 0, [0], [0]) for p in range(3)]
+    assert (elsewhere.error_code, elsewhere.error_message) == (
+        ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+        UNKNOWN_BROKER.format(2),
+    )
+    assert factor_too.error_code == ErrorCode.INVALID_REQUEST
+    assert ctx.topics.get("elsewhere") is None and ctx.topics.get("factor-too") is None
+
+
+async def test_create_partitions_with_assignments(ctx: BrokerContext) -> None:
+    (created,) = await create_topics(ctx, new_topic("growing", 1, 3))
+    assert created.error_code == ErrorCode.NONE
+
+    grown = await create_partitions(ctx, "growing", 3, [[0], [0]])
+    assert (grown.error_code, grown.error_message) == (ErrorCode.NONE, None)
+    assert await replica_sets(ctx, "growing") == [(p, 0, [0], [0]) for p in range(3)]
+
+    elsewhere = await create_partitions(ctx, "growing", 4, [[1]])
+    assert (elsewhere.error_code, elsewhere.error_message) == (
+        ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+        UNKNOWN_BROKER.format(1),
+    )
+    too_few = await create_partitions(ctx, "growing", 5, [[0]])
+    assert too_few.error_code == ErrorCode.INVALID_REPLICA_ASSIGNMENT
+    topic = ctx.topics.get("growing")
+    assert topic is not None and topic.partitions == 3
