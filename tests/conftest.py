@@ -1,4 +1,5 @@
-"""Shared fixtures: a real S3 server (SeaweedFS) for the session, and object stores on it."""
+"""Shared fixtures: a real S3 server (SeaweedFS) and a real PostgreSQL for the session, and
+object stores and metadata databases on them."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from storage.operator import LocalObjectStore, S3ObjectStore
+from tests.support.postgres import PostgresServer
 from tests.support.seaweedfs import SeaweedFS
 
 # CI machines are small and shared: time limits per example would make fuzz tests flaky.
@@ -28,6 +30,19 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One PostgreSQL server (Debian's) for the whole session; each test takes a database."""
+    with PostgresServer() as server:
+        yield server
+
+
+@pytest.fixture
+def postgres_url(postgres_server: PostgresServer) -> str:
+    """A new empty database on the session's PostgreSQL."""
+    return postgres_server.create_database()
 
 
 @pytest.fixture

@@ -4,13 +4,22 @@ Every change goes the same way: check the request against the image and make its
 (``control``, pure), persist the records in one transaction (``store``), then apply them to
 the image. Changes run one at a time under a lock, so each is checked against the state the
 previous one left. Reads are synchronous and come from the image.
+
+With a store several brokers share, another broker may have committed since the image was last
+brought up to date: the store then refuses the records, and the change is checked again against
+the caught-up image. A follower task applies the others' changes as they are committed, so the
+image trails the store by the time a notification takes (milliseconds). Listeners hear every
+applied record list, this broker's and the others'.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from storage.metadata import control
 from storage.metadata.image import MetadataImage
@@ -22,9 +31,21 @@ from storage.metadata.model import (
     StreamMetadata,
 )
 from storage.metadata.records import Record
-from storage.metadata.store import MetadataStore, open_store
+from storage.metadata.store import (
+    MetadataStore,
+    SnapshotNeededError,
+    StaleImageError,
+    open_store,
+)
+
+log = logging.getLogger("automq.metadata")
 
 Clock = Callable[[], int]
+Records = list[Record]
+Listener = Callable[[Sequence[Record]], None]
+T = TypeVar("T")
+# a change refused this many times in a row (others keep committing first) gives up
+MAX_ATTEMPTS = 50
 
 
 class WallClock:
@@ -46,116 +67,176 @@ class MetadataManager:
         self.image = image
         self._clock = clock
         self._lock = asyncio.Lock()
+        self._listeners: list[Listener] = []
+        self._follower: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(cls, url: str, clock: Clock | None = None) -> MetadataManager:
-        """Open the store at ``url`` (``sqlite:///abs/path.db``, ``sqlite://:memory:``)."""
+        """Open the store at ``url`` (``sqlite:///abs/path.db``, ``sqlite://:memory:``,
+        ``postgresql://USER@HOST:PORT/DB``)."""
         return await cls.from_store(await open_store(url), clock)
 
     @classmethod
     async def from_store(cls, store: MetadataStore, clock: Clock | None = None) -> MetadataManager:
         """Serve the metadata held by an already opened store."""
-        return cls(store, await store.load(), clock if clock is not None else WallClock())
+        try:
+            image = await store.load()
+        except BaseException:
+            await store.close()
+            raise
+        manager = cls(store, image, clock if clock is not None else WallClock())
+        manager._follower = asyncio.create_task(manager._follow(), name="metadata-follow")
+        return manager
 
     async def close(self) -> None:
         """Close the store once the change in progress, if any, is done."""
+        if self._follower is not None:
+            self._follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._follower
         async with self._lock:
             await self._store.close()
 
-    async def _commit(self, records: Sequence[Record]) -> None:
-        """Persist, then apply: the image only ever shows committed state."""
-        if not records:
-            return
-        await self._store.persist(records)
+    def add_listener(self, listener: Listener) -> None:
+        """Call ``listener(records)`` after each record list is applied to the image."""
+        self._listeners.append(listener)
+
+    async def catch_up(self) -> None:
+        """Apply what other brokers committed until now (the follower does so by itself)."""
+        async with self._lock:
+            await self._catch_up_locked()
+
+    async def _change(self, plan: Callable[[MetadataImage], tuple[Records, T]]) -> T:
+        """Check ``plan`` against the image, persist its records, apply them; when another
+        broker committed first, catch up and check again."""
+        async with self._lock:
+            for _ in range(MAX_ATTEMPTS):
+                records, result = plan(self.image)
+                if not records:
+                    return result
+                try:
+                    await self._store.persist(records)
+                except StaleImageError:
+                    await self._catch_up_locked()
+                    continue
+                await self._applied(records)
+                return result
+            raise StaleImageError(f"metadata change refused {MAX_ATTEMPTS} times: gave up")
+
+    async def _applied(self, records: Sequence[Record]) -> None:
+        """Apply persisted records: the image only ever shows committed state."""
         try:
             self.image.apply(records)
         except BaseException:
             # The store has the change but the image is half-changed: start over from the store.
             self.image = await self._store.load()
             raise
+        for listener in self._listeners:
+            try:
+                listener(records)
+            except Exception:
+                log.exception("metadata listener failed")
+        if self._store.snapshot_due():
+            try:
+                await self._store.write_snapshot(self.image)
+            except Exception as e:  # a cost saved next start, not a change: retried later
+                log.warning("metadata snapshot failed: %s", e)
+
+    async def _catch_up_locked(self) -> None:
+        try:
+            entries = await self._store.catch_up()
+        except SnapshotNeededError as e:
+            log.info("metadata image reloaded: %s", e)
+            self.image = await self._store.load()
+            for listener in self._listeners:
+                listener([])
+            return
+        for records in entries:
+            await self._applied(records)
+
+    async def _follow(self) -> None:
+        """Apply the other brokers' changes as the store announces them."""
+        while True:
+            await self._store.wait_for_change()
+            try:
+                async with self._lock:
+                    await self._catch_up_locked()
+            except Exception as e:  # the store unreachable: its next announcement retries
+                log.warning("following the metadata log: %s", e)
+                await asyncio.sleep(1.0)
 
     # -- nodes -----------------------------------------------------------------------------------
 
     async def register_node(self, node_id: int) -> int:
         """Register a (re)starting node; return its new epoch (1 for a new node, else +1)."""
-        async with self._lock:
-            records, epoch = control.register_node(self.image, node_id)
-            await self._commit(records)
-            return epoch
+        return await self._change(lambda image: control.register_node(image, node_id))
 
     # -- streams ---------------------------------------------------------------------------------
 
     async def create_stream(self, node_id: int, node_epoch: int) -> int:
         """Create a stream (CLOSED, epoch -1, offsets 0) and return its id."""
-        async with self._lock:
-            records, stream_id = control.create_stream(self.image, node_id, node_epoch)
-            await self._commit(records)
-            return stream_id
+        return await self._change(lambda image: control.create_stream(image, node_id, node_epoch))
 
     async def create_open_streams(
         self, node_id: int, node_epoch: int, epoch: int, count: int = 1
     ) -> list[StreamMetadata]:
         """Create ``count`` streams and open them at ``epoch``, in one transaction."""
-        async with self._lock:
-            records, ids = control.create_open_streams(
-                self.image, node_id, node_epoch, epoch, count
-            )
-            await self._commit(records)
-            return [self.image.streams[i] for i in ids]
+        ids = await self._change(
+            lambda image: control.create_open_streams(image, node_id, node_epoch, epoch, count)
+        )
+        return [self.image.streams[i] for i in ids]
 
     async def open_stream(
         self, node_id: int, node_epoch: int, stream_id: int, epoch: int
     ) -> StreamMetadata:
         """Open a stream at ``epoch`` on ``node_id`` (a newer epoch fences the previous owner)."""
-        async with self._lock:
-            await self._commit(
-                control.open_stream(self.image, node_id, node_epoch, stream_id, epoch)
-            )
-            return self.image.streams[stream_id]
+
+        def plan(image: MetadataImage) -> tuple[Records, StreamMetadata | None]:
+            return control.open_stream(image, node_id, node_epoch, stream_id, epoch), None
+
+        await self._change(plan)
+        return self.image.streams[stream_id]
 
     async def close_stream(self, node_id: int, node_epoch: int, stream_id: int, epoch: int) -> None:
         """Close a stream this node owns at ``epoch``; closing a closed stream is a no-op."""
-        async with self._lock:
-            await self._commit(
-                control.close_stream(self.image, node_id, node_epoch, stream_id, epoch)
+        await self._change(
+            lambda image: (
+                control.close_stream(image, node_id, node_epoch, stream_id, epoch),
+                None,
             )
+        )
 
     async def trim_stream(
         self, node_id: int, node_epoch: int, stream_id: int, epoch: int, new_start_offset: int
     ) -> None:
         """Raise the start offset; objects wholly below it are freed (MARK_DESTROYED)."""
-        async with self._lock:
-            await self._commit(
+        await self._change(
+            lambda image: (
                 control.trim_stream(
-                    self.image,
-                    node_id,
-                    node_epoch,
-                    stream_id,
-                    epoch,
-                    new_start_offset,
-                    self._clock(),
-                )
+                    image, node_id, node_epoch, stream_id, epoch, new_start_offset, self._clock()
+                ),
+                None,
             )
+        )
 
     async def delete_stream(
         self, node_id: int, node_epoch: int, stream_id: int, epoch: int
     ) -> None:
         """Delete a closed stream; its Stream Objects are freed and it leaves every SSO."""
-        async with self._lock:
-            await self._commit(
-                control.delete_stream(
-                    self.image, node_id, node_epoch, stream_id, epoch, self._clock()
-                )
+        await self._change(
+            lambda image: (
+                control.delete_stream(image, node_id, node_epoch, stream_id, epoch, self._clock()),
+                None,
             )
+        )
 
     # -- objects ---------------------------------------------------------------------------------
 
     async def prepare_object(self, count: int, ttl_ms: int) -> int:
         """Reserve ``count`` consecutive object ids (PREPARED for ``ttl_ms``); return the first."""
-        async with self._lock:
-            records, first = control.prepare_object(self.image, count, ttl_ms, self._clock())
-            await self._commit(records)
-            return first
+        return await self._change(
+            lambda image: control.prepare_object(image, count, ttl_ms, self._clock())
+        )
 
     async def commit_stream_set_object(
         self,
@@ -173,10 +254,10 @@ class MetadataManager:
         ``object_id`` -1 commits Stream Objects only. See ``control.commit_stream_set_object``
         for the checks; committing the same objects again succeeds and changes nothing.
         """
-        async with self._lock:
-            await self._commit(
+        await self._change(
+            lambda image: (
                 control.commit_stream_set_object(
-                    self.image,
+                    image,
                     node_id,
                     node_epoch,
                     object_id,
@@ -186,8 +267,10 @@ class MetadataManager:
                     stream_objects,
                     compacted_object_ids,
                     self._clock(),
-                )
+                ),
+                None,
             )
+        )
 
     async def commit_stream_object(
         self,
@@ -200,10 +283,10 @@ class MetadataManager:
         source_object_ids: Sequence[int],
     ) -> None:
         """Replace Stream Objects of a stream by one merged object (the sources are freed)."""
-        async with self._lock:
-            await self._commit(
+        await self._change(
+            lambda image: (
                 control.commit_stream_object(
-                    self.image,
+                    image,
                     object_id,
                     stream_id,
                     stream_epoch,
@@ -212,21 +295,22 @@ class MetadataManager:
                     object_size,
                     source_object_ids,
                     self._clock(),
-                )
+                ),
+                None,
             )
+        )
 
     async def mark_destroyed_done(self, object_ids: Sequence[int]) -> None:
         """Forget these MARK_DESTROYED objects: they are deleted from object storage."""
-        async with self._lock:
-            await self._commit(control.mark_destroyed_done(self.image, object_ids))
+        await self._change(lambda image: (control.mark_destroyed_done(image, object_ids), None))
 
     async def expire_prepared(self, now_ms: int | None = None) -> list[int]:
         """Mark PREPARED objects past their deadline MARK_DESTROYED; return their ids."""
-        async with self._lock:
-            now = self._clock() if now_ms is None else now_ms
-            records, expired = control.expire_prepared(self.image, now)
-            await self._commit(records)
-            return expired
+        return await self._change(
+            lambda image: control.expire_prepared(
+                image, self._clock() if now_ms is None else now_ms
+            )
+        )
 
     # -- reads -----------------------------------------------------------------------------------
 
@@ -256,8 +340,7 @@ class MetadataManager:
 
     async def put_kv(self, key: str, value: bytes) -> None:
         """Set ``key`` to ``value`` (e.g. a partition's MetaStream id)."""
-        async with self._lock:
-            await self._commit(control.put_kv(key, value))
+        await self._change(lambda _image: (control.put_kv(key, value), None))
 
     def get_kv(self, key: str) -> bytes | None:
         """The value of ``key``, or None."""
@@ -269,5 +352,4 @@ class MetadataManager:
 
     async def delete_kv(self, key: str) -> None:
         """Drop ``key`` (no error if it is not set)."""
-        async with self._lock:
-            await self._commit(control.delete_kv(self.image, key))
+        await self._change(lambda image: (control.delete_kv(image, key), None))

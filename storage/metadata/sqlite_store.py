@@ -48,6 +48,18 @@ class SQLiteStore:
     async def persist(self, records: Sequence[Record]) -> None:
         await asyncio.to_thread(self._persist, list(records))
 
+    async def catch_up(self) -> list[list[Record]]:
+        return []  # this process is the only writer
+
+    async def wait_for_change(self) -> None:
+        await asyncio.Event().wait()  # nobody else writes: never
+
+    def snapshot_due(self) -> bool:
+        return False  # the tables are the state: nothing to replay
+
+    async def write_snapshot(self, image: MetadataImage) -> None:
+        return None
+
     async def close(self) -> None:
         await asyncio.to_thread(self._close)
 

@@ -2,6 +2,12 @@
 
 A backend loads the committed state as a :class:`MetadataImage` and persists a record list in
 one transaction: all of it or none of it. ``open_store`` picks the backend from a URL.
+
+A store several brokers share (PostgreSQL) is an ordered log of record lists: ``persist``
+appends only at the head the caller's image has seen, and refuses with
+:class:`StaleImageError` when another broker appended first; ``catch_up`` hands over what the
+others appended, and ``wait_for_change`` returns when there may be some. A store one broker
+owns (SQLite) never refuses, never has anything to catch up on, and never wakes its waiter.
 """
 
 from __future__ import annotations
@@ -9,8 +15,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from storage.errors import StorageError
 from storage.metadata.image import MetadataImage
 from storage.metadata.records import Record
+
+
+class StaleImageError(Exception):
+    """Another broker committed since this image was read: catch up, check again, retry."""
+
+
+class SnapshotNeededError(Exception):
+    """The log entries this image needs next were dropped after a snapshot: load it anew."""
+
+
+class MetadataUnavailableError(StorageError):
+    """The metadata store cannot be reached now; reads from the image still work."""
 
 
 class MetadataStore(Protocol):
@@ -19,7 +38,30 @@ class MetadataStore(Protocol):
         ...
 
     async def persist(self, records: Sequence[Record]) -> None:
-        """Write ``records`` in one durable transaction, or raise and write nothing."""
+        """Write ``records`` in one durable transaction, or raise and write nothing.
+
+        Raises :class:`StaleImageError` when the store moved past the caller's image (the
+        records were checked against stale state) and :class:`MetadataUnavailableError` when
+        the store cannot be reached (the outcome of the transaction may then be unknown: a
+        later ``catch_up`` shows it).
+        """
+        ...
+
+    async def catch_up(self) -> list[list[Record]]:
+        """What other writers committed since the last load, persist or catch-up, in order;
+        raises :class:`SnapshotNeededError` when that history is no longer kept."""
+        ...
+
+    async def wait_for_change(self) -> None:
+        """Return when another writer may have committed (never, for a store of one)."""
+        ...
+
+    def snapshot_due(self) -> bool:
+        """Whether the caller should write a snapshot of its image now."""
+        ...
+
+    async def write_snapshot(self, image: MetadataImage) -> None:
+        """Store ``image`` (the state at the last persisted or caught-up entry) for fast loads."""
         ...
 
     async def close(self) -> None:
@@ -28,7 +70,8 @@ class MetadataStore(Protocol):
 
 
 async def open_store(url: str) -> MetadataStore:
-    """Open the store ``url`` names: ``sqlite:///abs/path.db`` or ``sqlite://:memory:``.
+    """Open the store ``url`` names: ``sqlite:///abs/path.db``, ``sqlite://:memory:`` or
+    ``postgresql://USER[:PASSWORD]@HOST:PORT/DB``.
 
     ``sqlite:///./rel/path.db`` (a path starting with ``./`` or ``../``) is relative to the
     working directory.
@@ -37,7 +80,14 @@ async def open_store(url: str) -> MetadataStore:
         from storage.metadata.sqlite_store import SQLiteStore
 
         return await SQLiteStore.open(sqlite_path(url))
-    raise ValueError(f"unsupported metadata store url {url!r}: expected sqlite:///<path>")
+    if url.startswith(("postgresql://", "postgres://")):
+        from storage.metadata.postgres_store import PostgresStore
+
+        return await PostgresStore.open(url)
+    raise ValueError(
+        f"unsupported metadata store url {url!r}: expected sqlite:///<path> or "
+        "postgresql://USER@HOST:PORT/DB"
+    )
 
 
 def sqlite_path(url: str) -> str:

@@ -6,6 +6,7 @@ import pytest
 
 from storage.metadata.manager import MetadataManager
 from tests.storage.metadata.helpers import FakeClock
+from tests.support.postgres import PostgresServer
 
 
 @pytest.fixture
@@ -13,8 +14,16 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-@pytest.fixture
-async def manager(clock: FakeClock) -> AsyncIterator[MetadataManager]:
-    m = await MetadataManager.open("sqlite://:memory:", clock=clock)
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def manager(
+    request: pytest.FixtureRequest, clock: FakeClock
+) -> AsyncIterator[MetadataManager]:
+    """The metadata controller over each backend: the same checks must hold on both."""
+    if request.param == "sqlite":
+        url = "sqlite://:memory:"
+    else:
+        server: PostgresServer = request.getfixturevalue("postgres_server")
+        url = server.create_database()
+    m = await MetadataManager.open(url, clock=clock)
     yield m
     await m.close()
