@@ -1,0 +1,150 @@
+"""The cluster's state in the metadata KV: broker registrations, partition leaders, the controller.
+
+Every broker replays the same metadata log, so these entries are what each broker knows of the
+cluster; they change only through the metadata manager (checked, persisted, applied), like
+topics (``topic/<name>``). Values are JSON, small and readable in a database dump.
+
+=========================  ========================================================================
+key                        value
+=========================  ========================================================================
+``broker/<node id>``       :class:`BrokerRegistration`: the incarnation (the node epoch its last
+                           start registered), listener host/port, rack, fenced, shutting down
+``leaders/<topic>``        :class:`TopicLeaders`: per partition, its leader's node id (-1: none,
+                           offline) and leader epoch (bumped at every change of leader)
+``controller``             :class:`ControllerRecord`: the broker acting as controller and the
+                           lease epoch it holds; a new controller writes it first, so a former
+                           one's changes, checked against the caught-up image, are refused
+=========================  ========================================================================
+
+A single broker (SQLite metadata) writes none of these: it is the cluster, and it leads every
+partition.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+BROKER_PREFIX = "broker/"
+LEADERS_PREFIX = "leaders/"
+CONTROLLER_KEY = "controller"
+NO_LEADER = -1
+
+
+def broker_key(node_id: int) -> str:
+    return f"{BROKER_PREFIX}{node_id}"
+
+
+def leaders_key(topic: str) -> str:
+    return f"{LEADERS_PREFIX}{topic}"
+
+
+@dataclass(slots=True, frozen=True)
+class BrokerRegistration:
+    """A broker as it registered: where clients reach it, and whether it may lead partitions."""
+
+    node_id: int
+    incarnation: int
+    host: str
+    port: int
+    rack: str | None = None
+    fenced: bool = False
+    shutting_down: bool = False
+
+    @property
+    def live(self) -> bool:
+        """Whether partitions may be placed on it."""
+        return not self.fenced and not self.shutting_down
+
+    def encode(self) -> bytes:
+        return _json(
+            {
+                "incarnation": self.incarnation,
+                "host": self.host,
+                "port": self.port,
+                "rack": self.rack,
+                "fenced": self.fenced,
+                "shutting_down": self.shutting_down,
+            }
+        )
+
+    @classmethod
+    def decode(cls, node_id: int, raw: bytes) -> BrokerRegistration:
+        d = json.loads(raw)
+        return cls(
+            node_id,
+            int(d["incarnation"]),
+            str(d["host"]),
+            int(d["port"]),
+            d.get("rack"),
+            bool(d.get("fenced", False)),
+            bool(d.get("shutting_down", False)),
+        )
+
+
+@dataclass(slots=True, frozen=True)
+class TopicLeaders:
+    """Each partition's leader and leader epoch, in partition order."""
+
+    leaders: tuple[int, ...]
+    epochs: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.leaders) != len(self.epochs):
+            raise ValueError("one leader epoch per partition")
+
+    def leader(self, index: int) -> int:
+        return self.leaders[index] if 0 <= index < len(self.leaders) else NO_LEADER
+
+    def epoch(self, index: int) -> int:
+        return self.epochs[index] if 0 <= index < len(self.epochs) else -1
+
+    def moved(self, changes: Mapping[int, int]) -> TopicLeaders:
+        """These partitions (index -> new leader) led elsewhere, each with its epoch bumped."""
+        leaders = list(self.leaders)
+        epochs = list(self.epochs)
+        for index, node in changes.items():
+            if leaders[index] != node:
+                leaders[index] = node
+                epochs[index] += 1
+        return replace(self, leaders=tuple(leaders), epochs=tuple(epochs))
+
+    def grown(self, new_leaders: Sequence[int]) -> TopicLeaders:
+        """Partitions added at the end (CreatePartitions), at leader epoch 0."""
+        return TopicLeaders(
+            (*self.leaders, *new_leaders), (*self.epochs, *(0 for _ in new_leaders))
+        )
+
+    @classmethod
+    def new(cls, leaders: Sequence[int]) -> TopicLeaders:
+        return cls(tuple(leaders), tuple(0 for _ in leaders))
+
+    def encode(self) -> bytes:
+        return _json({"leaders": list(self.leaders), "epochs": list(self.epochs)})
+
+    @classmethod
+    def decode(cls, raw: bytes) -> TopicLeaders:
+        d = json.loads(raw)
+        return cls(tuple(int(x) for x in d["leaders"]), tuple(int(x) for x in d["epochs"]))
+
+
+@dataclass(slots=True, frozen=True)
+class ControllerRecord:
+    """Which broker is the controller, under which lease epoch."""
+
+    node_id: int
+    epoch: int
+
+    def encode(self) -> bytes:
+        return _json({"node": self.node_id, "epoch": self.epoch})
+
+    @classmethod
+    def decode(cls, raw: bytes) -> ControllerRecord:
+        d = json.loads(raw)
+        return cls(int(d["node"]), int(d["epoch"]))
+
+
+def _json(value: Mapping[str, Any]) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
