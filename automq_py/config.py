@@ -262,6 +262,27 @@ class BrokerConfig:
         None,
         "cluster id; objects live under _kafka_<id>",
     )
+    broker_rack: str = _prop(
+        "broker.rack",
+        "",
+        ConfigType.STRING,
+        None,
+        "this broker's rack (or zone): partition leaders are spread over racks",
+    )
+    broker_heartbeat_interval_ms: int = _prop(
+        "broker.heartbeat.interval.ms",
+        2000,
+        ConfigType.INT,
+        1,
+        "how often a broker of a cluster tells the controller it is alive",
+    )
+    broker_session_timeout_ms: int = _prop(
+        "broker.session.timeout.ms",
+        9000,
+        ConfigType.INT,
+        1,
+        "a broker silent this long is fenced and its partitions are led by others",
+    )
     listeners: tuple[Listener, ...] = (Listener("PLAINTEXT", "127.0.0.1", 9092),)
     advertised_listeners: tuple[Listener, ...] = (Listener("PLAINTEXT", "127.0.0.1", 9092),)
     data_dir: str = DEFAULT_DATA_DIR
@@ -527,7 +548,17 @@ class BrokerConfig:
             log_defaults=MappingProxyType(check_topic_defaults(props)),
             **values,
         )
+        if config.broker_session_timeout_ms <= config.broker_heartbeat_interval_ms:
+            raise ConfigError(
+                f"broker.session.timeout.ms ({config.broker_session_timeout_ms}) must be larger "
+                f"than broker.heartbeat.interval.ms ({config.broker_heartbeat_interval_ms})"
+            )
         return config
+
+    @property
+    def cluster_mode(self) -> bool:
+        """Whether this broker is one of several sharing its metadata (PostgreSQL)."""
+        return self.storage.metadata_url.startswith(("postgresql://", "postgres://"))
 
     @classmethod
     def config_keys(cls) -> dict[str, ConfigKey]:

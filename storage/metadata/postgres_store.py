@@ -67,8 +67,8 @@ SCHEMA: tuple[str, ...] = (
         image BYTEA NOT NULL)""",
 )
 
-# what a broken connection or an unreachable server raises
-_UNAVAILABLE: tuple[type[BaseException], ...] = (
+# what a broken connection or an unreachable server raises (the cluster's liveness tables too)
+UNAVAILABLE: tuple[type[BaseException], ...] = (
     OSError,
     TimeoutError,
     asyncpg.InterfaceError,
@@ -111,7 +111,7 @@ class PostgresStore:
                     await conn.execute("INSERT INTO automq_schema VALUES ($1)", SCHEMA_VERSION)
                 elif version > SCHEMA_VERSION:
                     raise SchemaVersionError(
-                        f"metadata.store.url {_redacted(url)}: schema version {version} was "
+                        f"metadata.store.url {redacted(url)}: schema version {version} was "
                         f"written by a newer automq-py (this one knows {SCHEMA_VERSION})"
                     )
         except BaseException:
@@ -140,7 +140,7 @@ class PostgresStore:
                 for entry in await self._entries_after(conn, offset, limit=None):
                     image.apply(entry)
                 return image
-            except _UNAVAILABLE as e:
+            except UNAVAILABLE as e:
                 raise self._unavailable(e) from e
 
     async def persist(self, records: Sequence[Record]) -> None:
@@ -163,7 +163,7 @@ class PostgresStore:
                     await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, str(offset))
             except asyncpg.UniqueViolationError:
                 raise StaleImageError(f"metadata log entry {offset} is taken") from None
-            except _UNAVAILABLE as e:
+            except UNAVAILABLE as e:
                 raise self._unavailable(e) from e
             self._offset = offset
 
@@ -172,7 +172,7 @@ class PostgresStore:
             conn = await self._connection()
             try:
                 return await self._entries_after(conn, self._offset, limit=None)
-            except _UNAVAILABLE as e:
+            except UNAVAILABLE as e:
                 raise self._unavailable(e) from e
 
     async def wait_for_change(self) -> None:
@@ -210,7 +210,7 @@ class PostgresStore:
                             "DELETE FROM metadata_snapshots WHERE log_offset < $1", older
                         )
                         await conn.execute("DELETE FROM metadata_log WHERE log_offset <= $1", older)
-            except _UNAVAILABLE as e:
+            except UNAVAILABLE as e:
                 raise self._unavailable(e) from e
             self._snapshot_offset = offset
         log.info("metadata snapshot at log offset %d (%d bytes)", offset, len(data))
@@ -234,8 +234,8 @@ class PostgresStore:
             raise MetadataUnavailableError("the metadata store is closed")
         if self._conn is None or self._conn.is_closed():
             try:
-                self._conn = await _connect(self._url)
-            except _UNAVAILABLE as e:
+                self._conn = await connect(self._url)
+            except UNAVAILABLE as e:
                 raise self._unavailable(e) from e
         return self._conn
 
@@ -245,7 +245,7 @@ class PostgresStore:
         if conn is not None:
             conn.terminate()
         return MetadataUnavailableError(
-            f"metadata store {_redacted(self._url)} unreachable: "
+            f"metadata store {redacted(self._url)} unreachable: "
             f"{type(error).__name__}: {error}".rstrip(": ")
         )
 
@@ -282,7 +282,7 @@ class PostgresStore:
         while True:
             conn: asyncpg.Connection | None = None
             try:
-                conn = await _connect(self._url)
+                conn = await connect(self._url)
                 lost = asyncio.Event()
                 conn.add_termination_listener(lambda _c, lost=lost: lost.set())
                 await conn.add_listener(CHANNEL, self._notified)
@@ -309,11 +309,12 @@ class PostgresStore:
         self._changed.set()
 
 
-async def _connect(url: str) -> asyncpg.Connection:
+async def connect(url: str) -> asyncpg.Connection:
+    """A connection to ``url`` with the store's connect and command timeouts."""
     return await asyncpg.connect(url, timeout=CONNECT_TIMEOUT_S, command_timeout=COMMAND_TIMEOUT_S)
 
 
-def _redacted(url: str) -> str:
+def redacted(url: str) -> str:
     """``url`` without its password."""
     scheme, sep, rest = url.partition("://")
     userinfo, at, host = rest.rpartition("@")

@@ -1,0 +1,122 @@
+"""Heartbeats and the controller lease against a real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from automq_py.controller.liveness import ControllerLease, HeartbeatMonitor, HeartbeatSender
+from storage.metadata.store import MetadataUnavailableError
+from tests.support.postgres import PostgresServer
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+async def leases(postgres_url: str) -> AsyncIterator[tuple[ControllerLease, ControllerLease]]:
+    a = ControllerLease(postgres_url, 1, lease_ms=600, margin_ms=200)
+    b = ControllerLease(postgres_url, 2, lease_ms=600, margin_ms=200)
+    yield a, b
+    await a.close()
+    await b.close()
+
+
+async def test_one_holder_at_a_time(leases: tuple[ControllerLease, ControllerLease]) -> None:
+    a, b = leases
+    assert await a.acquire_or_renew()
+    assert a.holds() and a.epoch == 1
+    assert not await b.acquire_or_renew()
+    assert not b.holds()
+    assert await a.acquire_or_renew()  # renewing keeps the epoch
+    assert a.epoch == 1
+    assert await b.holder() == (1, 1)
+
+
+async def test_an_expired_lease_passes_on_with_a_new_epoch(
+    leases: tuple[ControllerLease, ControllerLease],
+) -> None:
+    a, b = leases
+    assert await a.acquire_or_renew()
+    await asyncio.sleep(0.45)  # a is frozen: no renewal
+    assert not a.holds()  # it stops acting before the lease ends (0.6 s less 0.2 s margin)
+    assert not await b.acquire_or_renew()  # the lease itself still runs
+    await asyncio.sleep(0.2)
+    assert await b.acquire_or_renew()
+    assert b.epoch == 2
+    assert not await a.acquire_or_renew()  # the former holder cannot renew
+    assert not a.holds()
+
+
+async def test_a_released_lease_is_taken_at_once(
+    leases: tuple[ControllerLease, ControllerLease],
+) -> None:
+    a, b = leases
+    assert await a.acquire_or_renew()
+    await a.release()
+    assert not a.holds()
+    assert await b.acquire_or_renew()
+    assert b.epoch == 2
+
+
+async def test_a_broker_silent_past_its_session_is_seen_silent(postgres_url: str) -> None:
+    clock = FakeClock()
+    monitor = HeartbeatMonitor(postgres_url, clock)
+    one = HeartbeatSender(postgres_url, 1)
+    two = HeartbeatSender(postgres_url, 2)
+    try:
+        await one.beat(incarnation=1)
+        await two.beat(incarnation=1)
+        await monitor.poll()
+        assert monitor.silent_for(1) == 0 and monitor.silent_for(2) == 0
+        assert monitor.silent_for(3) is None
+        for _ in range(5):
+            clock.now += 2
+            await one.beat(incarnation=1)
+            await monitor.poll()
+        assert monitor.silent_for(1) == 0
+        assert monitor.silent_for(2) == 10  # its count stood still
+        clock.now += 1
+        await two.beat(incarnation=2)  # restarted
+        await monitor.poll()
+        assert monitor.silent_for(2) == 0 and monitor.incarnation(2) == 2
+    finally:
+        await monitor.close()
+        await one.close()
+        await two.close()
+
+
+async def test_an_outage_of_the_database_fences_nobody() -> None:
+    clock = FakeClock()
+    with PostgresServer() as server:
+        url = server.create_database()
+        monitor = HeartbeatMonitor(url, clock)
+        sender = HeartbeatSender(url, 1)
+        try:
+            await sender.beat(incarnation=1)
+            await monitor.poll()
+            server.stop()
+            clock.now += 30
+            with pytest.raises(MetadataUnavailableError):
+                await sender.beat(incarnation=1)
+            with pytest.raises(MetadataUnavailableError):
+                await monitor.poll()
+            server.start()
+            await monitor.poll()  # the first read after the outage starts sessions afresh
+            assert monitor.silent_for(1) == 0
+            clock.now += 5
+            await monitor.poll()
+            assert monitor.silent_for(1) == 5
+            await sender.beat(incarnation=1)  # reconnects by itself
+            await monitor.poll()
+            assert monitor.silent_for(1) == 0
+        finally:
+            await monitor.close()
+            await sender.close()
