@@ -16,7 +16,11 @@ import signal
 from automq_py.apis import KafkaApis
 from automq_py.apis.context import BrokerContext
 from automq_py.apis.producer import producer_id_manager
+from automq_py.broker_lifecycle import BrokerLifecycle
 from automq_py.config import BrokerConfig, ConfigError
+from automq_py.controller.cluster_controller import ClusterController
+from automq_py.controller.cluster_records import BrokerRegistration
+from automq_py.controller.topic_placement import ClusterTopicPlacement
 from automq_py.coordinator.group_configs import GroupConfigs
 from automq_py.coordinator.group_coordinator import GroupConfig, GroupCoordinator
 from automq_py.coordinator.transaction_coordinator import (
@@ -26,12 +30,18 @@ from automq_py.coordinator.transaction_coordinator import (
 from automq_py.dynamic_config import DynamicBrokerConfig
 from automq_py.loop_lag import CollectorPauses, LoopLagMonitor
 from automq_py.maintenance import Maintenance
+from automq_py.metadata_cache import ClusterMetadataCache
 from automq_py.network.server import SocketServer
 from automq_py.replica_manager import ReplicaManager
 from automq_py.topics import TopicRegistry
+from storage.metadata import control
 from storage.s3_storage import S3Storage
 
 log = logging.getLogger("automq.broker")
+
+# how long a broker of a cluster stopping on SIGTERM waits for its partitions to be led
+# elsewhere (within docker stop's default grace of 10 s)
+CONTROLLED_SHUTDOWN_TIMEOUT_S = 6.0
 
 
 class Broker:
@@ -46,6 +56,8 @@ class Broker:
         self.loop_lag = LoopLagMonitor()
         self.collector_pauses = CollectorPauses()
         self._settling: asyncio.Task[None] | None = None
+        self.lifecycle: BrokerLifecycle | None = None
+        self.controller: ClusterController | None = None
 
     async def start(self) -> None:
         self.loop_lag.start()
@@ -63,7 +75,19 @@ class Broker:
         group_config = GroupConfig.from_broker(config)  # a bad setting fails before any I/O
         transaction_config = TransactionConfig.from_broker(config)
         self.storage = await S3Storage.start(config.storage)
-        topics = TopicRegistry(self.storage.metadata)
+        metadata = self.storage.metadata
+        cache: ClusterMetadataCache | None = None
+        if config.cluster_mode:
+            # the WAL is recovered into objects: whoever leads this broker's former partitions
+            # now may take them over
+            node_id, node_epoch = config.node_id, self.storage.node_epoch
+            await metadata.change(
+                lambda image: (control.close_node_streams(image, node_id, node_epoch), None)
+            )
+            cache = ClusterMetadataCache(config.node_id, metadata)
+            topics = TopicRegistry(metadata, ClusterTopicPlacement(cache))
+        else:
+            topics = TopicRegistry(metadata)
         dynamic_config = DynamicBrokerConfig(config, self.storage.metadata)
         try:
             topic_defaults = dynamic_config.topic_defaults()
@@ -71,7 +95,7 @@ class Broker:
             # stored before a change of the properties made it invalid: Kafka skips it too
             log.warning("dynamic broker configs ignored: %s", e)
             topic_defaults = config.topic_defaults()
-        self.replicas = ReplicaManager(self.storage, topic_defaults)
+        self.replicas = ReplicaManager(self.storage, topic_defaults, cluster=cache)
         listener = config.listeners[0]
         advertised = config.advertised_listeners[0]
         ctx = BrokerContext(
@@ -102,6 +126,11 @@ class Broker:
         )
         ctx.transactions = self.transactions
         await self.transactions.start()
+        if cache is not None:
+            cache.add_leaders_listener(self.replicas.leaders_changed)
+            cache.add_leaders_listener(self.groups.runtime.leaders_changed)
+            cache.add_leaders_listener(self.transactions.runtime.leaders_changed)
+            self.replicas.open_on_leadership(topics.get)
         apis = KafkaApis(ctx)
         self.server = SocketServer(
             apis,
@@ -113,6 +142,8 @@ class Broker:
         own_host = listener.host if listener.host not in ("", "0.0.0.0", "::") else "127.0.0.1"
         self.maintenance = Maintenance(config, f"{own_host}:{listener.port}")
         self.maintenance.start()
+        if cache is not None:
+            await self._join_cluster(cache, advertised.host, advertised.port)
         self._settling = asyncio.create_task(self._settle(apis), name="settle")
         log.info(
             "automq-py broker %d of cluster %s serving on %s:%d",
@@ -122,7 +153,45 @@ class Broker:
             advertised.port,
         )
 
+    async def _join_cluster(self, cache: ClusterMetadataCache, host: str, port: int) -> None:
+        """Register, start heartbeats and the controller role (see :mod:`broker_lifecycle`)."""
+        config = self.config
+        assert self.storage is not None
+        url = config.storage.metadata_url
+        self.controller = ClusterController(
+            config.node_id,
+            url,
+            self.storage.metadata,
+            cache,
+            config.broker_heartbeat_interval_ms,
+            config.broker_session_timeout_ms,
+        )
+        registration = BrokerRegistration(
+            config.node_id, self.storage.node_epoch, host, port, config.broker_rack or None
+        )
+        self.storage.rejoins_when_fenced = True
+        self.lifecycle = BrokerLifecycle(
+            registration,
+            url,
+            self.storage,
+            cache,
+            self.controller,
+            config.broker_heartbeat_interval_ms,
+            config.broker_session_timeout_ms,
+        )
+        await self.lifecycle.register()
+        assert self.replicas is not None
+        self.replicas.session = self.lifecycle
+        self.controller.start()
+
     async def stop(self) -> None:
+        if self.lifecycle is not None:
+            # partitions and their coordinators move away while this broker still serves
+            await self.lifecycle.controlled_shutdown(CONTROLLED_SHUTDOWN_TIMEOUT_S)
+        if self.controller is not None:
+            await self.controller.stop()
+        if self.lifecycle is not None:
+            await self.lifecycle.stop()
         if self._settling is not None:
             self._settling.cancel()
         if self.maintenance is not None:

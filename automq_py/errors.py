@@ -27,6 +27,11 @@ from storage.wal.errors import WALError
 
 log = logging.getLogger("automq.errors")
 
+
+class NotLeaderError(StreamClosedError):
+    """This broker does not lead the partition (now): the client asks the metadata again."""
+
+
 # metadata refusals that mean another epoch or node owns the stream now
 _NOT_OURS = frozenset(
     {
@@ -76,9 +81,9 @@ def describe(error: BaseException) -> str:
 
 def partition_failed(action: str, topic: str, index: int, error: BaseException) -> ErrorCode:
     """Log that ``action`` on partition ``topic``-``index`` raised ``error`` and return its code
-    (an offset out of range is the client's business, not logged); the request's other
-    partitions go on."""
+    (an offset out of range or a partition led elsewhere is the client's business, not logged);
+    the request's other partitions go on."""
     code = kafka_error(error)
-    if code != ErrorCode.OFFSET_OUT_OF_RANGE:
+    if code != ErrorCode.OFFSET_OUT_OF_RANGE and not isinstance(error, NotLeaderError):
         log.warning("%s %s-%d failed: %s (%s)", action, topic, index, describe(error), code.name)
     return code

@@ -20,21 +20,29 @@ import time
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from automq_py.errors import describe, kafka_error, partition_failed
-from automq_py.log.elastic_log import ElasticLog
+from automq_py.errors import NotLeaderError, describe, kafka_error, partition_failed
+from automq_py.log.elastic_log import ElasticLog, meta_stream_key
 from automq_py.log.log_config import LogConfig
 from automq_py.log.txn_index import AbortedTxn
+from automq_py.metadata_cache import ClusterMetadataCache
 from automq_py.partition import AppendResult, Partition, PendingAppend
 from automq_py.topic_config import effective_topic_config
 from automq_py.topics import TopicError, TopicInfo
 from protocol import record_batch
 from protocol.errors import ErrorCode
+from storage.metadata.model import StreamState
 from storage.s3_storage import S3Storage
 from storage.stream import StreamClient
 
 log = logging.getLogger("automq.replica")
+
+# how long a broker taking a partition over waits for its previous leader to close it (make its
+# tail durable and close its streams) before telling the client to retry
+HANDOFF_TIMEOUT_S = 10.0
+# partitions opened at once when leadership of many arrives together
+OPEN_CONCURRENCY = 32
 
 
 @dataclass(slots=True, frozen=True)
@@ -98,12 +106,33 @@ class LogDirInfo:
     replicas: tuple[ReplicaInfo, ...] = ()
 
 
+class BrokerSession(Protocol):
+    """What the replica manager asks a cluster broker's membership before acknowledging."""
+
+    def in_session(self) -> bool: ...
+
+    @property
+    def fenced(self) -> bool: ...
+
+
 class ReplicaManager:
-    def __init__(self, storage: S3Storage, topic_defaults: dict[str, str]) -> None:
+    def __init__(
+        self,
+        storage: S3Storage,
+        topic_defaults: dict[str, str],
+        cluster: ClusterMetadataCache | None = None,
+    ) -> None:
         self.storage = storage
         self.client = StreamClient(storage)
         self.topic_defaults = topic_defaults
+        # None: a single broker, which leads every partition at its node epoch
+        self.cluster = cluster
         self._partitions: dict[tuple[str, int], Partition] = {}
+        self._closing: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._open_slots = asyncio.Semaphore(OPEN_CONCURRENCY)
+        self._topics: Callable[[str], TopicInfo | None] | None = None
+        # a cluster broker's membership: acknowledgements wait while it may be fenced
+        self.session: BrokerSession | None = None
         self._opening: dict[tuple[str, int], asyncio.Lock] = {}
         self._background: set[asyncio.Task[None]] = set()
         # topics whose partitions were closed to be deleted, by id (a new topic may take the
@@ -175,22 +204,47 @@ class ReplicaManager:
             if logs:
                 log.info("deleted %d streams of %d partition logs of deleted topics", streams, logs)
 
+    def leader_epoch(self, topic: str, index: int) -> int | None:
+        """The epoch at which this broker leads the partition, None if it does not lead it."""
+        if self.cluster is None:
+            # every broker start opens with a newer node epoch, fencing any older owner
+            return self.storage.node_epoch
+        leadership = self.cluster.leadership(topic, index)
+        return leadership.epoch if leadership.leader == self.storage.node_id else None
+
+    def _check_leader(self, topic: TopicInfo, index: int) -> int:
+        epoch = self.leader_epoch(topic.name, index)
+        if epoch is None:
+            raise NotLeaderError(
+                f"broker {self.storage.node_id} does not lead {topic.name}-{index}"
+            )
+        return epoch
+
     async def partition(self, topic: TopicInfo, index: int) -> Partition:
-        """The partition, opening its ElasticLog (creating it on first use) if needed."""
+        """The partition, opening its ElasticLog (creating it on first use) if needed; raises
+        :class:`NotLeaderError` for a partition another broker leads."""
         key = (topic.name, index)
+        epoch = self._check_leader(topic, index)
         found = self._partitions.get(key)
-        if found is not None:
+        if found is not None and found.leader_epoch == epoch:
             return found
         self._check_not_deleted(topic)
         lock = self._opening.setdefault(key, asyncio.Lock())
         async with lock:
+            epoch = self._check_leader(topic, index)
             found = self._partitions.get(key)
             if found is not None:
-                return found
+                if found.leader_epoch == epoch:
+                    return found
+                self._close_in_background(key)  # led here before, at an older epoch
+            closing = self._closing.get(key)
+            if closing is not None:
+                await asyncio.shield(closing)
             self._check_not_deleted(topic)
             config = self.log_config(topic)
-            # every broker start opens with a newer node epoch, fencing any older owner
-            epoch = self.storage.node_epoch
+            if self.cluster is not None:
+                await self._await_handoff(topic, index)
+                epoch = self._check_leader(topic, index)
             elastic_log = await ElasticLog.open(
                 self.client,
                 self.storage.metadata,
@@ -203,10 +257,87 @@ class ReplicaManager:
             if topic.topic_id in self._deleted:  # deleted while it opened
                 await elastic_log.close()
                 self._check_not_deleted(topic)
+            if self.leader_epoch(topic.name, index) != epoch:  # moved on while it opened
+                await elastic_log.close()
+                self._check_leader(topic, index)
+                raise NotLeaderError(f"{topic.name}-{index} changed leader epoch while opening")
             partition = Partition(topic.name, index, elastic_log, epoch, config.max_message_bytes)
             self._partitions[key] = partition
             log.info("opened partition %s-%d at epoch %d", topic.name, index, epoch)
             return partition
+
+    async def _await_handoff(self, topic: TopicInfo, index: int) -> None:
+        """Wait until the partition's previous leader has closed its log (its MetaStream, closed
+        last, is closed): opening it sooner would fence the tail it has yet to make durable."""
+        metadata = self.storage.metadata
+        key = meta_stream_key(self.storage.config.namespace, str(topic.topic_id), index)
+        deadline = time.monotonic() + HANDOFF_TIMEOUT_S
+        while True:
+            raw = metadata.get_kv(key)
+            stream = (
+                None if raw is None else metadata.stream(int.from_bytes(raw, "big", signed=True))
+            )
+            if stream is None or stream.state is StreamState.CLOSED:
+                return
+            owner = stream.ranges[-1].node_id if stream.ranges else self.storage.node_id
+            if owner == self.storage.node_id:
+                return
+            if time.monotonic() > deadline:
+                raise NotLeaderError(
+                    f"{topic.name}-{index} is still open on broker {owner}: not taken over yet"
+                )
+            await asyncio.sleep(0.005)
+
+    def _close_in_background(self, key: tuple[str, int]) -> None:
+        """Stop serving the partition now and close its log (its tail made durable) behind."""
+        partition = self._partitions.pop(key, None)
+        if partition is None or key in self._closing:
+            return
+
+        async def close() -> None:
+            try:
+                await partition.log.close()
+                log.info(
+                    "closed partition %s-%d (epoch %d): led elsewhere now",
+                    partition.topic,
+                    partition.index,
+                    partition.leader_epoch,
+                )
+            except Exception as e:
+                log.warning("closing %s-%d: %s", partition.topic, partition.index, e)
+            finally:
+                self._closing.pop(key, None)
+
+        task = asyncio.create_task(close(), name=f"close-{key[0]}-{key[1]}")
+        self._closing[key] = task
+
+    def leaders_changed(self, topics: set[str]) -> None:
+        """Hand over the open partitions of ``topics`` this broker no longer leads (or leads
+        at a newer epoch), and open the ones it now leads."""
+        for key, partition in list(self._partitions.items()):
+            if key[0] in topics and self.leader_epoch(*key) != partition.leader_epoch:
+                self._close_in_background(key)
+        if self._topics is None or self.cluster is None:
+            return
+        for name in topics:
+            topic = self._topics(name)
+            leaders = self.cluster.topic_leaders(name)
+            if topic is None or leaders is None:
+                continue
+            for index, leader in enumerate(leaders.leaders):
+                if leader == self.storage.node_id and (name, index) not in self._partitions:
+                    self._in_background(self._open_gained(topic, index), f"open-{name}-{index}")
+
+    def open_on_leadership(self, topics: Callable[[str], TopicInfo | None]) -> None:
+        """Open partitions as their leadership arrives (``topics`` resolves a name)."""
+        self._topics = topics
+
+    async def _open_gained(self, topic: TopicInfo, index: int) -> None:
+        async with self._open_slots:
+            try:
+                await self.partition(topic, index)
+            except Exception as e:  # the first request to it opens it again, or says why
+                log.info("opening %s-%d on taking it over: %s", topic.name, index, e)
 
     def _check_not_deleted(self, topic: TopicInfo) -> None:
         if topic.topic_id in self._deleted:
@@ -298,7 +429,46 @@ class ReplicaManager:
         if deadline is not None and not results.done():
             timer = loop.call_at(deadline, finish)
             results.add_done_callback(lambda _: timer.cancel())
-        return results
+        return self._in_session(results, deadline)
+
+    def _in_session(
+        self, results: asyncio.Future[list[AppendResult]], deadline: float | None
+    ) -> asyncio.Future[list[AppendResult]]:
+        """``results``, held back while this broker of a cluster cannot be sure it was not
+        fenced (no heartbeat went through for nearly a session: frozen, or cut off from the
+        metadata), so that a fenced broker acknowledges nothing; answered once a heartbeat
+        goes through, NOT_LEADER_OR_FOLLOWER once it is known fenced."""
+        session = self.session
+        if session is None:
+            return results
+        loop = asyncio.get_running_loop()
+        held: asyncio.Future[list[AppendResult]] = loop.create_future()
+
+        async def wait(answers: list[AppendResult]) -> None:
+            while not session.in_session() and not session.fenced:
+                if deadline is not None and loop.time() >= deadline:
+                    held.set_result(
+                        [_unless_failed(a, ErrorCode.REQUEST_TIMED_OUT) for a in answers]
+                    )
+                    return
+                await asyncio.sleep(0.01)
+            if session.fenced:
+                answers = [_unless_failed(a, ErrorCode.NOT_LEADER_OR_FOLLOWER) for a in answers]
+            if not held.done():
+                held.set_result(answers)
+
+        def release(done: asyncio.Future[list[AppendResult]]) -> None:
+            if done.cancelled():
+                held.cancel()
+            elif (error := done.exception()) is not None:
+                held.set_exception(error)
+            elif session.in_session() and not session.fenced:
+                held.set_result(done.result())
+            else:
+                self._in_background(wait(done.result()), "append-in-session")
+
+        results.add_done_callback(release)
+        return held
 
     async def _start_append(
         self, entry: AppendEntry, acks: int, internal_allowed: bool, deadline: float | None
@@ -494,6 +664,8 @@ class ReplicaManager:
             task.cancel()
         if self._background:
             await asyncio.wait(list(self._background))
+        if self._closing:
+            await asyncio.wait(list(self._closing.values()))
         # all at once: the closes' final uploads then share a few objects, instead of one
         # small object per partition
         partitions = list(self._partitions.values())
@@ -506,6 +678,11 @@ class ReplicaManager:
             elif isinstance(outcome, BaseException):
                 raise outcome
         self._partitions.clear()
+
+
+def _unless_failed(answer: AppendResult, code: ErrorCode) -> AppendResult:
+    """``code`` in place of a successful answer; a failed one stays as it is."""
+    return answer if answer.error != ErrorCode.NONE else AppendResult(code)
 
 
 async def _wait_for_data(partitions: list[tuple[Partition, int]], timeout: float) -> None:

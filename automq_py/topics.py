@@ -9,11 +9,14 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from protocol.errors import ErrorCode
+from storage.metadata.image import MetadataImage
 from storage.metadata.manager import MetadataManager
+from storage.metadata.records import KVRecord, Record, RemoveKV
 
 PREFIX = "topic/"
 _LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
@@ -81,18 +84,55 @@ def check_partition_count(partitions: int) -> None:
         )
 
 
+class LeaderPlacement(Protocol):
+    """Where a cluster's new partitions are led (a single broker has none: it leads them all)."""
+
+    def new_partitions(
+        self, image: MetadataImage, topic: str, count: int, first_index: int
+    ) -> list[Record]: ...
+
+    def dropped(self, image: MetadataImage, topic: str) -> list[Record]: ...
+
+
 class TopicRegistry:
-    def __init__(self, metadata: MetadataManager) -> None:
+    """The topics, as the metadata holds them; kept current with every broker's changes."""
+
+    def __init__(self, metadata: MetadataManager, placement: LeaderPlacement | None = None) -> None:
         self.metadata = metadata
+        self._placement = placement
         self._by_name: dict[str, TopicInfo] = {}
         self._by_id: dict[uuid.UUID, TopicInfo] = {}
         for key, raw in metadata.image.kv.items():
             if key.startswith(PREFIX):
                 self._index(TopicInfo.decode(key[len(PREFIX) :], raw))
+        metadata.add_listener(self._on_records)
 
     def _index(self, info: TopicInfo) -> None:
+        old = self._by_name.get(info.name)
+        if old is not None and old.topic_id != info.topic_id:
+            self._by_id.pop(old.topic_id, None)
         self._by_name[info.name] = info
         self._by_id[info.topic_id] = info
+
+    def _unindex(self, name: str) -> None:
+        info = self._by_name.pop(name, None)
+        if info is not None:
+            self._by_id.pop(info.topic_id, None)
+
+    def _on_records(self, records: Sequence[Record]) -> None:
+        """Follow the topics the metadata's changes (any broker's) create, alter and delete."""
+        if not records:  # the image was reloaded whole
+            self._by_name.clear()
+            self._by_id.clear()
+            for key, raw in self.metadata.image.kv.items():
+                if key.startswith(PREFIX):
+                    self._index(TopicInfo.decode(key[len(PREFIX) :], raw))
+            return
+        for r in records:
+            if isinstance(r, KVRecord) and r.key.startswith(PREFIX):
+                self._index(TopicInfo.decode(r.key[len(PREFIX) :], r.value))
+            elif isinstance(r, RemoveKV) and r.key.startswith(PREFIX):
+                self._unindex(r.key[len(PREFIX) :])
 
     def get(self, name: str) -> TopicInfo | None:
         return self._by_name.get(name)
@@ -107,26 +147,47 @@ class TopicRegistry:
         self, name: str, partitions: int, configs: Mapping[str, str] | None = None
     ) -> TopicInfo:
         validate_name(name)
-        if name in self._by_name:
-            raise TopicError(ErrorCode.TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.")
         check_partition_count(partitions)
         internal = name in INTERNAL_TOPICS
         info = TopicInfo(name, uuid.uuid4(), partitions, dict(configs or {}), internal)
-        await self.metadata.put_kv(PREFIX + name, info.encode())
+
+        def plan(image: MetadataImage) -> tuple[list[Record], TopicInfo]:
+            # checked against the image: another broker may have created it a moment ago
+            if PREFIX + name in image.kv:
+                raise TopicError(ErrorCode.TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.")
+            records: list[Record] = [KVRecord(PREFIX + name, info.encode())]
+            if self._placement is not None:
+                records += self._placement.new_partitions(image, name, partitions, 0)
+            return records, info
+
+        await self.metadata.change(plan)
         self._index(info)
         return info
 
     async def delete(self, name: str) -> TopicInfo:
-        info = self._by_name.get(name)
-        if info is None:
-            raise TopicError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}")
-        await self.metadata.delete_kv(PREFIX + name)
-        del self._by_name[name]
-        del self._by_id[info.topic_id]
+        def plan(image: MetadataImage) -> tuple[list[Record], TopicInfo]:
+            raw = image.kv.get(PREFIX + name)
+            if raw is None:
+                raise TopicError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}")
+            records: list[Record] = [RemoveKV(PREFIX + name)]
+            if self._placement is not None:
+                records += self._placement.dropped(image, name)
+            return records, TopicInfo.decode(name, raw)
+
+        info = await self.metadata.change(plan)
+        self._unindex(name)
         return info
 
     async def update(self, info: TopicInfo, **changes: object) -> TopicInfo:
         updated = replace(info, **changes)  # type: ignore[arg-type]
-        await self.metadata.put_kv(PREFIX + info.name, updated.encode())
+
+        def plan(image: MetadataImage) -> tuple[list[Record], None]:
+            records: list[Record] = [KVRecord(PREFIX + info.name, updated.encode())]
+            added = updated.partitions - info.partitions
+            if self._placement is not None and added > 0:
+                records += self._placement.new_partitions(image, info.name, added, info.partitions)
+            return records, None
+
+        await self.metadata.change(plan)
         self._index(updated)
         return updated

@@ -120,6 +120,9 @@ class S3Storage:
         self.store = store
         self.node_id = config.node_id
         self.node_epoch = node_epoch
+        # a broker of a cluster fenced while it still held unuploaded data registers again
+        # (a new node epoch) and its uploads commit then: they wait instead of failing
+        self.rejoins_when_fenced = False
         self.cache = LogCache(config.wal_cache_size)
         self.block_cache = BlockCache(config.block_cache_size)
         self.reader = ObjectReader(store, config.namespace, self.block_cache)
@@ -593,6 +596,15 @@ class S3Storage:
                 except asyncio.CancelledError:
                     raise
                 except MetadataError as e:
+                    if e.code is ErrorCode.NODE_EPOCH_EXPIRED and self.rejoins_when_fenced:
+                        log.warning(
+                            "upload of cache block %d waits for this node to register again: %s",
+                            block.block_id,
+                            e,
+                        )
+                        await asyncio.sleep(delay)
+                        delay = min(delay * 2, 2.0)
+                        continue
                     self._fail(e)
                     raise
                 except Exception as e:

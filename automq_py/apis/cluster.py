@@ -1,4 +1,4 @@
-"""DescribeCluster (60): this broker is the whole cluster, and its controller."""
+"""DescribeCluster (60): the cluster's live brokers and its controller."""
 
 from __future__ import annotations
 
@@ -23,8 +23,11 @@ async def handle_describe_cluster(ctx: BrokerContext, request: Request) -> Any:
         "error_message": None,
         "endpoint_type": endpoint_type,
         "cluster_id": ctx.cluster_id,
-        "controller_id": ctx.node_id,
-        "brokers": [{"broker_id": ctx.node_id, "host": ctx.host, "port": ctx.port, "rack": None}],
+        "controller_id": ctx.controller_id,
+        "brokers": [
+            {"broker_id": b["node_id"], "host": b["host"], "port": b["port"], "rack": b["rack"]}
+            for b in ctx.broker_entries()
+        ],
         "cluster_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
     }
     if endpoint_type != BROKER_ENDPOINT:

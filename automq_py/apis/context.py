@@ -11,6 +11,7 @@ from automq_py.coordinator.group_configs import GroupConfigs
 from automq_py.coordinator.group_coordinator import GroupCoordinator
 from automq_py.coordinator.transaction_coordinator import TransactionCoordinator
 from automq_py.dynamic_config import DynamicBrokerConfig
+from automq_py.metadata_cache import ClusterMetadataCache, Leadership
 from automq_py.partition import Partition
 from automq_py.replica_manager import ReplicaManager
 from automq_py.topic_config import ConfigLayers
@@ -50,19 +51,45 @@ class BrokerContext:
         return self.dynamic_config.layers()
 
     @property
-    def leader_epoch(self) -> int:
-        """Every partition's leader epoch: the node epoch its logs were opened at (it grows
-        with each broker start, as a new leadership would)."""
-        return self.replicas.storage.node_epoch
+    def cluster(self) -> ClusterMetadataCache | None:
+        """What this broker knows of its cluster; None for a single broker."""
+        return self.replicas.cluster
+
+    def leadership(self, topic: str, index: int) -> Leadership:
+        """Who leads the partition, at which leader epoch. A single broker leads every one at
+        the node epoch its logs were opened at (it grows with each start, as a new leadership
+        would)."""
+        cluster = self.cluster
+        if cluster is None:
+            return Leadership(self.node_id, self.replicas.storage.node_epoch)
+        return cluster.leadership(topic, index)
 
     @property
     def broker_ids(self) -> frozenset[int]:
-        """The registered brokers, which a manual replica assignment may name: this broker is
-        the whole cluster."""
-        return frozenset({self.node_id})
+        """The registered brokers, which a manual replica assignment may name."""
+        cluster = self.cluster
+        if cluster is None:
+            return frozenset({self.node_id})
+        return frozenset(b.node_id for b in cluster.live_brokers())
 
-    def broker_entry(self) -> dict[str, object]:
-        return {"node_id": self.node_id, "host": self.host, "port": self.port, "rack": None}
+    @property
+    def controller_id(self) -> int:
+        cluster = self.cluster
+        return self.node_id if cluster is None else cluster.controller_id()
+
+    def broker_entries(self) -> list[dict[str, object]]:
+        """The brokers clients may connect to (Metadata's and DescribeCluster's list)."""
+        cluster = self.cluster
+        if cluster is None:
+            return [{"node_id": self.node_id, "host": self.host, "port": self.port, "rack": None}]
+        return [
+            {"node_id": b.node_id, "host": b.host, "port": b.port, "rack": b.rack}
+            for b in cluster.live_brokers()
+        ]
+
+    def broker_entry(self, node_id: int) -> dict[str, object] | None:
+        """How to reach broker ``node_id`` (None: not a live broker)."""
+        return next((b for b in self.broker_entries() if b["node_id"] == node_id), None)
 
     def open_partitions(self, topic: str) -> list[Partition]:
         """The partitions of ``topic`` opened so far, to apply a config change to; the others

@@ -1,4 +1,6 @@
-"""FindCoordinator (10): this single broker coordinates every group and transactional id.
+"""FindCoordinator (10): the broker that leads the partition of ``__consumer_offsets`` (or
+``__transaction_state``) a group (or transactional id) lives in coordinates it; a single broker
+coordinates them all.
 
 Clients also read its presence as a broker-capability signal (librdkafka enables LZ4 only when
 FindCoordinator is advertised). Looking up a group's coordinator creates ``__consumer_offsets``
@@ -10,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from automq_py.apis.context import BrokerContext
+from automq_py.coordinator.runtime import CoordinatorRuntime
 from protocol import build
 from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
@@ -23,23 +26,38 @@ async def handle_find_coordinator(ctx: BrokerContext, request: Request) -> Any:
     version = request.api_version
     key_type = int(getattr(body, "key_type", GROUP))
     error = ErrorCode.NONE if key_type in (GROUP, TRANSACTION) else ErrorCode.INVALID_REQUEST
+    runtime: CoordinatorRuntime | None = None
     if key_type == GROUP and ctx.groups is not None:
         # Kafka creates __consumer_offsets when a group coordinator is first looked up
         error = await ctx.groups.find_coordinator()
+        runtime = ctx.groups.runtime
     elif key_type == TRANSACTION and ctx.transactions is not None:
         # and __transaction_state when a transaction coordinator is
         error = await ctx.transactions.find_coordinator()
-    me = {"node_id": ctx.node_id, "host": ctx.host, "port": ctx.port}
-    if error != ErrorCode.NONE:
-        me = {"node_id": -1, "host": "", "port": -1}
+        runtime = ctx.transactions.runtime
+
+    def answer(key: str) -> dict[str, Any]:
+        code = error
+        node: dict[str, object] | None = None
+        if code == ErrorCode.NONE and runtime is not None:
+            node = ctx.broker_entry(runtime.coordinator_of(key))
+            if node is None:  # its partition has no live leader now
+                code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if node is None:
+            return {"error_code": code, "node_id": -1, "host": "", "port": -1}
+        return {
+            "error_code": code,
+            "node_id": node["node_id"],
+            "host": node["host"],
+            "port": node["port"],
+        }
+
     if version < 4:
-        data: dict[str, Any] = {"throttle_time": 0, "error_code": error, **me}
+        data: dict[str, Any] = {"throttle_time": 0, **answer(str(body.key))}
     else:
         data = {
             "throttle_time": 0,
-            "coordinators": [
-                {"key": key, "error_code": error, **me} for key in body.coordinator_keys
-            ],
+            "coordinators": [{"key": key, **answer(str(key))} for key in body.coordinator_keys],
         }
     return build.build(response_schema(ApiKey.FIND_COORDINATOR, version), data)
 

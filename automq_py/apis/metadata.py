@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from automq_py.apis.context import BrokerContext
+from automq_py.controller.cluster_records import NO_LEADER
 from automq_py.topics import TopicError, TopicInfo, validate_name
 from protocol import api_versions, build
 from protocol.api_keys import ApiKey
@@ -37,14 +38,27 @@ def api_versions_handler(supported: Callable[[], dict[int, tuple[int, int]]]) ->
     return handle
 
 
-def _partition_entry(ctx: BrokerContext, partition: int) -> dict[str, Any]:
+def _partition_entry(ctx: BrokerContext, topic: str, partition: int) -> dict[str, Any]:
+    """One partition: its leader is its one replica (object storage keeps the data durable,
+    any broker can serve it); with no live leader it is offline: LEADER_NOT_AVAILABLE."""
+    leadership = ctx.leadership(topic, partition)
+    if leadership.leader == NO_LEADER:
+        return {
+            "error_code": ErrorCode.LEADER_NOT_AVAILABLE,
+            "partition_index": partition,
+            "leader_id": -1,
+            "leader_epoch": leadership.epoch,
+            "replica_nodes": [],
+            "isr_nodes": [],
+            "offline_replicas": [],
+        }
     return {
         "error_code": ErrorCode.NONE,
         "partition_index": partition,
-        "leader_id": ctx.node_id,
-        "leader_epoch": ctx.leader_epoch,
-        "replica_nodes": [ctx.node_id],
-        "isr_nodes": [ctx.node_id],
+        "leader_id": leadership.leader,
+        "leader_epoch": leadership.epoch,
+        "replica_nodes": [leadership.leader],
+        "isr_nodes": [leadership.leader],
         "offline_replicas": [],
     }
 
@@ -58,7 +72,7 @@ def _topic_entry(
         "topic_id": topic.topic_id,
         "is_internal": topic.internal,
         "partitions": [
-            _partition_entry(ctx, p)
+            _partition_entry(ctx, topic.name, p)
             for p in (range(topic.partitions) if partitions is None else partitions)
         ],
     }
@@ -100,9 +114,9 @@ async def handle_metadata(ctx: BrokerContext, request: Request) -> Any:
         response_schema(ApiKey.METADATA, version),
         {
             "throttle_time": 0,
-            "brokers": [ctx.broker_entry()],
+            "brokers": ctx.broker_entries(),
             "cluster_id": ctx.cluster_id,
-            "controller_id": ctx.node_id,
+            "controller_id": ctx.controller_id,
             "topics": topics,
             "cluster_authorized_operations": -2147483648,
         },

@@ -30,7 +30,9 @@ from protocol import build
 from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
 from protocol.messages import Request, response_schema
+from storage.metadata.image import MetadataImage
 from storage.metadata.manager import MetadataManager
+from storage.metadata.records import KVRecord, Record
 
 log = logging.getLogger("automq.producer")
 
@@ -62,12 +64,18 @@ class ProducerIdManager:
         """A producer id never issued before (reserving a new block when needed)."""
         async with self._lock:
             if self._next >= self._block_end:
-                start = self._reserved_end()
+                size = self.block_size
+
+                def reserve(image: MetadataImage) -> tuple[list[Record], int]:
+                    # read from the image the change is checked against: brokers sharing the
+                    # metadata each get their own block
+                    raw = image.kv.get(PRODUCER_ID_BLOCK_KEY)
+                    first = 0 if raw is None else int(_LONG.unpack(raw)[0])
+                    return [KVRecord(PRODUCER_ID_BLOCK_KEY, _LONG.pack(first + size))], first
+
                 # durable before use: after a crash the next block starts past this one
-                await self.metadata.put_kv(
-                    PRODUCER_ID_BLOCK_KEY, _LONG.pack(start + self.block_size)
-                )
-                self._next, self._block_end = start, start + self.block_size
+                start = await self.metadata.change(reserve)
+                self._next, self._block_end = start, start + size
                 log.info("reserved producer ids [%d, %d)", start, self._block_end)
             producer_id = self._next
             self._next += 1

@@ -1,18 +1,21 @@
 """ElectLeaders (43), AlterPartitionReassignments (45), ListPartitionReassignments (46): where a
 partition's replicas are and which one leads, Kafka's ``ReplicationControlManager`` operations.
 
-This broker is the whole cluster: every partition has one replica, on this broker, which leads
-it. So, as a Kafka 3.9 controller decides for such partitions (``ReplicationControlManager``
-``electLeader``, ``alterPartitionReassignment``, ``listPartitionReassignments``):
+Every partition has one replica, which leads it: object storage keeps its data durable and any
+broker can serve it. So, as a Kafka 3.9 controller decides for such partitions
+(``ReplicationControlManager`` ``electLeader``, ``alterPartitionReassignment``,
+``listPartitionReassignments``):
 
 * an election is never needed: the leader is the preferred replica and it is live, so both a
   preferred and an unclean election answer ELECTION_NOT_NEEDED; an election for all partitions
   (null topic partitions) lists only the partitions that needed one (none: every topic comes
   back with an empty list);
-* a reassignment to ``[this broker]`` changes nothing and succeeds; one naming any other broker
-  is INVALID_REPLICA_ASSIGNMENT (no such broker is registered), as is an empty or repeated
-  replica list; cancelling (null replicas) is NO_REASSIGNMENT_IN_PROGRESS;
-* nothing is ever being reassigned: the list is empty, whatever the partitions asked for.
+* a reassignment moves the partition's leadership to the first broker named (a single broker:
+  to itself, which changes nothing); one naming a broker that is not registered and live is
+  INVALID_REPLICA_ASSIGNMENT, as is an empty or repeated replica list; cancelling (null
+  replicas) is NO_REASSIGNMENT_IN_PROGRESS;
+* a move is recorded at once and takes well under a second (nothing is copied), so nothing is
+  ever listed as being reassigned.
 
 Unknown topics and partitions are UNKNOWN_TOPIC_OR_PARTITION per partition, with Kafka's
 messages.
@@ -25,6 +28,7 @@ from enum import IntEnum
 from typing import Any
 
 from automq_py.apis.context import BrokerContext
+from automq_py.controller import membership
 from automq_py.topics import TopicInfo
 from protocol import build
 from protocol.api_keys import ApiKey
@@ -167,23 +171,38 @@ def _partition_result(index: int, outcome: Outcome) -> dict[str, Any]:
 
 
 async def handle_alter_partition_reassignments(ctx: BrokerContext, request: Request) -> Any:
+    """In a cluster a partition moves to the first broker its new replica list names (its one
+    replica: the data is in object storage): the move is recorded at once, the partition's
+    current leader closes it (its tail made durable) and the new one opens it. A partition
+    already led there changes nothing."""
     brokers = ctx.broker_ids
-    responses = []
+    responses: list[dict[str, Any]] = []
+    moves: dict[str, dict[int, int]] = {}
     for t in request.body.topics:
         name = str(t.name)
         topic = ctx.topics.get(name)
-        partitions = []
+        partitions: list[dict[str, Any]] = []
         for p in t.partitions:
+            index = int(p.partition_index)
             replicas = None if p.replicas is None else [int(r) for r in p.replicas]
-            code, message = reassign(topic, name, int(p.partition_index), replicas, brokers)
+            code, message = reassign(topic, name, index, replicas, brokers)
+            if code == ErrorCode.NONE and replicas:
+                moves.setdefault(name, {})[index] = replicas[0]
             partitions.append(
-                {
-                    "partition_index": int(p.partition_index),
-                    "error_code": code,
-                    "error_message": message,
-                }
+                {"partition_index": index, "error_code": code, "error_message": message}
             )
         responses.append({"name": name, "partitions": partitions})
+    if moves and ctx.cluster is not None:
+        try:
+            await ctx.replicas.storage.metadata.change(
+                lambda image: (membership.move_leaders(image, None, moves), None)
+            )
+        except Exception as e:  # a broker gone meanwhile, the metadata unreachable
+            for response in responses:
+                for partition in response["partitions"]:
+                    if partition["partition_index"] in moves.get(response["name"], {}):
+                        partition["error_code"] = ErrorCode.UNKNOWN_SERVER_ERROR
+                        partition["error_message"] = str(e)
     return build.build(
         response_schema(ApiKey.ALTER_PARTITION_REASSIGNMENTS, request.api_version),
         {

@@ -283,6 +283,22 @@ class GroupCoordinator:
             groups = self.pending_txn_offsets.setdefault(producer_id, {})
             groups.setdefault(key.group, {})[(key.topic, key.partition)] = value
 
+    def partition_unloaded(self, partition: int) -> None:
+        # the partition's groups are coordinated by its new leader: members waiting here are
+        # told to find it
+        for group_id in [g for g in self.groups if self.runtime.owns(g, partition)]:
+            group = self.groups.pop(group_id)
+            if isinstance(group, ClassicGroup):
+                self._cancel_timer(group)
+                for member in group.members.values():
+                    _resolve_join(member, JoinResult(ErrorCode.NOT_COORDINATOR))
+                    _resolve_sync(member, SyncResult(ErrorCode.NOT_COORDINATOR))
+        for group_id in [g for g in self.offsets if self.runtime.owns(g, partition)]:
+            del self.offsets[group_id]
+        for pending in self.pending_txn_offsets.values():
+            for group_id in [g for g in pending if self.runtime.owns(g, partition)]:
+                del pending[group_id]
+
     def partition_loaded(self, partition: int) -> None:
         # members read back from the log get a full session from now
         now = self.clock()

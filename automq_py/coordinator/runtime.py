@@ -71,6 +71,9 @@ class Replayer(Protocol):
     def partition_loaded(self, partition: int) -> None:
         """Every record of ``partition`` has been replayed."""
 
+    def partition_unloaded(self, partition: int) -> None:
+        """``partition`` is led by another broker now: forget its keys' state."""
+
 
 class CoordinatorRuntime:
     """The internal topic of one coordinator: creation, placement, loading and appends."""
@@ -92,6 +95,7 @@ class CoordinatorRuntime:
         self.replayer = replayer
         self._topic: TopicInfo | None = None
         self._loaded: set[int] = set()
+        self._loading: set[int] = set()
         # a topic created here loads one partition at a time, the ones requests wait for first
         self._new_load: asyncio.Task[Any] | None = None
         self._load_waiters: dict[int, asyncio.Future[None]] = {}
@@ -124,7 +128,28 @@ class CoordinatorRuntime:
 
     def _load_in_background(self, topic: TopicInfo) -> None:
         for index in range(topic.partitions):
-            self.spawn(self._load_partition(topic, index), f"loading {topic.name}-{index}")
+            if self.leads(index) and index not in self._loading:
+                self.spawn(self._load_partition(topic, index), f"loading {topic.name}-{index}")
+
+    def leads(self, index: int) -> bool:
+        """Whether this broker leads partition ``index`` of the topic (coordinates its keys)."""
+        return self.replicas.leader_epoch(self.topic_name, index) is not None
+
+    def leaders_changed(self, topics: set[str]) -> None:
+        """Load the partitions this broker now leads, unload the ones it no longer does (a
+        cluster's leadership moved)."""
+        topic = self._topic
+        if self.topic_name not in topics or topic is None or self._stopped:
+            return
+        for index in sorted(self._loaded):
+            if not self.leads(index):
+                self._unload(index)
+        self._load_in_background(topic)
+
+    def _unload(self, index: int) -> None:
+        self._loaded.discard(index)
+        self.replayer.partition_unloaded(index)
+        log.info("unloaded %s-%d: led by another broker", self.topic_name, index)
 
     def spawn(self, coro: Coroutine[Any, Any, object], what: str) -> asyncio.Task[Any]:
         """Run ``coro`` in the background until it ends or :meth:`stop`; a failure is
@@ -147,7 +172,7 @@ class CoordinatorRuntime:
         transactions that create its streams leave room for other requests' (a partition
         opened by a Fetch meanwhile waits for one of them, not for all), and the partitions
         requests are waiting for first (:meth:`_loaded_new`)."""
-        pending = dict.fromkeys(range(topic.partitions))
+        pending = dict.fromkeys(i for i in range(topic.partitions) if self.leads(i))
         retry_at: dict[int, float] = {}  # partitions that failed, and when to try them again
         try:
             while pending:
@@ -157,6 +182,9 @@ class CoordinatorRuntime:
                     await asyncio.sleep(min(retry_at[i] for i in pending) - now)
                     continue
                 index = next((i for i in self._load_waiters if i in ready), ready[0])
+                if not self.leads(index):  # moved to another broker meanwhile
+                    del pending[index]
+                    continue
                 try:
                     await self._load_partition(topic, index)
                     del pending[index]
@@ -236,9 +264,13 @@ class CoordinatorRuntime:
             log.warning("cannot create %s: %s", self.topic_name, e)
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         index = partition_for(key, topic.partitions)
+        if not self.leads(index):
+            return ErrorCode.NOT_COORDINATOR
         await self._loaded_new(index)
         if self._stopped:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if not self.leads(index):
+            return ErrorCode.NOT_COORDINATOR
         if index not in self._loaded:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
         return ErrorCode.NONE
@@ -255,9 +287,18 @@ class CoordinatorRuntime:
             await asyncio.wait([self._new_load])  # a topic created here: every partition soon
         if self._stopped:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
-        if len(self._loaded) < topic.partitions:
+        if any(i not in self._loaded for i in range(topic.partitions) if self.leads(i)):
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
         return ErrorCode.NONE
+
+    def coordinator_of(self, key: str) -> int:
+        """The node id of the broker leading ``key``'s partition (the topic must exist)."""
+        assert self._topic is not None
+        index = partition_for(key, self._topic.partitions)
+        cluster = self.replicas.cluster
+        if cluster is None:
+            return self.replicas.storage.node_id
+        return cluster.leadership(self.topic_name, index).leader
 
     def owns(self, key: str, partition: int) -> bool:
         """Whether ``key`` lives in ``partition`` (the topic must exist)."""
@@ -272,7 +313,18 @@ class CoordinatorRuntime:
     # --- loading -----------------------------------------------------------------------------
 
     async def _load_partition(self, topic: TopicInfo, index: int) -> None:
+        self._loading.add(index)
+        try:
+            await self._replay_partition(topic, index)
+        finally:
+            self._loading.discard(index)
+        if not self.leads(index):  # led elsewhere now: what was replayed is not ours
+            self._unload(index)
+
+    async def _replay_partition(self, topic: TopicInfo, index: int) -> None:
         started = time.perf_counter()
+        if index in self._loaded:
+            return
         partition = await self.replicas.partition(topic, index)
         offset, end, count = partition.log_start_offset, partition.high_watermark, 0
         while offset < end:

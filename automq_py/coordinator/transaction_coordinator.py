@@ -218,6 +218,11 @@ class TransactionCoordinator:
                 except ValueError as e:  # a status this code does not know
                     log.warning("skipping %s record of %r: %s", TRANSACTION_TOPIC, key, e)
 
+    def partition_unloaded(self, partition: int) -> None:
+        # its transactional ids are coordinated by the partition's new leader now
+        for txn_id in [t for t in self.transactions if self.runtime.owns(t, partition)]:
+            del self.transactions[txn_id]
+
     def partition_loaded(self, partition: int) -> None:
         # a transaction prepared before a crash gets its markers now (Kafka does it on load)
         for txn_id, m in list(self.transactions.items()):

@@ -836,9 +836,11 @@ class ElasticLog:
                 self._partition_meta, recover_offset=self.log_end_offset, cleaned_shutdown=True
             )
             await self.meta_stream.put(keys.PARTITION, self._partition_meta.encode())
-            await self.meta_stream.close()
             for stream in self._streams.values():
                 await stream.close()
+            # the MetaStream last: once it is closed, every stream of the log is, and a broker
+            # taking the partition over may open it (see ReplicaManager's hand-off)
+            await self.meta_stream.close()
 
     def _check_open(self) -> None:
         if self._closed:

@@ -159,6 +159,17 @@ def close_stream(
     return [_stream_record(stream, state=StreamState.CLOSED)]
 
 
+def close_node_streams(image: MetadataImage, node_id: int, node_epoch: int) -> Records:
+    """Close every stream ``node_id`` still has open, in one change: a broker of a cluster that
+    restarted has recovered its WAL into objects, and whoever leads those partitions now may
+    take them over (a partition it still leads is opened again at the same epoch)."""
+    check_node_epoch(image, node_id, node_epoch)
+    return [
+        _stream_record(stream, state=StreamState.CLOSED)
+        for stream in image.streams_opened_by(node_id)
+    ]
+
+
 def trim_stream(
     image: MetadataImage,
     node_id: int,

@@ -106,6 +106,12 @@ class MetadataManager:
         async with self._lock:
             await self._catch_up_locked()
 
+    async def change(self, plan: Callable[[MetadataImage], tuple[Records, T]]) -> T:
+        """Make the change ``plan`` describes (a pure function of the image returning records
+        and a result, raising to refuse), checked as every change here is: against the latest
+        image, again after catching up if another broker committed first."""
+        return await self._change(plan)
+
     async def _change(self, plan: Callable[[MetadataImage], tuple[Records, T]]) -> T:
         """Check ``plan`` against the image, persist its records, apply them; when another
         broker committed first, catch up and check again."""

@@ -59,6 +59,11 @@ class BrokerProcess:
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
 
+    @property
+    def running(self) -> bool:
+        """Started and not exited."""
+        return self._process is not None and self._process.poll() is None
+
     def start(self, timeout: float = 30) -> None:
         args = [sys.executable, "-m", "automq_py", "serve"]
         for key, value in self.overrides.items():

@@ -1,0 +1,98 @@
+"""The cluster's changes as pure functions: who may make them, what they record."""
+
+from __future__ import annotations
+
+import pytest
+
+from automq_py.controller import membership
+from automq_py.controller.cluster_records import (
+    NO_LEADER,
+    BrokerRegistration,
+    ControllerRecord,
+    TopicLeaders,
+)
+from storage.metadata import control
+from storage.metadata.image import MetadataImage
+from storage.metadata.records import Record
+
+
+def _apply(image: MetadataImage, records: list[Record]) -> MetadataImage:
+    image.apply(records)
+    return image
+
+
+def _cluster(*nodes: int) -> MetadataImage:
+    """Brokers registered at their first node epoch."""
+    image = MetadataImage()
+    for node in nodes:
+        records, epoch = control.register_node(image, node)
+        _apply(image, records)
+        registration = BrokerRegistration(node, epoch, "127.0.0.1", 9000 + node)
+        _apply(image, membership.register_broker(image, registration))
+    return image
+
+
+def test_registration_is_read_back() -> None:
+    image = _cluster(0, 1)
+    assert sorted(membership.brokers(image)) == [0, 1]
+    assert membership.broker(image, 1) == BrokerRegistration(1, 1, "127.0.0.1", 9001)
+
+
+def test_an_older_incarnation_cannot_register_again() -> None:
+    image = _cluster(0)
+    _apply(image, membership.register_broker(image, BrokerRegistration(0, 5, "h", 1)))
+    with pytest.raises(membership.NotControllerError, match="older"):
+        membership.register_broker(image, BrokerRegistration(0, 4, "h", 1))
+
+
+def test_only_the_recorded_controller_changes_leaders() -> None:
+    image = _cluster(0, 1)
+    _apply(image, membership.set_new_topic_leaders("t", [0, 1]))
+    me = ControllerRecord(0, 3)
+    _apply(image, membership.claim_controller(image, me))
+    _apply(image, membership.move_leaders(image, me, {"t": {0: 1}}))
+    assert membership.topic_leaders(image, "t") == TopicLeaders((1, 1), (1, 0))
+    # a newer lease holder took over: the former one is refused
+    successor = ControllerRecord(1, 4)
+    _apply(image, membership.claim_controller(image, successor))
+    with pytest.raises(membership.NotControllerError, match="not the controller"):
+        membership.move_leaders(image, me, {"t": {1: 0}})
+    with pytest.raises(membership.NotControllerError, match="older"):
+        membership.claim_controller(image, me)
+
+
+def test_fencing_bumps_the_node_epoch_and_ignores_a_newer_incarnation() -> None:
+    image = _cluster(0, 1)
+    me = ControllerRecord(0, 1)
+    _apply(image, membership.claim_controller(image, me))
+    _apply(image, membership.fence_broker(image, me, 1, incarnation=1))
+    fenced = membership.broker(image, 1)
+    assert fenced is not None and fenced.fenced and not fenced.live
+    assert image.nodes[1].epoch == 2  # its stream metadata commits are refused from now on
+    assert membership.fence_broker(image, me, 1, incarnation=1) == []  # once
+    # it restarted meanwhile (incarnation 3): a fence for the old one changes nothing
+    _apply(image, control.register_node(image, 1)[0])
+    _apply(image, membership.register_broker(image, BrokerRegistration(1, 3, "h", 1)))
+    assert membership.fence_broker(image, me, 1, incarnation=1) == []
+    assert membership.broker(image, 1).live  # type: ignore[union-attr]
+
+
+def test_moves_name_live_brokers_only_and_bump_epochs() -> None:
+    image = _cluster(0, 1, 2)
+    _apply(image, membership.set_new_topic_leaders("t", [0, 1, 2]))
+    _apply(image, membership.begin_shutdown(image, 2, incarnation=1))
+    with pytest.raises(membership.UnknownBrokerError):
+        membership.move_leaders(image, None, {"t": {0: 2}})
+    _apply(image, membership.move_leaders(image, None, {"t": {2: 0, 1: NO_LEADER}}))
+    assert membership.topic_leaders(image, "t") == TopicLeaders((0, NO_LEADER, 0), (0, 1, 1))
+    assert membership.move_leaders(image, None, {"t": {0: 0}}) == []  # no change, no epoch
+
+
+def test_partitions_added_and_topics_dropped() -> None:
+    image = _cluster(0)
+    _apply(image, membership.set_new_topic_leaders("t", [0]))
+    _apply(image, membership.add_partition_leaders(image, "t", [0, 0]))
+    assert membership.topic_leaders(image, "t") == TopicLeaders((0, 0, 0), (0, 0, 0))
+    _apply(image, membership.drop_topic_leaders(image, "t"))
+    assert membership.all_leaders(image) == {}
+    assert membership.drop_topic_leaders(image, "t") == []

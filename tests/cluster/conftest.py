@@ -1,0 +1,100 @@
+"""Cluster fixtures: several real broker processes sharing PostgreSQL metadata and S3 storage."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from tests.support.broker import BrokerProcess
+from tests.support.postgres import PostgresServer
+from tests.support.seaweedfs import SeaweedFS
+
+# fast enough for tests, with Kafka's ratio between the two
+HEARTBEAT_MS = 500
+SESSION_MS = 3000
+
+
+class Cluster:
+    """Brokers 0..n-1 of one cluster: one PostgreSQL database, one S3 namespace."""
+
+    def __init__(self, root: Path, s3: SeaweedFS, metadata_url: str, **overrides: str) -> None:
+        self.root = root
+        self.common = {
+            "s3.data.buckets": s3.url(),
+            "cluster.id": f"c{time.monotonic_ns()}",
+            "metadata.store.url": metadata_url,
+            "broker.heartbeat.interval.ms": str(HEARTBEAT_MS),
+            "broker.session.timeout.ms": str(SESSION_MS),
+            "group.initial.rebalance.delay.ms": "200",
+            **overrides,
+        }
+        self.brokers: list[BrokerProcess] = []
+
+    def add(self, **overrides: str) -> BrokerProcess:
+        node_id = len(self.brokers)
+        broker = BrokerProcess(
+            self.root / f"broker{node_id}",
+            {**self.common, "node.id": str(node_id), **overrides},
+        )
+        broker.start()
+        self.brokers.append(broker)
+        return broker
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(b.bootstrap for b in self.brokers if b.pid is not None)
+
+    def admin(self, broker: int = 0) -> AdminClient:
+        return AdminClient({"bootstrap.servers": self.brokers[broker].bootstrap})
+
+    def controller(self, via: int = 0) -> int:
+        """The controller's node id as broker ``via`` tells it (-1: none)."""
+        return int(self.admin(via).list_topics(timeout=10).controller_id)
+
+    def wait_for_brokers(self, count: int, via: int = 0, timeout: float = 30) -> None:
+        """Until broker ``via`` lists ``count`` live brokers."""
+        admin = self.admin(via)
+        deadline = time.monotonic() + timeout
+        while True:
+            listed = admin.list_topics(timeout=5).brokers
+            if len(listed) == count:
+                return
+            assert time.monotonic() < deadline, f"brokers listed: {sorted(listed)}"
+            time.sleep(0.1)
+
+    def leaders(self, topic: str, via: int = 0) -> dict[int, int]:
+        """partition -> leader, as broker ``via`` tells it."""
+        md = self.admin(via).list_topics(topic, timeout=5)
+        return {p.id: p.leader for p in md.topics[topic].partitions.values()}
+
+    def stop(self) -> list[int]:
+        return [b.stop() for b in self.brokers]
+
+
+ClusterFactory = Callable[..., Cluster]
+
+
+@pytest.fixture
+def cluster_factory(
+    tmp_path: Path, s3_server: SeaweedFS, postgres_server: PostgresServer
+) -> Iterator[ClusterFactory]:
+    """``cluster_factory(brokers=3, **properties)``: a started cluster; every broker must stop
+    cleanly at the end of the test."""
+    made: list[Cluster] = []
+
+    def make(brokers: int = 3, **overrides: str) -> Cluster:
+        cluster = Cluster(tmp_path, s3_server, postgres_server.create_database(), **overrides)
+        made.append(cluster)
+        for _ in range(brokers):
+            cluster.add()
+        cluster.wait_for_brokers(brokers)
+        return cluster
+
+    yield make
+    for cluster in made:
+        codes = cluster.stop()
+        assert codes == [0] * len(codes), "\n\n".join(b.log_tail() for b in cluster.brokers)

@@ -1,0 +1,93 @@
+"""Clients against a three-broker cluster: any broker bootstraps them, leaders are spread,
+records and committed offsets go through whichever broker leads."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import NewTopic
+
+from tests.cluster.conftest import ClusterFactory
+
+
+def _create(cluster_admin, topic: str, partitions: int) -> None:  # type: ignore[no-untyped-def]
+    futures = cluster_admin.create_topics([NewTopic(topic, partitions, replication_factor=3)])
+    futures[topic].result(timeout=30)
+
+
+def _produce(bootstrap: str, topic: str, count: int) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    failed: list[object] = []
+    for i in range(count):
+        producer.produce(
+            topic,
+            key=str(i).encode(),
+            value=f"v{i}".encode(),
+            on_delivery=lambda err, _msg: failed.append(err) if err else None,
+        )
+    assert producer.flush(60) == 0
+    assert failed == []
+
+
+def _consume_all(bootstrap: str, topic: str, count: int, group: str) -> list[bytes]:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe([topic])
+    got: list[bytes] = []
+    deadline = time.monotonic() + 60
+    try:
+        while len(got) < count and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error():
+                continue
+            got.append(msg.value())
+        consumer.commit(asynchronous=False)
+    finally:
+        consumer.close()
+    return got
+
+
+def test_leaders_are_spread_and_every_broker_tells_the_same(
+    cluster_factory: ClusterFactory,
+) -> None:
+    cluster = cluster_factory(brokers=3)
+    _create(cluster.admin(0), "spread", 6)
+    leaders = cluster.leaders("spread", via=0)
+    assert sorted(Counter(leaders.values()).values()) == [2, 2, 2]
+    for via in (1, 2):
+        assert cluster.leaders("spread", via=via) == leaders
+
+
+def test_records_go_through_any_broker(cluster_factory: ClusterFactory) -> None:
+    cluster = cluster_factory(brokers=3)
+    _create(cluster.admin(1), "orders", 6)
+    _produce(cluster.brokers[2].bootstrap, "orders", 3000)
+    got = _consume_all(cluster.brokers[0].bootstrap, "orders", 3000, "g1")
+    assert sorted(got) == sorted(f"v{i}".encode() for i in range(3000))
+    # the group's offsets were committed through its coordinator, wherever it is
+    consumer = Consumer({"bootstrap.servers": cluster.brokers[1].bootstrap, "group.id": "g1"})
+    try:
+        committed = consumer.committed([TopicPartition("orders", p) for p in range(6)], 30)
+    finally:
+        consumer.close()
+    assert sum(tp.offset for tp in committed) == 3000
+
+
+def test_a_broker_stopping_hands_its_partitions_over(cluster_factory: ClusterFactory) -> None:
+    cluster = cluster_factory(brokers=3)
+    _create(cluster.admin(0), "handover", 6)
+    _produce(cluster.bootstrap, "handover", 600)
+    assert cluster.brokers[2].stop() == 0
+    leaders = cluster.leaders("handover", via=0)
+    assert set(leaders.values()) <= {0, 1}
+    _produce(cluster.brokers[0].bootstrap, "handover", 600)
+    got = _consume_all(cluster.brokers[1].bootstrap, "handover", 1200, "g2")
+    assert Counter(got) == Counter({f"v{i}".encode(): 2 for i in range(600)})
