@@ -129,6 +129,8 @@ class ReplicaManager:
         self.cluster = cluster
         self._partitions: dict[tuple[str, int], Partition] = {}
         self._closing: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._batch: dict[tuple[str, int], Partition] | None = None  # joining the next close
+        self._batch_task: asyncio.Task[None] | None = None
         self._open_slots = asyncio.Semaphore(OPEN_CONCURRENCY)
         self._topics: Callable[[str], TopicInfo | None] | None = None
         # a cluster broker's membership: acknowledgements wait while it may be fenced
@@ -289,27 +291,38 @@ class ReplicaManager:
             await asyncio.sleep(0.005)
 
     def _close_in_background(self, key: tuple[str, int]) -> None:
-        """Stop serving the partition now and close its log (its tail made durable) behind."""
+        """Stop serving the partition now and close its log (its tail made durable) behind.
+        Partitions leaving in the same moment (a broker's all, at a controlled shutdown) are
+        closed together: one upload, one metadata change."""
         partition = self._partitions.pop(key, None)
         if partition is None or key in self._closing:
             return
+        if self._batch is None or self._batch_task is None:
+            self._batch = {}
+            self._batch_task = asyncio.create_task(
+                self._close_batch(self._batch), name="close-partitions"
+            )
+        self._batch[key] = partition
+        self._closing[key] = self._batch_task
 
-        async def close() -> None:
-            try:
-                await partition.log.close()
-                log.info(
-                    "closed partition %s-%d (epoch %d): led elsewhere now",
-                    partition.topic,
-                    partition.index,
-                    partition.leader_epoch,
-                )
-            except Exception as e:
-                log.warning("closing %s-%d: %s", partition.topic, partition.index, e)
-            finally:
+    async def _close_batch(self, batch: dict[tuple[str, int], Partition]) -> None:
+        await asyncio.sleep(0)  # let the other partitions of this change join the batch
+        self._batch = None
+        started = time.monotonic()
+        try:
+            await ElasticLog.close_many([p.log for p in batch.values()])
+            log.info(
+                "closed %d partitions led elsewhere now in %.0f ms (%s)",
+                len(batch),
+                (time.monotonic() - started) * 1000,
+                ", ".join(f"{p.topic}-{p.index}" for p in list(batch.values())[:5])
+                + (", ..." if len(batch) > 5 else ""),
+            )
+        except Exception as e:
+            log.warning("closing %d partitions led elsewhere now: %s", len(batch), e)
+        finally:
+            for key in batch:
                 self._closing.pop(key, None)
-
-        task = asyncio.create_task(close(), name=f"close-{key[0]}-{key[1]}")
-        self._closing[key] = task
 
     def leaders_changed(self, topics: set[str]) -> None:
         """Hand over the open partitions of ``topics`` this broker no longer leads (or leads
@@ -666,18 +679,17 @@ class ReplicaManager:
             await asyncio.wait(list(self._background))
         if self._closing:
             await asyncio.wait(list(self._closing.values()))
-        # all at once: the closes' final uploads then share a few objects, instead of one
-        # small object per partition
+        # all at once: one upload holds every partition's tail, one metadata change closes
+        # every stream (per partition, a 10,000-partition broker took most of a minute)
         partitions = list(self._partitions.values())
-        outcomes = await asyncio.gather(
-            *(p.log.close() for p in partitions), return_exceptions=True
-        )
-        for partition, outcome in zip(partitions, outcomes, strict=True):
-            if isinstance(outcome, Exception):
-                log.warning("closing %s-%d: %s", partition.topic, partition.index, outcome)
-            elif isinstance(outcome, BaseException):
-                raise outcome
         self._partitions.clear()
+        started = time.monotonic()
+        try:
+            await ElasticLog.close_many([p.log for p in partitions])
+        except Exception as e:
+            log.warning("closing %d partitions: %s", len(partitions), e)
+        if partitions:
+            log.info("closed %d partitions in %.2f s", len(partitions), time.monotonic() - started)
 
 
 def _unless_failed(answer: AppendResult, code: ErrorCode) -> AppendResult:

@@ -9,7 +9,7 @@ fail with :class:`StreamFencedError` and its uploads of the stream are refused.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 
 from storage.errors import (
@@ -163,6 +163,25 @@ class S3Stream:
             )
         )
         self.storage.unregister_stream(self.stream_id, self.epoch)
+
+
+async def close_streams(storage: S3Storage, streams: Sequence[S3Stream]) -> None:
+    """Close many streams as one: their cached data uploaded together, then one metadata
+    change closing them all (a broker handing many partitions over, or stopping)."""
+    open_streams = [s for s in streams if not s.closed]
+    if not open_streams:
+        return
+    for stream in open_streams:
+        stream.closed = True
+    await asyncio.gather(*(storage.drain(s.stream_id) for s in open_streams))
+    await storage.force_upload()
+    await _fenced_as_error(
+        storage.metadata.close_streams(
+            storage.node_id, storage.node_epoch, [(s.stream_id, s.epoch) for s in open_streams]
+        )
+    )
+    for stream in open_streams:
+        storage.unregister_stream(stream.stream_id, stream.epoch)
 
 
 async def _fenced_as_error(op: Awaitable[None]) -> None:

@@ -69,7 +69,7 @@ from protocol.record_batch import InvalidRecordBatchError, RecordBatchHeader, pa
 from storage.errors import OffsetOutOfRangeError, StreamClosedError
 from storage.metadata.manager import MetadataManager
 from storage.retention import SegmentInfo
-from storage.stream import S3Stream, StreamClient
+from storage.stream import S3Stream, StreamClient, close_streams
 
 log = logging.getLogger(__name__)
 
@@ -824,9 +824,35 @@ class ElasticLog:
     async def close(self) -> None:
         """Index the active segment's max timestamp, write ``LOG`` and ``PARTITION`` with
         ``cs`` true (the next open trusts them), then close every stream."""
+        await ElasticLog.close_many([self])
+
+    @staticmethod
+    async def close_many(logs: Sequence[ElasticLog]) -> None:
+        """Close several logs as one: each writes its final meta, then their streams' cached
+        data is uploaded together and one metadata change closes them all (a broker handing
+        many partitions over, or stopping, pays one upload and one transaction, not one per
+        stream). In that change the MetaStream closes with the data streams: once it is
+        closed, a broker taking the partition over may open it (see ReplicaManager)."""
+        # concurrently: each seal's appends wait for the WAL, whose group commit then makes
+        # the logs' final meta durable together rather than one fsync after another
+        sealed = await asyncio.gather(*(log._seal() for log in logs), return_exceptions=True)
+        streams: list[S3Stream] = []
+        failed: BaseException | None = None
+        for outcome in sealed:
+            if isinstance(outcome, BaseException):
+                failed = outcome  # its streams stay open: the next owner's epoch fences them
+            else:
+                streams += outcome
+        if streams:
+            await close_streams(streams[0].storage, streams)
+        if failed is not None:
+            raise failed
+
+    async def _seal(self) -> list[S3Stream]:
+        """Write the final meta and refuse further use; the streams left to close."""
         async with self._lock:
             if self._closed:
-                return
+                return []
             self._closed = True
             active = self._segments[-1]
             await active.time_index.maybe_append(active.time_index.max_so_far)
@@ -836,11 +862,7 @@ class ElasticLog:
                 self._partition_meta, recover_offset=self.log_end_offset, cleaned_shutdown=True
             )
             await self.meta_stream.put(keys.PARTITION, self._partition_meta.encode())
-            for stream in self._streams.values():
-                await stream.close()
-            # the MetaStream last: once it is closed, every stream of the log is, and a broker
-            # taking the partition over may open it (see ReplicaManager's hand-off)
-            await self.meta_stream.close()
+            return [*self._streams.values(), self.meta_stream.stream]
 
     def _check_open(self) -> None:
         if self._closed:

@@ -159,6 +159,24 @@ def close_stream(
     return [_stream_record(stream, state=StreamState.CLOSED)]
 
 
+def close_streams(
+    image: MetadataImage, node_id: int, node_epoch: int, streams: Sequence[tuple[int, int]]
+) -> Records:
+    """Close several streams this node owns, each at its epoch ``(stream_id, epoch)``, in one
+    change (a broker handing many partitions over at once). Streams already closed, deleted or
+    taken over by a newer epoch are skipped: they are not this node's to close any more."""
+    check_node_epoch(image, node_id, node_epoch)
+    records: Records = []
+    for stream_id, epoch in streams:
+        try:
+            stream = _check_ownership(image, stream_id, epoch, node_id)
+        except MetadataError:
+            continue
+        if stream.state is not StreamState.CLOSED:
+            records.append(_stream_record(stream, state=StreamState.CLOSED))
+    return records
+
+
 def close_node_streams(image: MetadataImage, node_id: int, node_epoch: int) -> Records:
     """Close every stream ``node_id`` still has open, in one change: a broker of a cluster that
     restarted has recovered its WAL into objects, and whoever leads those partitions now may

@@ -212,6 +212,14 @@ class MetadataManager:
             )
         )
 
+    async def close_streams(
+        self, node_id: int, node_epoch: int, streams: Sequence[tuple[int, int]]
+    ) -> None:
+        """Close these ``(stream_id, epoch)`` streams this node owns, in one transaction."""
+        await self._change(
+            lambda image: (control.close_streams(image, node_id, node_epoch, streams), None)
+        )
+
     async def trim_stream(
         self, node_id: int, node_epoch: int, stream_id: int, epoch: int, new_start_offset: int
     ) -> None:
