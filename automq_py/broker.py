@@ -140,10 +140,15 @@ class Broker:
         _settle_garbage_collector()  # startup's objects, before a client can wait behind them
         await self.server.start(listener.host or "0.0.0.0", listener.port)
         own_host = listener.host if listener.host not in ("", "0.0.0.0", "::") else "127.0.0.1"
-        self.maintenance = Maintenance(config, f"{own_host}:{listener.port}")
-        self.maintenance.start()
         if cache is not None:
             await self._join_cluster(cache, advertised.host, advertised.port)
+        controller = self.controller
+        self.maintenance = Maintenance(
+            config,
+            f"{own_host}:{listener.port}",
+            cluster_wide=None if controller is None else lambda: controller.active,
+        )
+        self.maintenance.start()
         self._settling = asyncio.create_task(self._settle(apis), name="settle")
         log.info(
             "automq-py broker %d of cluster %s serving on %s:%d",

@@ -42,14 +42,25 @@ log = logging.getLogger("automq.maintenance")
 MINUTE_S = 60.0
 JOB_TIMEOUT_S = 3600.0
 LOCAL_WORKERS = 4  # threads for the units of an in-process job (they wait on I/O)
+# the jobs over every node's objects: in a cluster, only the controller runs them
+CLUSTER_WIDE_STEPS = frozenset({"compact-sso", "compact-so", "gc"})
 
 
 class Maintenance:
     """Schedules the jobs against the broker listening at ``bootstrap``."""
 
-    def __init__(self, config: BrokerConfig, bootstrap: str) -> None:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        bootstrap: str,
+        cluster_wide: Callable[[], bool] | None = None,
+    ) -> None:
         self.config = config
         self.bootstrap = bootstrap
+        # in a cluster: whether this broker runs the jobs over every node's objects now (it is
+        # the controller), so two brokers never compact or collect the same objects; retention
+        # and key compaction tend the partitions each broker leads, on every broker
+        self._cluster_wide = cluster_wide
         self.runner = config.storage.maintenance_runner  # "auto" is resolved by start()
         self.runs: dict[str, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -110,6 +121,8 @@ class Maintenance:
         async with self._lock:
             steps = ["retention", "gc"] if job == "retention" else [job]
             for step in steps:
+                if step in CLUSTER_WIDE_STEPS and not self._runs_cluster_wide():
+                    continue
                 started = time.monotonic()
                 if step == "compact-key":
                     try:
@@ -129,6 +142,9 @@ class Maintenance:
                     continue
                 self.runs[step] = self.runs.get(step, 0) + 1
                 log.info("maintenance %s done in %.1fs", step, time.monotonic() - started)
+
+    def _runs_cluster_wide(self) -> bool:
+        return self._cluster_wide is None or self._cluster_wide()
 
     def _key_compaction_due(self) -> bool:
         """Whether a compacted topic's partition is due for cleaning (a DescribeLogSegments of

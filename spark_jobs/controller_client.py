@@ -286,6 +286,8 @@ class ControllerClient:
             if cleanup_policy and cleanup_policy not in policy.cleanup_policy:
                 continue  # a v0 broker does not filter
             for p in t["partitions"]:
+                if p["error_code"] == KafkaErrorCode.NOT_LEADER_OR_FOLLOWER:
+                    continue  # another broker of the cluster leads it, and tends it
                 if p["error_code"]:
                     log.warning(
                         "%s-%d: broker answered error %d",

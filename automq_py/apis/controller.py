@@ -314,6 +314,12 @@ async def describe_log_segments(ctx: BrokerContext, body: Body, version: int) ->
             continue
         partitions: list[Body] = []
         for index in range(topic.partitions):
+            if ctx.replicas.leader_epoch(topic.name, index) is None:
+                # another broker of the cluster leads it: its maintenance tends it
+                partitions.append(
+                    {"partition_index": index, "error_code": ErrorCode.NOT_LEADER_OR_FOLLOWER}
+                )
+                continue
             try:
                 partition = await ctx.replicas.partition(topic, index)
             except Exception:
