@@ -130,6 +130,7 @@ class BrokerLifecycle:
         await self._metadata.change(
             lambda image: (membership.register_broker(image, registration), None)
         )
+        await self._beat()  # the controller hears of this incarnation at once
         log.info("broker %d registered again (incarnation %d)", node_id, epoch)
 
     async def controlled_shutdown(self, timeout_s: float) -> None:

@@ -420,6 +420,12 @@ class ControllerClient:
 
     # -- the wire ------------------------------------------------------------------------------
 
+    async def call(self, api_key: int, max_version: int, body: Mapping[str, Any]) -> Any:
+        """Any Kafka API, at the highest version up to ``max_version`` both sides serve: the
+        decoded answer (its error codes are the caller's to read). A broker of a cluster sends
+        WriteTxnMarkers to the leaders of other partitions this way."""
+        return await self._kio_call(api_key, self._version(api_key, max_version), body)
+
     async def _negotiate(self) -> None:
         response = await self._kio_call(
             ApiKey.API_VERSIONS,

@@ -23,7 +23,7 @@ from typing import Any
 
 from automq_py.apis.context import BrokerContext, respond
 from automq_py.coordinator import transaction_metadata as tm
-from automq_py.coordinator.group_coordinator import OffsetCommit
+from automq_py.coordinator.group_coordinator import OFFSETS_TOPIC, OffsetCommit
 from automq_py.coordinator.transaction_coordinator import TransactionCoordinator
 from automq_py.errors import partition_failed
 from automq_py.partition import AppendResult
@@ -273,6 +273,11 @@ async def handle_write_txn_markers(ctx: BrokerContext, request: Request) -> Any:
                             error = started.error
                         else:
                             await asyncio.shield(started.durable)
+                            if info.name == OFFSETS_TOPIC and ctx.groups is not None:
+                                # offsets committed in the transaction count (or not) now
+                                ctx.groups.complete_transaction(
+                                    int(marker.producer_id), bool(marker.transaction_result)
+                                )
                     except Exception as e:
                         error = partition_failed("write a marker to", info.name, int(index), e)
                 parts.append({"partition_index": int(index), "error_code": error})

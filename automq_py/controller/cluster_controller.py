@@ -56,6 +56,7 @@ class ClusterController:
         self._me: ControllerRecord | None = None
         self._since: float = 0.0  # when this broker became controller (monotonic)
         self._known_live: frozenset[int] | None = None
+        self._registered_seen: dict[tuple[int, int], float] = {}
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         # a broker registering or starting to shut down is acted on at once, not next round
@@ -131,8 +132,11 @@ class ClusterController:
         """How long ``broker`` has been silent, as far as this controller knows."""
         silent = self._monitor.silent_for(broker.node_id)
         if silent is None or self._monitor.incarnation(broker.node_id) != broker.incarnation:
-            # registered but not heard from (in this incarnation) since this broker took over
-            return time.monotonic() - self._since
+            # registered, not heard from in this incarnation yet: silent since this controller
+            # first saw the registration (or took over, whichever is later)
+            key = (broker.node_id, broker.incarnation)
+            first_seen = self._registered_seen.setdefault(key, time.monotonic())
+            return time.monotonic() - max(first_seen, self._since)
         return silent
 
     async def _fence(self, me: ControllerRecord, broker: BrokerRegistration) -> None:

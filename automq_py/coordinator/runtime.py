@@ -291,6 +291,11 @@ class CoordinatorRuntime:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
         return ErrorCode.NONE
 
+    @property
+    def topic_info(self) -> TopicInfo | None:
+        """The topic once it exists (created or found), else None."""
+        return self._topic or self.topics.get(self.topic_name)
+
     def coordinator_of(self, key: str) -> int:
         """The node id of the broker leading ``key``'s partition (the topic must exist)."""
         assert self._topic is not None

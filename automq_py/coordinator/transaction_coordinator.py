@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from automq_py.config import BrokerConfig
 from automq_py.coordinator import transaction_log
 from automq_py.coordinator import transaction_metadata as tm
+from automq_py.coordinator.broker_channel import BrokerChannel
 from automq_py.coordinator.group_coordinator import OFFSETS_TOPIC, GroupCoordinator
 from automq_py.coordinator.runtime import CoordinatorRuntime, partition_for
 from automq_py.coordinator.transaction_metadata import (
@@ -48,6 +49,7 @@ from automq_py.coordinator.transaction_metadata import (
     Transition,
     WriteMarkers,
 )
+from automq_py.metadata_cache import ClusterMetadataCache
 from automq_py.partition import AppendResult
 from automq_py.replica_manager import ReplicaManager
 from automq_py.topics import TopicRegistry
@@ -176,6 +178,7 @@ class TransactionCoordinator:
         )
         self._sweeper: asyncio.Task[None] | None = None
         self._stopped = False
+        self._channel: BrokerChannel | None = None  # to the other brokers of a cluster
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -191,6 +194,8 @@ class TransactionCoordinator:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
         await self.runtime.stop()
+        if self._channel is not None:
+            await self._channel.close()
 
     # --- loading (the runtime's Replayer) ----------------------------------------------------
 
@@ -318,6 +323,20 @@ class TransactionCoordinator:
         """AddPartitionsToTxn v4 ``verify_only``: whether each partition is in the
         transaction."""
         wanted = list(partitions)
+        cluster = self.replicas.cluster
+        topic = self.runtime.topic_info
+        if cluster is not None and topic is not None:
+            index = partition_for(transactional_id, topic.partitions)
+            if not self.runtime.leads(index):
+                # another broker coordinates it: ask that one, as Kafka's partition leaders do
+                coordinator = cluster.leadership(TRANSACTION_TOPIC, index).leader
+                try:
+                    return await self._broker_channel(cluster).verify_partitions(
+                        coordinator, transactional_id, producer_id, producer_epoch, wanted
+                    )
+                except Exception as e:
+                    log.warning("verifying %s with broker %d: %s", transactional_id, coordinator, e)
+                    return dict.fromkeys(wanted, ErrorCode.COORDINATOR_NOT_AVAILABLE)
         error = await self._ready(transactional_id)
         if error != ErrorCode.NONE:
             return dict.fromkeys(wanted, error)
@@ -491,15 +510,22 @@ class TransactionCoordinator:
     ) -> None:
         """One partition's marker, retried while the partition cannot take it; a deleted
         topic's partition is skipped, as Kafka does."""
+        coordinator_epoch = self._coordinator_epoch(markers.then.transactional_id)
         while not self._stopped:
             info = self.topics.get(topic)
             if info is None or not 0 <= index < info.partitions:
                 log.info("marker for %s-%d skipped: the topic is gone", topic, index)
                 return
+            cluster = self.replicas.cluster
+            if cluster is not None and self.replicas.leader_epoch(topic, index) is None:
+                if await self._write_remote_marker(markers, topic, index, commit, cluster):
+                    return
+                await asyncio.sleep(RETRY_S)
+                continue
             try:
                 partition = await self.replicas.partition(info, index)
                 started = await partition.append_marker(
-                    markers.producer_id, markers.producer_epoch, self.coordinator_epoch, commit
+                    markers.producer_id, markers.producer_epoch, coordinator_epoch, commit
                 )
                 if isinstance(started, AppendResult):
                     # fenced: a newer coordinator or producer epoch has decided there already
@@ -517,6 +543,62 @@ class TransactionCoordinator:
             except Exception as e:
                 log.warning("writing a marker to %s-%d failed, retrying: %s", topic, index, e)
                 await asyncio.sleep(RETRY_S)
+
+    def _broker_channel(self, cluster: ClusterMetadataCache) -> BrokerChannel:
+        if self._channel is None:
+            self._channel = BrokerChannel(cluster)
+        return self._channel
+
+    def _coordinator_epoch(self, transactional_id: str) -> int:
+        """The epoch markers carry: in a cluster, the leader epoch of the id's
+        ``__transaction_state`` partition, which grows each time another broker takes the
+        coordination over (so a former coordinator's late markers are refused)."""
+        if self.replicas.cluster is None or self.runtime.topic_info is None:
+            return self.coordinator_epoch
+        index = partition_for(transactional_id, self.runtime.topic_info.partitions)
+        return max(self.replicas.cluster.leadership(TRANSACTION_TOPIC, index).epoch, 0)
+
+    async def _write_remote_marker(
+        self,
+        markers: WriteMarkers,
+        topic: str,
+        index: int,
+        commit: bool,
+        cluster: ClusterMetadataCache,
+    ) -> bool:
+        """Send the marker to the partition's leader; True once it is written or refused for
+        good (a newer producer or coordinator epoch decided there), False to retry."""
+        leader = cluster.leadership(topic, index).leader
+        if leader < 0:
+            return False
+        try:
+            code = await self._broker_channel(cluster).write(
+                leader,
+                topic,
+                index,
+                markers.producer_id,
+                markers.producer_epoch,
+                self._coordinator_epoch(markers.then.transactional_id),
+                commit,
+            )
+        except Exception as e:
+            log.warning(
+                "marker for %s-%d to broker %d failed, retrying: %s", topic, index, leader, e
+            )
+            return False
+        if code == ErrorCode.NONE:
+            return True
+        if code in (ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.TRANSACTION_COORDINATOR_FENCED):
+            log.warning(
+                "marker for producer %d in %s-%d refused by broker %d: %s",
+                markers.producer_id,
+                topic,
+                index,
+                leader,
+                code.name,
+            )
+            return True
+        return False  # moved meanwhile, or not writable yet: retried
 
     # --- the sweeper -------------------------------------------------------------------------
 

@@ -14,8 +14,8 @@ from tests.support.postgres import PostgresServer
 from tests.support.seaweedfs import SeaweedFS
 
 # fast enough for tests, with Kafka's ratio between the two
-HEARTBEAT_MS = 500
-SESSION_MS = 3000
+HEARTBEAT_MS = 1000
+SESSION_MS = 6000
 
 
 class Cluster:
