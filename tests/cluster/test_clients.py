@@ -91,3 +91,37 @@ def test_a_broker_stopping_hands_its_partitions_over(cluster_factory: ClusterFac
     _produce(cluster.brokers[0].bootstrap, "handover", 600)
     got = _consume_all(cluster.brokers[1].bootstrap, "handover", 1200, "g2")
     assert Counter(got) == Counter({f"v{i}".encode(): 2 for i in range(600)})
+
+
+def test_kafka_python_through_any_broker(cluster_factory: ClusterFactory) -> None:
+    from kafka import KafkaConsumer, KafkaProducer
+    from kafka.admin import KafkaAdminClient
+    from kafka.admin import NewTopic as KPNewTopic
+
+    cluster = cluster_factory(brokers=3)
+    admin = KafkaAdminClient(bootstrap_servers=cluster.brokers[2].bootstrap)
+    try:
+        admin.create_topics([KPNewTopic("kp", 6, 3)])
+    finally:
+        admin.close()
+    producer = KafkaProducer(bootstrap_servers=cluster.brokers[0].bootstrap, acks="all")
+    for i in range(600):
+        producer.send("kp", f"k{i}".encode())
+    producer.flush(30)
+    producer.close()
+    consumer = KafkaConsumer(
+        "kp",
+        bootstrap_servers=cluster.brokers[1].bootstrap,
+        group_id="kp-group",
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=15000,
+    )
+    got: list[bytes] = []
+    try:
+        for message in consumer:
+            got.append(message.value)
+            if len(got) == 600:
+                break
+    finally:
+        consumer.close()
+    assert sorted(got) == sorted(f"k{i}".encode() for i in range(600))
