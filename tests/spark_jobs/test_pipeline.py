@@ -194,10 +194,12 @@ def test_compaction_of_200_partitions_cuts_objects_and_keeps_every_record(
     before = settled(broker)
     keys_before = len(bucket(broker))
 
-    dry = run_job(broker, "compact", "--kind", "sso", "--dry-run")
+    # the dry run and GC on this process's threads: the SSO compaction is what runs on Spark
+    # here (GC on Spark is the killed job's test), and each Spark job costs a JVM start
+    dry = run_job(broker, "compact", "--kind", "sso", "--dry-run", "--runner", "local")
     assert "compact" in dry and describe(broker) == before  # a dry run changes nothing
     run_job(broker, "compact", "--kind", "sso")
-    run_job(broker, "gc")
+    run_job(broker, "gc", "--runner", "local")
     after = describe(broker)
     keys_after = len(bucket(broker))
 
@@ -337,8 +339,9 @@ def test_retention_by_time_and_by_size(pipeline_broker: BrokerProcess) -> None:
     assert sorted(consume_all(broker.bootstrap, "sized", 1, {0: 200})) == sorted(
         r for r in sized if r[1] >= start
     )
-    run_job(broker, "compact")  # trimmed data is dropped from the objects
-    run_job(broker, "gc")  # and what held it leaves the bucket
+    # retention is what runs on Spark here; compaction and GC have their own Spark tests
+    run_job(broker, "compact", "--runner", "local")  # trimmed data is dropped from the objects
+    run_job(broker, "gc", "--runner", "local")  # and what held it leaves the bucket
     bytes_after = sum(i.size for i in bucket(broker))
     print(f"\nbucket bytes {bytes_before} -> {bytes_after}")
     assert bytes_after < bytes_before - 800_000  # the 900 KB of old records left the bucket
@@ -426,7 +429,8 @@ def test_broker_compacts_through_spark_children_by_itself(make_broker: MakeBroke
 def test_stream_objects_of_a_stream_merge(pipeline_broker: BrokerProcess) -> None:
     """SSO compaction with a small split size makes a Stream Object per partition per run;
     ``compact --kind so`` merges each partition's into one, and every record reads back from
-    object storage after a restart."""
+    object storage after a restart. The SSO compactions that set this up run on this process's
+    threads (SSO compaction on Spark is the 200 partitions' test); the merge runs on Spark."""
     broker = pipeline_broker
     create_topic(broker.bootstrap, "split", 2)
     produced: list[Record] = []
@@ -446,6 +450,8 @@ def test_stream_objects_of_a_stream_merge(pipeline_broker: BrokerProcess) -> Non
             "compact",
             "--kind",
             "sso",
+            "--runner",
+            "local",
             **{"s3.stream.set.object.compaction.stream.split.size": str(16 << 10)},
         )
         done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
