@@ -3,7 +3,9 @@
 The broker runs embedded (file WAL, objects in a local directory, SQLite metadata) in its own
 directory, listens on a free loopback port and is sized for tests: a 64 MiB WAL instead of the
 2 GiB default, not zero-filled, no background compaction. ``stop()`` sends SIGTERM (SIGKILL
-after a timeout) and removes the directory. Each process is a cluster of its own.
+after a timeout) and removes the directory; ``kill()`` sends SIGKILL and keeps it, for a
+restart on the same data. Each process is a cluster of its own unless its properties join it
+to one (``AutoMQCluster`` in ``cluster.py``).
 
     with AutoMQProcess({"num.partitions": "3"}) as broker:
         producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
@@ -155,20 +157,24 @@ class AutoMQProcess:
         if self._fixed_port:
             assert self.port is not None
             _check_free(self.port)
-        # A probed free port can be taken before the broker binds it: try a few others.
-        for _attempt in range(3):
-            if not self._fixed_port:
+        # A probed free port can be taken before the broker binds it: try a few others. A
+        # restarted broker tries its previous port first, so its address stays the same.
+        for attempt in range(3):
+            if not self._fixed_port and (attempt > 0 or self.port is None):
                 self.port = free_port()
-            if self._launch():
+            log_start = self._log_size()
+            if self._launch(log_start):
                 return
-            if self._fixed_port or "address already in use" not in self.log_tail().lower():
+            log = self._log_text(log_start).lower()
+            if self._fixed_port or "address already in use" not in log:
                 break
         raise AutoMQError(f"the broker did not start:\n{self.log_tail()}")
 
-    def _launch(self) -> bool:
+    def _launch(self, log_start: int) -> bool:
         """Run the process; True once it listens, False (and reaped) if it exited first.
 
-        Ready means the broker logged that it listens and a connection succeeds: a connection
+        Ready means the broker logged that it listens (in the log written from ``log_start``
+        on: an earlier run's line does not count) and a connection succeeds: a connection
         alone could reach another program that took the port."""
         args = [sys.executable, "-m", "automq_py", "serve"]
         overrides = {
@@ -188,7 +194,7 @@ class AutoMQProcess:
             if self._process.poll() is not None:
                 self._process = None
                 return False
-            if listening in self._log_text():
+            if listening in self._log_text(log_start):
                 try:
                     socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
                     return True
@@ -214,6 +220,17 @@ class AutoMQProcess:
             raise AutoMQError(f"the broker on port {self.port} exited with {code}:\n{tail}")
         return code
 
+    def kill(self) -> int | None:
+        """SIGKILL, as a crash would end it; the directory stays, so :meth:`start` restarts
+        the broker on the same data (and port) and a later :meth:`stop` removes it. Returns
+        the exit code (None if it was not running)."""
+        process, self._process = self._process, None
+        if process is None:
+            return None
+        if process.poll() is None:
+            process.kill()
+        return process.wait()
+
     def _terminate(self) -> int | None:
         process, self._process = self._process, None
         if process is None:
@@ -230,11 +247,19 @@ class AutoMQProcess:
         """The last ``lines`` lines of the broker's log."""
         return "\n".join(self._log_text().splitlines()[-lines:])
 
-    def _log_text(self) -> str:
+    def _log_text(self, start: int = 0) -> str:
         try:
-            return self.log_path.read_text(errors="replace")
+            with open(self.log_path, "rb") as log:
+                log.seek(start)
+                return log.read().decode(errors="replace")
         except OSError:
             return ""
+
+    def _log_size(self) -> int:
+        try:
+            return self.log_path.stat().st_size
+        except OSError:
+            return 0
 
     def __enter__(self) -> AutoMQProcess:
         return self.start()

@@ -2,14 +2,17 @@
 
 Fixtures:
 
-=========================  ========  ====================================================
-``kafka_bootstrap``        session   ``"127.0.0.1:PORT"`` of ``automq_broker``
-``automq_broker``          session   one :class:`AutoMQProcess` shared by the session
-``automq_broker_factory``  function  ``factory(properties) -> AutoMQProcess``; every broker
-                                     it started is stopped after the test
-``automq_properties``      session   properties of every broker above (override it in a
-                                     ``conftest.py`` to change them)
-=========================  ========  ====================================================
+==========================  ========  ===================================================
+``kafka_bootstrap``         session   ``"127.0.0.1:PORT"`` of ``automq_broker``
+``automq_broker``           session   one :class:`AutoMQProcess` shared by the session
+``automq_broker_factory``   function  ``factory(properties) -> AutoMQProcess``; every
+                                      broker it started is stopped after the test
+``automq_cluster_factory``  function  ``factory(brokers=3, properties) -> AutoMQCluster``
+                                      (brokers over a private PostgreSQL); every cluster
+                                      it started is stopped after the test
+``automq_properties``       session   properties of every broker above (override it in a
+                                      ``conftest.py`` to change them)
+==========================  ========  ===================================================
 
 Properties also come from the ini option ``automq_properties`` (one ``key=value`` a line)
 and ``--automq-property key=value``; the command line wins. Each broker's directory is
@@ -22,6 +25,7 @@ from collections.abc import Iterator, Mapping
 
 import pytest
 
+from automq_py.testing.cluster import AutoMQCluster
 from automq_py.testing.process import AutoMQProcess
 
 
@@ -112,6 +116,67 @@ def automq_broker_factory(
 ) -> Iterator[AutoMQBrokerFactory]:
     """Start brokers for this test: ``automq_broker_factory({"num.partitions": 3})``."""
     factory = AutoMQBrokerFactory(
+        tmp_path_factory, automq_properties, pytestconfig.getoption("automq_keep_data")
+    )
+    try:
+        yield factory
+    finally:
+        factory.stop_all()
+
+
+class AutoMQClusterFactory:
+    """Starts clusters in fresh directories under pytest's temporary root; ``stop_all`` stops
+    them, then raises if a broker did not exit cleanly."""
+
+    def __init__(
+        self,
+        tmp_path_factory: pytest.TempPathFactory,
+        properties: Mapping[str, str],
+        keep_data: bool,
+    ) -> None:
+        self._tmp_path_factory = tmp_path_factory
+        self._properties = properties
+        self._keep_data = keep_data
+        self.clusters: list[AutoMQCluster] = []
+
+    def __call__(
+        self,
+        brokers: int = 3,
+        properties: Mapping[str, str | int] | None = None,
+        **more: str | int,
+    ) -> AutoMQCluster:
+        """A started cluster of ``brokers`` brokers with ``properties`` (and ``more``, e.g.
+        ``**{"num.partitions": 6}``) over the session's ``automq_properties``."""
+        cluster = AutoMQCluster(
+            brokers,
+            {**self._properties, **(properties or {}), **more},
+            directory=self._tmp_path_factory.mktemp("automq-cluster"),
+            keep_directory=self._keep_data,
+        )
+        self.clusters.append(cluster)
+        cluster.start()
+        return cluster
+
+    def stop_all(self) -> None:
+        failures = []
+        for cluster in self.clusters:
+            try:
+                cluster.stop(check=True)
+            except Exception as e:
+                failures.append(e)
+        self.clusters.clear()
+        if failures:
+            raise failures[0]
+
+
+@pytest.fixture
+def automq_cluster_factory(
+    tmp_path_factory: pytest.TempPathFactory,
+    automq_properties: dict[str, str],
+    pytestconfig: pytest.Config,
+) -> Iterator[AutoMQClusterFactory]:
+    """Start clusters for this test: ``automq_cluster_factory(brokers=3)``."""
+    factory = AutoMQClusterFactory(
         tmp_path_factory, automq_properties, pytestconfig.getoption("automq_keep_data")
     )
     try:
