@@ -1,39 +1,66 @@
 """docker/compose.yml under podman-compose: the broker on SeaweedFS in one ``up``, reached from
-the host, and everything gone after ``down -v``."""
+the host, and everything gone after ``down -v``; the ``cluster`` profile's three brokers over
+PostgreSQL serving one topic through any of them."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
 import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
 
+from automq_py.testing.cluster import listed_brokers
 from tests.docker.test_image import consume, create_topic, ends_of, produce, wait_serving
 from tests.support.broker import REPO, free_port
-from tests.support.podman import IMAGE, Podman
+from tests.support.podman import BASE_IMAGE, IMAGE, Podman
 
 pytestmark = pytest.mark.integration
 
 COMPOSE = REPO / "docker" / "compose.yml"
 PODMAN_COMPOSE = Path(sys.executable).parent / "podman-compose"
+# no registry here: a stand-in for the official postgres image (tests/docker/postgres.Dockerfile)
+POSTGRES_IMAGE = "localhost/automq-py-test-postgres:15"
+
+Compose = Callable[..., str]
 
 
-def test_compose_up_serves_on_seaweedfs_and_down_removes_everything(
-    podman: Podman, automq_image: str
-) -> None:
-    # the images compose.yml names, built here (no registry, the local base, the CA secret)
+@pytest.fixture(scope="module")
+def compose_images(podman: Podman, automq_image: str) -> None:
+    """The images compose.yml names, built here (no registry, the local base, the CA secret)."""
     podman.run("tag", IMAGE, "localhost/automq-py:latest")
     podman.build_image("docker/seaweedfs.Dockerfile", "localhost/automq-py-seaweedfs:latest")
-    project = f"automq-compose-{uuid.uuid4().hex[:6]}"
-    port = free_port()
-    env = {**podman.env, "AUTOMQ_PORT": str(port)}
 
+
+@pytest.fixture(scope="module")
+def postgres_image(podman: Podman, compose_images: None) -> str:
+    podman.run(
+        "build",
+        "--format",
+        "docker",
+        "--quiet",
+        "--file",
+        str(REPO / "tests" / "docker" / "postgres.Dockerfile"),
+        "--build-arg",
+        f"BASE={BASE_IMAGE}",
+        "--tag",
+        POSTGRES_IMAGE,
+        str(REPO / "tests" / "docker"),
+        timeout=1200,
+    )
+    return POSTGRES_IMAGE
+
+
+def _compose(podman: Podman, project: str, env: dict[str, str]) -> Compose:
     def compose(*args: str) -> str:
         done = subprocess.run(
             [str(PODMAN_COMPOSE), "--project-name", project, "--file", str(COMPOSE), *args],
-            env=env,
+            env={**podman.env, **env},
             capture_output=True,
             text=True,
             timeout=300,
@@ -41,6 +68,15 @@ def test_compose_up_serves_on_seaweedfs_and_down_removes_everything(
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout
 
+    return compose
+
+
+def test_compose_up_serves_on_seaweedfs_and_down_removes_everything(
+    podman: Podman, compose_images: None
+) -> None:
+    project = f"automq-compose-{uuid.uuid4().hex[:6]}"
+    port = free_port()
+    compose = _compose(podman, project, {"AUTOMQ_PORT": str(port)})
     try:
         compose("up", "--detach", "--no-build")
         bootstrap = f"localhost:{port}"
@@ -60,3 +96,55 @@ def test_compose_up_serves_on_seaweedfs_and_down_removes_everything(
         compose("down", "--volumes", "--timeout", "10")
     assert project not in podman.run("ps", "--all", "--format", "{{.Names}}")
     assert project not in podman.run("volume", "ls", "--format", "{{.Name}}")
+
+
+def test_podman_compose_reads_the_cluster_profile(podman: Podman) -> None:
+    compose = _compose(podman, "automq-config", {})
+    assert "\n  postgres:\n" not in compose("config")  # the default up leaves it out
+    cluster = compose("--profile", "cluster", "config")
+    for service in ("postgres:", "broker-0:", "broker-1:", "broker-2:", "broker:", "s3:"):
+        assert f"\n  {service}\n" in cluster
+
+
+@pytest.fixture
+def cluster_project(podman: Podman, postgres_image: str) -> Iterator[tuple[Compose, list[int]]]:
+    """The cluster profile up (with the single broker, as ``up`` starts it too) on free host
+    ports; ``down -v`` after the test, and nothing of it left."""
+    project = f"automq-cluster-{uuid.uuid4().hex[:6]}"
+    ports = [free_port() for _ in range(4)]
+    env = {
+        "AUTOMQ_PORT": str(ports[3]),
+        **{f"AUTOMQ_CLUSTER_PORT_{i}": str(port) for i, port in enumerate(ports[:3])},
+        "AUTOMQ_POSTGRES_IMAGE": postgres_image,
+    }
+    compose = _compose(podman, project, env)
+    try:
+        compose("--profile", "cluster", "up", "--detach", "--no-build")
+        yield compose, ports[:3]
+    finally:
+        compose("--profile", "cluster", "down", "--volumes", "--timeout", "10")
+    assert project not in podman.run("ps", "--all", "--format", "{{.Names}}")
+    assert project not in podman.run("volume", "ls", "--format", "{{.Name}}")
+
+
+def test_the_cluster_profile_serves_one_topic_through_three_brokers(
+    podman: Podman, cluster_project: tuple[Compose, list[int]]
+) -> None:
+    _, ports = cluster_project
+    for port in ports:
+        wait_serving(f"127.0.0.1:{port}", timeout=180)
+    deadline = time.monotonic() + 60
+    while any(sorted(listed_brokers(f"127.0.0.1:{port}")) != [0, 1, 2] for port in ports):
+        assert time.monotonic() < deadline, [listed_brokers(f"127.0.0.1:{p}") for p in ports]
+        time.sleep(0.5)
+    assert listed_brokers(f"127.0.0.1:{ports[0]}") == {
+        i: f"localhost:{port}" for i, port in enumerate(ports)
+    }
+
+    bootstrap = ",".join(f"localhost:{port}" for port in ports)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic("clustered", 6, replication_factor=3)])["clustered"].result(30)
+    leaders = admin.list_topics("clustered", timeout=30).topics["clustered"].partitions
+    assert Counter(p.leader for p in leaders.values()) == {0: 2, 1: 2, 2: 2}
+    acked = produce(bootstrap, "clustered", 3000)  # partitions 0-2 of the six
+    assert sorted(consume(bootstrap, "clustered", ends_of(acked))) == sorted(acked)
