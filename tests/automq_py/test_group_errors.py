@@ -4,7 +4,8 @@ Requests are built and responses read with this repo's codec over kio's schemas
 (``protocol.build`` + kio's writer; ``protocol.entity_reader``), one fresh connection each, so
 a test can send what no client would: an empty group id, a stale generation, the old member
 id of a fenced static member. Each test ends by checking that the broker process still
-serves: a new connection gets ApiVersions and ListGroups answered.
+serves: a new connection gets ApiVersions and ListGroups answered. One broker serves the module:
+each test names its own groups.
 
 The error codes asserted are Apache Kafka's (its ``GroupCoordinatorService`` /
 ``GroupMetadataManager`` / ``OffsetMetadataManager`` rules); a test that fails here names a
@@ -18,7 +19,7 @@ import socket
 import struct
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import IO, Any, cast
 
 import pytest
@@ -30,9 +31,10 @@ from protocol.api_keys import ApiKey
 from protocol.entity_reader import read_entity
 from protocol.errors import ErrorCode
 from protocol.messages import BufferCollector, request_schema, response_schema
-from tests.automq_py.conftest import MakeBroker
+from tests.automq_py.conftest import module_broker
 from tests.protocol.kafka_oracle import request_frame
 from tests.support.broker import BrokerProcess
+from tests.support.seaweedfs import SeaweedFS
 
 pytestmark = pytest.mark.integration
 
@@ -118,10 +120,16 @@ def assert_serving(b: BrokerProcess) -> None:
         raise AssertionError(f"broker stopped serving: {e!r}\n{b.log_tail()}") from e
 
 
-@pytest.fixture
-def broker(make_broker: MakeBroker) -> BrokerProcess:
-    """A fresh broker (new groups rebalance at once) with topic ``orders`` of 2 partitions."""
-    return with_orders_topic(make_broker(**{"group.initial.rebalance.delay.ms": "0"}))
+@pytest.fixture(scope="module")
+def broker(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: SeaweedFS
+) -> Iterator[BrokerProcess]:
+    """The module's broker (new groups rebalance at once) with topic ``orders`` of 2
+    partitions."""
+    with module_broker(
+        tmp_path_factory, s3_server, **{"group.initial.rebalance.delay.ms": "0"}
+    ) as b:
+        yield with_orders_topic(b)
 
 
 def with_orders_topic(b: BrokerProcess) -> BrokerProcess:
@@ -295,13 +303,14 @@ def group_state(b: BrokerProcess, group: str) -> str:
 
 @pytest.mark.parametrize("version", [4, 9])
 def test_join_without_a_member_id_is_given_one_first(broker: BrokerProcess, version: int) -> None:
-    first = join(broker, "newcomers", version=version)
+    group = f"newcomers-v{version}"
+    first = join(broker, group, version=version)
     assert first.error_code == ErrorCode.MEMBER_ID_REQUIRED
     assert first.member_id.startswith("errors-")  # KIP-394: the client id, then a uuid
     assert first.generation_id == -1
     assert list(first.members) == []
 
-    second = join(broker, "newcomers", first.member_id, version=version)
+    second = join(broker, group, first.member_id, version=version)
     assert second.error_code == ErrorCode.NONE
     assert second.member_id == first.member_id
     assert second.generation_id == 1
@@ -542,8 +551,9 @@ def test_any_offset_retention_time_is_answered(broker: BrokerProcess, retention_
     offsets = topic.OffsetCommitRequestPartition(
         partition_index=0, committed_offset=5, committed_metadata=""
     )
+    group = f"retained-{retention_ms}"
     message = OffsetCommitRequest[2](
-        group_id="retained",
+        group_id=group,
         generation_id_or_member_epoch=-1,
         member_id="",
         retention_time_ms=retention_ms,
@@ -563,7 +573,7 @@ def test_any_offset_retention_time_is_answered(broker: BrokerProcess, retention_
     decoded: Any
     decoded, _ = read_entity(response_schema(ApiKey.OFFSET_COMMIT, 2), memoryview(response), pos)
     assert [p.error_code for t in decoded.topics for p in t.partitions] == [ErrorCode.NONE]
-    assert fetch_offsets(broker, "retained") == {0: (5, "")}
+    assert fetch_offsets(broker, group) == {0: (5, "")}
     assert_serving(broker)
 
 
@@ -669,14 +679,14 @@ def test_consumer_group_heartbeat_errors(broker: BrokerProcess) -> None:
 
 def test_consumer_group_heartbeat_v1_needs_a_client_member_id(broker: BrokerProcess) -> None:
     """KIP-1082: from v1 the client makes the member id; Kafka refuses an empty one."""
-    anonymous = consumer_heartbeat(broker, "modern", "", 0, topics=[TOPIC], version=1)
+    anonymous = consumer_heartbeat(broker, "self-named", "", 0, topics=[TOPIC], version=1)
     assert anonymous.error_code == ErrorCode.INVALID_REQUEST, (
         "BROKER BUG: ConsumerGroupHeartbeat v1 with member_id='' answered "
         f"{ErrorCode(anonymous.error_code).name} (member id {anonymous.member_id!r}); Kafka "
         "answers INVALID_REQUEST 'MemberId can't be empty.'"
     )
     # v0 still lets the broker pick
-    picked = consumer_heartbeat(broker, "modern", "", 0, topics=[TOPIC], version=0)
+    picked = consumer_heartbeat(broker, "self-named", "", 0, topics=[TOPIC], version=0)
     assert picked.error_code == ErrorCode.NONE and picked.member_id
     assert_serving(broker)
 
@@ -695,7 +705,7 @@ def test_offset_commit_with_a_stale_member_epoch(broker: BrokerProcess) -> None:
     assert stranger == {0: ErrorCode.UNKNOWN_MEMBER_ID}
     assert commit(broker, "epochs", 2, member, {0: (4, "")}, version=9) == {0: ErrorCode.NONE}
     # v9 to a group that does not exist, with a member epoch: the group is not found
-    missing = commit(broker, "no-such-group", 3, member, {0: (4, "")}, version=9)
+    missing = commit(broker, "never-made", 3, member, {0: (4, "")}, version=9)
     assert missing == {0: ErrorCode.GROUP_ID_NOT_FOUND}
 
     fetched = call(
