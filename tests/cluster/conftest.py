@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -35,14 +36,23 @@ class Cluster:
         self.brokers: list[BrokerProcess] = []
 
     def add(self, **overrides: str) -> BrokerProcess:
-        node_id = len(self.brokers)
-        broker = BrokerProcess(
-            self.root / f"broker{node_id}",
-            {**self.common, "node.id": str(node_id), **overrides},
-        )
-        broker.start()
-        self.brokers.append(broker)
-        return broker
+        return self.add_many(1, **overrides)[0]
+
+    def add_many(self, count: int, **overrides: str) -> list[BrokerProcess]:
+        """Start ``count`` more brokers at once (each start waits for its listener)."""
+        first = len(self.brokers)
+        new = [
+            BrokerProcess(
+                self.root / f"broker{node_id}",
+                {**self.common, "node.id": str(node_id), **overrides},
+            )
+            for node_id in range(first, first + count)
+        ]
+        self.brokers += new
+        with ThreadPoolExecutor(count) as pool:
+            for started in [pool.submit(b.start) for b in new]:
+                started.result()
+        return new
 
     @property
     def bootstrap(self) -> str:
@@ -89,8 +99,7 @@ def cluster_factory(
     def make(brokers: int = 3, **overrides: str) -> Cluster:
         cluster = Cluster(tmp_path, s3_server, postgres_server.create_database(), **overrides)
         made.append(cluster)
-        for _ in range(brokers):
-            cluster.add()
+        cluster.add_many(brokers)
         cluster.wait_for_brokers(brokers)
         return cluster
 

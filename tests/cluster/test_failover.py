@@ -184,8 +184,7 @@ def test_postgresql_away_for_a_while(tmp_path: Path, s3_server: SeaweedFS) -> No
     with PostgresServer() as database:
         cluster = Cluster(tmp_path, s3_server, database.create_database())
         try:
-            for _ in range(3):
-                cluster.add()
+            cluster.add_many(3)
             cluster.wait_for_brokers(3)
             _create(cluster, "outage", 6)
             load = Load(cluster.bootstrap, "outage").start()
