@@ -120,14 +120,28 @@ class PostgresServer:
             "--no-sync",
         )
 
-    def _start(self) -> None:
+    def pause(self) -> None:
+        """Take the server away at once (``immediate``, as if its machine went down), keeping
+        its data and port: :meth:`resume` brings it back. For tests of a database outage."""
+        if self.running:
+            stop = ("pg_ctl", "-D", str(self.data_dir), "-m", "immediate", "-w", "stop")
+            self._run(*stop, check=False)
+            self.running = False
+
+    def resume(self) -> None:
+        """Start a paused server again, on the same port, with its data."""
+        if not self.running:
+            self._start(port=self.port)
+
+    def _start(self, port: int | None = None) -> None:
         # a probed free port can be taken before the server binds it: try a few others
         for _attempt in range(3):
-            self.port = free_port()
-            # a test database: durability across an operating-system crash is not needed
+            self.port = port if port is not None else free_port()
+            # a test database: durability across an operating-system crash is not needed, but
+            # across the server's own (pause() kills it) it is: commits reach the WAL file
             options = (
                 f"-p {self.port} -k {self._root} -c listen_addresses=127.0.0.1 "
-                "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+                "-c fsync=off -c full_page_writes=off"
             )
             started = self._run(
                 "pg_ctl",

@@ -189,10 +189,10 @@ def test_postgresql_away_for_a_while(tmp_path: Path, s3_server: SeaweedFS) -> No
             _create(cluster, "outage", 6)
             load = Load(cluster.bootstrap, "outage").start()
             time.sleep(2)
-            database.stop()
+            database.pause()
             time.sleep(30)
             assert all(b.running for b in cluster.brokers)
-            database.start()
+            database.resume()
             time.sleep(8)  # sessions renew, held acknowledgements go out
             load.stop()
             assert len(load.acked) > 1000

@@ -102,13 +102,13 @@ async def test_an_outage_of_the_database_fences_nobody() -> None:
         try:
             await sender.beat(incarnation=1)
             await monitor.poll()
-            server.stop()
+            server.pause()
             clock.now += 30
             with pytest.raises(MetadataUnavailableError):
                 await sender.beat(incarnation=1)
             with pytest.raises(MetadataUnavailableError):
                 await monitor.poll()
-            server.start()
+            server.resume()
             await monitor.poll()  # the first read after the outage starts sessions afresh
             assert monitor.silent_for(1) == 0
             clock.now += 5
