@@ -125,3 +125,27 @@ def test_kafka_python_through_any_broker(cluster_factory: ClusterFactory) -> Non
     finally:
         consumer.close()
     assert sorted(got) == sorted(f"k{i}".encode() for i in range(600))
+
+
+def test_a_topic_deleted_and_created_again(cluster_factory: ClusterFactory) -> None:
+    """Deleted through one broker, its partitions closed on every broker; the name taken again
+    serves only the new topic's records."""
+    cluster = cluster_factory(brokers=3)
+    admin = cluster.admin(2)
+    _create(admin, "again", 6)
+    _produce(cluster.bootstrap, "again", 300)
+    admin.delete_topics(["again"])["again"].result(timeout=30)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            _create(admin, "again", 3)
+            break
+        except Exception:  # the deletion is still settling on some broker
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+    producer = Producer({"bootstrap.servers": cluster.bootstrap})
+    for i in range(60):
+        producer.produce("again", value=f"new{i}".encode())
+    assert producer.flush(30) == 0
+    got = _consume_all(cluster.brokers[0].bootstrap, "again", 60, "g-again")
+    assert sorted(got) == sorted(f"new{i}".encode() for i in range(60))
