@@ -64,15 +64,16 @@ def broker(make_broker: MakeBroker) -> BrokerProcess:
     return make_broker()
 
 
+# groups that react fast, for tests not about the timings: new groups wait 500 ms (not 3 s) for
+# more members, KIP-848 members heartbeat every second and are gone after 6 s
+FAST_GROUPS = {
+    "group.initial.rebalance.delay.ms": "500",
+    "group.consumer.heartbeat.interval.ms": "1000",
+    "group.consumer.session.timeout.ms": "6000",
+}
+
+
 @pytest.fixture
 def group_broker(make_broker: MakeBroker) -> BrokerProcess:
-    """A broker whose groups react fast, for tests not about the timings: new groups wait
-    500 ms (not 3 s) for more members, KIP-848 members heartbeat every second and are gone
-    after 6 s."""
-    return make_broker(
-        **{
-            "group.initial.rebalance.delay.ms": "500",
-            "group.consumer.heartbeat.interval.ms": "1000",
-            "group.consumer.session.timeout.ms": "6000",
-        }
-    )
+    """A fresh broker whose groups react fast (``FAST_GROUPS``)."""
+    return make_broker(**FAST_GROUPS)

@@ -4,7 +4,8 @@ without losing or repeating records, keep static members across a restart, and r
 offsets that survived a kill -9.
 
 Each member runs on its own thread, as if it were its own process, so the members of a group
-poll concurrently (aiokafka's members each run their own event loop there)."""
+poll concurrently (aiokafka's members each run their own event loop there). One broker serves
+the tests that do not kill it, each with its own topic and group."""
 
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, ConsumerGroupDescription, NewTopic
 
+from tests.automq_py.conftest import FAST_GROUPS, MakeBroker, module_broker
 from tests.support.broker import BrokerProcess
+from tests.support.seaweedfs import SeaweedFS
 
 pytestmark = pytest.mark.integration
 
@@ -509,6 +512,16 @@ def consumed_keys(members: Iterable[Member]) -> Counter[Key]:
 # --- tests --------------------------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def group_broker(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: SeaweedFS
+) -> Iterator[BrokerProcess]:
+    """The module's broker, with groups that react fast (``FAST_GROUPS``); the test that kills
+    its broker starts its own."""
+    with module_broker(tmp_path_factory, s3_server, **FAST_GROUPS) as b:
+        yield b
+
+
 @pytest.mark.parametrize("client", CLIENTS)
 def test_three_members_split_six_partitions(group_broker: BrokerProcess, client: str) -> None:
     topic = group = f"split-{client}"
@@ -625,9 +638,10 @@ def test_static_member_restart_keeps_its_partitions_without_a_rebalance(
         ]
 
 
-def test_committed_offsets_survive_kill_9(group_broker: BrokerProcess) -> None:
+def test_committed_offsets_survive_kill_9(make_broker: MakeBroker) -> None:
     """A classic and a consumer-protocol group commit; after a kill -9 and a restart, new
     members of the same groups consume exactly the records after the committed offsets."""
+    group_broker = make_broker(**FAST_GROUPS)
     bootstrap = group_broker.bootstrap
     topic = "resume"
     create_topic(bootstrap, topic)
