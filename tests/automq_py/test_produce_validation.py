@@ -1,12 +1,13 @@
 """Produce validation a client can only reach by hand: a batch whose CRC is right but whose
 records do not read (a codec stream that does not decompress, a record count that lies) is
 refused with INVALID_RECORD, as Kafka's LogValidator refuses it, and never reaches the log;
-the connection goes on serving."""
+the connection goes on serving. The tests share one broker, each with its own topic."""
 
 from __future__ import annotations
 
 import struct
 import uuid
+from collections.abc import Iterator
 
 import pytest
 from confluent_kafka.admin import NewTopic
@@ -16,11 +17,21 @@ from kafka.protocol.producer import ProduceRequest, ProduceResponse
 from protocol import record_batch
 from protocol.errors import ErrorCode
 from protocol.records import Compression, RecordInput, build_batch, parse_records
+from tests.automq_py.conftest import module_broker
 from tests.automq_py.test_admin import admin_for, create_topics
 from tests.support.broker import BrokerProcess
 from tests.support.raw_connection import RawConnection, fetch_request
+from tests.support.seaweedfs import SeaweedFS
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def broker(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: SeaweedFS
+) -> Iterator[BrokerProcess]:
+    with module_broker(tmp_path_factory, s3_server) as b:
+        yield b
 
 
 def _produce(conn: RawConnection, topic: str, batch: bytes) -> tuple[int, str | None]:

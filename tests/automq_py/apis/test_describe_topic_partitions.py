@@ -2,7 +2,8 @@
 broker through kafka-python's admin client: topics sorted by name, paged by
 ``response_partition_limit`` with a cursor naming the first partition left out, unknown topics
 answered UNKNOWN_TOPIC_OR_PARTITION (and not created), a cursor outside the topics asked for
-refused with INVALID_REQUEST, as Kafka's KRaft broker answers."""
+refused with INVALID_REQUEST, as Kafka's KRaft broker answers. The tests only read: they share
+one broker and its two topics."""
 
 from __future__ import annotations
 
@@ -13,16 +14,26 @@ import pytest
 from kafka.admin import KafkaAdminClient
 
 from protocol.errors import ErrorCode
+from tests.automq_py.conftest import module_broker
 from tests.automq_py.test_clients import create_topic
 from tests.support.broker import BrokerProcess
+from tests.support.seaweedfs import SeaweedFS
 
 pytestmark = pytest.mark.integration
 
 
+@pytest.fixture(scope="module")
+def broker(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: SeaweedFS
+) -> Iterator[BrokerProcess]:
+    with module_broker(tmp_path_factory, s3_server) as b:
+        create_topic(b.bootstrap, "beta", 3)
+        create_topic(b.bootstrap, "alpha", 2)
+        yield b
+
+
 @pytest.fixture
 def admin(broker: BrokerProcess) -> Iterator[KafkaAdminClient]:
-    create_topic(broker.bootstrap, "beta", 3)
-    create_topic(broker.bootstrap, "alpha", 2)
     client = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
     try:
         yield client
