@@ -6,7 +6,8 @@ truncation, overwritten integers, huge array counts, random tails, a wrong size 
 garbage after the frame), sends it on a fresh connection and reads whatever comes back, or the
 close. Then the broker process must still be running and a new connection must still get
 well-formed ApiVersions and Metadata answers. Size prefixes that are negative or above
-``socket.request.max.bytes`` must close the connection at once.
+``socket.request.max.bytes`` must close the connection at once. One broker takes the examples of
+every test.
 
 ``test_create_topics_refuses_absurd_partition_counts`` pins a broker bug found while fuzzing
 CreateTopics values; it fails until the broker bounds partition counts.
@@ -18,6 +19,7 @@ import socket
 import struct
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -34,8 +36,10 @@ from kafka.protocol.metadata import (  # type: ignore[import-untyped]
 from kafka.protocol.producer import ProduceRequest  # type: ignore[import-untyped]
 
 from protocol.records import Compression, RecordInput, build_batch
+from tests.automq_py.conftest import module_broker
 from tests.protocol.kafka_oracle import request_frame
 from tests.support.broker import BrokerProcess
+from tests.support.seaweedfs import SeaweedFS
 
 pytestmark = pytest.mark.integration
 
@@ -244,10 +248,13 @@ def create_fuzz_topic(b: BrokerProcess) -> None:
     assert_serving(b)
 
 
-@pytest.fixture
-def fuzz_broker(broker: BrokerProcess) -> BrokerProcess:
-    create_fuzz_topic(broker)
-    return broker
+@pytest.fixture(scope="module")
+def fuzz_broker(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: SeaweedFS
+) -> Iterator[BrokerProcess]:
+    with module_broker(tmp_path_factory, s3_server) as b:
+        create_fuzz_topic(b)
+        yield b
 
 
 def test_valid_frames_are_answered(fuzz_broker: BrokerProcess) -> None:
