@@ -1,10 +1,12 @@
 """The admin APIs through confluent-kafka's AdminClient, against the real broker on real S3:
-configs, partitions, the cluster, record deletion and offsets by timestamp."""
+configs, partitions, the cluster, record deletion and offsets by timestamp. The tests share one
+broker, each with its own topics; none changes the broker's own configs."""
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -23,12 +25,21 @@ from confluent_kafka.admin import (
 )
 
 from protocol.errors import ErrorCode
+from tests.automq_py.conftest import module_broker
 from tests.support.broker import BrokerProcess
 from tests.support.seaweedfs import SeaweedFS
 
 pytestmark = pytest.mark.integration
 
 TIMEOUT = 15
+
+
+@pytest.fixture(scope="module")
+def broker(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: SeaweedFS
+) -> Iterator[BrokerProcess]:
+    with module_broker(tmp_path_factory, s3_server) as b:
+        yield b
 
 
 def admin_for(b: BrokerProcess) -> AdminClient:
