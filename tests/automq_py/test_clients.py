@@ -1,4 +1,6 @@
-"""Standard Kafka clients against the real broker process, storing in the real S3 server."""
+"""Standard Kafka clients against the real broker process, storing in the real S3 server. The
+round trips share one broker, each with its own topic; the tests that stop or kill their broker
+start their own."""
 
 from __future__ import annotations
 
@@ -8,12 +10,14 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from protocol import record_batch
+from tests.automq_py.conftest import MakeBroker, module_broker
 from tests.support.broker import BrokerProcess
 from tests.support.seaweedfs import SeaweedFS
 
@@ -105,6 +109,15 @@ def _recv(s: socket.socket, n: int) -> bytes:
     return out
 
 
+@pytest.fixture(scope="module")
+def broker(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: SeaweedFS
+) -> Iterator[BrokerProcess]:
+    """The module's broker, for the tests that neither stop nor kill it."""
+    with module_broker(tmp_path_factory, s3_server) as b:
+        yield b
+
+
 @pytest.mark.parametrize("compression", ["gzip", "snappy", "lz4", "zstd"])
 def test_confluent_kafka_round_trip(broker: BrokerProcess, compression: str) -> None:
     topic = f"orders-{compression}"
@@ -116,7 +129,8 @@ def test_confluent_kafka_round_trip(broker: BrokerProcess, compression: str) -> 
     assert compression.upper() in codecs and codecs <= {compression.upper(), "NONE"}, codecs
 
 
-def test_acknowledged_records_survive_kill_9(broker: BrokerProcess) -> None:
+def test_acknowledged_records_survive_kill_9(make_broker: MakeBroker) -> None:
+    broker = make_broker()
     create_topic(broker.bootstrap, "durable")
     expected = produce_confluent(broker.bootstrap, "durable", "lz4")
     broker.kill()
@@ -125,8 +139,9 @@ def test_acknowledged_records_survive_kill_9(broker: BrokerProcess) -> None:
 
 
 def test_reads_come_from_object_storage_after_a_restart(
-    broker: BrokerProcess, s3_server: SeaweedFS
+    make_broker: MakeBroker, s3_server: SeaweedFS
 ) -> None:
+    broker = make_broker()
     create_topic(broker.bootstrap, "cold")
     expected = produce_confluent(broker.bootstrap, "cold", "lz4")
     assert broker.stop() == 0  # a clean stop uploads the cache and trims the WAL
@@ -171,7 +186,8 @@ async def _object_keys(s3_server: SeaweedFS, namespace: str) -> list[str]:
         await store.close()
 
 
-async def test_aiokafka_round_trip(broker: BrokerProcess) -> None:
+async def test_aiokafka_round_trip(make_broker: MakeBroker) -> None:
+    broker = make_broker()
     from aiokafka import AIOKafkaProducer
 
     create_topic(broker.bootstrap, "aio")

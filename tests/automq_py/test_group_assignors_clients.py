@@ -1,17 +1,21 @@
 """Client-side assignors through the classic protocol: librdkafka's range, roundrobin and
 cooperative-sticky (incremental rebalances: several JoinGroup/SyncGroup rounds, partitions move
-without a stop-the-world revoke) all split a topic exactly among the members."""
+without a stop-the-world revoke) all split a topic exactly among the members, one group and
+topic each on one broker."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from tests.automq_py.conftest import FAST_GROUPS, module_broker
 from tests.support.broker import BrokerProcess
+from tests.support.seaweedfs import SeaweedFS
 
 pytestmark = pytest.mark.integration
 
@@ -85,6 +89,15 @@ def _settled(members: list[Member], timeout: float = 45) -> list[set[int]]:
             stable_since = None
         time.sleep(0.1)
     raise AssertionError(f"members never split the partitions: {[m.events for m in members]}")
+
+
+@pytest.fixture(scope="module")
+def group_broker(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: SeaweedFS
+) -> Iterator[BrokerProcess]:
+    """The module's broker, with groups that react fast (``FAST_GROUPS``)."""
+    with module_broker(tmp_path_factory, s3_server, **FAST_GROUPS) as b:
+        yield b
 
 
 @pytest.mark.parametrize("strategy", ["range", "roundrobin", "cooperative-sticky"])

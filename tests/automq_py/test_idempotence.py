@@ -1,9 +1,11 @@
 """Idempotent producers against the real broker process on the real S3 server: InitProducerId,
-per-partition sequence checks, duplicates answered with the original offset, across kill -9."""
+per-partition sequence checks, duplicates answered with the original offset, across kill -9.
+The tests that neither stop nor kill their broker share one, each with its own topic."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,9 +15,11 @@ from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProdu
 
 from protocol.errors import ErrorCode
 from protocol.records import Compression, RecordInput, build_batch
+from tests.automq_py.conftest import MakeBroker, module_broker
 from tests.automq_py.test_clients import PARTITIONS, N, consume_and_check, create_topic
 from tests.support.broker import BrokerProcess
 from tests.support.raw_connection import RawConnection
+from tests.support.seaweedfs import SeaweedFS
 
 pytestmark = pytest.mark.integration
 
@@ -74,7 +78,17 @@ def log_end(bootstrap: str, topic: str) -> int:
 # -- InitProducerId -------------------------------------------------------------------------------
 
 
-def test_init_producer_id_gives_new_ids_and_bumps_epochs(broker: BrokerProcess) -> None:
+@pytest.fixture(scope="module")
+def broker(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: SeaweedFS
+) -> Iterator[BrokerProcess]:
+    """The module's broker, for the tests that neither stop nor kill it."""
+    with module_broker(tmp_path_factory, s3_server) as b:
+        yield b
+
+
+def test_init_producer_id_gives_new_ids_and_bumps_epochs(make_broker: MakeBroker) -> None:
+    broker = make_broker()
     conn = RawConnection(broker.bootstrap)
     try:
         first, second = init_producer_id(conn), init_producer_id(conn)
@@ -131,7 +145,8 @@ def test_a_retried_produce_is_answered_with_the_original_offset(broker: BrokerPr
         conn.close()
 
 
-def test_duplicates_are_recognised_after_kill_9_and_restart(broker: BrokerProcess) -> None:
+def test_duplicates_are_recognised_after_kill_9_and_restart(make_broker: MakeBroker) -> None:
+    broker = make_broker()
     create_topic(broker.bootstrap, "dedup-crash", 1)
     conn = RawConnection(broker.bootstrap)
     pid = init_producer_id(conn).producer_id
