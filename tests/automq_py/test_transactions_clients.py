@@ -1,12 +1,15 @@
 """Transactions with real clients against the real broker process on the real S3 server:
 commit and abort across partitions, read_committed and read_uncommitted consumers,
 consume-transform-produce with a group's offsets in the transaction, fencing by a successor,
-timeouts, and a kill -9 between the two phases of a commit."""
+timeouts, and a kill -9 between the two phases of a commit. The tests share one broker, each
+with its own topics and transactional ids, except those that kill it, configure it or list every
+transaction it holds."""
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,12 +20,22 @@ from kafka.protocol.metadata.find_coordinator import (
     FindCoordinatorResponse,
 )
 
+from tests.automq_py.conftest import MakeBroker, module_broker
 from tests.automq_py.test_clients import create_topic
 from tests.support.broker import BrokerProcess
+from tests.support.seaweedfs import SeaweedFS
 
 pytestmark = pytest.mark.integration
 
 PARTITIONS = 3
+
+
+@pytest.fixture(scope="module")
+def broker(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: SeaweedFS
+) -> Iterator[BrokerProcess]:
+    with module_broker(tmp_path_factory, s3_server) as b:
+        yield b
 
 
 def txn_producer(bootstrap: str, txn_id: str, **extra: Any) -> Producer:
@@ -253,7 +266,8 @@ def test_kafka_python_commits_and_aborts(broker: BrokerProcess) -> None:
     )
 
 
-def test_a_commit_survives_a_kill_between_its_two_phases(broker: BrokerProcess) -> None:
+def test_a_commit_survives_a_kill_between_its_two_phases(make_broker: MakeBroker) -> None:
+    broker = make_broker()
     topic = f"txn-{uuid.uuid4().hex[:8]}"
     create_topic(broker.bootstrap, topic, PARTITIONS)
     txn_id = f"tx-{uuid.uuid4()}"
@@ -276,10 +290,12 @@ def test_a_commit_survives_a_kill_between_its_two_phases(broker: BrokerProcess) 
     )
 
 
-def test_admin_lists_describes_and_aborts_transactions(broker: BrokerProcess) -> None:
+def test_admin_lists_describes_and_aborts_transactions(make_broker: MakeBroker) -> None:
     from kafka import TopicPartition as KafkaTopicPartition
     from kafka.admin import AbortTransactionSpec, KafkaAdminClient
     from kafka.errors import TransactionalIdNotFoundError
+
+    broker = make_broker()  # its listing of every transaction names only this test's
 
     topic = f"txn-{uuid.uuid4().hex[:8]}"
     create_topic(broker.bootstrap, topic, PARTITIONS)
