@@ -2,12 +2,14 @@
 every topic config Kafka 3.9 defines is accepted (deprecated ones included) and the ones that
 act here act (LogAppendTime, the timestamp bounds, min.insync.replicas); broker resources
 describe Kafka's read_only, config_source and synonyms, and the dynamic broker configs change
-the topic defaults at once and survive a restart."""
+the topic defaults at once and survive a restart. The topic-config tests share one broker,
+each with its own topics; the broker-config tests start their own."""
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -39,7 +41,7 @@ from kafka.protocol.admin.configs import (
 from kafka.protocol.consumer.fetch import FetchResponse
 
 from protocol import record_batch
-from tests.automq_py.conftest import MakeBroker
+from tests.automq_py.conftest import MakeBroker, module_broker
 from tests.automq_py.test_admin import (
     TIMEOUT,
     admin_for,
@@ -49,8 +51,18 @@ from tests.automq_py.test_admin import (
 )
 from tests.support.broker import BrokerProcess
 from tests.support.raw_connection import RawConnection, fetch_request
+from tests.support.seaweedfs import SeaweedFS
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def broker(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: SeaweedFS
+) -> Iterator[BrokerProcess]:
+    with module_broker(tmp_path_factory, s3_server) as b:
+        yield b
+
 
 # Every topic config of Kafka 3.9 (TopicConfig / LogConfig), each with a valid value other
 # than its default.
