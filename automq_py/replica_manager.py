@@ -41,6 +41,13 @@ log = logging.getLogger("automq.replica")
 # how long a broker taking a partition over waits for its previous leader to close it (make its
 # tail durable and close its streams) before telling the client to retry
 HANDOFF_TIMEOUT_S = 10.0
+# how long a client's request waits for a partition this broker is taking over to open; past
+# it the client is told to retry (NOT_LEADER_OR_FOLLOWER): a request held longer would hold up
+# the other partitions' requests behind it on the client's connection (a dead broker's
+# partitions on the file WAL open only once it returns)
+REQUEST_OPEN_WAIT_S = 0.5
+# how long closing the broker waits for partitions still opening
+CLOSE_OPEN_WAIT_S = 3.0
 # partitions opened at once when leadership of many arrives together
 OPEN_CONCURRENCY = 32
 
@@ -135,7 +142,7 @@ class ReplicaManager:
         self._topics: Callable[[str], TopicInfo | None] | None = None
         # a cluster broker's membership: acknowledgements wait while it may be fenced
         self.session: BrokerSession | None = None
-        self._opening: dict[tuple[str, int], asyncio.Lock] = {}
+        self._opening: dict[tuple[str, int], asyncio.Task[Partition]] = {}
         self._background: set[asyncio.Task[None]] = set()
         # topics whose partitions were closed to be deleted, by id (a new topic may take the
         # name): never opened again; a request that raced the deletion is told the topic is
@@ -172,7 +179,7 @@ class ReplicaManager:
     async def _open_all(self, topic: TopicInfo) -> None:
         for index in range(topic.partitions):
             try:
-                await self.partition(topic, index)
+                await self.partition(topic, index, background=True)
             except Exception as e:  # the first request to it opens it again, or says why
                 log.info("opening %s-%d after its creation: %s", topic.name, index, e)
                 return
@@ -222,51 +229,75 @@ class ReplicaManager:
             )
         return epoch
 
-    async def partition(self, topic: TopicInfo, index: int) -> Partition:
+    async def partition(
+        self, topic: TopicInfo, index: int, *, background: bool = False
+    ) -> Partition:
         """The partition, opening its ElasticLog (creating it on first use) if needed; raises
-        :class:`NotLeaderError` for a partition another broker leads."""
+        :class:`NotLeaderError` for a partition another broker leads. In a cluster a client's
+        request waits at most :data:`REQUEST_OPEN_WAIT_S` for a partition being taken over
+        (the opening goes on behind); ``background`` work waits until it is open or failed."""
         key = (topic.name, index)
         epoch = self._check_leader(topic, index)
         found = self._partitions.get(key)
         if found is not None and found.leader_epoch == epoch:
             return found
         self._check_not_deleted(topic)
-        lock = self._opening.setdefault(key, asyncio.Lock())
-        async with lock:
-            epoch = self._check_leader(topic, index)
-            found = self._partitions.get(key)
-            if found is not None:
-                if found.leader_epoch == epoch:
-                    return found
-                self._close_in_background(key)  # led here before, at an older epoch
-            closing = self._closing.get(key)
-            if closing is not None:
-                await asyncio.shield(closing)
-            self._check_not_deleted(topic)
-            config = self.log_config(topic)
-            if self.cluster is not None:
-                await self._await_handoff(topic, index)
-                epoch = self._check_leader(topic, index)
-            elastic_log = await ElasticLog.open(
-                self.client,
-                self.storage.metadata,
-                self.storage.config.namespace,
-                str(topic.topic_id),
-                index,
-                epoch,
-                config,
+        opening = self._opening.get(key)
+        if opening is None:
+            opening = asyncio.create_task(
+                self._open(topic, index), name=f"open-{topic.name}-{index}"
             )
-            if topic.topic_id in self._deleted:  # deleted while it opened
-                await elastic_log.close()
-                self._check_not_deleted(topic)
-            if self.leader_epoch(topic.name, index) != epoch:  # moved on while it opened
-                await elastic_log.close()
-                self._check_leader(topic, index)
-                raise NotLeaderError(f"{topic.name}-{index} changed leader epoch while opening")
-            partition = Partition(topic.name, index, elastic_log, epoch, config.max_message_bytes)
-            self._partitions[key] = partition
-            log.info("opened partition %s-%d at epoch %d", topic.name, index, epoch)
-            return partition
+            self._opening[key] = opening
+            opening.add_done_callback(lambda task: self._opened(key, task))
+        if background or self.cluster is None:
+            return await asyncio.shield(opening)
+        done, _ = await asyncio.wait([opening], timeout=REQUEST_OPEN_WAIT_S)
+        if not done:
+            raise NotLeaderError(f"{topic.name}-{index} is being taken over, not open yet")
+        return opening.result()
+
+    def _opened(self, key: tuple[str, int], task: asyncio.Task[Partition]) -> None:
+        if self._opening.get(key) is task:
+            del self._opening[key]
+        if not task.cancelled():
+            task.exception()  # retrieved: a request that stopped waiting reported its own error
+
+    async def _open(self, topic: TopicInfo, index: int) -> Partition:
+        key = (topic.name, index)
+        epoch = self._check_leader(topic, index)
+        found = self._partitions.get(key)
+        if found is not None:
+            if found.leader_epoch == epoch:
+                return found
+            self._close_in_background(key)  # led here before, at an older epoch
+        closing = self._closing.get(key)
+        if closing is not None:
+            await asyncio.shield(closing)
+        self._check_not_deleted(topic)
+        config = self.log_config(topic)
+        if self.cluster is not None:
+            await self._await_handoff(topic, index)
+            epoch = self._check_leader(topic, index)
+        elastic_log = await ElasticLog.open(
+            self.client,
+            self.storage.metadata,
+            self.storage.config.namespace,
+            str(topic.topic_id),
+            index,
+            epoch,
+            config,
+        )
+        if topic.topic_id in self._deleted:  # deleted while it opened
+            await elastic_log.close()
+            self._check_not_deleted(topic)
+        if self.leader_epoch(topic.name, index) != epoch:  # moved on while it opened
+            await elastic_log.close()
+            self._check_leader(topic, index)
+            raise NotLeaderError(f"{topic.name}-{index} changed leader epoch while opening")
+        partition = Partition(topic.name, index, elastic_log, epoch, config.max_message_bytes)
+        self._partitions[key] = partition
+        log.info("opened partition %s-%d at epoch %d", topic.name, index, epoch)
+        return partition
 
     async def _await_handoff(self, topic: TopicInfo, index: int) -> None:
         """Wait until the partition's previous leader has closed its log (its MetaStream, closed
@@ -348,7 +379,7 @@ class ReplicaManager:
     async def _open_gained(self, topic: TopicInfo, index: int) -> None:
         async with self._open_slots:
             try:
-                await self.partition(topic, index)
+                await self.partition(topic, index, background=True)
             except Exception as e:  # the first request to it opens it again, or says why
                 log.info("opening %s-%d on taking it over: %s", topic.name, index, e)
 
@@ -677,6 +708,10 @@ class ReplicaManager:
             task.cancel()
         if self._background:
             await asyncio.wait(list(self._background))
+        if self._opening:  # what they open is closed with the rest below
+            _, late = await asyncio.wait(list(self._opening.values()), timeout=CLOSE_OPEN_WAIT_S)
+            for opening in late:
+                opening.cancel()
         if self._closing:
             await asyncio.wait(list(self._closing.values()))
         # all at once: one upload holds every partition's tail, one metadata change closes

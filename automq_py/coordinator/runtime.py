@@ -330,7 +330,7 @@ class CoordinatorRuntime:
         started = time.perf_counter()
         if index in self._loaded:
             return
-        partition = await self.replicas.partition(topic, index)
+        partition = await self.replicas.partition(topic, index, background=True)
         offset, end, count = partition.log_start_offset, partition.high_watermark, 0
         while offset < end:
             views = await partition.read(offset, LOAD_READ_BYTES)

@@ -13,8 +13,10 @@ import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import NewTopic
 
@@ -27,11 +29,14 @@ class Load:
     """An idempotent acks=all producer writing numbered records to every partition of a topic
     until stopped; what it was acknowledged, per record."""
 
+    running: list[Load] = []  # stopped after each test, whatever became of it
+
     def __init__(self, bootstrap: str, topic: str) -> None:
         self.topic = topic
         self.acked: list[bytes] = []
         self.errors: list[str] = []
         self._stop = threading.Event()
+        self._flush_s = 120.0
         self._producer = Producer(
             {
                 "bootstrap.servers": bootstrap,
@@ -60,15 +65,25 @@ class Load:
             except BufferError:
                 pass
             self._producer.poll(0.002)
-        self._producer.flush(120)
+        self._producer.flush(self._flush_s)
 
     def start(self) -> Load:
         self._thread.start()
+        Load.running.append(self)
         return self
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(150)
+        self._thread.join(self._flush_s + 30)
+
+
+@pytest.fixture(autouse=True)
+def _stop_loads() -> Iterator[None]:
+    yield
+    while Load.running:
+        load = Load.running.pop()
+        load._flush_s = 1.0  # a test that failed may have left it nothing to flush to
+        load.stop()
 
 
 def _read_all(cluster: Cluster, topic: str, partitions: int) -> list[bytes]:
