@@ -20,7 +20,7 @@ import bisect
 import time
 from array import array
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import overload
 
@@ -109,6 +109,8 @@ class LogCacheBlock:
     sealed: bool = False
     uploaded: bool = False
     order_id: int = -1  # the SSO order id, fixed at the first upload attempt
+    # bumped whenever streams leave the block: objects staged before no longer match it
+    revision: int = 0
 
     def put(self, record: StreamRecordBatch, wal_offset: int, wal_next_offset: int) -> None:
         records = self.records.get(record.stream_id)
@@ -135,6 +137,29 @@ class LogCacheBlock:
         """Records of ``stream_id`` overlapping ``[start, end)``, at most about ``max_bytes``."""
         records = self.records.get(stream_id)
         return records.get(start, end, max_bytes) if records is not None else []
+
+    def discard(self, stream_id: int) -> int:
+        """Remove the stream's records; the bytes they took."""
+        records = self.records.pop(stream_id, None)
+        self.wal_positions.pop(stream_id, None)
+        self.stream_epochs.pop(stream_id, None)
+        dropped = self.stream_sizes.pop(stream_id, 0)
+        if records is None:
+            return 0
+        self.size -= dropped
+        self.revision += 1
+        return dropped
+
+    def move_to(self, stream_id: int, other: LogCacheBlock, from_offset: int = 0) -> None:
+        """Append the stream's records ending past ``from_offset`` to ``other``."""
+        records = self.records.get(stream_id)
+        if records is None:
+            return
+        positions = self.wal_positions[stream_id]
+        for i, record in enumerate(records):
+            if record.last_offset > from_offset:
+                wal_offset = positions[2 * i]
+                other.put(record, wal_offset, wal_offset + positions[2 * i + 1])
 
 
 class LogCache:
@@ -194,16 +219,29 @@ class LogCache:
     def discard_stream(self, stream_id: int) -> None:
         """Forget a stream's records that are not uploaded (the node lost the stream)."""
         for block in self._blocks:
-            if block.uploaded:
-                continue
-            records = block.records.pop(stream_id, None)
-            block.wal_positions.pop(stream_id, None)
-            block.stream_epochs.pop(stream_id, None)
-            dropped = block.stream_sizes.pop(stream_id, 0)
-            if records:
-                block.size -= dropped
+            if not block.uploaded:
+                dropped = block.discard(stream_id)
                 self.size -= dropped
                 self.unuploaded_size -= dropped
+
+    def extract_streams(self, stream_ids: Iterable[int]) -> LogCacheBlock | None:
+        """Take the records of ``stream_ids`` not yet uploaded out of every block into a new
+        sealed block of their own (outside the cache, which no longer counts them); None if
+        there are none. A stream handed over is uploaded alone, without waiting for the rest
+        of the cache."""
+        out = LogCacheBlock(-1)
+        for stream_id in stream_ids:
+            for block in self._blocks:
+                if not block.uploaded and stream_id in block.records:
+                    block.move_to(stream_id, out)
+                    dropped = block.discard(stream_id)
+                    self.size -= dropped
+                    self.unuploaded_size -= dropped
+        if not out.records:
+            return None
+        out.sealed = True
+        out.sealed_at = time.monotonic()
+        return out
 
     def wal_trim_offset(self, fallback: int) -> int:
         """The WAL offset below which every record has been uploaded."""

@@ -23,7 +23,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from storage import stream_record_batch
@@ -98,6 +98,7 @@ class _Staged:
     stream_objects: list[CommitStreamObject]
     seconds: float = 0.0  # from the first object's request to the last one written
     rate: float | None = None  # bytes/s the PUTs were paced at (None: full speed)
+    revision: int = 0  # the block's revision the objects were built from
 
 
 class S3Storage:
@@ -149,6 +150,9 @@ class S3Storage:
         self._uploader: asyncio.Task[None] | None = None
         self._upload_tasks: dict[int, asyncio.Task[None]] = {}
         self._upload_slots = asyncio.Semaphore(UPLOADS_IN_FLIGHT)
+        # streams' records taken out of the cache to be uploaded on their own (upload_streams):
+        # the WAL keeps them until they are committed
+        self._extracted: list[LogCacheBlock] = []
         # the rates the latest blocks filled at, bytes/s
         self._fill_rates: collections.deque[float] = collections.deque(maxlen=_PACE_HISTORY)
         self._rated_through = -1  # the last block whose fill rate is in _fill_rates
@@ -508,6 +512,8 @@ class S3Storage:
     def _wal_trim_point(self, fallback: int) -> int:
         """The WAL offset below which every durable record is in object storage."""
         point = self.cache.wal_trim_offset(fallback)
+        for extracted in self._extracted:
+            point = min(point, extracted.wal_start)
         for state in self._streams.values():
             for durable in state.waiting.values():
                 point = min(point, durable.wal_offset)
@@ -523,6 +529,65 @@ class S3Storage:
         self._unpaced_through = max(self._unpaced_through, target)
         self._upload_wanted.set()
         await self._wait_until(lambda: all(b.block_id > target for b in self.cache.sealed_blocks()))
+
+    async def upload_streams(self, stream_ids: Collection[int]) -> None:
+        """Upload what the cache holds of ``stream_ids`` now, in objects of their own, and return
+        once it is committed. A stream handed to another node waits for its own tail only: the
+        time a partition move leaves it unwritable does not grow with what the other streams
+        have waiting for upload. The blocks they are taken from upload without them (one
+        already being uploaded builds its objects again)."""
+        block = self.cache.extract_streams(stream_ids)
+        if block is None:
+            return
+        mine = [block]
+        self._extracted.append(block)
+        started = time.monotonic()
+        delay = 0.5
+        try:
+            while block.records:
+                try:
+                    staged = await self._stage(block)
+                    if await self._commit(block, staged) == "done":
+                        log.info(
+                            "uploaded %d bytes of %d streams on their own in %.3f s",
+                            block.size,
+                            len(block.records),
+                            time.monotonic() - started,
+                        )
+                        return
+                except MetadataError as e:
+                    # a block upload committed some of their records first
+                    if e.code is not ErrorCode.OFFSET_NOT_MATCHED:
+                        raise
+                    block = self._without_committed(block)
+                    mine.append(block)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:
+                    log.warning(
+                        "upload of %d streams' records failed, retrying in %.1fs: %s",
+                        len(block.records),
+                        delay,
+                        e,
+                    )
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 10.0)
+        finally:
+            self._extracted = [b for b in self._extracted if all(b is not m for m in mine)]
+            self._notify()
+
+    def _without_committed(self, block: LogCacheBlock) -> LogCacheBlock:
+        """``block`` without the records whose offsets the metadata already has committed."""
+        rest = LogCacheBlock(-1)
+        for stream_id in list(block.records):
+            meta = self.metadata.stream(stream_id)
+            if meta is not None:
+                block.move_to(stream_id, rest, from_offset=meta.end_offset)
+        rest.sealed = True
+        rest.sealed_at = block.sealed_at
+        rest.wal_start = block.wal_start  # the WAL keeps what the first block held
+        self._extracted.append(rest)
+        return rest
 
     # -- upload ----------------------------------------------------------------------------------
 
@@ -568,6 +633,9 @@ class S3Storage:
                             staged = await self._stage(block)
                     if previous is not None:
                         await previous  # commits (and WAL trims) follow the WAL's order
+                    if staged is not None and staged.revision != block.revision:
+                        staged = None  # streams left the block meanwhile: build it again
+                        continue
                     # finish a started metadata transaction even if the task is cancelled
                     commit = asyncio.ensure_future(self._commit(block, staged))
                     try:
@@ -635,6 +703,7 @@ class S3Storage:
     async def _stage(self, block: LogCacheBlock) -> _Staged | None:
         """Reserve object ids and have the upload worker build and write the objects; None if
         there is nothing to upload."""
+        revision = block.revision
         plan = plan_upload(block.records, self.config.stream_object_split_size, block.stream_sizes)
         if plan.object_count == 0:
             return None
@@ -698,6 +767,7 @@ class S3Storage:
             ],
             seconds=time.monotonic() - started,
             rate=rate if any_paced else None,
+            revision=revision,
         )
 
     def _upload_rate(self, block: LogCacheBlock) -> float | None:
@@ -747,6 +817,8 @@ class S3Storage:
                 staged.stream_objects,
             )
         except MetadataError as e:
+            if staged.revision != block.revision:
+                return "redo"  # streams left the block meanwhile (handed over, dropped)
             if e.code in _UNWRITABLE and self._drop_unwritable(block):
                 return "redo"
             if e.code is ErrorCode.OFFSET_NOT_MATCHED and self._already_committed(staged):
@@ -778,6 +850,7 @@ class S3Storage:
             ):
                 dropped.append(stream_id)
                 self.drop_stream(stream_id, block.stream_epochs[stream_id])
+                block.discard(stream_id)  # a block outside the cache (upload_streams) too
         for stream_id in dropped:
             log.error(
                 "stream %d: this node's unuploaded records were refused (fenced, closed or "

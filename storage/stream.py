@@ -138,7 +138,7 @@ class S3Stream:
             )
         meta = self.storage.metadata.stream(self.stream_id)
         if meta is not None and new_start_offset > meta.end_offset:
-            await self.storage.force_upload()
+            await self.storage.upload_streams([self.stream_id])
         await _fenced_as_error(
             self.storage.metadata.trim_stream(
                 self.storage.node_id,
@@ -156,7 +156,7 @@ class S3Stream:
             return
         self.closed = True
         await self.storage.drain(self.stream_id)
-        await self.storage.force_upload()
+        await self.storage.upload_streams([self.stream_id])
         await _fenced_as_error(
             self.storage.metadata.close_stream(
                 self.storage.node_id, self.storage.node_epoch, self.stream_id, self.epoch
@@ -166,15 +166,16 @@ class S3Stream:
 
 
 async def close_streams(storage: S3Storage, streams: Sequence[S3Stream]) -> None:
-    """Close many streams as one: their cached data uploaded together, then one metadata
-    change closing them all (a broker handing many partitions over, or stopping)."""
+    """Close many streams as one: their cached data uploaded together (and nothing else the
+    cache holds), then one metadata change closing them all (a broker handing many partitions
+    over, or stopping)."""
     open_streams = [s for s in streams if not s.closed]
     if not open_streams:
         return
     for stream in open_streams:
         stream.closed = True
     await asyncio.gather(*(storage.drain(s.stream_id) for s in open_streams))
-    await storage.force_upload()
+    await storage.upload_streams([s.stream_id for s in open_streams])
     await _fenced_as_error(
         storage.metadata.close_streams(
             storage.node_id, storage.node_epoch, [(s.stream_id, s.epoch) for s in open_streams]
@@ -214,7 +215,7 @@ class StreamClient:
         if s.is_open_here(stream_id):
             # a hand-off on this node: what the old epoch acknowledged goes first
             await s.drain(stream_id)
-            await s.force_upload()
+            await s.upload_streams([stream_id])
         try:
             meta = await s.metadata.open_stream(s.node_id, s.node_epoch, stream_id, epoch)
         except MetadataError as e:

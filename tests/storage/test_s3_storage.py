@@ -248,3 +248,65 @@ async def test_a_retried_upload_does_not_count_its_block_twice(
     assert storage._upload_rate(burst) == pytest.approx(200 * MB)  # type: ignore[arg-type]
     for _ in range(3):  # the steady block's upload, tried three times
         assert storage._upload_rate(steady) == pytest.approx(200 * MB)  # type: ignore[arg-type]
+
+
+async def test_a_closed_stream_uploads_its_own_tail_only(
+    tmp_path: Path, make_storage: StorageFactory
+) -> None:
+    """Closing a stream uploads what the cache holds of it, not the rest of the cache; the
+    others upload later without it, and a crash before then loses and doubles nothing."""
+    storage = await make_storage()
+    client = StreamClient(storage)
+    moving, staying = await client.create_and_open(), await client.create_and_open()
+    pm, ps = await fill(moving, 20), await fill(staying, 30)
+    storage.cache.seal()  # one block sealed, one active: the stream is taken out of both
+    pm += await fill(moving, 5)
+    ps += await fill(staying, 5)
+    await moving.close()
+    meta = storage.metadata
+    assert meta.stream(moving.stream_id).end_offset == 75  # type: ignore[union-attr]
+    assert meta.stream(staying.stream_id).end_offset == 0  # type: ignore[union-attr]
+    blocks = [*storage.cache.sealed_blocks(), storage.cache.active]
+    assert all(moving.stream_id not in b.records for b in blocks)
+    assert storage.cache.unuploaded_size == sum(b.size for b in blocks) > sum(map(len, ps))
+    await storage.abort()  # the staying stream's records are in the WAL only
+    storage = await make_storage()
+    assert storage.metadata.stream(staying.stream_id).end_offset == 105  # type: ignore[union-attr]
+    reopened = [await StreamClient(storage).open(s.stream_id, 1) for s in (moving, staying)]
+    storage.drop_cache()
+    assert await read_all(reopened[0]) == pm
+    assert await read_all(reopened[1]) == ps
+
+
+async def test_a_block_being_uploaded_gives_up_a_stream_closed_meanwhile(
+    make_storage: StorageFactory,
+) -> None:
+    """A block whose objects were built with a stream that then closed on its own builds them
+    again without it: each offset committed once."""
+    storage = await make_storage()
+    client = StreamClient(storage)
+    moving, staying = await client.create_and_open(), await client.create_and_open()
+    pm, ps = await fill(moving, 20), await fill(staying, 20)
+    real_stage = storage._stage
+    staged = asyncio.Event()
+    go_on = asyncio.Event()
+
+    async def slow_stage(block):  # type: ignore[no-untyped-def]
+        result = await real_stage(block)
+        if block.block_id >= 0:
+            staged.set()
+            await go_on.wait()
+        return result
+
+    storage._stage = slow_stage  # type: ignore[method-assign]
+    upload = asyncio.create_task(storage.force_upload())
+    await staged.wait()  # the block's objects are written, not committed
+    await moving.close()
+    go_on.set()
+    await upload
+    assert storage.metadata.stream(moving.stream_id).end_offset == 60  # type: ignore[union-attr]
+    assert storage.metadata.stream(staying.stream_id).end_offset == 60  # type: ignore[union-attr]
+    storage.drop_cache()
+    reopened = await StreamClient(storage).open(moving.stream_id, 1)
+    assert await read_all(reopened) == pm
+    assert await read_all(staying) == ps
