@@ -178,6 +178,8 @@ class ReplicaManager:
 
     async def _open_all(self, topic: TopicInfo) -> None:
         for index in range(topic.partitions):
+            if self.leader_epoch(topic.name, index) is None:
+                continue  # another broker leads it
             try:
                 await self.partition(topic, index, background=True)
             except Exception as e:  # the first request to it opens it again, or says why

@@ -153,6 +153,7 @@ class S3Storage:
         # streams' records taken out of the cache to be uploaded on their own (upload_streams):
         # the WAL keeps them until they are committed
         self._extracted: list[LogCacheBlock] = []
+        self._stream_uploads: set[asyncio.Task[None]] = set()
         # the rates the latest blocks filled at, bytes/s
         self._fill_rates: collections.deque[float] = collections.deque(maxlen=_PACE_HISTORY)
         self._rated_through = -1  # the last block whose fill rate is in _fill_rates
@@ -225,9 +226,12 @@ class S3Storage:
             return
         clean = False
         if self._failed is None:
+            deadline = time.monotonic() + flush_timeout
             try:
                 await asyncio.wait_for(self.force_upload(), flush_timeout)
-                clean = True
+                if self._stream_uploads:
+                    await asyncio.wait(self._stream_uploads, timeout=deadline - time.monotonic())
+                clean = not self._extracted
             except (TimeoutError, StreamClosedError) as e:
                 log.warning("close: cached data stays in the WAL for the next start (%r)", e)
         await self._stop()
@@ -246,7 +250,11 @@ class S3Storage:
     async def _stop(self) -> None:
         self._closing = True
         self._notify()
-        tasks = [t for t in (self._uploader, *self._upload_tasks.values()) if t is not None]
+        tasks = [
+            t
+            for t in (self._uploader, *self._upload_tasks.values(), *self._stream_uploads)
+            if t is not None
+        ]
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -520,15 +528,20 @@ class S3Storage:
         return point
 
     async def force_upload(self) -> None:
-        """Seal the cache now and return once everything appended so far is in object storage."""
+        """Seal the cache now and return once everything appended so far is in object storage
+        (streams' records taken out by ``upload_streams`` included)."""
+        stream_uploads = set(self._stream_uploads)
         block = self.cache.seal()
         sealed = self.cache.sealed_blocks()
         target = block.block_id if block is not None else (sealed[-1].block_id if sealed else -1)
-        if target < 0:
-            return
-        self._unpaced_through = max(self._unpaced_through, target)
-        self._upload_wanted.set()
-        await self._wait_until(lambda: all(b.block_id > target for b in self.cache.sealed_blocks()))
+        if target >= 0:
+            self._unpaced_through = max(self._unpaced_through, target)
+            self._upload_wanted.set()
+            await self._wait_until(
+                lambda: all(b.block_id > target for b in self.cache.sealed_blocks())
+            )
+        if stream_uploads:
+            await asyncio.wait(stream_uploads)
 
     async def upload_streams(self, stream_ids: Collection[int]) -> None:
         """Upload what the cache holds of ``stream_ids`` now, in objects of their own, and return
@@ -539,6 +552,14 @@ class S3Storage:
         block = self.cache.extract_streams(stream_ids)
         if block is None:
             return
+        # a task of its own: the records are out of the cache, so a caller that stops waiting
+        # must not stop their upload (close waits for it)
+        upload = asyncio.create_task(self._upload_extracted(block), name="s3storage-upload-streams")
+        self._stream_uploads.add(upload)
+        upload.add_done_callback(self._stream_uploads.discard)
+        await asyncio.shield(upload)
+
+    async def _upload_extracted(self, block: LogCacheBlock) -> None:
         mine = [block]
         self._extracted.append(block)
         started = time.monotonic()
@@ -556,11 +577,23 @@ class S3Storage:
                         )
                         return
                 except MetadataError as e:
-                    # a block upload committed some of their records first
-                    if e.code is not ErrorCode.OFFSET_NOT_MATCHED:
-                        raise
-                    block = self._without_committed(block)
-                    mine.append(block)
+                    if e.code is ErrorCode.OFFSET_NOT_MATCHED:
+                        # a block upload committed some of their records first
+                        block = self._without_committed(block)
+                        mine.append(block)
+                        continue
+                    if e.code is ErrorCode.NODE_EPOCH_EXPIRED and self.rejoins_when_fenced:
+                        log.warning(
+                            "upload of %d streams' records waits for this node to "
+                            "register again: %s",
+                            len(block.records),
+                            e,
+                        )
+                        await asyncio.sleep(delay)
+                        delay = min(delay * 2, 2.0)
+                        continue
+                    self._fail(e)  # their records are nowhere else than in the WAL now
+                    raise
                 except asyncio.CancelledError:
                     raise
                 except Exception as e:

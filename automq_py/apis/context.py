@@ -74,8 +74,18 @@ class BrokerContext:
 
     @property
     def controller_id(self) -> int:
+        """The controller clients are told of: the elected one while it is live, otherwise
+        this broker. Any broker carries out the admin requests clients send the controller (as
+        a KRaft broker forwards them, and tells clients of a live broker, never of none): a
+        client told of no controller holds those requests until its next metadata refresh."""
         cluster = self.cluster
-        return self.node_id if cluster is None else cluster.controller_id()
+        if cluster is None:
+            return self.node_id
+        elected = cluster.controller_id()
+        registration = cluster.broker(elected)
+        if registration is None or registration.fenced:
+            return self.node_id
+        return elected
 
     def broker_entries(self) -> list[dict[str, object]]:
         """The brokers clients may connect to (Metadata's and DescribeCluster's list)."""

@@ -61,9 +61,20 @@ class Cluster:
     def admin(self, broker: int = 0) -> AdminClient:
         return AdminClient({"bootstrap.servers": self.brokers[broker].bootstrap})
 
-    def controller(self, via: int = 0) -> int:
-        """The controller's node id as broker ``via`` tells it (-1: none)."""
-        return int(self.admin(via).list_topics(timeout=10).controller_id)
+    def controller(self, timeout: float = 30) -> int:
+        """The elected controller's node id, once every running broker tells the same one (a
+        broker that knows of no live controller tells itself)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            told = {
+                int(self.admin(i).list_topics(timeout=10).controller_id)
+                for i, b in enumerate(self.brokers)
+                if b.pid is not None
+            }
+            if len(told) == 1:
+                return told.pop()
+            assert time.monotonic() < deadline, f"brokers tell controllers {sorted(told)}"
+            time.sleep(0.2)
 
     def wait_for_brokers(self, count: int, via: int = 0, timeout: float = 30) -> None:
         """Until broker ``via`` lists ``count`` live brokers."""
@@ -105,5 +116,8 @@ def cluster_factory(
 
     yield make
     for cluster in made:
+        # shown with a failing test's output only
+        for node_id, broker in enumerate(cluster.brokers):
+            print(f"--- broker {node_id} ---\n{broker.log_tail(60)}")
         codes = cluster.stop()
         assert codes == [0] * len(codes), "\n\n".join(b.log_tail() for b in cluster.brokers)
