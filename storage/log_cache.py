@@ -226,9 +226,9 @@ class LogCache:
 
     def extract_streams(self, stream_ids: Iterable[int]) -> LogCacheBlock | None:
         """Take the records of ``stream_ids`` not yet uploaded out of every block into a new
-        sealed block of their own (outside the cache, which no longer counts them); None if
-        there are none. A stream handed over is uploaded alone, without waiting for the rest
-        of the cache."""
+        sealed block of their own (block id -1: outside the cache, which no longer counts
+        them); None if there are none. A stream handed over is uploaded alone, without
+        waiting for the rest of the cache."""
         out = LogCacheBlock(-1)
         for stream_id in stream_ids:
             for block in self._blocks:

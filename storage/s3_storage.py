@@ -58,6 +58,10 @@ _PUTS_IN_FLIGHT = 2  # objects one upload sends at once while it builds the next
 # the event loop less than a message to the worker, and a broker that only ever uploads small
 # objects (a test's, an idle one's at its interval or its stop) never starts a worker
 INLINE_OBJECT_MAX = 1 << 20
+# A stream's own upload (a partition handed over, upload_streams) builds its objects here up to
+# this many bytes (about 1 ms of the loop per MiB): the worker may have to be started first,
+# which would cost the hand-off a second or more
+STREAMS_INLINE_MAX = 16 << 20
 # Uploads are paced at the rate their block filled, measured over at most this long (AutoMQ's
 # rule); a block sealed sooner after its first record than the floor is not paced
 _PACE_WINDOW_S = 5.0
@@ -552,6 +556,8 @@ class S3Storage:
         block = self.cache.extract_streams(stream_ids)
         if block is None:
             return
+        if block.size > STREAMS_INLINE_MAX:
+            self.upload_worker.prepare()
         # a task of its own: the records are out of the cache, so a caller that stops waiting
         # must not stop their upload (close waits for it)
         upload = asyncio.create_task(self._upload_extracted(block), name="s3storage-upload-streams")
@@ -904,7 +910,9 @@ class S3Storage:
         here, at once (its burst is too small to pace); any other by the upload worker, which
         reads it from the WAL and sends its bytes at ``rate`` bytes/s."""
         key = object_key(self.config.namespace, object_id)
-        if sum(block.stream_sizes[run[0].stream_id] for run in runs) < INLINE_OBJECT_MAX:
+        size = sum(block.stream_sizes[run[0].stream_id] for run in runs)
+        streams_own = block.block_id < 0 and block.size <= STREAMS_INLINE_MAX
+        if size < INLINE_OBJECT_MAX or streams_own:
             built = build_object(runs, self.config.object_block_size)
             await self.store.put(key, built.parts)
             sizes[object_id] = built.size

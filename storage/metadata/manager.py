@@ -19,6 +19,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 from storage.metadata import control
@@ -46,6 +47,8 @@ Listener = Callable[[Sequence[Record]], None]
 T = TypeVar("T")
 # a change refused this many times in a row (others keep committing first) gives up
 MAX_ATTEMPTS = 50
+# stream opens requested in the same moment share one change, at most this many
+OPEN_BATCH_MAX = 1000
 
 
 class WallClock:
@@ -59,6 +62,17 @@ class WallClock:
         return self._last
 
 
+@dataclass(slots=True, frozen=True)
+class _Open:
+    """A stream open waiting to be batched."""
+
+    node_id: int
+    node_epoch: int
+    stream_id: int
+    epoch: int
+    done: asyncio.Future[None]
+
+
 class MetadataManager:
     """The metadata controller: an image for reads over a durable store for changes."""
 
@@ -69,6 +83,8 @@ class MetadataManager:
         self._lock = asyncio.Lock()
         self._listeners: list[Listener] = []
         self._follower: asyncio.Task[None] | None = None
+        self._opens: list[_Open] = []  # waiting for the next batch
+        self._opening: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(cls, url: str, clock: Clock | None = None) -> MetadataManager:
@@ -90,6 +106,9 @@ class MetadataManager:
 
     async def close(self) -> None:
         """Close the store once the change in progress, if any, is done."""
+        if self._opening is not None:
+            with contextlib.suppress(Exception):
+                await self._opening  # a batch of opens in progress ends as any change does
         if self._follower is not None:
             self._follower.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -195,13 +214,60 @@ class MetadataManager:
     async def open_stream(
         self, node_id: int, node_epoch: int, stream_id: int, epoch: int
     ) -> StreamMetadata:
-        """Open a stream at ``epoch`` on ``node_id`` (a newer epoch fences the previous owner)."""
+        """Open a stream at ``epoch`` on ``node_id`` (a newer epoch fences the previous owner).
 
-        def plan(image: MetadataImage) -> tuple[Records, StreamMetadata | None]:
-            return control.open_stream(image, node_id, node_epoch, stream_id, epoch), None
-
-        await self._change(plan)
+        Opens requested in the same moment (a broker taking many partitions over) are checked
+        one by one and persisted as one change: one round trip to the store for all of them."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._opens.append(_Open(node_id, node_epoch, stream_id, epoch, done))
+        if self._opening is None:
+            self._opening = asyncio.create_task(self._open_batches(), name="metadata-open-streams")
+        await done
         return self.image.streams[stream_id]
+
+    async def _open_batches(self) -> None:
+        try:
+            await asyncio.sleep(0)  # let the opens of this moment join
+            while self._opens:
+                batch: list[_Open] = []
+                later: list[_Open] = []
+                ids: set[int] = set()
+                for item in self._opens:
+                    if item.stream_id in ids or len(batch) >= OPEN_BATCH_MAX:
+                        later.append(item)  # a second open of one stream waits for the first
+                    else:
+                        ids.add(item.stream_id)
+                        batch.append(item)
+                self._opens = later
+                await self._open_batch(batch)
+        finally:
+            self._opening = None
+
+    async def _open_batch(self, batch: list[_Open]) -> None:
+        def plan(image: MetadataImage) -> tuple[Records, list[Exception | None]]:
+            records: list[Record] = []
+            outcomes: list[Exception | None] = []
+            for item in batch:
+                try:
+                    records += control.open_stream(
+                        image, item.node_id, item.node_epoch, item.stream_id, item.epoch
+                    )
+                    outcomes.append(None)
+                except Exception as e:  # refused: the others go on
+                    outcomes.append(e)
+            return records, outcomes
+
+        try:
+            outcomes = await self._change(plan)
+        except Exception as e:
+            outcomes = [e] * len(batch)
+        for item, outcome in zip(batch, outcomes, strict=True):
+            if item.done.done():
+                continue
+            if outcome is None:
+                item.done.set_result(None)
+            else:
+                item.done.set_exception(outcome)
 
     async def close_stream(self, node_id: int, node_epoch: int, stream_id: int, epoch: int) -> None:
         """Close a stream this node owns at ``epoch``; closing a closed stream is a no-op."""

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from storage.metadata.manager import MetadataManager
 from storage.metadata.model import (
     CommitRange,
     ErrorCode,
+    MetadataError,
     ObjectState,
     RangeMetadata,
     StreamState,
@@ -56,6 +59,34 @@ async def test_node_epoch_never_issued_is_refused(manager: MetadataManager) -> N
 
 
 # -- create / open ---------------------------------------------------------------------------------
+
+
+async def test_opens_requested_together_share_one_change(manager: MetadataManager) -> None:
+    """A broker taking many partitions over opens their streams in one change; an open the
+    checks refuse fails alone."""
+    node = await manager.register_node(1)
+    ids = [await manager.create_stream(1, node) for _ in range(20)]
+    await manager.open_stream(1, node, ids[0], 5)
+    persisted = 0
+    persist = manager._store.persist
+
+    async def counting(records):  # type: ignore[no-untyped-def]
+        nonlocal persisted
+        persisted += 1
+        return await persist(records)
+
+    manager._store.persist = counting  # type: ignore[method-assign]
+    results = await asyncio.gather(
+        *(manager.open_stream(1, node, i, 3) for i in ids),
+        manager.open_stream(1, node, ids[1], 3),  # the same open again: in the next change
+        return_exceptions=True,
+    )
+    assert isinstance(results[0], MetadataError)  # epoch 3 is older than its 5
+    assert results[0].code is ErrorCode.STREAM_FENCED
+    for stream_id in ids[1:]:
+        meta = manager.image.streams[stream_id]
+        assert (meta.state, meta.epoch) == (StreamState.OPENED, 3)
+    assert persisted == 1  # the repeated open of one stream changed nothing
 
 
 async def test_create_stream_is_closed_at_init_epoch(manager: MetadataManager) -> None:
