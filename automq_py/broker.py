@@ -197,6 +197,10 @@ class Broker:
             await self.controller.stop()
         if self.lifecycle is not None:
             await self.lifecycle.stop()
+            if self.storage is not None:
+                # no registering again now: uploads waiting for it give up, and what they held
+                # stays in the WAL for the next start
+                self.storage.rejoins_when_fenced = False
         if self._settling is not None:
             self._settling.cancel()
         if self.maintenance is not None:

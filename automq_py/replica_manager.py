@@ -13,6 +13,7 @@ mapping, :mod:`automq_py.errors`); the other partitions carry on.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import shutil
@@ -22,6 +23,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from automq_py.controller import membership
 from automq_py.errors import NotLeaderError, describe, kafka_error, partition_failed
 from automq_py.log.elastic_log import ElasticLog, meta_stream_key
 from automq_py.log.log_config import LogConfig
@@ -32,7 +34,9 @@ from automq_py.topic_config import effective_topic_config
 from automq_py.topics import TopicError, TopicInfo
 from protocol import record_batch
 from protocol.errors import ErrorCode
+from storage.metadata.image import MetadataImage
 from storage.metadata.model import StreamState
+from storage.metadata.records import Record
 from storage.s3_storage import S3Storage
 from storage.stream import StreamClient
 
@@ -48,6 +52,9 @@ HANDOFF_TIMEOUT_S = 10.0
 REQUEST_OPEN_WAIT_S = 0.5
 # how long closing the broker waits for partitions still opening
 CLOSE_OPEN_WAIT_S = 3.0
+# how long a leader uploads the tails of partitions it is to hand over before it hands them over
+# regardless (their close then uploads what is left)
+HANDOVER_PREPARE_S = 10.0
 # partitions opened at once when leadership of many arrives together
 OPEN_CONCURRENCY = 32
 
@@ -143,6 +150,9 @@ class ReplicaManager:
         # a cluster broker's membership: acknowledgements wait while it may be fenced
         self.session: BrokerSession | None = None
         self._opening: dict[tuple[str, int], asyncio.Task[Partition]] = {}
+        # reassignments this broker is to carry out as the partitions' leader: key -> target
+        self._handovers: dict[tuple[str, int], int] = {}
+        self._handing_over: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         # topics whose partitions were closed to be deleted, by id (a new topic may take the
         # name): never opened again; a request that raced the deletion is told the topic is
@@ -373,6 +383,46 @@ class ReplicaManager:
             for index, leader in enumerate(leaders.leaders):
                 if leader == self.storage.node_id and (name, index) not in self._partitions:
                     self._in_background(self._open_gained(topic, index), f"open-{name}-{index}")
+            for index, target in leaders.pending().items():
+                if leaders.leader(index) == self.storage.node_id:
+                    self._handovers[(name, index)] = target
+        if self._handovers and self._handing_over is None:
+            self._handing_over = self._in_background(self._hand_over(), "hand-over")
+
+    async def _hand_over(self) -> None:
+        """Carry out the reassignments asked of this broker, those of one moment together:
+        upload the partitions' tails while they still take appends, then hand them over in one
+        metadata change (each then closes with only what arrived meanwhile to upload)."""
+        try:
+            while self._handovers:
+                await asyncio.sleep(0)  # let the reassignments of this moment join
+                batch, self._handovers = self._handovers, {}
+                logs = [p.log for key in batch if (p := self._partitions.get(key)) is not None]
+                started = time.monotonic()
+                try:
+                    await asyncio.wait_for(ElasticLog.upload_tails(logs), HANDOVER_PREPARE_S)
+                except Exception as e:  # handed over anyway: the close uploads the rest
+                    log.info("uploading the tails of %d partitions to hand over: %r", len(logs), e)
+                prepared = time.monotonic() - started
+                try:
+                    await self.storage.metadata.change(
+                        functools.partial(_complete_moves, self.storage.node_id, batch)
+                    )
+                except Exception as e:
+                    log.warning("handing %d partitions over: %s (retried)", len(batch), e)
+                    await asyncio.sleep(1.0)
+                    for key, target in batch.items():
+                        self._handovers.setdefault(key, target)
+                    continue
+                log.info(
+                    "handing %d partitions over (%s) after uploading their tails in %.0f ms",
+                    len(batch),
+                    ", ".join(f"{n}-{i} to {t}" for (n, i), t in list(batch.items())[:5])
+                    + (", ..." if len(batch) > 5 else ""),
+                    prepared * 1000,
+                )
+        finally:
+            self._handing_over = None
 
     def open_on_leadership(self, topics: Callable[[str], TopicInfo | None]) -> None:
         """Open partitions as their leadership arrives (``topics`` resolves a name)."""
@@ -727,6 +777,17 @@ class ReplicaManager:
             log.warning("closing %d partitions: %s", len(partitions), e)
         if partitions:
             log.info("closed %d partitions in %.2f s", len(partitions), time.monotonic() - started)
+
+
+def _complete_moves(
+    node: int, moves: dict[tuple[str, int], int], image: MetadataImage
+) -> tuple[list[Record], None]:
+    records = [
+        r
+        for (name, index), target in moves.items()
+        for r in membership.complete_move(image, node, name, index, target)
+    ]
+    return records, None
 
 
 def _unless_failed(answer: AppendResult, code: ErrorCode) -> AppendResult:

@@ -29,6 +29,7 @@ from typing import Any
 
 from automq_py.apis.context import BrokerContext
 from automq_py.controller import membership
+from automq_py.controller.cluster_records import NO_LEADER
 from automq_py.topics import TopicInfo
 from protocol import build
 from protocol.api_keys import ApiKey
@@ -172,30 +173,37 @@ def _partition_result(index: int, outcome: Outcome) -> dict[str, Any]:
 
 async def handle_alter_partition_reassignments(ctx: BrokerContext, request: Request) -> Any:
     """In a cluster a partition moves to the first broker its new replica list names (its one
-    replica: the data is in object storage): the move is recorded at once, the partition's
-    current leader closes it (its tail made durable) and the new one opens it. A partition
-    already led there changes nothing."""
+    replica: the data is in object storage). As in Kafka the reassignment is recorded and the
+    answer given at once; it completes behind (ListPartitionReassignments shows it until then):
+    the partition's leader uploads what it has not yet made durable while still serving, then
+    hands it over, so it is unwritable only for the little that arrived meanwhile. A partition
+    already led there changes nothing; a null replica list cancels a pending reassignment."""
     brokers = ctx.broker_ids
+    cluster = ctx.cluster
     responses: list[dict[str, Any]] = []
     moves: dict[str, dict[int, int]] = {}
     for t in request.body.topics:
         name = str(t.name)
         topic = ctx.topics.get(name)
+        leaders = cluster.topic_leaders(name) if cluster is not None else None
         partitions: list[dict[str, Any]] = []
         for p in t.partitions:
             index = int(p.partition_index)
             replicas = None if p.replicas is None else [int(r) for r in p.replicas]
             code, message = reassign(topic, name, index, replicas, brokers)
-            if code == ErrorCode.NONE and replicas:
+            if replicas is None and leaders is not None and leaders.target(index) != NO_LEADER:
+                code, message = ErrorCode.NONE, None  # a pending one to cancel
+                moves.setdefault(name, {})[index] = NO_LEADER
+            elif code == ErrorCode.NONE and replicas and cluster is not None:
                 moves.setdefault(name, {})[index] = replicas[0]
             partitions.append(
                 {"partition_index": index, "error_code": code, "error_message": message}
             )
         responses.append({"name": name, "partitions": partitions})
-    if moves and ctx.cluster is not None:
+    if moves:
         try:
             await ctx.replicas.storage.metadata.change(
-                lambda image: (membership.move_leaders(image, None, moves), None)
+                lambda image: (membership.request_moves(image, moves), None)
             )
         except Exception as e:  # a broker gone meanwhile, the metadata unreachable
             for response in responses:
@@ -215,11 +223,42 @@ async def handle_alter_partition_reassignments(ctx: BrokerContext, request: Requ
 
 
 async def handle_list_partition_reassignments(ctx: BrokerContext, request: Request) -> Any:
-    # Kafka lists only partitions being reassigned (asked-for ones that are not, or do not
-    # exist, are left out without an error): here, none ever is
+    """The reassignments still pending: the partition's replica list as it will be, the broker
+    being added and the one being removed. As Kafka does, partitions asked for that are not
+    being reassigned, or do not exist, are left out without an error."""
+    cluster = ctx.cluster
+    pending: dict[str, dict[int, tuple[int, int]]] = {}
+    if cluster is not None:
+        for name, leaders in cluster.all_leaders().items():
+            for index, target in leaders.pending().items():
+                pending.setdefault(name, {})[index] = (target, leaders.leader(index))
+    asked = request.body.topics
+    if asked is not None:
+        wanted = {str(t.name): {int(i) for i in t.partition_indexes} for t in asked}
+        pending = {
+            name: {i: v for i, v in parts.items() if i in wanted[name]}
+            for name, parts in pending.items()
+            if name in wanted
+        }
+    topics = [
+        {
+            "name": name,
+            "partitions": [
+                {
+                    "partition_index": index,
+                    "replicas": [target],
+                    "adding_replicas": [target],
+                    "removing_replicas": [] if leader == NO_LEADER else [leader],
+                }
+                for index, (target, leader) in sorted(parts.items())
+            ],
+        }
+        for name, parts in sorted(pending.items())
+        if parts
+    ]
     return build.build(
         response_schema(ApiKey.LIST_PARTITION_REASSIGNMENTS, request.api_version),
-        {"throttle_time": 0, "error_code": ErrorCode.NONE, "error_message": None, "topics": []},
+        {"throttle_time": 0, "error_code": ErrorCode.NONE, "error_message": None, "topics": topics},
     )
 
 

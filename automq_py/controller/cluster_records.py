@@ -86,14 +86,18 @@ class BrokerRegistration:
 
 @dataclass(slots=True, frozen=True)
 class TopicLeaders:
-    """Each partition's leader and leader epoch, in partition order."""
+    """Each partition's leader and leader epoch, in partition order, and the broker a pending
+    reassignment moves it to (``targets``, NO_LEADER for none; empty when none is pending)."""
 
     leaders: tuple[int, ...]
     epochs: tuple[int, ...]
+    targets: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.leaders) != len(self.epochs):
             raise ValueError("one leader epoch per partition")
+        if self.targets and len(self.targets) != len(self.leaders):
+            raise ValueError("one reassignment target per partition")
 
     def leader(self, index: int) -> int:
         return self.leaders[index] if 0 <= index < len(self.leaders) else NO_LEADER
@@ -101,20 +105,41 @@ class TopicLeaders:
     def epoch(self, index: int) -> int:
         return self.epochs[index] if 0 <= index < len(self.epochs) else -1
 
+    def target(self, index: int) -> int:
+        """Where a pending reassignment moves the partition, NO_LEADER if none is pending."""
+        return self.targets[index] if 0 <= index < len(self.targets) else NO_LEADER
+
+    def pending(self) -> dict[int, int]:
+        """index -> target of the partitions with a reassignment pending."""
+        return {i: t for i, t in enumerate(self.targets) if t != NO_LEADER}
+
     def moved(self, changes: Mapping[int, int]) -> TopicLeaders:
-        """These partitions (index -> new leader) led elsewhere, each with its epoch bumped."""
+        """These partitions (index -> new leader) led elsewhere, each with its epoch bumped; a
+        reassignment whose target they reach is done."""
         leaders = list(self.leaders)
         epochs = list(self.epochs)
+        targets = list(self.targets)
         for index, node in changes.items():
             if leaders[index] != node:
                 leaders[index] = node
                 epochs[index] += 1
-        return replace(self, leaders=tuple(leaders), epochs=tuple(epochs))
+            if targets and targets[index] == node:
+                targets[index] = NO_LEADER
+        return replace(self, leaders=tuple(leaders), epochs=tuple(epochs), targets=_packed(targets))
+
+    def retargeted(self, changes: Mapping[int, int]) -> TopicLeaders:
+        """Reassignments of these partitions (index -> target, NO_LEADER to cancel) pending."""
+        targets = list(self.targets) or [NO_LEADER] * len(self.leaders)
+        for index, node in changes.items():
+            targets[index] = NO_LEADER if node == self.leaders[index] else node
+        return replace(self, targets=_packed(targets))
 
     def grown(self, new_leaders: Sequence[int]) -> TopicLeaders:
         """Partitions added at the end (CreatePartitions), at leader epoch 0."""
         return TopicLeaders(
-            (*self.leaders, *new_leaders), (*self.epochs, *(0 for _ in new_leaders))
+            (*self.leaders, *new_leaders),
+            (*self.epochs, *(0 for _ in new_leaders)),
+            (*self.targets, *(NO_LEADER for _ in new_leaders)) if self.targets else (),
         )
 
     @classmethod
@@ -122,12 +147,24 @@ class TopicLeaders:
         return cls(tuple(leaders), tuple(0 for _ in leaders))
 
     def encode(self) -> bytes:
-        return _json({"leaders": list(self.leaders), "epochs": list(self.epochs)})
+        fields: dict[str, object] = {"leaders": list(self.leaders), "epochs": list(self.epochs)}
+        if self.targets:
+            fields["targets"] = list(self.targets)
+        return _json(fields)
 
     @classmethod
     def decode(cls, raw: bytes) -> TopicLeaders:
         d = json.loads(raw)
-        return cls(tuple(int(x) for x in d["leaders"]), tuple(int(x) for x in d["epochs"]))
+        return cls(
+            tuple(int(x) for x in d["leaders"]),
+            tuple(int(x) for x in d["epochs"]),
+            tuple(int(x) for x in d.get("targets", ())),
+        )
+
+
+def _packed(targets: Sequence[int]) -> tuple[int, ...]:
+    """No targets at all when none is pending (the record stays as it was before any)."""
+    return tuple(targets) if any(t != NO_LEADER for t in targets) else ()
 
 
 @dataclass(slots=True, frozen=True)

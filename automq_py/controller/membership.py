@@ -191,6 +191,44 @@ def move_leaders(
     return records
 
 
+def request_moves(image: MetadataImage, moves: Mapping[str, Mapping[int, int]]) -> Records:
+    """Record reassignments (topic -> index -> target broker, NO_LEADER to cancel one): each
+    partition's leader hands it over once it has made most of its tail durable while still
+    serving (:func:`complete_move`), so the partition is unwritable only for what arrived
+    meanwhile. A target that already leads the partition changes nothing."""
+    live = {b.node_id for b in brokers(image).values() if b.live}
+    unknown = sorted({n for c in moves.values() for n in c.values()} - live - {NO_LEADER})
+    if unknown:
+        raise UnknownBrokerError(f"brokers {unknown} are not live")
+    records: Records = []
+    for topic, changes in sorted(moves.items()):
+        current = topic_leaders(image, topic)
+        if current is None:
+            continue
+        valid = {i: n for i, n in changes.items() if 0 <= i < len(current.leaders)}
+        updated = current.retargeted(valid)
+        if updated != current:
+            records.append(rec.KVRecord(leaders_key(topic), updated.encode()))
+    return records
+
+
+def complete_move(
+    image: MetadataImage, node_id: int, topic: str, index: int, target: int
+) -> Records:
+    """The leader ``node_id`` hands the partition to ``target``, as a reassignment pending
+    asked: nothing if it no longer leads it or the reassignment changed meanwhile; a target no
+    longer live ends the reassignment where it is."""
+    current = topic_leaders(image, topic)
+    if current is None or current.leader(index) != node_id or current.target(index) != target:
+        return []
+    registration = broker(image, target)
+    if registration is None or not registration.live:
+        updated = current.retargeted({index: NO_LEADER})
+    else:
+        updated = current.moved({index: target})
+    return [rec.KVRecord(leaders_key(topic), updated.encode())]
+
+
 def _registered(image: MetadataImage, node_id: int) -> BrokerRegistration:
     found = broker(image, node_id)
     if found is None:

@@ -848,6 +848,20 @@ class ElasticLog:
         if failed is not None:
             raise failed
 
+    @staticmethod
+    async def upload_tails(logs: Sequence[ElasticLog]) -> None:
+        """Upload what the logs' streams have not yet made durable in object storage, while
+        they go on taking appends: a partition about to be handed over then has only what
+        arrives meanwhile left to upload when it closes."""
+        streams = [
+            s
+            for log in logs
+            if not log._closed
+            for s in (*log._streams.values(), log.meta_stream.stream)
+        ]
+        if streams:
+            await streams[0].storage.upload_streams([s.stream_id for s in streams])
+
     async def _seal(self) -> list[S3Stream]:
         """Write the final meta and refuse further use; the streams left to close."""
         async with self._lock:

@@ -3,6 +3,8 @@ records and committed offsets go through whichever broker leads."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections import Counter
 
@@ -149,3 +151,46 @@ def test_a_topic_deleted_and_created_again(cluster_factory: ClusterFactory) -> N
     assert producer.flush(30) == 0
     got = _consume_all(cluster.brokers[0].bootstrap, "again", 60, "g-again")
     assert sorted(got) == sorted(f"new{i}".encode() for i in range(60))
+
+
+def test_a_reassignment_is_listed_until_its_leader_hands_the_partition_over(
+    cluster_factory: ClusterFactory,
+) -> None:
+    """AlterPartitionReassignments answers at once; the partition's leader carries the move out.
+    While its leader is frozen the reassignment is listed, and it can be cancelled."""
+    from kafka import TopicPartition as KPTopicPartition
+    from kafka.admin import KafkaAdminClient
+
+    # a session long enough that the frozen broker is not fenced meanwhile
+    cluster = cluster_factory(brokers=3, **{"broker.session.timeout.ms": "30000"})
+    _create(cluster.admin(0), "moving", 3)
+    controller = cluster.controller()  # the admin client's requests go there
+    frozen, other = (n for n in range(3) if n != controller)
+    index = next(i for i, leader in cluster.leaders("moving").items() if leader == frozen)
+    tp = KPTopicPartition("moving", index)
+    admin = KafkaAdminClient(bootstrap_servers=cluster.brokers[controller].bootstrap)
+    victim = cluster.brokers[frozen]
+    assert victim.pid is not None
+    try:
+        assert admin.list_partition_reassignments() == {}  # it knows the controller now
+        os.kill(victim.pid, signal.SIGSTOP)  # well within its session: not fenced
+        try:
+            assert admin.alter_partition_reassignments({tp: [other]})[tp] is None
+            listed = admin.list_partition_reassignments()
+            assert listed == {
+                tp: {"replicas": [other], "adding_replicas": [other], "removing_replicas": [frozen]}
+            }
+            assert admin.alter_partition_reassignments({tp: None})[tp] is None  # cancelled
+            assert admin.list_partition_reassignments() == {}
+            assert admin.alter_partition_reassignments({tp: [controller]})[tp] is None
+        finally:
+            os.kill(victim.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 20
+        while (
+            cluster.leaders("moving")[index] != controller or admin.list_partition_reassignments()
+        ):
+            assert time.monotonic() < deadline, cluster.leaders("moving")
+            time.sleep(0.1)
+    finally:
+        admin.close()
+    _produce(cluster.bootstrap, "moving", 30)

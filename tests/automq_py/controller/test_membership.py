@@ -96,3 +96,35 @@ def test_partitions_added_and_topics_dropped() -> None:
     _apply(image, membership.drop_topic_leaders(image, "t"))
     assert membership.all_leaders(image) == {}
     assert membership.drop_topic_leaders(image, "t") == []
+
+
+def test_a_reassignment_waits_for_its_leader_to_hand_the_partition_over() -> None:
+    image = _cluster(0, 1, 2)
+    _apply(image, membership.set_new_topic_leaders("t", [0, 1, 2]))
+    with pytest.raises(membership.UnknownBrokerError):
+        membership.request_moves(image, {"t": {0: 7}})
+    _apply(image, membership.request_moves(image, {"t": {0: 1, 1: 1, 2: 0}}))
+    leaders = membership.topic_leaders(image, "t")
+    assert leaders is not None
+    assert leaders.leaders == (0, 1, 2)  # nothing moved yet
+    assert leaders.pending() == {0: 1, 2: 0}  # partition 1 is already led by 1
+    # only the leader completes it, and only the reassignment asked for
+    assert membership.complete_move(image, 2, "t", 0, 1) == []
+    assert membership.complete_move(image, 0, "t", 0, 2) == []
+    _apply(image, membership.complete_move(image, 0, "t", 0, 1))
+    assert membership.topic_leaders(image, "t") == TopicLeaders((1, 1, 2), (1, 0, 0), (-1, -1, 0))
+    # a failover elsewhere keeps it pending; cancelling it leaves the record as before any
+    _apply(image, membership.move_leaders(image, None, {"t": {2: 1}}))
+    assert membership.topic_leaders(image, "t").pending() == {2: 0}  # type: ignore[union-attr]
+    _apply(image, membership.request_moves(image, {"t": {2: NO_LEADER}}))
+    assert membership.topic_leaders(image, "t") == TopicLeaders((1, 1, 1), (1, 0, 1))
+    assert TopicLeaders.decode(TopicLeaders((1,), (0,), (2,)).encode()).pending() == {0: 2}
+
+
+def test_a_reassignment_to_a_broker_gone_meanwhile_ends_where_it_is() -> None:
+    image = _cluster(0, 1)
+    _apply(image, membership.set_new_topic_leaders("t", [0]))
+    _apply(image, membership.request_moves(image, {"t": {0: 1}}))
+    _apply(image, membership.begin_shutdown(image, 1, incarnation=1))
+    _apply(image, membership.complete_move(image, 0, "t", 0, 1))
+    assert membership.topic_leaders(image, "t") == TopicLeaders((0,), (0,))
