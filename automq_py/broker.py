@@ -42,6 +42,9 @@ log = logging.getLogger("automq.broker")
 # how long a broker of a cluster stopping on SIGTERM waits for its partitions to be led
 # elsewhere (within docker stop's default grace of 10 s)
 CONTROLLED_SHUTDOWN_TIMEOUT_S = 6.0
+# before that, how long the partitions' tails may take to upload while they are still served
+# (what is left then is uploaded as each closes)
+TAILS_UPLOAD_TIMEOUT_S = 2.0
 
 
 class Broker:
@@ -170,6 +173,7 @@ class Broker:
             cache,
             config.broker_heartbeat_interval_ms,
             config.broker_session_timeout_ms,
+            rebalance=config.auto_leader_rebalance_enable,
         )
         registration = BrokerRegistration(
             config.node_id, self.storage.node_epoch, host, port, config.broker_rack or None
@@ -192,7 +196,11 @@ class Broker:
     async def stop(self) -> None:
         if self.lifecycle is not None:
             # partitions and their coordinators move away while this broker still serves
-            await self.lifecycle.controlled_shutdown(CONTROLLED_SHUTDOWN_TIMEOUT_S)
+            replicas = self.replicas
+            await self.lifecycle.controlled_shutdown(
+                CONTROLLED_SHUTDOWN_TIMEOUT_S,
+                None if replicas is None else lambda: replicas.upload_tails(TAILS_UPLOAD_TIMEOUT_S),
+            )
         if self.controller is not None:
             await self.controller.stop()
         if self.lifecycle is not None:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from automq_py.controller import membership
@@ -133,15 +134,21 @@ class BrokerLifecycle:
         await self._beat()  # the controller hears of this incarnation at once
         log.info("broker %d registered again (incarnation %d)", node_id, epoch)
 
-    async def controlled_shutdown(self, timeout_s: float) -> None:
+    async def controlled_shutdown(
+        self, timeout_s: float, prepare: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
         """Have this broker's partitions led elsewhere before it stops (each is closed here
-        first as its leadership moves); gives up after ``timeout_s``."""
+        first as its leadership moves); gives up after ``timeout_s``. ``prepare`` runs first,
+        while the partitions are still served here (it uploads their tails, so each close has
+        only what arrives meanwhile left to upload)."""
         node_id, incarnation = self.node_id, self.registration.incarnation
 
         def plan(image: MetadataImage) -> tuple[list[Record], None]:
             return membership.begin_shutdown(image, node_id, incarnation), None
 
         started = time.monotonic()
+        if prepare is not None:
+            await prepare()
         try:
             await self._metadata.change(plan)
         except Exception as e:

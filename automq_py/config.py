@@ -283,6 +283,13 @@ class BrokerConfig:
         1,
         "a broker silent this long is fenced and its partitions are led by others",
     )
+    auto_leader_rebalance_enable: bool = _prop(
+        "auto.leader.rebalance.enable",
+        True,
+        ConfigType.BOOLEAN,
+        None,
+        "the controller evens out partition leadership when a broker joins the cluster",
+    )
     listeners: tuple[Listener, ...] = (Listener("PLAINTEXT", "127.0.0.1", 9092),)
     advertised_listeners: tuple[Listener, ...] = (Listener("PLAINTEXT", "127.0.0.1", 9092),)
     data_dir: str = DEFAULT_DATA_DIR

@@ -389,6 +389,25 @@ class ReplicaManager:
         if self._handovers and self._handing_over is None:
             self._handing_over = self._in_background(self._hand_over(), "hand-over")
 
+    async def upload_tails(self, timeout: float) -> None:
+        """Upload what the open partitions have not yet made durable in object storage, while
+        they are still served (a broker about to hand them all over), for at most ``timeout``
+        seconds."""
+        logs = [p.log for p in self._partitions.values()]
+        if not logs:
+            return
+        started = time.monotonic()
+        try:
+            await asyncio.wait_for(ElasticLog.upload_tails(logs), timeout)
+        except Exception as e:  # each close uploads what is left
+            log.info("uploading the tails of %d partitions: %r", len(logs), e)
+            return
+        log.info(
+            "uploaded the tails of %d partitions in %.0f ms",
+            len(logs),
+            (time.monotonic() - started) * 1000,
+        )
+
     async def _hand_over(self) -> None:
         """Carry out the reassignments asked of this broker, those of one moment together:
         upload the partitions' tails while they still take appends, then hand them over in one

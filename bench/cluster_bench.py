@@ -52,8 +52,9 @@ after that, and ``AFTER_S`` more. Then, for the event, it prints the **longest g
 consecutive acknowledgements** (their times are taken in the delivery callback, served by
 ``poll()`` every millisecond) and, in ms from the event (the request sent, SIGTERM, SIGKILL):
 when that gap began, when the old leader logged closing the partition and the MB it uploaded
-before (a close first makes everything the broker holds durable in object storage, every
-partition's, not only this one's), when the new leader logged opening it, and when acks came
+before (a reassigned partition's leader first uploads the partition's tail while still serving,
+then hands it over; its close uploads what arrived meanwhile, of that partition only), when the
+new leader logged opening it, and when acks came
 again; the admin call's time (for SIGTERM: until the broker exited) and when Metadata (asked
 of the new leader or a surviving broker) first showed the new leader; and for comparison the
 longest gap in the ``BASELINE_S`` before, the longest produce() to acknowledgement latency of
@@ -751,6 +752,13 @@ def run_moves(
     for _ in range(2):  # the JVM's (or client's) first reassignment, unmeasured
         leader = other_broker(cluster, leader)
         reassigner.move(cluster.bootstrap(), warm, 0, leader)
+        # a reassignment completes behind the call: the next one for the partition waits for
+        # it (kafka-reassign-partitions refuses to start one while another is pending)
+        deadline = time.monotonic() + 30
+        while cluster.leaders(warm)[0] != leader:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{warm}: not moved to b{leader} within 30 s")
+            time.sleep(0.05)
     largest = ""
     for mib in args.sizes_mib:
         topic = f"move-{mib}mib-{time.monotonic_ns()}"

@@ -43,8 +43,11 @@ class ClusterController:
         cache: ClusterMetadataCache,
         heartbeat_interval_ms: int,
         session_timeout_ms: int,
+        *,
+        rebalance: bool = True,
     ) -> None:
         self.node_id = node_id
+        self._rebalances = rebalance  # auto.leader.rebalance.enable
         self._metadata = metadata
         self._cache = cache
         self._interval_s = heartbeat_interval_ms / 1000
@@ -172,12 +175,22 @@ class ClusterController:
         live = frozenset(b.node_id for b in brokers.values() if b.live)
         joined = self._known_live is not None and bool(live - self._known_live)
         self._known_live = live
-        if not joined:
+        if not joined or not self._rebalances:
             return
         moves = plan_rebalance(list(brokers.values()), self._cache.all_leaders())
         if moves:
-            log.info("brokers %s joined: moving leaders to balance", sorted(live))
-            await self._move(me, moves, None)
+            # as reassignments: each leader uploads the partition's tail while still serving,
+            # then hands it over
+            log.info(
+                "brokers %s joined: reassigning %d partitions to balance leadership",
+                sorted(live),
+                sum(len(m) for m in moves.values()),
+            )
+
+            def plan(image: MetadataImage) -> tuple[list[Record], None]:
+                return membership.request_moves(image, moves, me), None
+
+            await self._metadata.change(plan)
 
     async def _move(self, me: ControllerRecord, moves: LeaderChanges, gone: int | None) -> None:
         if not moves:

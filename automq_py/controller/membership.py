@@ -191,11 +191,18 @@ def move_leaders(
     return records
 
 
-def request_moves(image: MetadataImage, moves: Mapping[str, Mapping[int, int]]) -> Records:
+def request_moves(
+    image: MetadataImage,
+    moves: Mapping[str, Mapping[int, int]],
+    me: ControllerRecord | None = None,
+) -> Records:
     """Record reassignments (topic -> index -> target broker, NO_LEADER to cancel one): each
     partition's leader hands it over once it has made most of its tail durable while still
     serving (:func:`complete_move`), so the partition is unwritable only for what arrived
-    meanwhile. A target that already leads the partition changes nothing."""
+    meanwhile. A target that already leads the partition changes nothing. ``me`` None: an
+    administrator's reassignment; otherwise the controller's (a rebalance), checked."""
+    if me is not None:
+        check_controller(image, me)
     live = {b.node_id for b in brokers(image).values() if b.live}
     unknown = sorted({n for c in moves.values() for n in c.values()} - live - {NO_LEADER})
     if unknown:

@@ -1,0 +1,251 @@
+"""A cluster broker leading many partitions stops on SIGTERM: how long it takes to exit, and how
+long until every one of its partitions takes writes on the other brokers.
+
+    python bench/cluster_many.py [--partitions 10000] [--s3-dir /dev/shm] [--keep]
+
+The servers are ``bench/cluster_bench.py``'s: a private PostgreSQL for the metadata, a SeaweedFS
+``weed mini`` and three ``python -m automq_py serve`` processes with file WALs of ``--wal-mib``.
+Broker 0 starts alone and gets every partition (topics of ``--topic-size`` partitions) and one
+record in each; brokers 1 and 2 then join with ``auto.leader.rebalance.enable=false``, so broker
+0 keeps leading them all. After ``--settle-s``, SIGTERM to broker 0 (a controlled shutdown: its
+partitions are led by the others before it closes them and exits) while a producer
+(confluent-kafka, ``acks=all``, idempotent) sends one more record to every partition. Printed:
+when broker 0 exited, when the producer had an acknowledgement from every partition (and how
+many it had when broker 0 exited), both from the SIGTERM, and the lines the brokers logged
+about the hand-over. ``docker stop`` waits 10 s before it kills.
+
+MB = 10^6 bytes. Progress goes to stderr, figures to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import NewTopic
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.cluster_bench import S3_BASE_PORT, Cluster, servers
+
+# what the brokers log about a hand-over, shown as logged
+LOG_MARKS = (
+    "controlled shutdown",
+    "closed ",
+    "uploaded ",
+    "moving ",
+    "broker stopped",
+)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=(__doc__ or "").split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--partitions", type=int, default=10_000, help="partitions broker 0 leads")
+    parser.add_argument("--topic-size", type=int, default=1000, help="partitions per topic")
+    parser.add_argument("--wal-mib", type=int, default=512, help="s3.wal.capacity per broker")
+    parser.add_argument("--settle-s", type=float, default=10.0, help="after the others joined")
+    parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for acks")
+    parser.add_argument(
+        "--broker-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a broker property (repeatable)",
+    )
+    parser.add_argument("--heartbeat-ms", type=int, default=0, help="0: the broker's default")
+    parser.add_argument("--session-ms", type=int, default=0, help="0: the broker's default")
+    parser.add_argument("--s3-dir", metavar="DIR", help="where SeaweedFS keeps its data")
+    parser.add_argument("--s3-base-port", type=int, default=S3_BASE_PORT, help="SeaweedFS ports")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    args = parser.parse_args()
+    args.broker_config = ["auto.leader.rebalance.enable=false", *args.broker_config]
+    return args
+
+
+def topics_for(args: argparse.Namespace) -> dict[str, int]:
+    """Topic name -> partitions, ``--partitions`` in all."""
+    out: dict[str, int] = {}
+    left, n = args.partitions, 0
+    while left > 0:
+        size = min(args.topic_size, left)
+        out[f"many-{n:03d}"] = size
+        left -= size
+        n += 1
+    return out
+
+
+def create_and_fill(cluster: Cluster, topics: dict[str, int], timeout: float) -> float:
+    """Create the topics on broker 0, then one record in every partition; seconds it took."""
+    started = time.monotonic()
+    admin = cluster.admin(0)
+    for future in admin.create_topics(
+        [NewTopic(name, count, 1) for name, count in topics.items()], operation_timeout=60
+    ).values():
+        future.result(timeout)
+    acked = send_one_each(cluster.bootstrap(0), topics, "fill", timeout)
+    total = sum(topics.values())
+    if acked[0] != total:
+        raise SystemExit(f"fill: {acked[0]} of {total} partitions acknowledged")
+    return time.monotonic() - started
+
+
+def send_one_each(
+    bootstrap: str,
+    topics: dict[str, int],
+    label: str,
+    timeout: float,
+    times: list[float] | None = None,
+) -> list[int]:
+    """One record to every partition; [acknowledged, failed]. ``times`` gets each
+    acknowledgement's time.monotonic()."""
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            "message.timeout.ms": int(timeout * 1000),
+            "queue.buffering.max.messages": 1_000_000,
+        }
+    )
+    counts = [0, 0]
+    total = sum(topics.values())
+    bar = tqdm(total=total, desc=label, unit="partition", file=sys.stderr, leave=False)
+
+    def done(err: object, _msg: object) -> None:
+        counts[0 if err is None else 1] += 1
+        if err is None and times is not None:
+            times.append(time.monotonic())
+        bar.update()
+
+    for name, count in topics.items():
+        for p in range(count):
+            producer.produce(name, b"x" * 100, partition=p, on_delivery=done)
+            producer.poll(0)
+    deadline = time.monotonic() + timeout
+    while sum(counts) < total and time.monotonic() < deadline:
+        producer.poll(0.1)
+    producer.flush(1)
+    bar.close()
+    return counts
+
+
+def log_lines(path: Path, since_wall: float) -> list[str]:
+    """The hand-over lines a broker logged from ``since_wall`` (time.time()) on."""
+    out = []
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        try:
+            clock = time.strptime(line[:19], "%Y-%m-%d %H:%M:%S")
+            at = time.mktime(clock) + int(line[20:23]) / 1000
+        except ValueError:
+            continue
+        if at >= since_wall and any(mark in line for mark in LOG_MARKS):
+            out.append(f"+{(at - since_wall) * 1000:.0f} ms {line[24:]}")
+    return out
+
+
+def main() -> None:
+    args = parse_args()
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+    root = Path(tempfile.mkdtemp(prefix="automq-cluster-many-"))
+    topics = topics_for(args)
+    total = sum(topics.values())
+    try:
+        with servers(root, args) as (s3, database):
+            print(
+                f"# cluster many-partitions bench, {time.strftime('%Y-%m-%d %H:%M')}, "
+                f"{os.cpu_count()} cores, 3 brokers, PostgreSQL metadata, SeaweedFS; broker 0 "
+                f"leads {total} partitions in {len(topics)} topics",
+                flush=True,
+            )
+            cluster = Cluster(root, s3, database, args)
+            try:
+                run(cluster, args, topics)
+            finally:
+                if any(b.running for b in cluster.brokers):
+                    cluster.stop(30)
+    finally:
+        if args.keep:
+            print(f"# work directory kept: {root}", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def run(cluster: Cluster, args: argparse.Namespace, topics: dict[str, int]) -> None:
+    total = sum(topics.values())
+    print("# starting broker 0", file=sys.stderr)
+    cluster.brokers[0].start(timeout=120)
+    cluster.wait_for_brokers({0})
+    filled = create_and_fill(cluster, topics, args.timeout)
+    print(f"# {total} partitions created on broker 0 with a record each in {filled:.1f} s")
+    print("# starting brokers 1 and 2", file=sys.stderr)
+    starters = [threading.Thread(target=b.start, args=(120,)) for b in cluster.brokers[1:]]
+    for t in starters:
+        t.start()
+    for t in starters:
+        t.join()
+    cluster.wait_for_brokers({0, 1, 2})
+    time.sleep(args.settle_s)
+    leaders = cluster.admin(1).list_topics(timeout=30).topics
+    led = sum(1 for name in topics for p in leaders[name].partitions.values() if p.leader == 0)
+    print(f"# broker 0 leads {led} of {total} partitions before the SIGTERM")
+
+    victim = cluster.brokers[0]
+    exited: list[tuple[int, float]] = []
+    acks: list[float] = []
+    counts: list[int] = []
+    at, at_wall = time.monotonic(), time.time()
+
+    def stop() -> None:
+        code = victim.stop(120)
+        exited.append((code, time.monotonic()))
+
+    def produce() -> None:
+        counts.extend(
+            send_one_each(cluster.bootstrap(1, 2), topics, "after SIGTERM", args.timeout, acks)
+        )
+
+    print("# SIGTERM to broker 0", file=sys.stderr)
+    producer = threading.Thread(target=produce)
+    stopper = threading.Thread(target=stop)
+    stopper.start()
+    producer.start()
+    stopper.join(150)
+    producer.join(args.timeout + 30)
+    if not exited:
+        print("# broker 0 had not exited 150 s after the SIGTERM")
+        return
+    code, exit_at = exited[0]
+    exit_s = exit_at - at
+    print(f"# broker 0 exited with {code} {exit_s:.2f} s after the SIGTERM")
+    if counts:
+        at_exit = sum(1 for t in acks if t <= exit_at)
+        last = (max(acks) - at) if acks else float("nan")
+        print(
+            f"# every partition on brokers 1 and 2: {counts[0]} of {total} acknowledged a "
+            f"record, the last {last:.2f} s after the SIGTERM ({at_exit} by broker 0's exit); "
+            f"{counts[1]} failed"
+        )
+    for node, broker in enumerate(cluster.brokers):
+        for line in log_lines(broker.log_path, at_wall):
+            print(f"#   b{node} {line}")
+
+
+if __name__ == "__main__":
+    main()
