@@ -821,12 +821,12 @@ class S3Storage:
         warm-up at 180 MB/s, then 20 MB/s of appends with PUTs at 180 MB/s, produce p99
         37 ms). A backlog lifts the pace altogether (see ``_paced``)."""
         elapsed = block.sealed_at - block.first_put_at
-        if block.first_put_at < 0 or elapsed <= _PACE_FLOOR_S:
-            return None
+        if block.block_id < 0 or block.first_put_at < 0 or elapsed <= _PACE_FLOOR_S:
+            return None  # a stream's own upload (a hand-over) goes at full speed
         if block.block_id > self._rated_through:  # once per block, not per upload attempt
             self._rated_through = block.block_id
             self._fill_rates.append(block.size / min(_PACE_WINDOW_S, elapsed))
-        return max(self._fill_rates)
+        return max(self._fill_rates) if self._fill_rates else None
 
     def _paced(self, block: LogCacheBlock) -> bool:
         """Whether ``block`` may still be paced: not once it is forced (a force_upload, a

@@ -310,3 +310,11 @@ async def test_a_block_being_uploaded_gives_up_a_stream_closed_meanwhile(
     reopened = await StreamClient(storage).open(moving.stream_id, 1)
     assert await read_all(reopened) == pm
     assert await read_all(staying) == ps
+
+
+async def test_a_streams_own_upload_is_never_paced(make_storage: StorageFactory) -> None:
+    """A block of streams taken out of the cache (a hand-over) uploads at full speed, however
+    long taking them out took."""
+    storage = await make_storage()
+    extracted = SimpleNamespace(block_id=-1, size=100 * MB, first_put_at=0.0, sealed_at=5.0)
+    assert storage._upload_rate(extracted) is None  # type: ignore[arg-type]
