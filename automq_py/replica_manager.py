@@ -55,8 +55,9 @@ CLOSE_OPEN_WAIT_S = 3.0
 # how long a leader uploads the tails of partitions it is to hand over before it hands them over
 # regardless (their close then uploads what is left)
 HANDOVER_PREPARE_S = 10.0
-# partitions opened at once when leadership of many arrives together
-OPEN_CONCURRENCY = 32
+# partitions opened at once when leadership of many arrives together (their streams' opens
+# share metadata changes: the more at once, the fewer round trips to the store)
+OPEN_CONCURRENCY = 128
 
 
 @dataclass(slots=True, frozen=True)

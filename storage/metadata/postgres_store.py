@@ -149,18 +149,21 @@ class PostgresStore:
             conn = await self._connection()
             offset = self._offset + 1
             try:
-                async with conn.transaction():
-                    # the head is past this entry when a later one exists: the entry itself may
-                    # be gone, dropped behind a snapshot, and must not be written again
-                    status = await conn.execute(
-                        "INSERT INTO metadata_log (log_offset, records) SELECT $1, $2 "
-                        "WHERE NOT EXISTS (SELECT 1 FROM metadata_log WHERE log_offset > $1)",
-                        offset,
-                        data,
-                    )
-                    if status != "INSERT 0 1":
-                        raise asyncpg.UniqueViolationError("a later entry exists")
-                    await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, str(offset))
+                # one statement, so one round trip and atomic by itself: the entry, and the
+                # NOTIFY that goes out with its commit. The head is past this entry when a later
+                # one exists: the entry itself may be gone, dropped behind a snapshot, and must
+                # not be written again
+                appended = await conn.fetchval(
+                    "WITH appended AS (INSERT INTO metadata_log (log_offset, records) "
+                    "SELECT $1, $2 WHERE NOT EXISTS "
+                    "(SELECT 1 FROM metadata_log WHERE log_offset > $1) RETURNING log_offset) "
+                    "SELECT count(pg_notify($3, log_offset::text)) FROM appended",
+                    offset,
+                    data,
+                    CHANNEL,
+                )
+                if appended != 1:
+                    raise asyncpg.UniqueViolationError("a later entry exists")
             except asyncpg.UniqueViolationError:
                 raise StaleImageError(f"metadata log entry {offset} is taken") from None
             except UNAVAILABLE as e:
@@ -305,7 +308,13 @@ class PostgresStore:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
 
-    def _notified(self, _conn: Any, _pid: int, _channel: str, _payload: str) -> None:
+    def _notified(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        # the payload is the entry's offset: this broker's own entries need no catching up
+        try:
+            if int(payload) <= self._offset:
+                return
+        except ValueError:
+            pass
         self._changed.set()
 
 
