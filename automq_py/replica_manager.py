@@ -786,11 +786,19 @@ class ReplicaManager:
                 opening.cancel()
         if self._closing:
             await asyncio.wait(list(self._closing.values()))
-        # all at once: one upload holds every partition's tail, one metadata change closes
-        # every stream (per partition, a 10,000-partition broker took most of a minute)
+        # all at once: the cache's blocks upload as they are (objects of the usual sizes),
+        # then one metadata change closes every stream (per partition, a 10,000-partition
+        # broker took most of a minute)
         partitions = list(self._partitions.values())
         self._partitions.clear()
         started = time.monotonic()
+        if partitions:
+            try:
+                await self.storage.force_upload()
+            except Exception as e:  # the closes below upload what they can
+                log.warning(
+                    "uploading the cache before closing %d partitions: %s", len(partitions), e
+                )
         try:
             await ElasticLog.close_many([p.log for p in partitions])
         except Exception as e:
