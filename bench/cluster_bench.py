@@ -399,7 +399,8 @@ def gap_around(p: SteadyProducer, at: float, until: float) -> Gap:
 # -- the brokers' logs ----------------------------------------------------------------------------
 
 LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
-UPLOADED = re.compile(r"uploaded cache block \d+: (\d+) bytes .* in ([\d.]+) s \(")
+# a cache block's upload, or streams' own (a partition's tail before it is handed over)
+UPLOADED = re.compile(r"uploaded (?:cache block \d+: )?(\d+) bytes .*? in ([\d.]+) s\b")
 TINY_UPLOAD = 100_000  # bytes: uploads below are left out of the printed timelines
 CLOSED_MANY = re.compile(r"closed (\d+) partitions led elsewhere now in (\d+) ms")
 # log lines shown as they are: a controlled shutdown, a fencing, a failover, a WAL recovery
@@ -409,6 +410,8 @@ MARKERS = (
     "was fenced by the controller",
     "partitions away from broker",
     "WAL recovery:",
+    "partitions over (",
+    "to balance leadership",
 )
 
 
@@ -484,8 +487,8 @@ def old_leader_close(
     cluster: Cluster, node: int, name: str, at_wall: float, until_wall: float
 ) -> tuple[float, float] | None:
     """When broker ``node`` closed the partition after the event (ms from it), and the MB of
-    the uploads it finished before (a close waits until everything the broker holds, of every
-    partition, is in object storage); None if it logged no close."""
+    the uploads it finished before (the partition's tail, uploaded while it still served it,
+    and its cache blocks' uploads meanwhile); None if it logged no close."""
     lines = cluster.logs.lines(node, at_wall, until_wall)
     closed = next(
         (t for t, text in lines if CLOSED_MANY.search(text) or f"closed partition {name} " in text),

@@ -128,7 +128,18 @@ def run(args: argparse.Namespace) -> int:
         log.error("%s", e)
         print(f"automq-py serve: {e}", file=sys.stderr)
         return 1
+    _exit_now(0)
     return 0
+
+
+def _exit_now(code: int) -> None:
+    """Exit once the broker has stopped, its logs flushed, without the interpreter's teardown:
+    freeing a heap of 10,000 partitions object by object took over a second of the time
+    ``docker stop`` allows, with nothing left to do (every file is closed, everything durable)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 async def _serve(config: BrokerConfig) -> None:
