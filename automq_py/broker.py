@@ -201,6 +201,9 @@ class Broker:
                 CONTROLLED_SHUTDOWN_TIMEOUT_S,
                 None if replicas is None else lambda: replicas.upload_tails(TAILS_UPLOAD_TIMEOUT_S),
             )
+            if replicas is not None:
+                # heartbeats go on meanwhile: fenced halfway, it could commit none of the rest
+                await replicas.handed_over()
         if self.controller is not None:
             await self.controller.stop()
         if self.lifecycle is not None:

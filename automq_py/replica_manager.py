@@ -787,6 +787,12 @@ class ReplicaManager:
             partition = self._partitions.pop(key)
             await partition.log.close()
 
+    async def handed_over(self) -> None:
+        """Wait until the partitions led elsewhere now are closed here (a broker stopping
+        keeps its session, and so its right to commit them, until then)."""
+        if self._closing:
+            await asyncio.wait(list(self._closing.values()))
+
     async def close(self) -> None:
         for task in list(self._background):
             task.cancel()

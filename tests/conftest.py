@@ -3,6 +3,7 @@ object stores and metadata databases on them."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -19,6 +20,25 @@ settings.register_profile(
     "automq", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
 )
 settings.load_profile("automq")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def bytecode_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Where the environment says not to write bytecode (PYTHONDONTWRITEBYTECODE), the Python
+    processes the tests start (every broker, the CLI, Spark's workers) keep theirs for the
+    session in one temporary directory: each broker start otherwise compiled its ~120 modules
+    again (0.9 s -> 0.6 s to listen)."""
+    saved = os.environ.get("PYTHONDONTWRITEBYTECODE")
+    if saved is None or "PYTHONPYCACHEPREFIX" in os.environ:
+        yield
+        return
+    del os.environ["PYTHONDONTWRITEBYTECODE"]
+    os.environ["PYTHONPYCACHEPREFIX"] = str(tmp_path_factory.mktemp("pycache"))
+    try:
+        yield
+    finally:
+        del os.environ["PYTHONPYCACHEPREFIX"]
+        os.environ["PYTHONDONTWRITEBYTECODE"] = saved
 
 
 @pytest.fixture(scope="session")
