@@ -55,8 +55,6 @@ CLOSE_OPEN_WAIT_S = 3.0
 # how long a leader uploads the tails of partitions it is to hand over before it hands them over
 # regardless (their close then uploads what is left)
 HANDOVER_PREPARE_S = 10.0
-# partitions led elsewhere now closed together (one upload, one metadata change)
-CLOSE_CHUNK = 1000
 # partitions opened at once when leadership of many arrives together (their streams' opens
 # share metadata changes: the more at once, the fewer round trips to the store)
 OPEN_CONCURRENCY = 128
@@ -356,17 +354,7 @@ class ReplicaManager:
         self._batch = None
         started = time.monotonic()
         try:
-            # a thousand at a time: the brokers taking them over open the first ones while the
-            # rest are closing, not after the last (10,000 partitions take seconds to close)
-            logs = [p.log for p in batch.values()]
-            failed: Exception | None = None
-            for first in range(0, len(logs), CLOSE_CHUNK):
-                try:
-                    await ElasticLog.close_many(logs[first : first + CLOSE_CHUNK])
-                except Exception as e:  # the next chunks close all the same
-                    failed = failed or e
-            if failed is not None:
-                raise failed
+            await ElasticLog.close_many([p.log for p in batch.values()])
             log.info(
                 "closed %d partitions led elsewhere now in %.0f ms (%s)",
                 len(batch),

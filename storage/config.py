@@ -64,8 +64,37 @@ class S3StreamConfig:
     metadata_url: str = _text(
         "metadata.store.url", "sqlite:///./data/metadata.db", "stream/object metadata database"
     )
-    wal_path: str = _text("s3.wal.path", "./data/wal", "directory of the file write-ahead log")
-    wal_capacity: int = _count("s3.wal.capacity", 2 * GiB, "bytes of the WAL ring")
+    wal_path: str = _text(
+        "s3.wal.path",
+        "./data/wal",
+        "where the write-ahead log lives: a directory for the file WAL, or a bucket for the "
+        "object WAL (no local disk), in s3.data.buckets' syntax with its id: "
+        "0@s3://bucket?region=..&endpoint=.. or 0@file:///dir",
+    )
+    wal_capacity: int = _count(
+        "s3.wal.capacity",
+        2 * GiB,
+        "bytes of the WAL ring (file WAL); for the object WAL, the most record bytes between "
+        "the trim point and the last append (appends wait for uploads beyond it)",
+    )
+    wal_object_batch_interval_ms: int = config_field(
+        "s3.wal.object.batch.interval.ms",
+        5,
+        ConfigType.LONG,
+        "object WAL: longest an append waits for others to share its WAL object (one PUT); "
+        "0: only the appends of the same event loop pass share one",
+        minimum=0,
+    )
+    wal_object_batch_size: int = _count(
+        "s3.wal.object.batch.size",
+        4 * MiB,
+        "object WAL: a WAL object is written as soon as its appends reach this many bytes",
+    )
+    wal_object_max_inflight_uploads: int = _count(
+        "s3.wal.object.max.inflight.uploads",
+        8,
+        "object WAL: WAL objects being written at once (acknowledged in offset order)",
+    )
     wal_init_zero: bool = config_field(
         "s3.wal.init.zero",
         True,
@@ -205,10 +234,27 @@ class S3StreamConfig:
             raise ConfigError(
                 f"s3.data.buckets must be file://DIR or s3://BUCKET?..., got {data!r}"
             )
+        wal_url = self.wal_object_store_url
+        if wal_url is not None and not (
+            wal_url.startswith("file://") or wal_url.startswith("s3://")
+        ):
+            raise ConfigError(
+                f"s3.wal.path must be a directory, 0@s3://BUCKET?... or 0@file:///DIR, got "
+                f"{self.wal_path!r}"
+            )
         if not self.cluster_id.replace("-", "").replace("_", "").isalnum():
             raise ConfigError(
                 f"cluster.id must be letters, digits, '-' or '_', got {self.cluster_id!r}"
             )
+
+    @property
+    def wal_object_store_url(self) -> str | None:
+        """The object WAL's bucket url (``s3.wal.path`` without its ``<bucketId>@``), or None
+        when ``s3.wal.path`` is a directory for the file WAL."""
+        path = self.wal_path.strip()
+        if _BUCKET_ID.match(path) or path.startswith("s3://"):
+            return _BUCKET_ID.sub("", path, count=1)
+        return None
 
     @property
     def object_store_url(self) -> str:

@@ -48,6 +48,8 @@ from storage.stream_record_batch import StreamRecordBatch
 from storage.upload import build_object, plan_upload
 from storage.upload_worker import RunSpec, UploadWorker, WorkerSettings
 from storage.wal import FileWAL, WALAppendResult, WALError
+from storage.wal.interface import WriteAheadLog
+from storage.wal.object_wal import open_object_wal
 
 log = logging.getLogger("automq.storage")
 
@@ -111,7 +113,7 @@ class S3Storage:
     def __init__(
         self,
         config: S3StreamConfig,
-        wal: FileWAL,
+        wal: WriteAheadLog,
         metadata: MetadataManager,
         store: ObjectStore,
         node_epoch: int,
@@ -135,7 +137,8 @@ class S3Storage:
         # builds and writes the objects in a process of its own (see storage/upload_worker.py)
         self.upload_worker = UploadWorker(
             WorkerSettings(
-                wal_path=wal.path,
+                # an object WAL has no file to read: its uploads are built here (see _put)
+                wal_path=wal.path if isinstance(wal, FileWAL) else None,
                 wal_capacity=wal.capacity,
                 store_url=config.object_store_url,
                 part_size=config.object_part_size,
@@ -189,13 +192,17 @@ class S3Storage:
         if metadata is None:
             metadata = await MetadataManager.open(config.metadata_url)
         node_epoch = await metadata.register_node(config.node_id)
-        os.makedirs(config.wal_path, exist_ok=True)
-        wal = await FileWAL.open(
-            os.path.join(config.wal_path, WAL_FILE),
-            config.wal_capacity,
-            node_id=config.node_id,
-            init_zero=config.wal_init_zero,
-        )
+        wal: WriteAheadLog
+        if config.wal_object_store_url is not None:
+            wal = await open_object_wal(config, node_epoch, store)
+        else:
+            os.makedirs(config.wal_path, exist_ok=True)
+            wal = await FileWAL.open(
+                os.path.join(config.wal_path, WAL_FILE),
+                config.wal_capacity,
+                node_id=config.node_id,
+                init_zero=config.wal_init_zero,
+            )
         storage = cls(
             config,
             wal,
@@ -908,11 +915,12 @@ class S3Storage:
     ) -> None:
         """Write the object ``object_id`` of ``runs`` (whole streams of ``block``): a small one
         here, at once (its burst is too small to pace); any other by the upload worker, which
-        reads it from the WAL and sends its bytes at ``rate`` bytes/s."""
+        reads it from the WAL file and sends its bytes at ``rate`` bytes/s. With an object WAL
+        (no file to read) every object is built here."""
         key = object_key(self.config.namespace, object_id)
         size = sum(block.stream_sizes[run[0].stream_id] for run in runs)
         streams_own = block.block_id < 0 and block.size <= STREAMS_INLINE_MAX
-        if size < INLINE_OBJECT_MAX or streams_own:
+        if size < INLINE_OBJECT_MAX or streams_own or not isinstance(self.wal, FileWAL):
             built = build_object(runs, self.config.object_block_size)
             await self.store.put(key, built.parts)
             sizes[object_id] = built.size

@@ -85,9 +85,11 @@ class RunSpec:
 
 @dataclass(slots=True, frozen=True)
 class WorkerSettings:
-    """What the worker opens: the WAL file it reads and the object store it writes."""
+    """What the worker opens: the WAL file it reads and the object store it writes (no WAL
+    file, ``wal_path`` None: an object WAL, whose uploads the broker builds itself; the worker
+    is then never started)."""
 
-    wal_path: str
+    wal_path: str | None
     wal_capacity: int
     store_url: str
     part_size: int
@@ -148,7 +150,7 @@ class UploadWorker:
     def prepare(self) -> None:
         """Start the process ahead of the puts that will need it, unless it runs or is being
         started."""
-        if self._closed:
+        if self._closed or self._settings.wal_path is None:
             return
         gone = self._process is None or self._process.returncode is not None
         if gone and (self._starting is None or self._starting.done()):
@@ -204,6 +206,8 @@ class UploadWorker:
     async def _ready(self) -> None:
         if self._closed:
             raise UploadWorkerError("upload worker is closed")
+        if self._settings.wal_path is None:
+            raise UploadWorkerError("no WAL file for the upload worker to read")
         self.prepare()
         assert self._starting is not None
         await asyncio.shield(self._starting)

@@ -101,10 +101,14 @@ def first_object(plan: RecoveryPlan) -> ListedObject | None:
     return max(holding, key=lambda o: o.epoch, default=None)
 
 
-def object_starting_at(plan: RecoveryPlan, offset: int) -> ListedObject | None:
-    """The live object starting exactly at ``offset``, highest epoch first."""
-    starting = [o for o in plan.live if o.start_offset == offset]
-    return max(starting, key=lambda o: o.epoch, default=None)
+def by_start_offset(plan: RecoveryPlan) -> dict[int, ListedObject]:
+    """Start offset -> the live object starting there (the highest epoch where several do)."""
+    found: dict[int, ListedObject] = {}
+    for obj in plan.live:
+        current = found.get(obj.start_offset)
+        if current is None or obj.epoch > current.epoch:
+            found[obj.start_offset] = obj
+    return found
 
 
 class ChainWalk:
@@ -125,9 +129,12 @@ class ChainWalk:
         self.records_read = 0
 
     def records(self) -> Iterator[ObjectRecord]:
+        starting_at = by_start_offset(self._plan)
         obj = first_object(self._plan)
         position = self._plan.trim_offset
-        while obj is not None and all(obj.key != seen.key for seen in self.chain):
+        seen: set[str] = set()
+        while obj is not None and obj.key not in seen:
+            seen.add(obj.key)
             self.chain.append(obj)
             data = self._data.get(obj.key)
             if data is None:
@@ -147,7 +154,7 @@ class ChainWalk:
                 self.problems.append(f"WAL object {obj.key}: {exc}")
                 # an object a later incarnation started at the cut continues the log
                 position = self.end_offset
-                obj = object_starting_at(self._plan, position)
+                obj = starting_at.get(position)
                 continue
             position = self.end_offset
-            obj = object_starting_at(self._plan, position)
+            obj = starting_at.get(position)

@@ -1,0 +1,68 @@
+"""What S3Storage needs of a write-ahead log: ``FileWAL`` and ``ObjectWAL`` both provide it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
+
+from storage.wal.file_wal import WALAppendResult, WALRecord, WALStats
+
+Body = bytes | bytearray | memoryview | Sequence[bytes | bytearray | memoryview]
+
+
+class WriteAheadLog(Protocol):
+    """A log of records at growing logical offsets, durable before they are acknowledged,
+    acknowledged in offset order, replayed from the trim point by ``recover()``."""
+
+    @property
+    def path(self) -> str:
+        """Where the log lives (a file, or an object store prefix), for messages."""
+        ...
+
+    @property
+    def capacity(self) -> int:
+        """Most bytes of records between the trim point and the end of the log."""
+        ...
+
+    @property
+    def free_space(self) -> int:
+        """Capacity neither live nor promised to appends in flight; at or below zero appends
+        should wait for ``trim()``."""
+        ...
+
+    @property
+    def next_offset(self) -> int:
+        """The end of the acknowledged log."""
+        ...
+
+    @property
+    def trim_offset(self) -> int:
+        """Recovery starts here."""
+        ...
+
+    @property
+    def stats(self) -> WALStats: ...
+
+    def timing_summary(self) -> str: ...
+
+    def recover(self) -> Iterator[WALRecord]:
+        """Every record from the trim point on, in order; consumed once, before appends."""
+        ...
+
+    def submit(
+        self,
+        body: Body,
+        on_done: Callable[[asyncio.Future[WALAppendResult]], object] | None = None,
+    ) -> asyncio.Future[WALAppendResult]:
+        """Queue one record; the future (and ``on_done``) completes once it and every record
+        before it are durable."""
+        ...
+
+    async def append(self, body: Body) -> WALAppendResult: ...
+
+    async def trim(self, offset: int) -> None:
+        """Records before ``offset`` are in object storage: recovery need not replay them."""
+        ...
+
+    async def close(self, *, clean: bool = True) -> None: ...
