@@ -29,7 +29,12 @@ def test_keys_sort_by_start_offset_then_epoch_and_parse_back() -> None:
     prefix = wal_object.node_prefix("_kafka_c", 3)
     assert keys[0] == f"{prefix}00000000000000010000-00000000000000000001"
     parsed = [wal_object.parse_object_key(prefix, k) for k in sorted(keys)]
-    assert parsed == [ObjectName(0, 5), ObjectName(9, 2), ObjectName(10_000, 1), ObjectName(10_000, 12)]
+    assert parsed == [
+        ObjectName(0, 5),
+        ObjectName(9, 2),
+        ObjectName(10_000, 1),
+        ObjectName(10_000, 12),
+    ]
 
 
 def test_epoch_record_keys_are_told_apart_from_objects() -> None:
@@ -143,12 +148,12 @@ def test_random_bytes_never_crash_the_decoders(data: bytes) -> None:
     st.lists(st.binary(max_size=64), min_size=1, max_size=6),
     st.data(),
 )
-def test_damaged_objects_yield_a_prefix_of_their_records(bodies: list[bytes], data: st.DataObject) -> None:
+def test_damaged_objects_yield_a_prefix_of_their_records(
+    bodies: list[bytes], data: st.DataObject
+) -> None:
     encoded = bytearray(build(77, bodies))
     edits = data.draw(
-        st.lists(
-            st.tuples(st.integers(0, len(encoded) - 1), st.integers(1, 255)), max_size=4
-        )
+        st.lists(st.tuples(st.integers(0, len(encoded) - 1), st.integers(1, 255)), max_size=4)
     )
     for position, xor in edits:
         encoded[position] ^= xor
