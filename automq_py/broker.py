@@ -12,15 +12,12 @@ import contextlib
 import gc
 import logging
 import signal
+from typing import TYPE_CHECKING
 
 from automq_py.apis import KafkaApis
 from automq_py.apis.context import BrokerContext
 from automq_py.apis.producer import producer_id_manager
-from automq_py.broker_lifecycle import BrokerLifecycle
 from automq_py.config import BrokerConfig, ConfigError
-from automq_py.controller.cluster_controller import ClusterController
-from automq_py.controller.cluster_records import BrokerRegistration
-from automq_py.controller.topic_placement import ClusterTopicPlacement
 from automq_py.coordinator.group_configs import GroupConfigs
 from automq_py.coordinator.group_coordinator import GroupConfig, GroupCoordinator
 from automq_py.coordinator.transaction_coordinator import (
@@ -36,6 +33,10 @@ from automq_py.replica_manager import ReplicaManager
 from automq_py.topics import TopicRegistry
 from storage.metadata import control
 from storage.s3_storage import S3Storage
+
+if TYPE_CHECKING:
+    from automq_py.broker_lifecycle import BrokerLifecycle
+    from automq_py.controller.cluster_controller import ClusterController
 
 log = logging.getLogger("automq.broker")
 
@@ -81,6 +82,9 @@ class Broker:
         metadata = self.storage.metadata
         cache: ClusterMetadataCache | None = None
         if config.cluster_mode:
+            # imported here: a single broker needs none of the cluster's modules (nor asyncpg)
+            from automq_py.controller.topic_placement import ClusterTopicPlacement
+
             # the WAL is recovered into objects: whoever leads this broker's former partitions
             # now may take them over
             node_id, node_epoch = config.node_id, self.storage.node_epoch
@@ -163,6 +167,10 @@ class Broker:
 
     async def _join_cluster(self, cache: ClusterMetadataCache, host: str, port: int) -> None:
         """Register, start heartbeats and the controller role (see :mod:`broker_lifecycle`)."""
+        from automq_py.broker_lifecycle import BrokerLifecycle
+        from automq_py.controller.cluster_controller import ClusterController
+        from automq_py.controller.cluster_records import BrokerRegistration
+
         config = self.config
         assert self.storage is not None
         url = config.storage.metadata_url
