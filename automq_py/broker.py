@@ -182,6 +182,11 @@ class Broker:
             config.broker_heartbeat_interval_ms,
             config.broker_session_timeout_ms,
             rebalance=config.auto_leader_rebalance_enable,
+            recover_wal=(
+                self.storage.recover_node_wal
+                if config.storage.wal_object_store_url is not None
+                else None
+            ),
         )
         registration = BrokerRegistration(
             config.node_id, self.storage.node_epoch, host, port, config.broker_rack or None

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -31,6 +32,7 @@ from storage.block_cache import BlockCache
 from storage.config import S3StreamConfig
 from storage.errors import StorageFailedError, StreamClosedError
 from storage.log_cache import LogCache, LogCacheBlock
+from storage.metadata import control
 from storage.metadata.manager import MetadataManager
 from storage.metadata.model import (
     CommitRange,
@@ -49,7 +51,7 @@ from storage.upload import build_object, plan_upload
 from storage.upload_worker import RunSpec, UploadWorker, WorkerSettings
 from storage.wal import FileWAL, WALAppendResult, WALError
 from storage.wal.interface import WriteAheadLog
-from storage.wal.object_wal import open_object_wal
+from storage.wal.object_wal import ObjectWAL, open_object_wal
 
 log = logging.getLogger("automq.storage")
 
@@ -226,6 +228,61 @@ class S3Storage:
             config.object_store_url.split("?", 1)[0],
         )
         return storage
+
+    async def recover_node_wal(self, node_id: int) -> None:
+        """Recover another node's object WAL on its behalf: the failover of a fenced broker.
+
+        The node gets a new node epoch (its own commits are refused from then on), its WAL
+        objects are replayed and uploaded as it would at its next start, every stream it still
+        has open is closed (whoever leads its former partitions now opens them with every record
+        it acknowledged) and the WAL objects are deleted. Every broker of a cluster keeps its WAL
+        where ``s3.wal.path`` says, with this node's id in place of its own."""
+        url = self.config.wal_object_store_url
+        if url is None:
+            raise WALError(
+                f"node {node_id}: a file WAL is on that broker's disk only; it recovers it itself"
+            )
+        started = time.monotonic()
+        node_epoch = await self.metadata.register_node(node_id)
+        config = dataclasses.replace(self.config, node_id=node_id)
+        wal_store = self.store
+        if url != self.config.object_store_url:
+            wal_store = open_object_store(
+                url,
+                part_size=self.config.object_part_size,
+                max_concurrency=self.config.max_concurrent_requests,
+                retry_timeout_s=self.config.request_retry_timeout_ms / 1000,
+            )
+            await wal_store.connect()
+        try:
+            wal = await ObjectWAL.open_for_recovery(
+                wal_store, namespace=config.namespace, node_id=node_id, fence_epoch=node_epoch
+            )
+            other = S3Storage(
+                config,
+                wal,
+                self.metadata,
+                self.store,
+                node_epoch,
+                owns_metadata=False,
+                owns_store=False,
+            )
+            try:
+                await other._recover()
+            finally:
+                await other._stop()
+                await wal.close(clean=other._failed is None)
+            await self.metadata.change(
+                lambda image: (control.close_node_streams(image, node_id, node_epoch), None)
+            )
+        finally:
+            if wal_store is not self.store:
+                await wal_store.close()
+        log.info(
+            "recovered node %d's WAL and closed its streams in %.0f ms",
+            node_id,
+            (time.monotonic() - started) * 1000,
+        )
 
     async def close(self, flush_timeout: float = CLOSE_FLUSH_TIMEOUT_S) -> None:
         """Upload everything still in the cache, trim the WAL, and release resources.

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from automq_py.controller import membership
 from automq_py.controller.cluster_records import NO_LEADER, BrokerRegistration, ControllerRecord
@@ -45,9 +46,13 @@ class ClusterController:
         session_timeout_ms: int,
         *,
         rebalance: bool = True,
+        recover_wal: Callable[[int], Awaitable[None]] | None = None,
     ) -> None:
         self.node_id = node_id
         self._rebalances = rebalance  # auto.leader.rebalance.enable
+        # with the WAL in object storage: recovers a fenced broker's WAL on its behalf
+        self._recover_wal = recover_wal
+        self._recovering: dict[int, asyncio.Task[None]] = {}
         self._metadata = metadata
         self._cache = cache
         self._interval_s = heartbeat_interval_ms / 1000
@@ -83,6 +88,10 @@ class ClusterController:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        for recovery in list(self._recovering.values()):  # the next controller starts again
+            recovery.cancel()
+            with contextlib.suppress(BaseException):
+                await recovery
         if self._me is not None:
             await self.lease.release()
         await self.lease.close()
@@ -128,6 +137,7 @@ class ClusterController:
         for broker in self._cache.brokers().values():
             if not broker.fenced and self._silent(broker) > self._session_s:
                 await self._fence(me, broker)
+        self._recover_fenced()
         await self._fail_over(me)
         await self._rebalance(me)
 
@@ -154,6 +164,33 @@ class ClusterController:
             return membership.fence_broker(image, me, broker.node_id, broker.incarnation), None
 
         await self._metadata.change(plan)
+
+    def _recover_fenced(self) -> None:
+        """Have the WAL of every fenced broker that still has streams open recovered (its
+        unuploaded records uploaded, its streams closed), so the brokers now leading its
+        partitions open them with every record it acknowledged."""
+        if self._recover_wal is None:
+            return
+        image = self._metadata.image
+        for broker in self._cache.brokers().values():
+            node = broker.node_id
+            if not broker.fenced or node in self._recovering or node == self.node_id:
+                continue
+            if not image.streams_opened_by(node):
+                continue
+            log.warning("recovering the WAL of fenced broker %d", node)
+            task = asyncio.create_task(self._recover_one(node), name=f"recover-wal-{node}")
+            self._recovering[node] = task
+
+    async def _recover_one(self, node: int) -> None:
+        assert self._recover_wal is not None
+        try:
+            await self._recover_wal(node)
+        except Exception as e:  # the next round tries again
+            log.warning("recovering the WAL of broker %d: %s: %s", node, type(e).__name__, e)
+        finally:
+            del self._recovering[node]
+            self.wake()
 
     async def _fail_over(self, me: ControllerRecord) -> None:
         """New leaders for the partitions of brokers that are gone, and for offline ones."""
