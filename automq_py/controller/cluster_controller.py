@@ -60,7 +60,7 @@ class ClusterController:
         self.lease = ControllerLease(
             url, node_id, lease_ms=session_timeout_ms, margin_ms=heartbeat_interval_ms
         )
-        self._monitor = HeartbeatMonitor(url)
+        self._monitor = HeartbeatMonitor(url, recent_s=2 * self._interval_s)
         self._me: ControllerRecord | None = None
         self._since: float = 0.0  # when this broker became controller (monotonic)
         self._known_live: frozenset[int] | None = None

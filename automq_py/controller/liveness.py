@@ -14,9 +14,10 @@ controller_lease       one row: holder node id, lease epoch (bumped at each new 
 
 **Heartbeats.** The controller never compares ``seen_at`` with its own clock: it remembers when it
 last saw each broker's ``beats`` change, by its monotonic clock, and fences a broker whose count
-stood still for ``broker.session.timeout.ms``. A controller that could not read the table (an
-outage, a new controller) starts everyone's session afresh, so brokers are not fenced for an
-outage of the database itself.
+stood still for ``broker.session.timeout.ms``. A new controller takes up each broker's silence
+from ``now() - seen_at`` (PostgreSQL's clock on both sides) while some broker's heartbeats are
+recent; a controller that could not read the table starts everyone's session afresh, so brokers
+are not fenced for an outage of the database itself.
 
 **The lease.** A broker holds the controller role while its lease row says so and has not expired
 by PostgreSQL's clock; it renews every heartbeat interval. It acts only while its own monotonic
@@ -129,24 +130,36 @@ class _Seen:
 class HeartbeatMonitor:
     """The controller's side: how long each broker's heartbeats have stood still."""
 
-    def __init__(self, url: str, clock: Clock = time.monotonic) -> None:
+    def __init__(self, url: str, clock: Clock = time.monotonic, recent_s: float = 4.0) -> None:
         self._conn = _Connection(url)
         self._clock = clock
         self._seen: dict[int, _Seen] = {}
         self._fresh = True  # the next poll starts every session afresh
+        # ... or, for a new controller, from what the table says (see poll)
+        self._carry_silence = False
+        self._recent_s = recent_s
 
     async def poll(self) -> None:
         """Read every broker's count; a failed read makes the next one start sessions anew."""
         try:
             conn = await self._conn.get()
-            rows = await conn.fetch("SELECT node_id, incarnation, beats FROM broker_heartbeats")
+            rows = await conn.fetch(
+                "SELECT node_id, incarnation, beats, "
+                "EXTRACT(EPOCH FROM now() - seen_at)::float8 AS silent FROM broker_heartbeats"
+            )
         except MetadataUnavailableError:
-            self._fresh = True
+            self._fresh, self._carry_silence = True, False
             raise
         except UNAVAILABLE as e:
-            self._fresh = True
+            self._fresh, self._carry_silence = True, False
             raise self._conn.unavailable(e) from e
         now = self._clock()
+        # A new controller takes over how long each broker has been silent from the table
+        # (PostgreSQL's clock on both sides), so a broker that died with the old controller is
+        # fenced a session after its last heartbeat, not a session after the takeover; but only
+        # while some broker's heartbeats are recent: after an outage of the database itself
+        # every session starts afresh, as nobody could beat meanwhile.
+        carry = self._carry_silence and any(r["silent"] <= self._recent_s for r in rows)
         for row in rows:
             node, incarnation, beats = row["node_id"], row["incarnation"], row["beats"]
             seen = self._seen.get(node)
@@ -156,8 +169,10 @@ class HeartbeatMonitor:
                 or seen.incarnation != incarnation
                 or seen.beats != beats
             ):
-                self._seen[node] = _Seen(incarnation, beats, now)
+                silent = max(0.0, float(row["silent"])) if carry and self._fresh else 0.0
+                self._seen[node] = _Seen(incarnation, beats, now - silent)
         self._fresh = False
+        self._carry_silence = False
 
     def silent_for(self, node_id: int) -> float | None:
         """Seconds since ``node_id``'s heartbeats last moved (None: never seen)."""
@@ -169,8 +184,10 @@ class HeartbeatMonitor:
         return None if seen is None else seen.incarnation
 
     def restart_sessions(self) -> None:
-        """Start every broker's session afresh at the next poll (a new controller does)."""
+        """Take every broker's session up at the next poll from the table (a new controller
+        does; see :meth:`poll`)."""
         self._fresh = True
+        self._carry_silence = True
 
     async def close(self) -> None:
         await self._conn.close()

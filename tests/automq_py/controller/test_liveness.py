@@ -120,3 +120,37 @@ async def test_an_outage_of_the_database_fences_nobody() -> None:
         finally:
             await monitor.close()
             await sender.close()
+
+
+async def test_a_new_controller_takes_up_how_long_brokers_have_been_silent(
+    postgres_url: str,
+) -> None:
+    """A broker that died with the old controller is fenced a session after its last heartbeat,
+    by PostgreSQL's clock; when nobody's heartbeats are recent (the database was away), every
+    session starts afresh instead."""
+    one = HeartbeatSender(postgres_url, 11)
+    two = HeartbeatSender(postgres_url, 12)
+    monitors: list[HeartbeatMonitor] = []
+    try:
+        await one.beat(incarnation=1)
+        await two.beat(incarnation=1)
+        await asyncio.sleep(1.5)
+        await one.beat(incarnation=1)  # still alive; twelve is not
+        monitor = HeartbeatMonitor(postgres_url, recent_s=1.0)
+        monitors.append(monitor)
+        monitor.restart_sessions()
+        await monitor.poll()
+        assert (monitor.silent_for(11) or 0) < 0.5
+        assert 1.4 < (monitor.silent_for(12) or 0) < 5
+        await asyncio.sleep(1.2)  # now nobody beat within recent_s
+        stale = HeartbeatMonitor(postgres_url, recent_s=1.0)
+        monitors.append(stale)
+        stale.restart_sessions()
+        await stale.poll()
+        assert stale.silent_for(11) == pytest.approx(0, abs=0.1)
+        assert stale.silent_for(12) == pytest.approx(0, abs=0.1)
+    finally:
+        for m in monitors:
+            await m.close()
+        await one.close()
+        await two.close()
