@@ -746,13 +746,21 @@ class ReplicaManager:
         """Kafka's describeLogDirs for ``partitions`` (each opened to learn its size). The log
         directory is the WAL's (``s3.wal.path``): the one directory this broker writes
         partition data to; the volume's figures are that directory's. A log that fails to
-        open makes the directory's error, as an offline log directory does in Kafka."""
-        path = os.path.abspath(self.storage.config.wal_path)
-        try:
-            usage = shutil.disk_usage(path)
-        except OSError as e:
-            log.warning("describing log dir %s: %s", path, e)
-            return LogDirInfo(path, ErrorCode.KAFKA_STORAGE_ERROR)
+        open makes the directory's error, as an offline log directory does in Kafka. With the
+        WAL in object storage the directory is its bucket (without the url's parameters, which
+        may hold credentials) and the volume's figures are unknown (-1, as Kafka answers)."""
+        config = self.storage.config
+        total = free = -1
+        if config.wal_object_store_url is not None:
+            path = config.wal_path.split("?", 1)[0]
+        else:
+            path = os.path.abspath(config.wal_path)
+            try:
+                usage = shutil.disk_usage(path)
+            except OSError as e:
+                log.warning("describing log dir %s: %s", path, e)
+                return LogDirInfo(path, ErrorCode.KAFKA_STORAGE_ERROR)
+            total, free = usage.total, usage.free
         opened = await asyncio.gather(
             *(self.partition(topic, index) for topic, index in partitions), return_exceptions=True
         )
@@ -765,7 +773,7 @@ class ReplicaManager:
                 return LogDirInfo(path, kafka_error(p))
             lag = max(p.high_watermark - p.log_end_offset, 0)
             replicas.append(ReplicaInfo(topic.name, index, p.log.size_in_bytes, lag))
-        return LogDirInfo(path, ErrorCode.NONE, usage.total, usage.free, tuple(replicas))
+        return LogDirInfo(path, ErrorCode.NONE, total, free, tuple(replicas))
 
     async def close_topic(self, topic: TopicInfo) -> None:
         """Close the partitions of ``topic``, which is being deleted: they are never opened

@@ -130,6 +130,25 @@ def test_each_partition_is_described_with_its_log_size(
     assert abs(result["usable_bytes"] - usage.free) < 1 << 30  # other writers on the disk
 
 
+def test_with_the_wal_in_object_storage_the_log_dir_is_its_bucket(
+    make_broker: MakeBroker, tmp_path: Path
+) -> None:
+    store = tmp_path / "wal-objects"
+    broker = make_broker(**{"s3.wal.path": f"0@{store.as_uri()}"})
+    create_topic(broker.bootstrap, "diskless", 1)
+    produce(broker.bootstrap, "diskless", {0: [batch(2)]})
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap, request_timeout_ms=TIMEOUT_MS)
+    try:
+        [answer] = admin.describe_log_dirs(topic_partitions={"diskless": [0]})
+    finally:
+        admin.close()
+    [result] = answer["log_dirs"]
+    assert result["error_code"] == ErrorCode.NONE
+    assert result["log_dir"] == f"0@{store.as_uri()}"
+    assert (result["total_bytes"], result["usable_bytes"]) == (-1, -1)  # no volume of its own
+    assert sizes(result) == {"diskless": {0: len(batch(2))}}
+
+
 @pytest.mark.parametrize("version", [1, 2, 3, 4])
 def test_null_topics_describe_every_partition(dirs_broker: BrokerProcess, version: int) -> None:
     response = describe(dirs_broker.bootstrap, version, None)
