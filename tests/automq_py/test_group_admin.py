@@ -6,12 +6,15 @@ Groups are made by real consumers: librdkafka's classic protocol (JoinGroup/Sync
 its KIP-848 protocol (``group.protocol=consumer``, ConsumerGroupHeartbeat). confluent-kafka's
 AdminClient has no OffsetDelete; kafka-python 3's ``KafkaAdminClient.delete_group_offsets``
 sends it instead.
+
+The tests share one broker, each with its own topics and groups; the ones that list every group
+or restart the broker start their own.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pytest
@@ -35,20 +38,32 @@ from kafka.errors import (  # type: ignore[import-untyped]
     NoError,
 )
 
-from tests.automq_py.conftest import MakeBroker
+from tests.automq_py.conftest import MakeBroker, module_broker
 from tests.support.broker import BrokerProcess
+from tests.support.seaweedfs import SeaweedFS
 
 pytestmark = pytest.mark.integration
 
 TIMEOUT = 15
 # librdkafka's protocol names: "classic" is JoinGroup/SyncGroup, "consumer" is KIP-848
 PROTOCOLS = ["classic", "consumer"]
+# new groups rebalance at once (no initial rebalance delay)
+NO_DELAY = {"group.initial.rebalance.delay.ms": "0"}
+
+
+@pytest.fixture(scope="module")
+def broker(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: SeaweedFS
+) -> Iterator[BrokerProcess]:
+    """The module's broker."""
+    with module_broker(tmp_path_factory, s3_server, **NO_DELAY) as b:
+        yield b
 
 
 @pytest.fixture
-def broker(make_broker: MakeBroker) -> BrokerProcess:
-    """A fresh broker whose new groups rebalance at once (no initial rebalance delay)."""
-    return make_broker(**{"group.initial.rebalance.delay.ms": "0"})
+def own_broker(make_broker: MakeBroker) -> BrokerProcess:
+    """A fresh broker, for a test that lists every group or restarts it."""
+    return make_broker(**NO_DELAY)
 
 
 def admin_for(b: BrokerProcess) -> AdminClient:
@@ -159,7 +174,8 @@ def describe_when_stable(admin: AdminClient, group: str, timeout: float = 15) ->
         time.sleep(0.1)
 
 
-def test_list_consumer_groups_by_state_and_type(broker: BrokerProcess) -> None:
+def test_list_consumer_groups_by_state_and_type(own_broker: BrokerProcess) -> None:
+    broker = own_broker
     admin = admin_for(broker)
     create_topic(admin, "listed", 2)
     produce(broker, "listed", 3, partitions=2)
@@ -205,7 +221,7 @@ def test_list_consumer_groups_by_state_and_type(broker: BrokerProcess) -> None:
 
 def test_describe_a_classic_group(broker: BrokerProcess) -> None:
     admin = admin_for(broker)
-    create_topic(admin, "described", 4)
+    create_topic(admin, "described-classic", 4)
     members = [
         consumer_for(
             broker,
@@ -215,7 +231,7 @@ def test_describe_a_classic_group(broker: BrokerProcess) -> None:
         for n in range(2)
     ]
     for m in members:
-        m.subscribe(["described"])
+        m.subscribe(["described-classic"])
     held = wait_for_assignments(members, 4)
 
     description = describe_when_stable(admin, "describers")
@@ -234,7 +250,7 @@ def test_describe_a_classic_group(broker: BrokerProcess) -> None:
         assert member.host == "/127.0.0.1"
         assert member.group_instance_id is None
         assert {(tp.topic, tp.partition) for tp in member.assignment.topic_partitions} == {
-            ("described", p) for p in held[n]
+            ("described-classic", p) for p in held[n]
         }
     for m in members:
         m.close()
@@ -250,7 +266,7 @@ def test_describe_a_classic_group(broker: BrokerProcess) -> None:
 
 def test_describe_a_consumer_protocol_group(broker: BrokerProcess) -> None:
     admin = admin_for(broker)
-    create_topic(admin, "described", 4)
+    create_topic(admin, "described-consumer", 4)
     members = [
         consumer_for(
             broker,
@@ -261,7 +277,7 @@ def test_describe_a_consumer_protocol_group(broker: BrokerProcess) -> None:
         for n in range(2)
     ]
     for m in members:
-        m.subscribe(["described"])
+        m.subscribe(["described-consumer"])
     held = wait_for_assignments(members, 4)
 
     description = describe_when_stable(admin, "modern")
@@ -275,7 +291,7 @@ def test_describe_a_consumer_protocol_group(broker: BrokerProcess) -> None:
         member = by_client[f"client-{n}"]
         assert member.member_id == consumer.memberid()
         assert member.host == "/127.0.0.1"
-        expected = {("described", p) for p in held[n]}
+        expected = {("described-consumer", p) for p in held[n]}
         assert {(tp.topic, tp.partition) for tp in member.assignment.topic_partitions} == expected
         assert member.target_assignment is not None
         target = member.target_assignment.topic_partitions
@@ -284,7 +300,8 @@ def test_describe_a_consumer_protocol_group(broker: BrokerProcess) -> None:
         m.close()
 
 
-def test_delete_consumer_groups(broker: BrokerProcess) -> None:
+def test_delete_consumer_groups(own_broker: BrokerProcess) -> None:
+    broker = own_broker
     admin = admin_for(broker)
     create_topic(admin, "deleted", 2)
     produce(broker, "deleted", 4, partitions=2)
@@ -326,30 +343,30 @@ def test_delete_consumer_groups(broker: BrokerProcess) -> None:
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_alter_offsets_of_an_empty_group(broker: BrokerProcess, protocol: str) -> None:
     admin = admin_for(broker)
-    create_topic(admin, "altered", 2)
-    produce(broker, "altered", 10, partitions=2)
-    group = f"altered-{protocol}"
+    topic = group = f"altered-{protocol}"
+    create_topic(admin, topic, 2)
+    produce(broker, topic, 10, partitions=2)
     first = consumer_for(broker, group, protocol)
-    first.subscribe(["altered"])
+    first.subscribe([topic])
     wait_for_assignments([first], 2)
     first.commit(
-        offsets=[TopicPartition("altered", 0, 2), TopicPartition("altered", 1, 2)],
+        offsets=[TopicPartition(topic, 0, 2), TopicPartition(topic, 1, 2)],
         asynchronous=False,
     )
     # a group with a member refuses commits from outside it
-    (refused,) = alter(admin, group, TopicPartition("altered", 0, 9))
+    (refused,) = alter(admin, group, TopicPartition(topic, 0, 9))
     assert refused.error is not None and refused.error.code() == KafkaError.UNKNOWN_MEMBER_ID
     first.close()
 
-    done = alter(admin, group, TopicPartition("altered", 0, 4), TopicPartition("altered", 1, 7))
+    done = alter(admin, group, TopicPartition(topic, 0, 4), TopicPartition(topic, 1, 7))
     assert sorted((tp.partition, tp.offset, tp.error) for tp in done) == [
         (0, 4, None),
         (1, 7, None),
     ]
-    assert committed(admin, group) == {("altered", 0): (4, ""), ("altered", 1): (7, "")}
+    assert committed(admin, group) == {(topic, 0): (4, ""), (topic, 1): (7, "")}
 
     second = consumer_for(broker, group, protocol)
-    second.subscribe(["altered"])
+    second.subscribe([topic])
     got = read_from(second, 9)
     second.close()
     assert sorted(got) == [(0, o) for o in range(4, 10)] + [(1, o) for o in range(7, 10)]
@@ -423,33 +440,35 @@ def test_delete_offsets_of_a_subscribed_topic_is_refused(
     broker: BrokerProcess, protocol: str
 ) -> None:
     admin = admin_for(broker)
-    create_topic(admin, "subscribed", 1)
-    create_topic(admin, "elsewhere", 1)
+    subscribed, elsewhere = f"subscribed-{protocol}", f"elsewhere-{protocol}"
+    create_topic(admin, subscribed, 1)
+    create_topic(admin, elsewhere, 1)
     group = f"active-{protocol}"
     member = consumer_for(broker, group, protocol)
-    member.subscribe(["subscribed"])
+    member.subscribe([subscribed])
     wait_for_assignments([member], 1)
     member.commit(
-        offsets=[TopicPartition("subscribed", 0, 5), TopicPartition("elsewhere", 0, 6)],
+        offsets=[TopicPartition(subscribed, 0, 5), TopicPartition(elsewhere, 0, 6)],
         asynchronous=False,
     )
     other = kafka_python_admin(broker)
     try:
         result = other.delete_group_offsets(
             group,
-            [KafkaPythonTopicPartition("subscribed", 0), KafkaPythonTopicPartition("elsewhere", 0)],
+            [KafkaPythonTopicPartition(subscribed, 0), KafkaPythonTopicPartition(elsewhere, 0)],
         )
         assert result == {
-            KafkaPythonTopicPartition("subscribed", 0): GroupSubscribedToTopicError,
-            KafkaPythonTopicPartition("elsewhere", 0): NoError,
+            KafkaPythonTopicPartition(subscribed, 0): GroupSubscribedToTopicError,
+            KafkaPythonTopicPartition(elsewhere, 0): NoError,
         }
-        assert committed(admin, group) == {("subscribed", 0): (5, "")}
+        assert committed(admin, group) == {(subscribed, 0): (5, "")}
     finally:
         other.close()
         member.close()
 
 
-def test_committed_metadata_strings_are_kept(broker: BrokerProcess) -> None:
+def test_committed_metadata_strings_are_kept(own_broker: BrokerProcess) -> None:
+    broker = own_broker
     admin = admin_for(broker)
     create_topic(admin, "annotated", 3)
     member = consumer_for(broker, "annotators")
