@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import sys
@@ -143,9 +144,14 @@ def _exit_now(code: int) -> None:
 
 
 async def _serve(config: BrokerConfig) -> None:
-    # Imported here so `serve --help` and config errors need none of the broker's imports.
-    from automq_py.broker import run as run_broker
-
+    # Imported here so `serve --help` and config errors need none of the broker's imports;
+    # with the cyclic collector paused: the imports make no garbage, yet its ~95 passes over
+    # their new objects took 35-60 ms of the ~0.5 s a broker takes to start.
+    gc.disable()
+    try:
+        from automq_py.broker import run as run_broker
+    finally:
+        gc.enable()
     await run_broker(config)
 
 
