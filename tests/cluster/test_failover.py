@@ -116,7 +116,9 @@ def _read_all(cluster: Cluster, topic: str, partitions: int) -> list[bytes]:
                 time.sleep(0.2)
         ends[p] = high
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    got: list[bytes] = []
+    # by offset: what the log holds (a consumer may deliver an offset again after its
+    # partition moved; a record stored twice is at two offsets)
+    got: dict[tuple[int, int], bytes] = {}
     seen = Counter[int]()
     deadline = time.monotonic() + 90
     try:
@@ -124,11 +126,11 @@ def _read_all(cluster: Cluster, topic: str, partitions: int) -> list[bytes]:
             msg = consumer.poll(0.5)
             if msg is None or msg.error():
                 continue
-            got.append(msg.value())
-            seen[msg.partition()] = msg.offset() + 1
+            got[(msg.partition(), msg.offset())] = msg.value()
+            seen[msg.partition()] = max(seen[msg.partition()], msg.offset() + 1)
     finally:
         consumer.close()
-    return got
+    return list(got.values())
 
 
 def _create(cluster: Cluster, topic: str, partitions: int, via: int = 0) -> None:
