@@ -50,6 +50,7 @@ class SingleBrokerCache:
         self.node_id = node_id
         self._me = BrokerRegistration(node_id, epoch, host, port, rack)
         self._epoch = epoch
+        self.generation = 0  # nothing here changes
 
     def live_brokers(self) -> list[BrokerRegistration]:
         return [self._me]
@@ -78,6 +79,9 @@ class ClusterMetadataCache:
         self._controller: ControllerRecord | None = None
         self._listeners: list[LeadersListener] = []
         self._broker_listeners: list[Callable[[], None]] = []
+        # grows with every change of the brokers, the leaders or the controller: what is built
+        # from them (a Metadata response) is reused while it stays the same
+        self.generation = 0
         self._reload()
         metadata.add_listener(self._on_records)
 
@@ -141,6 +145,7 @@ class ClusterMetadataCache:
     def _on_records(self, records: Sequence[rec.Record]) -> None:
         changed: set[str] = set()
         brokers_changed = not records
+        controller = self._controller
         if not records:  # the image was reloaded whole
             before = set(self._leaders)
             self._reload()
@@ -166,6 +171,8 @@ class ClusterMetadataCache:
                     elif key.startswith(BROKER_PREFIX):
                         self._brokers.pop(int(key[len(BROKER_PREFIX) :]), None)
                         brokers_changed = True
+        if brokers_changed or changed or controller is not self._controller:
+            self.generation += 1
         if brokers_changed:
             for wake in self._broker_listeners:
                 wake()

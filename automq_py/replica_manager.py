@@ -55,9 +55,15 @@ CLOSE_OPEN_WAIT_S = 3.0
 # how long a leader uploads the tails of partitions it is to hand over before it hands them over
 # regardless (their close then uploads what is left)
 HANDOVER_PREPARE_S = 10.0
+# partitions leaving together (a broker's all, at a controlled shutdown) close in chunks of this
+# many, this many chunks at a time: the brokers taking them over open each chunk while the
+# next closes
+CLOSE_CHUNK = 500
+CLOSE_CHUNKS_IN_FLIGHT = 2
 # partitions opened at once when leadership of many arrives together (their streams' opens
-# share metadata changes: the more at once, the fewer round trips to the store)
-OPEN_CONCURRENCY = 128
+# share metadata changes, their appends WAL group commits: the more at once, the fewer round
+# trips to the store)
+OPEN_CONCURRENCY = 1000
 
 
 @dataclass(slots=True, frozen=True)
@@ -160,9 +166,22 @@ class ReplicaManager:
         # gone, as Kafka's getPartitionOrException does once the metadata dropped it
         self._deleted: set[uuid.UUID] = set()
         self._destroying = asyncio.Lock()  # one pass over deleted topics' logs at a time
+        self._configs: dict[tuple[uuid.UUID, tuple[tuple[str, str], ...]], LogConfig] = {}
+        self._configs_of: dict[str, str] | None = None  # the defaults _configs were parsed from
+        # partitions taken over whose MetaStreams are being read into memory together: their
+        # opens wait for it rather than each reading its own
+        self._prefetching: dict[tuple[str, int], asyncio.Future[None]] = {}
 
     def log_config(self, topic: TopicInfo) -> LogConfig:
-        return effective_topic_config(self.topic_defaults, topic.configs).log_config
+        if self._configs_of is not self.topic_defaults:  # the defaults changed: parse anew
+            self._configs.clear()
+            self._configs_of = self.topic_defaults
+        key = (topic.topic_id, tuple(sorted(topic.configs.items())))
+        config = self._configs.get(key)
+        if config is None:  # parsed once per topic: a broker opens thousands of its partitions
+            config = effective_topic_config(self.topic_defaults, topic.configs).log_config
+            self._configs[key] = config
+        return config
 
     def apply_config(self, topic: TopicInfo) -> LogConfig:
         """Hand ``topic``'s settings in effect to its open partitions, after a change of its
@@ -291,6 +310,9 @@ class ReplicaManager:
         if self.cluster is not None:
             await self._await_handoff(topic, index)
             epoch = self._check_leader(topic, index)
+            prefetching = self._prefetching.get(key)
+            if prefetching is not None:
+                await asyncio.shield(prefetching)
         elastic_log = await ElasticLog.open(
             self.client,
             self.storage.metadata,
@@ -309,30 +331,45 @@ class ReplicaManager:
             raise NotLeaderError(f"{topic.name}-{index} changed leader epoch while opening")
         partition = Partition(topic.name, index, elastic_log, epoch, config.max_message_bytes)
         self._partitions[key] = partition
-        log.info("opened partition %s-%d at epoch %d", topic.name, index, epoch)
+        log.info(
+            "opened partition %s-%d at epoch %d: offsets [%d, %d), %d segments",
+            topic.name,
+            index,
+            epoch,
+            elastic_log.log_start_offset,
+            elastic_log.log_end_offset,
+            len(elastic_log.segments),
+        )
         return partition
 
     async def _await_handoff(self, topic: TopicInfo, index: int) -> None:
         """Wait until the partition's previous leader has closed its log (its MetaStream, closed
         last, is closed): opening it sooner would fence the tail it has yet to make durable."""
-        metadata = self.storage.metadata
-        key = meta_stream_key(self.storage.config.namespace, str(topic.topic_id), index)
         deadline = time.monotonic() + HANDOFF_TIMEOUT_S
         while True:
-            raw = metadata.get_kv(key)
-            stream = (
-                None if raw is None else metadata.stream(int.from_bytes(raw, "big", signed=True))
-            )
-            if stream is None or stream.state is StreamState.CLOSED:
+            owner = self._held_by(topic, index)
+            if owner is None:
                 return
-            owner = stream.ranges[-1].node_id if stream.ranges else self.storage.node_id
-            if owner == self.storage.node_id:
-                return
-            if time.monotonic() > deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise NotLeaderError(
                     f"{topic.name}-{index} is still open on broker {owner}: not taken over yet"
                 )
-            await asyncio.sleep(0.005)
+            await self.storage.metadata.wait_for_change(left)
+
+    def _meta_stream_of(self, topic: TopicInfo, index: int) -> int | None:
+        key = meta_stream_key(self.storage.config.namespace, str(topic.topic_id), index)
+        raw = self.storage.metadata.get_kv(key)
+        return None if raw is None else int.from_bytes(raw, "big", signed=True)
+
+    def _held_by(self, topic: TopicInfo, index: int) -> int | None:
+        """The other broker that still has the partition's MetaStream open, if any."""
+        stream_id = self._meta_stream_of(topic, index)
+        stream = None if stream_id is None else self.storage.metadata.stream(stream_id)
+        if stream is None or stream.state is StreamState.CLOSED:
+            return None
+        owner = stream.ranges[-1].node_id if stream.ranges else self.storage.node_id
+        return None if owner == self.storage.node_id else owner
 
     def _close_in_background(self, key: tuple[str, int]) -> None:
         """Stop serving the partition now and close its log (its tail made durable) behind.
@@ -350,23 +387,39 @@ class ReplicaManager:
         self._closing[key] = self._batch_task
 
     async def _close_batch(self, batch: dict[tuple[str, int], Partition]) -> None:
+        """Close the partitions in chunks of :data:`CLOSE_CHUNK`, a few at a time: each chunk
+        is one upload and one metadata change, and once it is closed the brokers taking its
+        partitions over open them while the next chunks close (10,000 partitions closed as
+        one would all wait for the last)."""
         await asyncio.sleep(0)  # let the other partitions of this change join the batch
         self._batch = None
         started = time.monotonic()
-        try:
-            await ElasticLog.close_many([p.log for p in batch.values()])
-            log.info(
-                "closed %d partitions led elsewhere now in %.0f ms (%s)",
-                len(batch),
-                (time.monotonic() - started) * 1000,
-                ", ".join(f"{p.topic}-{p.index}" for p in list(batch.values())[:5])
-                + (", ..." if len(batch) > 5 else ""),
-            )
-        except Exception as e:
-            log.warning("closing %d partitions led elsewhere now: %s", len(batch), e)
-        finally:
-            for key in batch:
-                self._closing.pop(key, None)
+        items = list(batch.items())
+        slots = asyncio.Semaphore(CLOSE_CHUNKS_IN_FLIGHT)
+        failed = 0
+
+        async def close(chunk: list[tuple[tuple[str, int], Partition]]) -> None:
+            nonlocal failed
+            async with slots:
+                try:
+                    await ElasticLog.close_many([p.log for _, p in chunk])
+                except Exception as e:
+                    failed += len(chunk)
+                    log.warning("closing %d partitions led elsewhere now: %s", len(chunk), e)
+                finally:
+                    for key, _ in chunk:
+                        self._closing.pop(key, None)
+
+        chunks = [items[i : i + CLOSE_CHUNK] for i in range(0, len(items), CLOSE_CHUNK)]
+        await asyncio.gather(*(close(chunk) for chunk in chunks))
+        log.info(
+            "closed %d partitions led elsewhere now in %.0f ms (%s)%s",
+            len(batch) - failed,
+            (time.monotonic() - started) * 1000,
+            ", ".join(f"{p.topic}-{p.index}" for _, p in items[:5])
+            + (", ..." if len(batch) > 5 else ""),
+            f"; {failed} failed to close" if failed else "",
+        )
 
     def leaders_changed(self, topics: set[str]) -> None:
         """Hand over the open partitions of ``topics`` this broker no longer leads (or leads
@@ -376,6 +429,7 @@ class ReplicaManager:
                 self._close_in_background(key)
         if self._topics is None or self.cluster is None:
             return
+        gained: list[tuple[TopicInfo, int]] = []
         for name in topics:
             topic = self._topics(name)
             leaders = self.cluster.topic_leaders(name)
@@ -383,10 +437,12 @@ class ReplicaManager:
                 continue
             for index, leader in enumerate(leaders.leaders):
                 if leader == self.storage.node_id and (name, index) not in self._partitions:
-                    self._in_background(self._open_gained(topic, index), f"open-{name}-{index}")
+                    gained.append((topic, index))
             for index, target in leaders.pending().items():
                 if leaders.leader(index) == self.storage.node_id:
                     self._handovers[(name, index)] = target
+        if gained:
+            self._in_background(self._open_gained(gained), f"open-{len(gained)}-gained")
         if self._handovers and self._handing_over is None:
             self._handing_over = self._in_background(self._hand_over(), "hand-over")
 
@@ -448,7 +504,60 @@ class ReplicaManager:
         """Open partitions as their leadership arrives (``topics`` resolves a name)."""
         self._topics = topics
 
-    async def _open_gained(self, topic: TopicInfo, index: int) -> None:
+    async def _open_gained(self, gained: list[tuple[TopicInfo, int]]) -> None:
+        """Open the partitions this broker has just been given, in waves: each wave is those
+        their previous leader has closed by then, and their MetaStreams are read into memory
+        together (one GET per object their previous leader uploaded, not one per partition)
+        before they open."""
+        deadline = time.monotonic() + HANDOFF_TIMEOUT_S
+        pending = gained
+        while pending:
+            ready: list[tuple[TopicInfo, int]] = []
+            waiting: list[tuple[TopicInfo, int]] = []
+            for topic, index in pending:
+                if self.leader_epoch(topic.name, index) is None:
+                    continue  # moved on meanwhile
+                if self._held_by(topic, index) is None or time.monotonic() > deadline:
+                    ready.append((topic, index))  # past the deadline: its open says why
+                else:
+                    waiting.append((topic, index))
+            if ready:
+                await self._open_wave(ready)
+            pending = waiting
+            if pending:
+                await self.storage.metadata.wait_for_change(max(0.0, deadline - time.monotonic()))
+
+    async def _open_wave(self, wave: list[tuple[TopicInfo, int]]) -> None:
+        loop = asyncio.get_running_loop()
+        prefetched: asyncio.Future[None] = loop.create_future()
+        keys = [(topic.name, index) for topic, index in wave]
+        for key in keys:
+            self._prefetching[key] = prefetched
+        for topic, index in wave:
+            self._in_background(self._open_one(topic, index), f"open-{topic.name}-{index}")
+        started = time.monotonic()
+        try:
+            streams = [
+                sid
+                for topic, index in wave
+                if (sid := self._meta_stream_of(topic, index)) is not None
+            ]
+            objects = await asyncio.wait_for(self.storage.prefetch_streams(streams), 10.0)
+            log.info(
+                "taking over %d partitions: their MetaStreams read from %d objects in %.0f ms",
+                len(wave),
+                objects,
+                (time.monotonic() - started) * 1000,
+            )
+        except Exception as e:  # each open reads its own
+            log.info("reading the MetaStreams of %d partitions taken over: %r", len(wave), e)
+        finally:
+            prefetched.set_result(None)
+            for key in keys:
+                if self._prefetching.get(key) is prefetched:
+                    del self._prefetching[key]
+
+    async def _open_one(self, topic: TopicInfo, index: int) -> None:
         async with self._open_slots:
             try:
                 await self.partition(topic, index, background=True)

@@ -102,12 +102,15 @@ class TopicRegistry:
         self._placement = placement
         self._by_name: dict[str, TopicInfo] = {}
         self._by_id: dict[uuid.UUID, TopicInfo] = {}
+        # grows with every change of a topic: what is built from them is reused until then
+        self.generation = 0
         for key, raw in metadata.image.kv.items():
             if key.startswith(PREFIX):
                 self._index(TopicInfo.decode(key[len(PREFIX) :], raw))
         metadata.add_listener(self._on_records)
 
     def _index(self, info: TopicInfo) -> None:
+        self.generation += 1
         old = self._by_name.get(info.name)
         if old is not None and old.topic_id != info.topic_id:
             self._by_id.pop(old.topic_id, None)
@@ -115,6 +118,7 @@ class TopicRegistry:
         self._by_id[info.topic_id] = info
 
     def _unindex(self, name: str) -> None:
+        self.generation += 1
         info = self._by_name.pop(name, None)
         if info is not None:
             self._by_id.pop(info.topic_id, None)
@@ -122,6 +126,7 @@ class TopicRegistry:
     def _on_records(self, records: Sequence[Record]) -> None:
         """Follow the topics the metadata's changes (any broker's) create, alter and delete."""
         if not records:  # the image was reloaded whole
+            self.generation += 1
             self._by_name.clear()
             self._by_id.clear()
             for key, raw in self.metadata.image.kv.items():

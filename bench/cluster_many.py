@@ -23,6 +23,7 @@ import argparse
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -69,6 +70,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--s3-dir", metavar="DIR", help="where SeaweedFS keeps its data")
     parser.add_argument("--s3-base-port", type=int, default=S3_BASE_PORT, help="SeaweedFS ports")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    parser.add_argument(
+        "--py-spy",
+        metavar="DIR",
+        help="record each broker with py-spy (on the path) from the SIGTERM on, as "
+        "DIR/bN.txt (folded stacks)",
+    )
     args = parser.parse_args()
     args.broker_config = ["auto.leader.rebalance.enable=false", *args.broker_config]
     return args
@@ -160,6 +167,33 @@ def log_lines(path: Path, since_wall: float) -> list[str]:
     return out
 
 
+def profile(cluster: Cluster, out: str) -> list[subprocess.Popen[bytes]]:
+    """py-spy recording every running broker until stopped."""
+    os.makedirs(out, exist_ok=True)
+    beside = Path(sys.executable).parent / "py-spy"  # installed in the bench's venv
+    spy = str(beside) if beside.exists() else "py-spy"
+    return [
+        subprocess.Popen(
+            [
+                spy,
+                "record",
+                "-p",
+                str(b.pid),
+                "-r",
+                "100",
+                "-f",
+                "raw",
+                "-o",
+                os.path.join(out, f"b{n}.txt"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for n, b in enumerate(cluster.brokers)
+        if b.pid is not None
+    ]
+
+
 def main() -> None:
     args = parse_args()
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
@@ -222,12 +256,16 @@ def run(cluster: Cluster, args: argparse.Namespace, topics: dict[str, int]) -> N
         )
 
     print("# SIGTERM to broker 0", file=sys.stderr)
+    spies = profile(cluster, args.py_spy) if args.py_spy else []
     producer = threading.Thread(target=produce)
     stopper = threading.Thread(target=stop)
     stopper.start()
     producer.start()
     stopper.join(150)
     producer.join(args.timeout + 30)
+    for spy in spies:
+        spy.send_signal(signal.SIGINT)  # py-spy writes what it recorded
+        spy.wait(30)
     if not exited:
         print("# broker 0 had not exited 150 s after the SIGTERM")
         return

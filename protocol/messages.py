@@ -185,6 +185,28 @@ def encode_response(info: ResponseHeaderInfo, body: Entity) -> list[wire.Buffer]
     return parts
 
 
+@dataclass(slots=True, frozen=True)
+class EncodedBody:
+    """A response body encoded once, to answer several requests with (their headers differ)."""
+
+    header_version: int
+    data: bytes
+
+
+def encode_response_body(body: Entity) -> EncodedBody:
+    """Encode a kio response payload without its frame and header."""
+    out = BufferCollector(threshold=1 << 62)  # one buffer
+    entity_writer(type(body))(cast(IO[bytes], out), body)
+    header_version = int(body.__header_schema__.__version__)  # type: ignore[attr-defined]
+    return EncodedBody(header_version, b"".join(out.finish()))
+
+
+def frame_response(info: ResponseHeaderInfo, body: EncodedBody) -> list[wire.Buffer]:
+    """A framed response (size prefix, header) around an already encoded body."""
+    header = headers.encode_response_header(info.correlation_id, body.header_version)
+    return [SIZE.pack(len(header) + len(body.data)), header, body.data]
+
+
 @functools.cache
 def response_schema(api_key: int, api_version: int) -> type[Entity]:
     """kio's response class for this API version (raises ``UnsupportedVersionError``).

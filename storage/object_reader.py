@@ -86,11 +86,29 @@ class ObjectReader:
             self._index_entries -= len(self._indexes.popitem(last=False)[1])
         return index
 
-    async def _load_index(self, object_id: int, object_size: int) -> list[DataBlockIndex]:
+    async def load_whole(self, object_id: int, object_size: int) -> None:
+        """Read a (small) object with one GET: its index and every block (into the block
+        cache, as read-ahead), for many reads of its streams about to follow (a broker taking
+        over many partitions replays each one's MetaStream from the same objects)."""
+        if object_id in self._indexes:
+            index = await self.index(object_id, object_size)
+            for run in merge_runs(index, max(self.max_get_bytes, object_size)):
+                self.prefetch(object_id, run)
+            return
+        index = await self._once(
+            (object_id,), lambda: self._load_index(object_id, object_size, object_size)
+        )
+        if object_id not in self._indexes:
+            self._indexes[object_id] = index
+            self._index_entries += len(index)
+
+    async def _load_index(
+        self, object_id: int, object_size: int, tail_read: int = TAIL_READ
+    ) -> list[DataBlockIndex]:
         key = self.key(object_id)
         if object_size < object_format.FOOTER_SIZE:
             raise CorruptObjectError(f"object {key}: size {object_size} is below the footer size")
-        tail_start = max(0, object_size - TAIL_READ)
+        tail_start = max(0, object_size - tail_read)
         tail = await self.store.get(key, tail_start, object_size)
         if len(tail) != object_size - tail_start:
             raise CorruptObjectError(
@@ -114,6 +132,7 @@ class ObjectReader:
                 )
         if tail_start == 0 and index:
             # the tail read was the whole (small) object: its blocks need no GET of their own
+            whole = tail_read > TAIL_READ  # read whole for the reads to follow: read-ahead
             buffer = SharedBuffer(len(tail))
             view = memoryview(tail)
             for entry in index:
@@ -122,7 +141,9 @@ class ObjectReader:
                     object_format.check_block(block, entry)
                 except CorruptObjectError as e:
                     raise CorruptObjectError(f"object {key}: {e}") from e
-                self.block_cache.put(object_id, entry.start_position, block, buffer=buffer)
+                self.block_cache.put(
+                    object_id, entry.start_position, block, unread=whole, buffer=buffer
+                )
         return index
 
     async def read(

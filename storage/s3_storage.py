@@ -72,6 +72,9 @@ _PACE_WINDOW_S = 5.0
 _PACE_FLOOR_S = 0.1
 _PACE_HISTORY = 2  # a block is paced at the fastest fill rate of this many latest blocks
 CLOSE_FLUSH_TIMEOUT_S = 60.0
+# an object holding the data of several streams about to be read whole is fetched with one GET
+# when at most this big (a broker taking many partitions over replays their MetaStreams)
+PREFETCH_OBJECT_MAX = 16 << 20
 # a commit refused for these streams drops their data from the upload instead of retrying
 _UNWRITABLE = (ErrorCode.STREAM_FENCED, ErrorCode.STREAM_NOT_OPENED, ErrorCode.STREAM_NOT_EXIST)
 
@@ -1017,6 +1020,31 @@ class S3Storage:
                 cold.append(b)
                 size += b.size
         return cold
+
+    async def prefetch_streams(self, stream_ids: Collection[int]) -> int:
+        """Bring the data of these streams (each about to be read whole) into the block cache
+        with one GET per object that holds several of them and is at most
+        :data:`PREFETCH_OBJECT_MAX`: a broker opening 1,000 partitions handed over together
+        reads their MetaStreams from the few objects their last owner uploaded, not with a GET
+        per stream. Returns how many objects it read."""
+        wanted: dict[int, tuple[int, int]] = {}  # object id -> (size, streams it holds)
+        for stream_id in stream_ids:
+            meta = self.metadata.stream(stream_id)
+            if meta is None or meta.end_offset <= meta.start_offset:
+                continue
+            for obj in self.metadata.get_objects(stream_id, meta.start_offset, -1, 16):
+                hot = self.cache.get(stream_id, obj.start_offset, obj.end_offset, 1)
+                if hot and hot[0].base_offset <= obj.start_offset:
+                    continue  # still in this broker's LogCache
+                size, count = wanted.get(obj.object_id, (obj.object_size, 0))
+                wanted[obj.object_id] = (size, count + 1)
+        chosen = [
+            (oid, size)
+            for oid, (size, count) in wanted.items()
+            if count > 1 and size <= PREFETCH_OBJECT_MAX
+        ]
+        await asyncio.gather(*(self.reader.load_whole(oid, size) for oid, size in chosen))
+        return len(chosen)
 
     async def _read_cold(
         self, stream_id: int, start: int, end: int, max_bytes: int

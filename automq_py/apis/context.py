@@ -18,7 +18,7 @@ from automq_py.topic_config import ConfigLayers
 from automq_py.topics import TopicError, TopicInfo, TopicRegistry
 from protocol import build
 from protocol.errors import ErrorCode
-from protocol.messages import Request, response_schema
+from protocol.messages import EncodedBody, Request, response_schema
 
 # the address of the client whose request is being handled ("/127.0.0.1", as Kafka shows it);
 # the socket server sets it for each connection's task
@@ -43,6 +43,8 @@ class BrokerContext:
     dynamic_config: DynamicBrokerConfig | None = None
     # consumer groups' own configs (AlterConfigs on a group resource), once the broker runs
     group_configs: GroupConfigs | None = None
+    # Metadata responses already encoded, for requests asking the same of the same state
+    metadata_responses: dict[tuple[Any, ...], EncodedBody] = field(default_factory=dict)
 
     def config_layers(self) -> ConfigLayers:
         """Where the broker's properties come from, for DescribeConfigs."""

@@ -12,7 +12,7 @@ from automq_py.topics import TopicError, TopicInfo, validate_name
 from protocol import api_versions, build
 from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
-from protocol.messages import Request, response_schema
+from protocol.messages import Request, encode_response_body, frame_response, response_schema
 
 # The feature flags (KIP-584) Kafka tools show, at the levels automq-py serves: metadata.version
 # 3.9-IV0 (21), its APIs' versions being Kafka 3.9's (from 3.3-IV3, 7, the oldest Kafka 4
@@ -78,13 +78,36 @@ def _topic_entry(
     }
 
 
+# Metadata responses kept encoded per broker (distinct questions of the current state)
+RESPONSE_CACHE_ENTRIES = 64
+
+
 async def handle_metadata(ctx: BrokerContext, request: Request) -> Any:
+    """The brokers, the controller and the topics asked for. A response for the same
+    question of the same state (no topic, broker, leader or controller changed since) is sent
+    again as encoded then: the clients of a broker whose 10,000 partitions move all ask for
+    them, and encoding the answer is most of its cost."""
     body = request.body
     version = request.api_version
     wanted = getattr(body, "topics", None)
     # v0 asks for all topics with an empty list; later versions with null
     all_topics = wanted is None or (version == 0 and not wanted)
     allow_auto = bool(getattr(body, "allow_auto_topic_creation", True))
+    cluster = ctx.cluster
+    key = (
+        version,
+        None
+        if all_topics
+        else tuple((getattr(e, "name", None), getattr(e, "topic_id", None)) for e in wanted or ()),
+        ctx.topics.generation,
+        0 if cluster is None else cluster.generation,
+        ctx.host,
+        ctx.port,
+    )
+    cached = ctx.metadata_responses.get(key)
+    if cached is not None:
+        return frame_response(request.response_info, cached)
+    reusable = True  # not when a topic was missing (it may be created meanwhile)
     topics: list[dict[str, Any]] = []
     if all_topics:
         topics = [_topic_entry(t, ctx) for t in ctx.topics.all()]
@@ -95,6 +118,7 @@ async def handle_metadata(ctx: BrokerContext, request: Request) -> Any:
             if name is None and topic_id is not None:
                 found = ctx.topics.by_id(topic_id)
                 if found is None:
+                    reusable = False
                     topics.append(
                         {
                             "error_code": ErrorCode.UNKNOWN_TOPIC_ID,
@@ -105,12 +129,14 @@ async def handle_metadata(ctx: BrokerContext, request: Request) -> Any:
                 else:
                     topics.append(_topic_entry(found, ctx))
                 continue
+            existed = ctx.topics.get(str(name)) is not None
             topic, error = await ctx.topic_for_write(str(name), allow_auto)
+            reusable = reusable and existed
             if topic is None:
                 topics.append({"error_code": error, "name": name, "partitions": []})
             else:
                 topics.append(_topic_entry(topic, ctx))
-    return build.build(
+    response = build.build(
         response_schema(ApiKey.METADATA, version),
         {
             "throttle_time": 0,
@@ -121,6 +147,15 @@ async def handle_metadata(ctx: BrokerContext, request: Request) -> Any:
             "cluster_authorized_operations": -2147483648,
         },
     )
+    now = (ctx.topics.generation, 0 if cluster is None else cluster.generation)
+    if not reusable or key[2:4] != now:  # changed while it was built
+        return response
+    responses = ctx.metadata_responses
+    if len(responses) >= RESPONSE_CACHE_ENTRIES or any(k[2:4] != now for k in responses):
+        responses.clear()  # answers of an older state are never asked for again
+    encoded = encode_response_body(response)
+    responses[key] = encoded
+    return frame_response(request.response_info, encoded)
 
 
 # Kafka's max.request.partition.size.limit: the most partitions one response describes

@@ -286,11 +286,12 @@ class ElasticLog:
         )
         if not log_meta.segment_metas:
             raise CorruptLogMetaError(f"MetaStream {meta_stream.stream_id}: LOG has no segments")
-        streams = {
-            name: await client.open(stream_id, epoch)
-            for name, stream_id in log_meta.stream_map.items()
-            if stream_id != NO_STREAM
-        }
+        names = [name for name, sid in log_meta.stream_map.items() if sid != NO_STREAM]
+        # together: opens of the same moment share one metadata change
+        opened = await asyncio.gather(
+            *(client.open(log_meta.stream_map[name], epoch) for name in names)
+        )
+        streams = dict(zip(names, opened, strict=True))
         elastic_log = cls(
             client=client,
             meta_stream=meta_stream,
@@ -317,7 +318,8 @@ class ElasticLog:
             elastic_log._partition_meta, cleaned_shutdown=False
         )
         await meta_stream.put(keys.PARTITION, elastic_log._partition_meta.encode())
-        log.info(
+        # the partition's opening is logged by its owner; a recovery is worth a line of its own
+        (log.debug if partition_meta.cleaned_shutdown else log.info)(
             "opened log with MetaStream %d at epoch %d: [%d, %d), %d segments%s",
             meta_stream.stream_id,
             epoch,

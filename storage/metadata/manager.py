@@ -85,6 +85,7 @@ class MetadataManager:
         self._follower: asyncio.Task[None] | None = None
         self._opens: list[_Open] = []  # waiting for the next batch
         self._opening: asyncio.Task[None] | None = None
+        self._changed: asyncio.Future[None] | None = None  # done at the next applied change
 
     @classmethod
     async def open(cls, url: str, clock: Clock | None = None) -> MetadataManager:
@@ -119,6 +120,20 @@ class MetadataManager:
     def add_listener(self, listener: Listener) -> None:
         """Call ``listener(records)`` after each record list is applied to the image."""
         self._listeners.append(listener)
+
+    async def wait_for_change(self, timeout: float) -> None:
+        """Return once the image next changes (this broker's change or another's), or after
+        ``timeout`` seconds: what waits for some state (a stream closed by another broker)
+        looks again then, rather than polling."""
+        if self._changed is None:
+            self._changed = asyncio.get_running_loop().create_future()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._changed), timeout)
+
+    def _announce_change(self) -> None:
+        changed, self._changed = self._changed, None
+        if changed is not None and not changed.done():
+            changed.set_result(None)
 
     async def catch_up(self) -> None:
         """Apply what other brokers committed until now (the follower does so by itself)."""
@@ -155,7 +170,9 @@ class MetadataManager:
         except BaseException:
             # The store has the change but the image is half-changed: start over from the store.
             self.image = await self._store.load()
+            self._announce_change()
             raise
+        self._announce_change()
         for listener in self._listeners:
             try:
                 listener(records)
@@ -173,6 +190,7 @@ class MetadataManager:
         except SnapshotNeededError as e:
             log.info("metadata image reloaded: %s", e)
             self.image = await self._store.load()
+            self._announce_change()
             for listener in self._listeners:
                 listener([])
             return

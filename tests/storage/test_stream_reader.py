@@ -388,3 +388,27 @@ async def test_a_reader_dropped_during_its_read_neither_reads_ahead_nor_keeps_a_
     await asyncio.sleep(0.05)
     assert not storage.readers._sharing
     assert storage.reader.prefetching == 0
+
+
+async def test_streams_about_to_be_read_whole_come_from_one_get_per_object(
+    make_storage: StorageFactory,
+) -> None:
+    """A broker taking many partitions over replays each one's MetaStream: prefetch_streams
+    reads the objects holding several of them whole, once, and the reads find their blocks."""
+    storage = await make_storage()
+    client = StreamClient(storage)
+    streams = [await client.create_and_open() for _ in range(20)]
+    payloads = {s.stream_id: await fill(s, 3, size=200) for s in streams}
+    alone = await client.create_and_open()  # in an object of its own: left to its own read
+    await storage.force_upload()
+    payloads[alone.stream_id] = await fill(alone, 3, size=200)
+    await storage.force_upload()
+    storage.drop_cache()
+    before = storage.store.stats.snapshot()["get"]
+
+    assert await storage.prefetch_streams([s.stream_id for s in streams] + [alone.stream_id]) == 1
+    assert storage.store.stats.snapshot()["get"] - before == 1
+    for s in streams:
+        assert await read_all(s) == payloads[s.stream_id]
+    assert storage.store.stats.snapshot()["get"] - before == 1
+    assert await read_all(alone) == payloads[alone.stream_id]  # its own object's GETs

@@ -353,3 +353,33 @@ async def test_create_partitions_with_assignments(ctx: BrokerContext) -> None:
     assert too_few.error_code == ErrorCode.INVALID_REPLICA_ASSIGNMENT
     topic = ctx.topics.get("growing")
     assert topic is not None and topic.partitions == 3
+
+
+async def test_metadata_answers_again_from_its_encoded_response_until_a_topic_changes(
+    ctx: BrokerContext,
+) -> None:
+    """A Metadata response is encoded once per question and state: asked again, the same
+    bytes under the new request's correlation id; once the topic grew, its new partitions."""
+    (created,) = await create_topics(ctx, new_topic("cached", 2, 1))
+    assert created.error_code == ErrorCode.NONE
+    first = await replica_sets(ctx, "cached")
+    assert [p[0] for p in first] == [0, 1]
+    assert len(ctx.metadata_responses) == 1
+    assert await replica_sets(ctx, "cached") == first
+    assert len(ctx.metadata_responses) == 1  # the same question: answered from it
+
+    grown = await create_partitions(ctx, "cached", 3, None)
+    assert grown.error_code == ErrorCode.NONE
+    assert [p[0] for p in await replica_sets(ctx, "cached")] == [0, 1, 2]
+    assert len(ctx.metadata_responses) == 1  # the older state's answer dropped
+
+
+async def test_metadata_for_a_missing_topic_is_not_kept(ctx: BrokerContext) -> None:
+    request = MetadataRequest[12](
+        topics=[MetadataRequest.MetadataRequestTopic(topic_id=None, name="absent")],
+        allow_auto_topic_creation=False,
+        include_topic_authorized_operations=False,
+    )
+    (topic,) = (await call(ctx, request, MetadataResponse)).topics
+    assert topic.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    assert ctx.metadata_responses == {}

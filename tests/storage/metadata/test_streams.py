@@ -89,6 +89,20 @@ async def test_opens_requested_together_share_one_change(manager: MetadataManage
     assert persisted == 1  # the repeated open of one stream changed nothing
 
 
+async def test_a_waiter_for_a_change_wakes_at_the_next_one_or_its_timeout(
+    manager: MetadataManager,
+) -> None:
+    node = await manager.register_node(1)
+    waiter = asyncio.create_task(manager.wait_for_change(10.0))
+    await asyncio.sleep(0.01)
+    assert not waiter.done()
+    await manager.create_stream(1, node)
+    await asyncio.wait_for(waiter, 1.0)  # woken by the change, long before its timeout
+    started = asyncio.get_running_loop().time()
+    await manager.wait_for_change(0.05)  # nothing changes: back after the timeout
+    assert asyncio.get_running_loop().time() - started >= 0.04
+
+
 async def test_create_stream_is_closed_at_init_epoch(manager: MetadataManager) -> None:
     e = await manager.register_node(1)
     assert await manager.create_stream(1, e) == 0
