@@ -26,15 +26,16 @@ from tests.support.seaweedfs import SeaweedFS
 
 
 class Load:
-    """An idempotent acks=all producer writing numbered records to every partition of a topic
-    until stopped; what it was acknowledged, per record."""
+    """An idempotent acks=all producer writing numbered records to every partition of its
+    topics until stopped; what it was acknowledged, per record."""
 
     running: list[Load] = []  # stopped after each test, whatever became of it
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self.topic = topic
+    def __init__(self, bootstrap: str, *topics: str) -> None:
+        self.topics = topics  # written in turn
         self.acked: list[bytes] = []
-        self.last_ack: dict[int, float] = {}  # partition -> when it last acknowledged a record
+        # (topic, partition) -> when it last acknowledged a record
+        self.last_ack: dict[tuple[str, int], float] = {}
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._flush_s = 120.0
@@ -52,7 +53,7 @@ class Load:
     def _delivered(self, err, msg) -> None:  # type: ignore[no-untyped-def]
         if err is None:
             self.acked.append(msg.value())
-            self.last_ack[msg.partition()] = time.monotonic()
+            self.last_ack[(msg.topic(), msg.partition())] = time.monotonic()
         else:
             self.errors.append(str(err))
 
@@ -60,8 +61,9 @@ class Load:
         i = 0
         while not self._stop.is_set():
             try:
+                topic = self.topics[i % len(self.topics)]
                 self._producer.produce(
-                    self.topic, value=f"r{i}".encode(), on_delivery=self._delivered
+                    topic, value=f"{topic}:{i}".encode(), on_delivery=self._delivered
                 )
                 i += 1
             except BufferError:
@@ -79,6 +81,59 @@ class Load:
         self._thread.join(self._flush_s + 30)
 
 
+class GroupReader:
+    """A consumer group member reading topics and committing synchronously as it goes; what it
+    read when, and the latest offset each commit was acknowledged for."""
+
+    running: list[GroupReader] = []
+
+    def __init__(self, bootstrap: str, group: str, *topics: str) -> None:
+        self.group = group
+        self.read_at: dict[tuple[str, int], float] = {}  # when it last read from a partition
+        self.committed: dict[tuple[str, int], int] = {}
+        self.commit_errors: list[str] = []
+        self._stop = threading.Event()
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": group,
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+            }
+        )
+        self._consumer.subscribe(list(topics))
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        last_commit = time.monotonic()
+        while not self._stop.is_set():
+            msg = self._consumer.poll(0.1)
+            if msg is not None and not msg.error():
+                self.read_at[(msg.topic(), msg.partition())] = time.monotonic()
+            if time.monotonic() - last_commit < 0.3:
+                continue
+            last_commit = time.monotonic()
+            try:
+                done = self._consumer.commit(asynchronous=False) or []
+            except KafkaException as e:  # nothing read since, or the coordinator moving
+                if e.args[0].code() != KafkaError._NO_OFFSET:
+                    self.commit_errors.append(str(e))
+                continue
+            for tp in done:
+                if tp.error is None and tp.offset >= 0:
+                    self.committed[(tp.topic, tp.partition)] = tp.offset
+        self._consumer.close()
+
+    def start(self) -> GroupReader:
+        self._thread.start()
+        GroupReader.running.append(self)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+
 @pytest.fixture(autouse=True)
 def _stop_loads() -> Iterator[None]:
     yield
@@ -86,6 +141,8 @@ def _stop_loads() -> Iterator[None]:
         load = Load.running.pop()
         load._flush_s = 1.0  # a test that failed may have left it nothing to flush to
         load.stop()
+    while GroupReader.running:
+        GroupReader.running.pop().stop()
 
 
 # what a partition answers while it moves between brokers
@@ -213,37 +270,62 @@ def test_a_killed_broker_on_the_file_wal_loses_nothing(cluster_factory: ClusterF
 def test_a_killed_broker_on_the_object_wal_fails_over_within_its_session(
     cluster_factory: ClusterFactory, s3_server: SeaweedFS, victim_role: str
 ) -> None:
-    """kill -9 with the WAL in object storage: once the controller (a new one, when the
+    """kill -9 with the WAL in object storage, under idempotent acks=all load on 3 topics of 6
+    partitions and a consumer group reading them: once the controller (a new one, when the
     controller was killed) has fenced the broker it recovers its WAL objects (uploads them,
     closes its streams) and the partitions serve again on the others, every one within the
-    session timeout and 3 s, nothing acknowledged lost or doubled."""
+    session timeout and 3 s; nothing acknowledged is lost or doubled, and the group reads on
+    (its coordinator moved too, when the victim held it) with no committed offset lost."""
     cluster = cluster_factory(brokers=3, **{"s3.wal.path": f"0@{s3_server.url()}"})
-    _create(cluster, "diskless", 6)
+    topics = ["diskless-a", "diskless-b", "diskless-c"]
+    for topic in topics:
+        _create(cluster, topic, 6)
     controller = cluster.controller()
-    load = Load(cluster.bootstrap, "diskless").start()
-    time.sleep(2)
+    load = Load(cluster.bootstrap, *topics).start()
+    reader = GroupReader(cluster.bootstrap, "readers", *topics).start()
+    deadline = time.monotonic() + 30
+    while len(reader.committed) < 18:  # the group reads and has committed for every partition
+        assert time.monotonic() < deadline, f"group committed for {len(reader.committed)}"
+        time.sleep(0.2)
     victim_id = (
         controller if victim_role == "controller" else next(n for n in range(3) if n != controller)
     )
     victim = cluster.brokers[victim_id]
     victim.kill()
     killed = time.monotonic()
+    committed_before = dict(reader.committed)
     deadline = killed + SESSION_MS / 1000 + 3
     while time.monotonic() < deadline + 5:
-        if len(load.last_ack) == 6 and min(load.last_ack.values()) > killed:
+        if len(load.last_ack) == 18 and min(load.last_ack.values()) > killed:
             break
         time.sleep(0.1)
-    serving = max(load.last_ack.values()) if len(load.last_ack) == 6 else float("inf")
-    stale = sorted(p for p, t in load.last_ack.items() if t <= killed)
+    serving = max(load.last_ack.values()) if len(load.last_ack) == 18 else float("inf")
+    stale = sorted(tp for tp, t in load.last_ack.items() if t <= killed)
     assert not stale and serving <= deadline, (stale, serving - killed)
     print(f"every partition took writes again {serving - killed:.1f} s after the kill")
     survivor = next(n for n in range(3) if n != victim_id)
     _create(cluster, "afterwards", 3, via=survivor)  # a controller acts (a new one, if need be)
     victim.start()  # its WAL was recovered for it: it joins again and leaves cleanly at the end
     cluster.wait_for_brokers(3, via=survivor)
+    resumed = time.monotonic()
+    deadline = resumed + 30
+    while any(reader.read_at.get((t, p), 0) < resumed for t in topics for p in range(6)):
+        assert time.monotonic() < deadline, "the group stopped reading some partitions"
+        time.sleep(0.2)
     load.stop()
+    reader.stop()
     assert not load.errors, load.errors[:5]
-    _exactly_once(load.acked, _read_all(cluster, "diskless", 6))
+    stored = [v for topic in topics for v in _read_all(cluster, topic, 6)]
+    _exactly_once(load.acked, stored)
+    # what the group had committed is still committed, and its later commits too
+    check = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": reader.group})
+    try:
+        now = check.committed([TopicPartition(t, p) for t in topics for p in range(6)], timeout=30)
+    finally:
+        check.close()
+    held = {(tp.topic, tp.partition): tp.offset for tp in now}
+    assert all(held[tp] >= offset for tp, offset in committed_before.items()), held
+    assert all(held[tp] >= offset for tp, offset in reader.committed.items()), held
     logs = "".join(b.log_path.read_text() for b in cluster.brokers)
     assert f"recovered node {victim_id}'s WAL" in logs
 
