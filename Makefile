@@ -69,7 +69,7 @@ lint: $(STAMP)  ## ruff and mypy
 	$(BIN)/mypy
 
 test: lint deps  ## lint, then every test (unit, integration against a real S3 server, fuzz)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=25
 
 unit: $(STAMP)  ## only the tests that need no server
 	$(BIN)/pytest -q -m "not integration"

@@ -10,7 +10,8 @@ The bench starts a private PostgreSQL (``tests/support/postgres.py``), a Seaweed
 ports) and three ``python -m automq_py serve`` processes (``tests/support/broker.py``) with
 ``metadata.store.url=postgresql://...`` and ``s3.data.buckets`` on that SeaweedFS: each
 broker's WAL is a file on this machine's disk (``s3.wal.capacity``, 2 GiB, written with zeros
-once), no maintenance runner (no Spark JVM beside the brokers), the broker's own heartbeat and
+once), or with ``--wal object`` objects in that SeaweedFS (``s3.wal.path=0@s3://...``), no
+maintenance runner (no Spark JVM beside the brokers), the broker's own heartbeat and
 session timeouts (2 s, 9 s) unless ``--heartbeat-ms`` / ``--session-ms`` say otherwise. The
 three start at once (their WALs are zero-filled together), and each gets ``--settle-s`` before
 its first case. Parts, in this order:
@@ -41,9 +42,13 @@ its first case. Parts, in this order:
 * **failover**: the producer on the same partition, and SIGKILL to its leader (not the
   controller: the partition is moved off the controller first). Detection: the time until a
   surviving broker's Metadata no longer lists the killed broker (fenced, after
-  ``broker.session.timeout.ms``). Then the broker is started again at once: the time until
-  it listens, and until the partition takes writes again (its WAL recovered and uploaded, its
-  streams closed, the partition opened by its leader).
+  ``broker.session.timeout.ms``). With the file WAL the broker is started again at once: the
+  time until it listens, and until the partition takes writes again (its WAL recovered and
+  uploaded, its streams closed, the partition opened by its leader). With ``--wal object`` the
+  partition fails over without it, and the failover splits, from the brokers' logs, into
+  detection (the controller fencing it), the recovery of its WAL objects (the controller
+  uploading them and closing its streams) and the reopening on the new leader; then the broker
+  is started again.
 
 Before each event the bench waits until every running broker has been listed in Metadata and
 the partition's leader has not changed for ``QUIET_S`` (a join's rebalance is over); after it,
@@ -171,6 +176,8 @@ class Cluster:
             "s3.wal.init.zero": "true",
             "s3.maintenance.runner": "none",
         }
+        if args.wal == "object":  # WAL objects in the data bucket, under each node's prefix
+            common["s3.wal.path"] = f"0@{s3.url()}"
         if args.heartbeat_ms:
             common["broker.heartbeat.interval.ms"] = str(args.heartbeat_ms)
         if args.session_ms:
@@ -444,6 +451,20 @@ class BrokerLogs:
     def lines(self, node: int, since: float, until: float) -> list[tuple[float, str]]:
         self._read()
         return [(t, text) for t, text in self._lines[node] if since <= t <= until]
+
+    def first(self, text: str, since: float) -> tuple[int, float, str] | None:
+        """The first line holding ``text`` logged from ``since`` on: (broker, when, line)."""
+        self._read()
+        found = [
+            (t, n, line)
+            for n, lines in enumerate(self._lines)
+            for t, line in lines
+            if t >= since and text in line
+        ]
+        if not found:
+            return None
+        t, n, line = min(found)
+        return n, t, line
 
     def opened(self, name: str, since: float) -> tuple[int, float] | None:
         """The first broker to log opening partition ``name`` after ``since``, and when."""
@@ -860,7 +881,9 @@ def rejoin_once(
     events.append(event)
 
 
-def run_failover(cluster: Cluster, reassigner: Reassigner, topic: str, events: list[Event]) -> None:
+def run_failover(
+    cluster: Cluster, reassigner: Reassigner, topic: str, events: list[Event], wal: str
+) -> None:
     not_controller(cluster, reassigner, topic)
     p = SteadyProducer(cluster.bootstrap(), topic, 0).start()
     try:
@@ -870,7 +893,7 @@ def run_failover(cluster: Cluster, reassigner: Reassigner, topic: str, events: l
         role = ", the controller" if victim == cluster.controller() else ""
         admin = cluster.admin(other_broker(cluster, victim))
         print(f"# SIGKILL to b{victim}{role}, leading {topic}", file=sys.stderr)
-        event = Event("failover", f"SIGKILL b{victim}{role}, file WAL")
+        event = Event("failover", f"SIGKILL b{victim}{role}, {wal} WAL")
         if unsettled:
             event.notes.append(unsettled)
         at, at_wall = time.perf_counter(), time.time()
@@ -893,16 +916,27 @@ def run_failover(cluster: Cluster, reassigner: Reassigner, topic: str, events: l
             event.notes.append(f"b{victim} still listed after {EVENT_TIMEOUT_S:g} s")
         event.extra["fenced_ms"] = detected or float("nan")
         event.leader_ms = leader_moved
-        restart, restart_wall = time.perf_counter(), time.time()
-        event.extra["restart_at_ms"] = (restart - at) * 1e3
-        cluster.brokers[victim].start(timeout=120)
-        event.extra["listening_ms"] = (time.perf_counter() - restart) * 1e3
-        finish(cluster, p, event, at, at_wall, restart_wall)
-        opened = event.opened_ms
-        since = restart if opened is None else at + opened / 1e3
-        first = next((t for t in p.acked if t > since), None)
-        if first is not None:
-            event.extra["writes_ms"] = (first - restart) * 1e3
+        if wal == "object":
+            # served again without it: its WAL objects recovered by the controller
+            finish(cluster, p, event, at, at_wall, at_wall)
+            for key, text in (
+                ("fencing_ms", f"fencing broker {victim} "),
+                ("recovered_ms", f"recovered node {victim}'s WAL"),
+            ):
+                if found := cluster.logs.first(text, at_wall):
+                    event.extra[key] = (found[1] - at_wall) * 1e3
+            cluster.brokers[victim].start(timeout=120)  # back for what follows
+        else:
+            restart, restart_wall = time.perf_counter(), time.time()
+            event.extra["restart_at_ms"] = (restart - at) * 1e3
+            cluster.brokers[victim].start(timeout=120)
+            event.extra["listening_ms"] = (time.perf_counter() - restart) * 1e3
+            finish(cluster, p, event, at, at_wall, restart_wall)
+            opened = event.opened_ms
+            since = restart if opened is None else at + opened / 1e3
+            first = next((t for t in p.acked if t > since), None)
+            if first is not None:
+                event.extra["writes_ms"] = (first - restart) * 1e3
         events.append(event)
         cluster.wait_for_brokers(set(range(BROKERS)))
     finally:
@@ -1005,6 +1039,10 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         print(line(r))
 
 
+def between(start: float | None, end: float | None) -> float | None:
+    return None if start is None or end is None else end - start
+
+
 def ms(value: float | None) -> str:
     return "-" if value is None or value != value else f"{value:.0f}"
 
@@ -1101,7 +1139,7 @@ def print_events(events: list[Event], args: argparse.Namespace) -> None:
     titles = {
         "move": f"## partition moved with AlterPartitionReassignments ({args.admin_used})",
         "shutdown": "## controlled shutdown (SIGTERM) of the partition's leader, and its return",
-        "failover": "## kill -9 of the partition's leader (file WAL)",
+        "failover": f"## kill -9 of the partition's leader ({args.wal} WAL)",
     }
     for part, title in titles.items():
         chosen = [e for e in events if e.part == part]
@@ -1123,7 +1161,17 @@ def print_events(events: list[Event], args: argparse.Namespace) -> None:
             judge_moves(chosen)
         if part == "shutdown":
             print("# admin call: SIGTERM to the broker's exit")
-        if part == "failover":
+        if part == "failover" and args.wal == "object":
+            for e in chosen:
+                fencing, recovered = e.extra.get("fencing_ms"), e.extra.get("recovered_ms")
+                longest = e.gap.longest_ms if e.gap else None
+                print(
+                    f"# {e.label}: fenced by the controller after {ms(fencing)} ms (detection), "
+                    f"its WAL recovered {ms(between(fencing, recovered))} ms later, the "
+                    f"partition reopened {ms(between(recovered, e.opened_ms))} ms after that; "
+                    f"the longest gap between acks {ms(longest)} ms"
+                )
+        elif part == "failover":
             for e in chosen:
                 restart = e.extra.get("restart_at_ms", 0.0)
                 print(
@@ -1135,8 +1183,7 @@ def print_events(events: list[Event], args: argparse.Namespace) -> None:
                 )
             print(
                 "# with the file WAL a killed broker's unuploaded records are on its disk only: "
-                "its partitions come back when it does. Failover within the session timeout "
-                "needs the object-storage WAL, which does not exist yet."
+                "its partitions come back when it does (--wal object fails over without it)"
             )
 
 
@@ -1251,6 +1298,13 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--wal-mib", type=int, default=2048, help="s3.wal.capacity per broker")
     parser.add_argument(
+        "--wal",
+        choices=["file", "object"],
+        default="file",
+        help="the brokers' WAL: a file each, or objects in the S3 store (s3.wal.path 0@s3://): "
+        "then a killed broker's partitions fail over without it",
+    )
+    parser.add_argument(
         "--heartbeat-ms",
         type=int,
         default=0,
@@ -1343,7 +1397,7 @@ def main() -> None:
             print(
                 f"# cluster bench, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores "
                 f"(load average {os.getloadavg()[0]:.1f}), {BROKERS} brokers, PostgreSQL "
-                f"metadata, SeaweedFS {s3.endpoint}, file WALs of {args.wal_mib} MiB; parts "
+                f"metadata, SeaweedFS {s3.endpoint}, {args.wal} WALs of {args.wal_mib} MiB; parts "
                 f"{' '.join(p for p in PARTS if p in args.parts)}",
                 flush=True,
             )
@@ -1407,7 +1461,7 @@ def run(
         if "shutdown" in args.parts:
             run_shutdowns(cluster, args, topic, events)
         if "failover" in args.parts:
-            run_failover(cluster, reassigner, topic, events)
+            run_failover(cluster, reassigner, topic, events, args.wal)
     finally:
         reassigner.close()
 

@@ -106,9 +106,22 @@ class ClusterController:
             except Exception as e:  # the store unreachable, a refused change: next round
                 log.warning("controller round: %s: %s", type(e).__name__, e)
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._interval_s):
+                async with asyncio.timeout(self._until_next_round()):
                     await self._wake.wait()
             self._wake.clear()
+
+    def _until_next_round(self) -> float:
+        """Seconds to the next round: a heartbeat interval, or less when a broker's session
+        runs out sooner (then a silent broker is fenced at its session timeout, not up to an
+        interval later)."""
+        wait = self._interval_s
+        if self._me is None:
+            return wait
+        for broker in self._cache.brokers().values():
+            if not broker.fenced:
+                left = self._session_s - self._silent(broker)
+                wait = min(wait, max(left, 0.0) + 0.01)
+        return max(wait, 0.05)
 
     async def _round(self) -> None:
         try:

@@ -153,9 +153,18 @@ _MOVING = {
 }
 
 
+# what the last _read_all found, by (topic, partition): (offset, value) in offset order, shown
+# when records are missing
+_LAYOUT: dict[tuple[str, int], list[tuple[int, bytes]]] = {}
+
+
 def _read_all(cluster: Cluster, topic: str, partitions: int) -> list[bytes]:
     consumer = Consumer(
-        {"bootstrap.servers": cluster.bootstrap, "group.id": f"check-{time.monotonic_ns()}"}
+        {
+            "bootstrap.servers": cluster.bootstrap,
+            "group.id": f"check-{time.monotonic_ns()}",
+            "auto.offset.reset": "error",  # a skip would read as records lost
+        }
     )
     admin = cluster.admin(0)
     md = admin.list_topics(topic, timeout=10)
@@ -181,12 +190,17 @@ def _read_all(cluster: Cluster, topic: str, partitions: int) -> list[bytes]:
     try:
         while any(seen[p] < ends[p] for p in ends) and time.monotonic() < deadline:
             msg = consumer.poll(0.5)
-            if msg is None or msg.error():
+            if msg is None:
+                continue
+            if msg.error():
+                assert msg.error().code() != KafkaError._AUTO_OFFSET_RESET, msg.error()
                 continue
             got[(msg.partition(), msg.offset())] = msg.value()
             seen[msg.partition()] = max(seen[msg.partition()], msg.offset() + 1)
     finally:
         consumer.close()
+    for (p, offset), value in sorted(got.items()):
+        _LAYOUT.setdefault((topic, p), []).append((offset, value))
     return list(got.values())
 
 
@@ -199,7 +213,13 @@ def _exactly_once(acked: list[bytes], stored: list[bytes]) -> None:
     counts = Counter(stored)
     doubled = [v for v, n in counts.items() if n > 1]
     lost = [v for v in acked if v not in counts]
-    assert not lost, f"{len(lost)} acknowledged records lost, e.g. {lost[:5]}"
+    layout = {
+        tp: f"{len(held)} records, offsets {held[0][0]}..{held[-1][0]}, first {held[:3]}"
+        for tp, held in _LAYOUT.items()
+        if held
+    }
+    _LAYOUT.clear()
+    assert not lost, f"{len(lost)} acknowledged records lost, e.g. {lost[:5]}; read {layout}"
     assert not doubled, f"{len(doubled)} records stored twice, e.g. {doubled[:5]}"
 
 
