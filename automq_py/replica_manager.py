@@ -55,11 +55,6 @@ CLOSE_OPEN_WAIT_S = 3.0
 # how long a leader uploads the tails of partitions it is to hand over before it hands them over
 # regardless (their close then uploads what is left)
 HANDOVER_PREPARE_S = 10.0
-# partitions leaving together (a broker's all, at a controlled shutdown) close in chunks of this
-# many, this many chunks at a time: the brokers taking them over open each chunk while the
-# next closes
-CLOSE_CHUNK = 500
-CLOSE_CHUNKS_IN_FLIGHT = 2
 # partitions opened at once when leadership of many arrives together (their streams' opens
 # share metadata changes, their appends WAL group commits: the more at once, the fewer round
 # trips to the store)
@@ -387,39 +382,23 @@ class ReplicaManager:
         self._closing[key] = self._batch_task
 
     async def _close_batch(self, batch: dict[tuple[str, int], Partition]) -> None:
-        """Close the partitions in chunks of :data:`CLOSE_CHUNK`, a few at a time: each chunk
-        is one upload and one metadata change, and once it is closed the brokers taking its
-        partitions over open them while the next chunks close (10,000 partitions closed as
-        one would all wait for the last)."""
         await asyncio.sleep(0)  # let the other partitions of this change join the batch
         self._batch = None
         started = time.monotonic()
-        items = list(batch.items())
-        slots = asyncio.Semaphore(CLOSE_CHUNKS_IN_FLIGHT)
-        failed = 0
-
-        async def close(chunk: list[tuple[tuple[str, int], Partition]]) -> None:
-            nonlocal failed
-            async with slots:
-                try:
-                    await ElasticLog.close_many([p.log for _, p in chunk])
-                except Exception as e:
-                    failed += len(chunk)
-                    log.warning("closing %d partitions led elsewhere now: %s", len(chunk), e)
-                finally:
-                    for key, _ in chunk:
-                        self._closing.pop(key, None)
-
-        chunks = [items[i : i + CLOSE_CHUNK] for i in range(0, len(items), CLOSE_CHUNK)]
-        await asyncio.gather(*(close(chunk) for chunk in chunks))
-        log.info(
-            "closed %d partitions led elsewhere now in %.0f ms (%s)%s",
-            len(batch) - failed,
-            (time.monotonic() - started) * 1000,
-            ", ".join(f"{p.topic}-{p.index}" for _, p in items[:5])
-            + (", ..." if len(batch) > 5 else ""),
-            f"; {failed} failed to close" if failed else "",
-        )
+        try:
+            await ElasticLog.close_many([p.log for p in batch.values()])
+            log.info(
+                "closed %d partitions led elsewhere now in %.0f ms (%s)",
+                len(batch),
+                (time.monotonic() - started) * 1000,
+                ", ".join(f"{p.topic}-{p.index}" for p in list(batch.values())[:5])
+                + (", ..." if len(batch) > 5 else ""),
+            )
+        except Exception as e:
+            log.warning("closing %d partitions led elsewhere now: %s", len(batch), e)
+        finally:
+            for key in batch:
+                self._closing.pop(key, None)
 
     def leaders_changed(self, topics: set[str]) -> None:
         """Hand over the open partitions of ``topics`` this broker no longer leads (or leads

@@ -56,6 +56,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--partitions", type=int, default=10_000, help="partitions broker 0 leads")
     parser.add_argument("--topic-size", type=int, default=1000, help="partitions per topic")
     parser.add_argument("--wal-mib", type=int, default=512, help="s3.wal.capacity per broker")
+    parser.add_argument(
+        "--wal",
+        choices=["file", "object"],
+        default="file",
+        help="the brokers' WAL: a file each, or objects in the S3 store (s3.wal.path)",
+    )
     parser.add_argument("--settle-s", type=float, default=10.0, help="after the others joined")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for acks")
     parser.add_argument(

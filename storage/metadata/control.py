@@ -638,7 +638,12 @@ def _commit_upload(
     for stream_id, end in sorted(new_ends.items()):
         stream = image.streams[stream_id]
         out.append(_stream_record(stream, end_offset=end))
-        out.append(rec.RangeRecord(replace(stream.ranges[-1], end_offset=end)))
+        r = stream.ranges[-1]  # built directly: an upload's commit names thousands of streams
+        out.append(
+            rec.RangeRecord(
+                RangeMetadata(r.stream_id, r.epoch, r.range_index, r.start_offset, end, r.node_id)
+            )
+        )
     for so in stream_objects:
         out.append(
             rec.StreamObjectRecord(

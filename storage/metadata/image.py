@@ -224,21 +224,37 @@ class MetadataImage:
                     self.streams[stream_id] = StreamMetadata(
                         stream_id, epoch, state, start_offset, end_offset
                     )
-                else:
-                    self.streams[stream_id] = replace(
-                        old,
-                        epoch=epoch,
-                        state=state,
-                        start_offset=start_offset,
-                        end_offset=end_offset,
+                else:  # built directly: dataclasses.replace costs several times more, and an
+                    # upload's commit changes thousands of streams
+                    self.streams[stream_id] = StreamMetadata(
+                        stream_id,
+                        epoch,
+                        state,
+                        start_offset,
+                        end_offset,
+                        old.ranges,
+                        old.stream_objects,
                     )
             case rec.RemoveStream(stream_id):
                 del self.streams[stream_id]
             case rec.RangeRecord(new_range):
                 s = self.streams[new_range.stream_id]
-                other_ranges = [x for x in s.ranges if x.range_index != new_range.range_index]
-                ranges = tuple(sorted([*other_ranges, new_range], key=range_order))
-                self.streams[s.stream_id] = replace(s, ranges=ranges)
+                if s.ranges and s.ranges[-1].range_index == new_range.range_index:
+                    ranges = (*s.ranges[:-1], new_range)  # the current range grew
+                elif not s.ranges or s.ranges[-1].range_index < new_range.range_index:
+                    ranges = (*s.ranges, new_range)  # a new range
+                else:
+                    others = [x for x in s.ranges if x.range_index != new_range.range_index]
+                    ranges = tuple(sorted([*others, new_range], key=range_order))
+                self.streams[s.stream_id] = StreamMetadata(
+                    s.stream_id,
+                    s.epoch,
+                    s.state,
+                    s.start_offset,
+                    s.end_offset,
+                    ranges,
+                    s.stream_objects,
+                )
             case rec.RemoveRange(stream_id, range_index):
                 s = self.streams[stream_id]
                 ranges = tuple(x for x in s.ranges if x.range_index != range_index)

@@ -170,7 +170,33 @@ _KINDS: dict[str, tuple[type, ...]] = {
 }
 
 
+_STREAM_STATES = {int(state): state for state in StreamState}
+
+
 def _record(f: list[Any]) -> rec.Record:
+    # the records of uploads, opens and closes, thousands per entry when a broker hands its
+    # partitions over, checked field by field without the general path's generic checks
+    if type(f) is list and f and type(f[0]) is int:  # (a bool tag is refused below)
+        tag = f[0]
+        if tag == 1 and len(f) == 6:
+            _, stream_id, epoch, state, start, end = f
+            if (
+                type(stream_id) is int
+                and type(epoch) is int
+                and type(start) is int
+                and type(end) is int
+                and type(state) is int
+                and state in _STREAM_STATES
+            ):
+                return rec.StreamRecord(stream_id, epoch, _STREAM_STATES[state], start, end)
+        elif tag == 3 and len(f) == 2:
+            fields = f[1]
+            if type(fields) is list and len(fields) == 6 and all(type(v) is int for v in fields):
+                return rec.RangeRecord(RangeMetadata(*fields))
+    return _checked_record(f)
+
+
+def _checked_record(f: list[Any]) -> rec.Record:
     if not isinstance(f, list) or not f:
         raise TypeError(f"a record is a non-empty array, got {f!r}")
     tag = f[0]
@@ -198,7 +224,16 @@ def _record(f: list[Any]) -> rec.Record:
         case 6:
             return rec.RemoveStreamObject(f[1], f[2])
         case 7:
-            ranges = tuple(StreamOffsetRange(*_ints(x, 3)) for x in f[6])
+            ranges = tuple(
+                StreamOffsetRange(x[0], x[1], x[2])
+                if type(x) is list
+                and len(x) == 3
+                and type(x[0]) is int
+                and type(x[1]) is int
+                and type(x[2]) is int
+                else StreamOffsetRange(*_ints(x, 3))
+                for x in f[6]
+            )
             return rec.StreamSetObjectRecord(StreamSetObject(f[1], f[2], f[3], f[4], f[5], ranges))
         case 8:
             return rec.RemoveStreamSetObject(f[1], f[2])

@@ -236,3 +236,8 @@ def test_decoding_ill_typed_records_raises_value_error(items: list[list[object]]
         return
     # whatever decoded is well-formed: it encodes back to the same bytes
     assert record_codec.decode(record_codec.encode(records)) == records
+
+
+def test_a_record_whose_tag_is_a_boolean_is_refused() -> None:
+    with pytest.raises(ValueError):
+        record_codec.decode(msgpack.packb([[True, 1, 1, 1, 0, 0]]))
