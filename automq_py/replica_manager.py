@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from automq_py.controller import membership
 from automq_py.errors import NotLeaderError, describe, kafka_error, partition_failed
-from automq_py.log.elastic_log import ElasticLog, meta_stream_key
+from automq_py.log.elastic_log import ElasticLog, LogCreatedElsewhereError, meta_stream_key
 from automq_py.log.log_config import LogConfig
 from automq_py.log.txn_index import AbortedTxn
 from automq_py.metadata_cache import ClusterMetadataCache
@@ -308,15 +308,18 @@ class ReplicaManager:
             prefetching = self._prefetching.get(key)
             if prefetching is not None:
                 await asyncio.shield(prefetching)
-        elastic_log = await ElasticLog.open(
-            self.client,
-            self.storage.metadata,
-            self.storage.config.namespace,
-            str(topic.topic_id),
-            index,
-            epoch,
-            config,
-        )
+        try:
+            elastic_log = await ElasticLog.open(
+                self.client,
+                self.storage.metadata,
+                self.storage.config.namespace,
+                str(topic.topic_id),
+                index,
+                epoch,
+                config,
+            )
+        except LogCreatedElsewhereError as e:  # the client retries: then it is handed over
+            raise NotLeaderError(str(e)) from e
         if topic.topic_id in self._deleted:  # deleted while it opened
             await elastic_log.close()
             self._check_not_deleted(topic)

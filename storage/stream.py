@@ -9,7 +9,7 @@ fail with :class:`StreamFencedError` and its uploads of the stream are refused.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from storage.errors import (
@@ -208,6 +208,17 @@ class StreamClient:
         s = self.storage
         metas = await s.metadata.create_open_streams(s.node_id, s.node_epoch, epoch, count)
         return [S3Stream(s, m.stream_id, epoch, m.start_offset, m.end_offset) for m in metas]
+
+    async def create_and_open_named(
+        self, key: str, value_of: Callable[[int], bytes], epoch: int = 0
+    ) -> S3Stream | None:
+        """A new stream, open here at ``epoch``, that KV ``key`` names (``value_of(id)``), in one
+        metadata transaction; None when ``key`` already names one (nothing created)."""
+        s = self.storage
+        meta = await s.metadata.create_named_stream(s.node_id, s.node_epoch, epoch, key, value_of)
+        if meta is None:
+            return None
+        return S3Stream(s, meta.stream_id, epoch, meta.start_offset, meta.end_offset)
 
     async def open(self, stream_id: int, epoch: int) -> S3Stream:
         """Open ``stream_id`` at ``epoch``; a newer epoch than the current one fences the owner."""

@@ -108,6 +108,11 @@ def _meta_stream_id(metadata: MetadataManager, key: str) -> int | None:
     return int(stream_id)
 
 
+class LogCreatedElsewhereError(RuntimeError):
+    """The partition's log was created by another broker while this one was creating it (its
+    leadership moved meanwhile): open it again once that broker has handed it over."""
+
+
 class CleanedSegmentError(ValueError):
     """A cleaned segment that does not fit the log as it is now."""
 
@@ -191,9 +196,14 @@ class ElasticLog:
         key = meta_stream_key(namespace, topic_id, partition)
         stream_id = _meta_stream_id(metadata, key)
         if stream_id is None:
-            stream = await client.create_and_open(epoch)
-            # the KV first: a retry after a crash reuses this MetaStream instead of leaking it
-            await metadata.put_kv(key, STREAM_ID.pack(stream.stream_id))
+            # created and named in one change: a retry after a crash reuses it instead of
+            # leaking it, and a broker that named one first keeps it
+            created = await client.create_and_open_named(key, STREAM_ID.pack, epoch)
+            if created is None:
+                raise LogCreatedElsewhereError(
+                    f"partition {topic_id}-{partition}: another broker created its log meanwhile"
+                )
+            stream = created
         else:
             stream = await client.open(stream_id, epoch)
         meta_stream = MetaStream(stream)

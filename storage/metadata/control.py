@@ -104,6 +104,25 @@ def create_open_streams(
     return records, ids
 
 
+def create_named_stream(
+    image: MetadataImage,
+    node_id: int,
+    node_epoch: int,
+    epoch: int,
+    key: str,
+    value_of: Callable[[int], bytes],
+) -> tuple[Records, int | None]:
+    """A new stream opened on ``node_id`` at ``epoch`` and named by KV ``key`` (``key`` =
+    ``value_of(stream_id)``), in one change, unless ``key`` already names one: then nothing
+    changes and the result is None. Two brokers creating a partition's log at once (its
+    leadership moved while the first was creating it) so never both name a MetaStream, the
+    second one's KV replacing the first's."""
+    if key in image.kv:
+        return [], None
+    records, (stream_id,) = create_open_streams(image, node_id, node_epoch, epoch, 1)
+    return [*records, rec.KVRecord(key, bytes(value_of(stream_id)))], stream_id
+
+
 def open_stream(
     image: MetadataImage, node_id: int, node_epoch: int, stream_id: int, epoch: int
 ) -> Records:

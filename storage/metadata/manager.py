@@ -229,6 +229,18 @@ class MetadataManager:
         )
         return [self.image.streams[i] for i in ids]
 
+    async def create_named_stream(
+        self, node_id: int, node_epoch: int, epoch: int, key: str, value_of: Callable[[int], bytes]
+    ) -> StreamMetadata | None:
+        """Create a stream open at ``epoch`` and set KV ``key`` to ``value_of(its id)`` in one
+        transaction; None (nothing created) when ``key`` is already set."""
+        stream_id = await self._change(
+            lambda image: control.create_named_stream(
+                image, node_id, node_epoch, epoch, key, value_of
+            )
+        )
+        return None if stream_id is None else self.image.streams[stream_id]
+
     async def open_stream(
         self, node_id: int, node_epoch: int, stream_id: int, epoch: int
     ) -> StreamMetadata:

@@ -3,6 +3,7 @@ reopen after a clean close and after a crash, truncation and fencing."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import struct
 from pathlib import Path
@@ -12,7 +13,12 @@ import crc32c
 import pytest
 
 from automq_py.log import meta_stream_record as keys
-from automq_py.log.elastic_log import ElasticLog, LogOffsetOutOfRangeError, meta_stream_key
+from automq_py.log.elastic_log import (
+    ElasticLog,
+    LogCreatedElsewhereError,
+    LogOffsetOutOfRangeError,
+    meta_stream_key,
+)
 from automq_py.log.elastic_log_meta import LOG_STREAM, ElasticLogMeta, ElasticPartitionMeta
 from automq_py.log.meta_stream import MetaStream
 from automq_py.log.meta_stream_record import LeaderEpochCheckpoint
@@ -75,6 +81,20 @@ async def test_a_new_partition_writes_what_automq_writes(make_storage: StorageFa
     assert await log.offset_for_timestamp(0) is None
     assert await log.max_timestamp_offset() == (-1, -1)
     await log.close()
+
+
+async def test_a_log_created_twice_at_once_keeps_the_first(make_storage: StorageFactory) -> None:
+    """Two opens creating the same new partition's log at once (its leadership moved while
+    the first broker was creating it): the second is refused, and the KV keeps naming the
+    first one's MetaStream (a second log named instead would orphan the first's records)."""
+    storage = await make_storage()
+    first, second = await asyncio.gather(
+        open_log(storage, epoch=0), open_log(storage, epoch=1), return_exceptions=True
+    )
+    assert isinstance(first, ElasticLog)
+    assert isinstance(second, LogCreatedElsewhereError)
+    raw = storage.metadata.get_kv(meta_stream_key(NAMESPACE, TOPIC_ID, 0))
+    assert raw is not None and struct.unpack(">q", raw)[0] == first.meta_stream_id
 
 
 async def test_append_and_read_across_segment_rolls(make_storage: StorageFactory) -> None:

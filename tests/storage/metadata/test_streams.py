@@ -377,3 +377,18 @@ async def test_create_open_streams_checks_the_node_epoch(manager: MetadataManage
     )
     with pytest.raises(ValueError):
         await manager.create_open_streams(1, epoch + 1, -1)
+
+
+async def test_a_named_stream_is_created_once_per_key(manager: MetadataManager) -> None:
+    """Two brokers creating a partition's log at once: the first names its MetaStream, the
+    second creates nothing and is told so (its KV never replaces the first's)."""
+    node = await manager.register_node(1)
+    first = await manager.create_named_stream(1, node, 3, "ns/t/0", lambda i: str(i).encode())
+    assert first is not None
+    assert manager.get_kv("ns/t/0") == str(first.stream_id).encode()
+    assert (first.state, first.epoch) == (StreamState.OPENED, 3)
+    streams = dict(manager.image.streams)
+    again = await manager.create_named_stream(1, node, 4, "ns/t/0", lambda i: str(i).encode())
+    assert again is None
+    assert manager.get_kv("ns/t/0") == str(first.stream_id).encode()
+    assert manager.image.streams == streams  # nothing created
