@@ -437,7 +437,8 @@ class ReplicaManager:
             return
         started = time.monotonic()
         try:
-            await asyncio.wait_for(ElasticLog.upload_tails(logs), timeout)
+            if not await asyncio.wait_for(ElasticLog.upload_tails(logs), timeout):
+                return
         except Exception as e:  # each close uploads what is left
             log.info("uploading the tails of %d partitions: %r", len(logs), e)
             return

@@ -243,6 +243,17 @@ class LogCache:
         out.sealed_at = time.monotonic()
         return out
 
+    def unuploaded(self, stream_ids: Iterable[int]) -> tuple[int, int]:
+        """Bytes of ``stream_ids`` not yet uploaded, and how many of them have some."""
+        pending = [b for b in self._blocks if not b.uploaded]
+        total = holding = 0
+        for stream_id in stream_ids:
+            size = sum(b.stream_sizes.get(stream_id, 0) for b in pending)
+            if size:
+                total += size
+                holding += 1
+        return total, holding
+
     def wal_trim_offset(self, fallback: int) -> int:
         """The WAL offset below which every record has been uploaded."""
         pending = [b.wal_start for b in self._blocks if not b.uploaded and b.wal_start >= 0]

@@ -97,6 +97,27 @@ async def test_a_log_created_twice_at_once_keeps_the_first(make_storage: Storage
     assert raw is not None and struct.unpack(">q", raw)[0] == first.meta_stream_id
 
 
+async def test_tails_are_uploaded_first_only_when_their_bytes_outweigh_their_streams(
+    make_storage: StorageFactory,
+) -> None:
+    """Before a hand-over the partitions' tails are uploaded while still served, unless they
+    average under TAILS_FIRST_MIN_AVERAGE bytes a stream: then the close uploads them."""
+    storage = await make_storage()
+    small = [await open_log(storage, partition=p) for p in range(3)]
+    for log in small:
+        await append_batches(log, [1000], size=100)
+    puts = storage.store.stats.snapshot()["put"]
+    assert await ElasticLog.upload_tails(small) is False
+    assert storage.store.stats.snapshot()["put"] == puts
+    assert storage.cache.unuploaded([log.meta_stream_id for log in small])[0] > 0
+
+    large = await open_log(storage, partition=3)
+    await append_batches(large, list(range(1000, 1040)), size=2000)
+    assert await ElasticLog.upload_tails([large]) is True
+    streams = [large.meta_stream_id, *large.stream_map.values()]
+    assert storage.cache.unuploaded([s for s in streams if s >= 0]) == (0, 0)
+
+
 async def test_append_and_read_across_segment_rolls(make_storage: StorageFactory) -> None:
     storage = await make_storage()
     log = await open_log(storage, segment_bytes=1000, index_interval_bytes=300)
