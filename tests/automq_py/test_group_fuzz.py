@@ -55,7 +55,7 @@ from tests.support.broker import BrokerProcess
 pytestmark = pytest.mark.integration
 
 FUZZ = settings(
-    max_examples=800,
+    max_examples=500,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -485,7 +485,7 @@ def test_mutated_group_requests_do_not_break_the_broker(fuzz_broker: BrokerProce
 def test_random_group_requests_do_not_break_the_broker(fuzz_broker: BrokerProcess) -> None:
     known = make_groups(fuzz_broker)
 
-    @settings(FUZZ, max_examples=1500)
+    @settings(FUZZ, max_examples=900)
     @given(request=random_requests(known))
     def random_values(request: tuple[int, int, dict[str, Any]]) -> None:
         api_key, version, body = request
