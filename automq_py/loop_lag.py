@@ -11,6 +11,7 @@ import gc
 import logging
 import time
 from collections import deque
+from collections.abc import Iterator
 
 log = logging.getLogger("automq.loop")
 
@@ -68,6 +69,33 @@ class LoopLagMonitor:
             f"event loop lag over {len(self.samples)} samples: p50 {p['p50']:.1f} ms, "
             f"p99 {p['p99']:.1f} ms, max {p['max']:.1f} ms"
         )
+
+
+_pausing = 0  # collector_paused blocks in progress
+
+
+@contextlib.contextmanager
+def collector_paused(*, freeze: bool = False) -> Iterator[None]:
+    """The cyclic collector off while the block runs (blocks may nest and interleave across
+    tasks: it resumes when the last ends). For bulk work that builds long-lived objects, a
+    broker taking over or handing over thousands of partitions: there every young collection
+    walks what it just built and frees nothing, a tenth of the work on two cores. With
+    ``freeze``, what exists when the last block ends is moved out of the collector's reach
+    (as at startup) instead of walked by the first collection after, which would hold the
+    event loop for as long as the objects made meanwhile are many; cycles made meanwhile are
+    then never collected, so freeze only after work that makes few."""
+    global _pausing
+    if _pausing == 0:
+        gc.disable()
+    _pausing += 1
+    try:
+        yield
+    finally:
+        _pausing -= 1
+        if _pausing == 0:
+            if freeze:
+                gc.freeze()
+            gc.enable()
 
 
 class CollectorPauses:

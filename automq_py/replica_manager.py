@@ -28,6 +28,7 @@ from automq_py.errors import NotLeaderError, describe, kafka_error, partition_fa
 from automq_py.log.elastic_log import ElasticLog, LogCreatedElsewhereError, meta_stream_key
 from automq_py.log.log_config import LogConfig
 from automq_py.log.txn_index import AbortedTxn
+from automq_py.loop_lag import collector_paused
 from automq_py.metadata_cache import ClusterMetadataCache
 from automq_py.partition import AppendResult, Partition, PendingAppend
 from automq_py.topic_config import effective_topic_config
@@ -59,6 +60,9 @@ HANDOVER_PREPARE_S = 10.0
 # share metadata changes, their appends WAL group commits: the more at once, the fewer round
 # trips to the store)
 OPEN_CONCURRENCY = 1000
+# partitions gained at once from which their opening pauses the cyclic collector (see
+# loop_lag.collector_paused): what they build lives as long as they are led here
+BULK_OPEN = 500
 
 
 @dataclass(slots=True, frozen=True)
@@ -492,6 +496,17 @@ class ReplicaManager:
         their previous leader has closed by then, and their MetaStreams are read into memory
         together (one GET per object their previous leader uploaded, not one per partition)
         before they open."""
+        if len(gained) < BULK_OPEN:
+            await self._open_waves(gained)
+            return
+        with collector_paused(freeze=True):
+            opens = await self._open_waves(gained)
+            if opens:
+                await asyncio.wait(opens)
+
+    async def _open_waves(self, gained: list[tuple[TopicInfo, int]]) -> list[asyncio.Task[None]]:
+        """The opens started, wave after wave."""
+        opens: list[asyncio.Task[None]] = []
         deadline = time.monotonic() + HANDOFF_TIMEOUT_S
         pending = gained
         while pending:
@@ -505,19 +520,22 @@ class ReplicaManager:
                 else:
                     waiting.append((topic, index))
             if ready:
-                await self._open_wave(ready)
+                opens += await self._open_wave(ready)
             pending = waiting
             if pending:
                 await self.storage.metadata.wait_for_change(max(0.0, deadline - time.monotonic()))
+        return opens
 
-    async def _open_wave(self, wave: list[tuple[TopicInfo, int]]) -> None:
+    async def _open_wave(self, wave: list[tuple[TopicInfo, int]]) -> list[asyncio.Task[None]]:
         loop = asyncio.get_running_loop()
         prefetched: asyncio.Future[None] = loop.create_future()
         keys = [(topic.name, index) for topic, index in wave]
         for key in keys:
             self._prefetching[key] = prefetched
-        for topic, index in wave:
+        opens = [
             self._in_background(self._open_one(topic, index), f"open-{topic.name}-{index}")
+            for topic, index in wave
+        ]
         started = time.monotonic()
         try:
             streams = [
@@ -539,6 +557,7 @@ class ReplicaManager:
             for key in keys:
                 if self._prefetching.get(key) is prefetched:
                     del self._prefetching[key]
+        return opens
 
     async def _open_one(self, topic: TopicInfo, index: int) -> None:
         async with self._open_slots:

@@ -14,7 +14,7 @@ import pytest
 from automq_py import loop_lag
 from automq_py.broker import Broker
 from automq_py.config import BrokerConfig, ConfigError
-from automq_py.loop_lag import CollectorPauses, LoopLagMonitor
+from automq_py.loop_lag import CollectorPauses, LoopLagMonitor, collector_paused
 
 
 async def test_a_blocked_loop_shows_as_lag() -> None:
@@ -71,3 +71,33 @@ async def test_a_broker_that_fails_to_start_takes_its_monitors_back(tmp_path: Pa
         await broker.start()
     assert gc.callbacks == callbacks
     assert broker.loop_lag._task is None
+
+
+def test_collector_paused_resumes_after_the_last_of_interleaved_blocks() -> None:
+    assert gc.isenabled()
+    first = collector_paused()
+    second = collector_paused()
+    first.__enter__()
+    second.__enter__()
+    assert not gc.isenabled()
+    first.__exit__(None, None, None)
+    assert not gc.isenabled()  # the second block still runs
+    second.__exit__(None, None, None)
+    assert gc.isenabled()
+
+
+def test_collector_paused_with_freeze_moves_what_was_built_out_of_reach() -> None:
+    frozen = gc.get_freeze_count()
+    try:
+        with collector_paused(freeze=True):
+            built = [[i] for i in range(1000)]
+        assert gc.isenabled()
+        assert gc.get_freeze_count() >= frozen + len(built)
+    finally:
+        gc.unfreeze()
+
+
+def test_collector_paused_resumes_when_the_block_raises() -> None:
+    with pytest.raises(RuntimeError), collector_paused():
+        raise RuntimeError("boom")
+    assert gc.isenabled()
