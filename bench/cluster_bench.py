@@ -103,7 +103,7 @@ from bench.produce_consume import Result, child_pids, produce
 from tests.support.broker import BrokerProcess
 from tests.support.java import JavaSideMissing, ToolRunner, classpath
 from tests.support.postgres import PostgresServer
-from tests.support.seaweedfs import SeaweedFS, _port_free
+from tests.support.seaweedfs import BENCH_VOLUME_SIZE_LIMIT_MB, SeaweedFS, _port_free
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -1371,7 +1371,9 @@ def start_seaweedfs(root: Path, base_port: int) -> SeaweedFS:
     between the check and the start: then the next block is tried."""
     base = base_port
     for _ in range(5):
-        s3 = SeaweedFS(root, base_port=s3_base_port(base))
+        s3 = SeaweedFS(
+            root, base_port=s3_base_port(base), volume_size_limit_mb=BENCH_VOLUME_SIZE_LIMIT_MB
+        )
         try:
             s3.start()
             return s3

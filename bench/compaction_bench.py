@@ -59,7 +59,7 @@ from storage.config import MiB, S3StreamConfig
 from storage.metadata.model import ObjectState, S3ObjectMetadata
 from storage.s3_storage import S3Storage
 from storage.stream import StreamClient
-from tests.support.seaweedfs import SeaweedFS
+from tests.support.seaweedfs import BENCH_VOLUME_SIZE_LIMIT_MB, SeaweedFS
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -534,7 +534,11 @@ async def run(args: argparse.Namespace) -> int:
         server: SeaweedFS | None = None
         try:
             if args.store == "s3":
-                server = SeaweedFS(root / "s3", base_port=args.base_port)
+                server = SeaweedFS(
+                    root / "s3",
+                    base_port=args.base_port,
+                    volume_size_limit_mb=BENCH_VOLUME_SIZE_LIMIT_MB,
+                )
                 server.start()
                 data_url = server.url()
             else:

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from storage.operator import open_object_store
 from storage.wal.object_wal import ObjectWAL
-from tests.support.seaweedfs import SeaweedFS
+from tests.support.seaweedfs import BENCH_VOLUME_SIZE_LIMIT_MB, SeaweedFS
 
 
 def pct(values: list[float], p: float) -> float:
@@ -95,6 +95,8 @@ if __name__ == "__main__":
     else:
         with (
             tempfile.TemporaryDirectory(prefix="object-wal-bench-") as workdir,
-            SeaweedFS(Path(workdir) / "s3") as server,
+            SeaweedFS(
+                Path(workdir) / "s3", volume_size_limit_mb=BENCH_VOLUME_SIZE_LIMIT_MB
+            ) as server,
         ):
             asyncio.run(main(arguments, server.url()))

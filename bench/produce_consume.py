@@ -167,7 +167,7 @@ from bench.apache_kafka import KAFKA, KafkaServer, producer_perf_command, run_pr
 from storage.config import S3StreamConfig
 from tests.support.broker import BrokerProcess, free_port
 from tests.support.java import JavaSideMissing, classpath
-from tests.support.seaweedfs import SeaweedFS, _port_free
+from tests.support.seaweedfs import BENCH_VOLUME_SIZE_LIMIT_MB, SeaweedFS, _port_free
 
 DEFAULTS = S3StreamConfig()  # the broker's storage defaults
 KiB = 1024
@@ -1542,7 +1542,11 @@ def seaweedfs(root: Path, needed: bool, s3_dir: str | None) -> Iterator[SeaweedF
         yield None
         return
     parent = Path(tempfile.mkdtemp(prefix="automq-pc-bench-s3-", dir=s3_dir)) if s3_dir else root
-    server = SeaweedFS(parent / "s3", base_port=free_seaweedfs_base())
+    server = SeaweedFS(
+        parent / "s3",
+        base_port=free_seaweedfs_base(),
+        volume_size_limit_mb=BENCH_VOLUME_SIZE_LIMIT_MB,
+    )
     try:
         server.start()
         yield server

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from storage.config import MiB, S3StreamConfig
 from storage.s3_storage import S3Storage
 from storage.stream import S3Stream, StreamClient
-from tests.support.seaweedfs import SeaweedFS
+from tests.support.seaweedfs import BENCH_VOLUME_SIZE_LIMIT_MB, SeaweedFS
 
 WRITE_KINDS = ("put", "multipart_create", "part", "multipart_complete")
 
@@ -167,7 +167,7 @@ async def main() -> None:
         server = None
         s3_url = args.s3_url
         if s3_url is None:
-            server = SeaweedFS(root / "s3")
+            server = SeaweedFS(root / "s3", volume_size_limit_mb=BENCH_VOLUME_SIZE_LIMIT_MB)
             server.start()
             s3_url = server.url()
         try:

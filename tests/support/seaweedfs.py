@@ -44,6 +44,11 @@ WEED = Path(sys.executable).parent / "weed"
 DEFAULT_BASE_PORT = 18300
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
+# A volume takes writes up to this size, then the master grows new ones: the tests keep it
+# small; a bench writing tens of MB/s passes more, since while volumes grow every PUT waits
+# (0.2-1 s, every ~3 s at 20 MB/s with 64 MB volumes)
+VOLUME_SIZE_LIMIT_MB = 64
+BENCH_VOLUME_SIZE_LIMIT_MB = 4096  # written as they fill, not preallocated
 # Written once at the first start and read back after every restart: proves data survived.
 SENTINEL_KEY = "__seaweedfs_sentinel__"
 PROBE_KEY = "__seaweedfs_probe__"
@@ -84,9 +89,14 @@ class SeaweedFS:
     """A ``weed mini`` process serving S3 on ``endpoint``, data under ``root``."""
 
     def __init__(
-        self, root: str | os.PathLike[str], base_port: int | None = None, bucket: str = "automq"
+        self,
+        root: str | os.PathLike[str],
+        base_port: int | None = None,
+        bucket: str = "automq",
+        volume_size_limit_mb: int = VOLUME_SIZE_LIMIT_MB,
     ) -> None:
         self.root = Path(root).absolute()
+        self.volume_size_limit_mb = volume_size_limit_mb
         if self.root.exists() and any(self.root.iterdir()):
             # weed mini reloads the flags it saved in <dir>/mini.options: start fresh.
             raise ValueError(f"SeaweedFS needs a fresh directory, {self.root} is not empty")
@@ -260,7 +270,7 @@ class SeaweedFS:
             "webdav": "false",
             "admin.ui": "false",
             "master.telemetry": "false",
-            "master.volumeSizeLimitMB": "64",
+            "master.volumeSizeLimitMB": str(self.volume_size_limit_mb),
             "s3.localSocket": str(self.data_dir / "s3.sock"),
             "filer.localSocket": str(self.data_dir / "filer.sock"),
             "s3.config": str(self.config_file),
