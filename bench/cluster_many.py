@@ -10,8 +10,9 @@ record in each; brokers 1 and 2 then join with ``auto.leader.rebalance.enable=fa
 0 keeps leading them all. After ``--settle-s``, SIGTERM to broker 0 (a controlled shutdown: its
 partitions are led by the others before it closes them and exits) while a producer
 (confluent-kafka, ``acks=all``, idempotent) sends one more record to every partition. Printed:
-when broker 0 exited, when the producer had an acknowledgement from every partition (and how
-many it had when broker 0 exited), both from the SIGTERM, and the lines the brokers logged
+when broker 0 exited, when brokers 1 and 2 had opened every partition (from their logs) and
+when the producer had an acknowledgement from every partition (and how many of each by broker
+0's exit), all from the SIGTERM, and the lines the brokers logged
 about the hand-over. ``docker stop`` waits 10 s before it kills.
 
 MB = 10^6 bytes. Progress goes to stderr, figures to stdout.
@@ -173,6 +174,27 @@ def log_lines(path: Path, since_wall: float) -> list[str]:
     return out
 
 
+def opened_times(path: Path, since_wall: float) -> list[float]:
+    """When the broker logged opening a partition, from ``since_wall`` (time.time()) on, in
+    seconds after it."""
+    out = []
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        if "opened partition" not in line:
+            continue
+        try:
+            clock = time.strptime(line[:19], "%Y-%m-%d %H:%M:%S")
+            at = time.mktime(clock) + int(line[20:23]) / 1000
+        except ValueError:
+            continue
+        if at >= since_wall:
+            out.append(at - since_wall)
+    return out
+
+
 def profile(cluster: Cluster, out: str) -> list[subprocess.Popen[bytes]]:
     """py-spy recording every running broker until stopped."""
     os.makedirs(out, exist_ok=True)
@@ -278,6 +300,15 @@ def run(cluster: Cluster, args: argparse.Namespace, topics: dict[str, int]) -> N
     code, exit_at = exited[0]
     exit_s = exit_at - at
     print(f"# broker 0 exited with {code} {exit_s:.2f} s after the SIGTERM")
+    opened = sorted(
+        t for broker in cluster.brokers[1:] for t in opened_times(broker.log_path, at_wall)
+    )
+    if opened:
+        print(
+            f"# opened on brokers 1 and 2: {len(opened)} partitions, the last "
+            f"{opened[-1]:.2f} s after the SIGTERM "
+            f"({sum(1 for t in opened if t <= exit_s)} by broker 0's exit)"
+        )
     if counts:
         at_exit = sum(1 for t in acks if t <= exit_at)
         last = (max(acks) - at) if acks else float("nan")
