@@ -101,3 +101,63 @@ def test_topics_describe_and_reassign_partitions(
     assert sorted(got) == sorted(
         [f"a{i}".encode() for i in range(300)] + [f"b{i}".encode() for i in range(300)]
     )
+
+
+def test_java_clients_produce_and_consume_through_any_broker(
+    cluster_factory: ClusterFactory,
+) -> None:
+    """Kafka's Java producer and consumer (the console tools) bootstrapped from each broker in
+    turn: the records of every producer, spread over partitions led by all three brokers, are
+    read back whole through another broker."""
+    cluster = cluster_factory(brokers=3)
+    run_tool(
+        "kafka-topics",
+        "--bootstrap-server",
+        cluster.brokers[0].bootstrap,
+        "--create",
+        "--topic",
+        "java-any",
+        "--partitions",
+        "6",
+    )
+    described = run_tool(
+        "kafka-topics",
+        "--bootstrap-server",
+        cluster.brokers[2].bootstrap,
+        "--describe",
+        "--topic",
+        "java-any",
+    )
+    assert set(_leaders(described.stdout).values()) == {0, 1, 2}, described.stdout
+    expected: list[str] = []
+    for n, broker in enumerate(cluster.brokers):
+        lines = [f"via{n}-{i}" for i in range(30)]
+        expected += lines
+        run_tool(
+            "kafka-console-producer",
+            "--bootstrap-server",
+            broker.bootstrap,
+            "--topic",
+            "java-any",
+            "--producer-property",
+            "acks=all",
+            "--producer-property",
+            "partitioner.class=org.apache.kafka.clients.producer.RoundRobinPartitioner",
+            stdin="\n".join(lines) + "\n",
+        )
+    for n, broker in enumerate(cluster.brokers):
+        read = run_tool(
+            "kafka-console-consumer",
+            "--bootstrap-server",
+            broker.bootstrap,
+            "--topic",
+            "java-any",
+            "--from-beginning",
+            "--max-messages",
+            str(len(expected)),
+            "--timeout-ms",
+            "30000",
+            "--group",
+            f"java-any-{n}",
+        )
+        assert sorted(read.lines()) == sorted(expected), (n, read.stderr[-2000:])
