@@ -156,43 +156,37 @@ def send_one_each(
     return counts
 
 
-def log_lines(path: Path, since_wall: float) -> list[str]:
-    """The hand-over lines a broker logged from ``since_wall`` (time.time()) on."""
-    out = []
+def logged(path: Path, since_wall: float) -> list[tuple[float, str]]:
+    """What a broker logged from ``since_wall`` (time.time()) on: seconds after it, and the
+    line after its timestamp."""
+    out: list[tuple[float, str]] = []
     try:
         text = path.read_text(errors="replace")
     except OSError:
         return out
     for line in text.splitlines():
-        try:
-            clock = time.strptime(line[:19], "%Y-%m-%d %H:%M:%S")
-            at = time.mktime(clock) + int(line[20:23]) / 1000
-        except ValueError:
-            continue
-        if at >= since_wall and any(mark in line for mark in LOG_MARKS):
-            out.append(f"+{(at - since_wall) * 1000:.0f} ms {line[24:]}")
-    return out
-
-
-def opened_times(path: Path, since_wall: float) -> list[float]:
-    """When the broker logged opening a partition, from ``since_wall`` (time.time()) on, in
-    seconds after it."""
-    out = []
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return out
-    for line in text.splitlines():
-        if "opened partition" not in line:
-            continue
         try:
             clock = time.strptime(line[:19], "%Y-%m-%d %H:%M:%S")
             at = time.mktime(clock) + int(line[20:23]) / 1000
         except ValueError:
             continue
         if at >= since_wall:
-            out.append(at - since_wall)
+            out.append((at - since_wall, line[24:]))
     return out
+
+
+def log_lines(path: Path, since_wall: float) -> list[str]:
+    """The hand-over lines a broker logged from ``since_wall`` on."""
+    return [
+        f"+{at * 1000:.0f} ms {line}"
+        for at, line in logged(path, since_wall)
+        if any(mark in line for mark in LOG_MARKS)
+    ]
+
+
+def opened_times(path: Path, since_wall: float) -> list[float]:
+    """When the broker logged opening a partition, in seconds after ``since_wall``."""
+    return [at for at, line in logged(path, since_wall) if "opened partition" in line]
 
 
 def profile(cluster: Cluster, out: str) -> list[subprocess.Popen[bytes]]:
