@@ -28,8 +28,13 @@ from automq_py.dynamic_config import DynamicBrokerConfig
 from automq_py.loop_lag import CollectorPauses, LoopLagMonitor, collector_paused
 from automq_py.maintenance import Maintenance
 from automq_py.metadata_cache import ClusterMetadataCache
-from automq_py.network.server import SocketServer
+from automq_py.network.listeners import endpoints as listener_endpoints
+from automq_py.network.server import AuthenticationSettings, SocketServer
 from automq_py.replica_manager import ReplicaManager
+from automq_py.security import scram_credentials
+from automq_py.security.access import AccessControl
+from automq_py.security.quotas import ClientQuotas
+from automq_py.security.sasl_mechanisms import ScramCredential
 from automq_py.topics import TopicRegistry
 from storage.metadata import control
 from storage.s3_storage import S3Storage
@@ -78,6 +83,11 @@ class Broker:
         config = self.config
         group_config = GroupConfig.from_broker(config)  # a bad setting fails before any I/O
         transaction_config = TransactionConfig.from_broker(config)
+        # keys, certificates and JAAS configs are read now: a bad one fails before any I/O
+        endpoints = listener_endpoints(config, self._scram_credential)
+        _check_inter_broker_listener(
+            config, config.security.inter_broker_listener([e.name for e in endpoints])
+        )
         self.storage = await S3Storage.start(config.storage)
         metadata = self.storage.metadata
         cache: ClusterMetadataCache | None = None
@@ -103,13 +113,20 @@ class Broker:
             log.warning("dynamic broker configs ignored: %s", e)
             topic_defaults = config.topic_defaults()
         self.replicas = ReplicaManager(self.storage, topic_defaults, cluster=cache)
-        listener = config.listeners[0]
         advertised = config.advertised_listeners[0]
+        addresses = {a.name: (a.host, a.port) for a in config.advertised_listeners}
         ctx = BrokerContext(
             node_id=config.node_id,
             cluster_id=config.cluster_id,
             host=advertised.host,
             port=advertised.port,
+            advertised=addresses,
+            access=AccessControl(config.security, metadata),
+            quotas=ClientQuotas(
+                metadata,
+                config.security.quota_window_num,
+                config.security.quota_window_size_seconds,
+            ),
             topics=topics,
             replicas=self.replicas,
             auto_create_topics=config.auto_create_topics_enable,
@@ -139,20 +156,31 @@ class Broker:
             cache.add_leaders_listener(self.transactions.runtime.leaders_changed)
             self.replicas.open_on_leadership(topics.get)
         apis = KafkaApis(ctx)
+        security = config.security
         self.server = SocketServer(
             apis,
             max_request_size=config.socket_request_max_bytes,
             idle_timeout_s=config.connections_max_idle_ms / 1000,
+            authentication=AuthenticationSettings(
+                security.connections_max_reauth_ms,
+                security.connection_failed_authentication_delay_ms,
+                security.sasl_server_max_receive_size,
+            ),
         )
         _settle_garbage_collector()  # startup's objects, before a client can wait behind them
-        await self.server.start(listener.host or "0.0.0.0", listener.port)
-        own_host = listener.host if listener.host not in ("", "0.0.0.0", "::") else "127.0.0.1"
+        await self.server.start_listeners(endpoints)
+        # brokers (and the maintenance jobs) reach this one on the inter-broker listener
+        inter_broker = security.inter_broker_listener([e.name for e in endpoints])
+        bound = next((e for e in endpoints if e.name == inter_broker), endpoints[0])
+        inter_broker = bound.name
+        own_host = bound.host if bound.host not in ("", "0.0.0.0", "::") else "127.0.0.1"
         if cache is not None:
-            await self._join_cluster(cache, advertised.host, advertised.port)
+            host, port = addresses.get(inter_broker, (advertised.host, advertised.port))
+            await self._join_cluster(cache, host, port)
         controller = self.controller
         self.maintenance = Maintenance(
             config,
-            f"{own_host}:{listener.port}",
+            f"{own_host}:{self.server.listener_port(inter_broker)}",
             cluster_wide=None if controller is None else lambda: controller.active,
         )
         self.maintenance.start()
@@ -189,7 +217,12 @@ class Broker:
             ),
         )
         registration = BrokerRegistration(
-            config.node_id, self.storage.node_epoch, host, port, config.broker_rack or None
+            config.node_id,
+            self.storage.node_epoch,
+            host,
+            port,
+            config.broker_rack or None,
+            endpoints=tuple((a.name, a.host, a.port) for a in config.advertised_listeners),
         )
         self.storage.rejoins_when_fenced = True
         self.lifecycle = BrokerLifecycle(
@@ -205,6 +238,12 @@ class Broker:
         assert self.replicas is not None
         self.replicas.session = self.lifecycle
         self.controller.start()
+
+    def _scram_credential(self, mechanism: str, user: str) -> ScramCredential | None:
+        """A user's SCRAM credential, as the metadata store holds it now."""
+        if self.storage is None:
+            return None
+        return scram_credentials.lookup(self.storage.metadata.image.kv, mechanism, user)
 
     async def stop(self) -> None:
         # a stop builds and drops per-partition state by the thousand (final metas, uploads,
@@ -262,6 +301,31 @@ class Broker:
             return
         log.debug("loaded %d request/response schema versions", loaded)
         _settle_garbage_collector()
+
+
+def _check_inter_broker_listener(config: BrokerConfig, name: str) -> None:
+    """The other brokers (cluster mode) and the maintenance jobs connect to the inter-broker
+    listener as clients without SASL or a client certificate: refuse one that asks for them,
+    and warn where an authorizer would refuse their principal."""
+    if not config.cluster_mode and config.storage.maintenance_runner == "none":
+        return
+    security = config.security
+    listener = security.listener(name)
+    needs_certificate = listener.ssl is not None and listener.ssl.client_auth == "required"
+    if listener.uses_sasl or needs_certificate:
+        raise ConfigError(
+            f"inter.broker.listener.name: brokers and the maintenance jobs connect to listener "
+            f"{name} ({listener.protocol}) without SASL or a client certificate; add a "
+            "PLAINTEXT (or SSL) listener on a private address for them and name it in "
+            "inter.broker.listener.name"
+        )
+    if security.authorizer_enabled and "User:ANONYMOUS" not in security.super_user_set():
+        log.warning(
+            "brokers and the maintenance jobs connect to listener %s as User:ANONYMOUS, which "
+            "is not in super.users: the authorizer refuses their requests unless ACLs allow "
+            "them (CLUSTER_ACTION on the cluster)",
+            name,
+        )
 
 
 def _settle_garbage_collector() -> None:

@@ -30,6 +30,7 @@ from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from automq_py.log.log_config import LogConfig
+from automq_py.security.config import LISTENER_PREFIX, SecurityConfig
 from storage.config import S3StreamConfig
 from storage.config_def import (
     INT_MAX,
@@ -66,7 +67,7 @@ DEFAULT_DATA_DIR = "./data"
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 # Addresses a server binds to but a client cannot connect to.
 _WILDCARD_HOSTS = ("0.0.0.0", "::")
-_SECRET_NAME = re.compile(r"password|secret|jaas\.config", re.IGNORECASE)
+_SECRET_NAME = re.compile(r"password|secret|jaas\.config|ssl\.keystore\.key$", re.IGNORECASE)
 _HIDDEN = "[hidden]"
 # ``serve --env``: KAFKA_* variables that are not properties (Kafka's scripts and images use
 # them for the JVM and themselves), and the variable holding AutoMQ's --s3-url.
@@ -130,7 +131,7 @@ _COMPOSITE_KEYS = {
             "listener.security.protocol.map",
             ",".join(f"{p}:{p}" for p in SECURITY_PROTOCOLS),
             ConfigType.STRING,
-            "NAME:PROTOCOL,... (automq-py serves PLAINTEXT)",
+            "NAME:PROTOCOL,... (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL)",
         ),
         _composite("controller.listener.names", "", ConfigType.STRING, "listeners not advertised"),
         _composite("log.dirs", None, ConfigType.STRING, "the data directory: WAL and metadata"),
@@ -485,6 +486,8 @@ class BrokerConfig:
         "how often retention runs (then GC of objects)",
     )
     storage: S3StreamConfig = field(default_factory=S3StreamConfig)
+    # listeners' TLS and SASL, the authorizer
+    security: SecurityConfig = field(default_factory=SecurityConfig)
     # the topic config defaults the properties give, by topic config name (topic_defaults)
     log_defaults: Mapping[str, str] = field(
         default_factory=lambda: MappingProxyType(topic_defaults_of({})), hash=False, repr=False
@@ -538,11 +541,11 @@ class BrokerConfig:
         """Build from ``name -> string value``; unknown names are kept and logged once each."""
         known = cls.config_keys()
         for name in props:
-            if name not in known:
+            if name not in known and not name.startswith(LISTENER_PREFIX):
                 log.warning("property %r is not used by automq-py; ignored", name)
 
         values = parse_declared(cls, props)
-        listeners, advertised = _listeners(props)
+        listeners, advertised, protocols = _listeners(props)
         data_dir = _data_dir(props)
         node_id = values.get("node_id", 0)
         cluster_id = values.get("cluster_id", "automq-py")
@@ -551,6 +554,7 @@ class BrokerConfig:
             advertised_listeners=advertised,
             data_dir=data_dir,
             storage=_storage(props, data_dir, node_id, cluster_id, env or {}),
+            security=SecurityConfig.from_properties(props, protocols),
             properties=MappingProxyType(dict(props)),
             log_defaults=MappingProxyType(check_topic_defaults(props)),
             **values,
@@ -572,6 +576,7 @@ class BrokerConfig:
         """Every property automq-py reads (the broker's and the stream store's), by name."""
         keys = {name: key for name, (_, key) in declared_keys(cls).items()}
         keys.update(_COMPOSITE_KEYS)
+        keys.update(SecurityConfig.keys())
         keys.update(synonym_keys())
         keys.update((name, key) for name, (_, key) in S3StreamConfig.properties().items())
         return keys
@@ -591,6 +596,9 @@ class BrokerConfig:
         out = {
             n: format_value(k.default) for n, k in _COMPOSITE_KEYS.items() if k.default is not None
         }
+        for name, key in SecurityConfig.keys().items():
+            if key.default is not None:
+                out[name] = format_value(key.default)
         out.update(self.properties)
         for name, (attr, _) in declared_keys(BrokerConfig).items():
             out[name] = format_value(getattr(self, attr))
@@ -827,7 +835,10 @@ def parse_listeners(name: str, text: str) -> tuple[Listener, ...]:
     return tuple(listeners)
 
 
-def _listeners(props: Mapping[str, str]) -> tuple[tuple[Listener, ...], tuple[Listener, ...]]:
+def _listeners(
+    props: Mapping[str, str],
+) -> tuple[tuple[Listener, ...], tuple[Listener, ...], dict[str, str]]:
+    """The listeners, the advertised ones, and each listener's security protocol."""
     listeners = parse_listeners("listeners", props.get("listeners", DEFAULT_LISTENERS))
     bound = [(x.host, x.port) for x in listeners if x.port != 0]
     if len(bound) != len(set(bound)):
@@ -835,7 +846,7 @@ def _listeners(props: Mapping[str, str]) -> tuple[tuple[Listener, ...], tuple[Li
     controller_names = {
         n.strip().upper() for n in props.get("controller.listener.names", "").split(",") if n
     }
-    _check_security_protocols(listeners, props, controller_names)
+    protocols = _security_protocols(listeners, props, controller_names)
 
     if "advertised.listeners" in props:
         source = "advertised.listeners"
@@ -857,12 +868,12 @@ def _listeners(props: Mapping[str, str]) -> tuple[tuple[Listener, ...], tuple[Li
                 f"{source}: {x} is not an address clients can reach; set advertised.listeners "
                 f"to this host's name or IP"
             )
-    return listeners, advertised
+    return listeners, advertised, protocols
 
 
-def _check_security_protocols(
+def _security_protocols(
     listeners: Iterable[Listener], props: Mapping[str, str], controller_names: set[str]
-) -> None:
+) -> dict[str, str]:
     name = "listener.security.protocol.map"
     raw = props.get(name, _COMPOSITE_KEYS[name].default)
     protocols: dict[str, str] = {}
@@ -871,6 +882,7 @@ def _check_security_protocols(
         if not sep or not listener_name.strip() or not protocol.strip():
             raise ConfigError(f"{name}: expected NAME:PROTOCOL[,...], got {raw!r}")
         protocols[listener_name.strip().upper()] = protocol.strip().upper()
+    out: dict[str, str] = {}
     for listener in listeners:
         # Kafka lets a controller listener left out of the map default to PLAINTEXT.
         mapped = protocols.get(
@@ -881,11 +893,13 @@ def _check_security_protocols(
                 f"listeners: {listener} has no security protocol; map it in {name} "
                 f"(e.g. {listener.name}:PLAINTEXT)"
             )
-        if mapped != "PLAINTEXT":
+        if mapped not in SECURITY_PROTOCOLS:
             raise ConfigError(
-                f"listeners: {listener} uses security protocol {mapped}; automq-py serves "
-                f"PLAINTEXT only"
+                f"{name}: {listener.name}:{mapped} is no security protocol; use one of "
+                f"{', '.join(SECURITY_PROTOCOLS)}"
             )
+        out[listener.name] = mapped
+    return out
 
 
 def _storage(

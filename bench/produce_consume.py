@@ -22,6 +22,9 @@ Brokers (``--brokers``, default all):
 * ``automq-s3``   automq-py (``python -m automq_py serve``) storing in a SeaweedFS ``weed mini``
                   the bench starts (``s3.data.buckets`` = its url: the real S3 path);
 * ``automq-file`` automq-py with its embedded ``file://`` object store (no ``s3.*`` settings);
+* ``automq-file-sasl-ssl`` the same serving one SASL_SSL listener (TLS from PEM files the bench
+                  makes, SASL/PLAIN): the clients authenticate and every byte is encrypted, so
+                  beside ``automq-file`` it shows what TLS costs;
 * ``tansu-mem``   Tansu 0.6.0 ``--storage-engine memory://tansu/``;
 * ``tansu-s3``    Tansu 0.6.0 ``--storage-engine s3://tansu/`` on the same SeaweedFS.
 Kafka runs from the jars ``make java`` puts in ``.java/kafka-4.4/`` (``bench/apache_kafka.py``),
@@ -192,7 +195,15 @@ JVM_WARMUP_ROUND_MIB = 64  # produced and read back per round, with the cases' s
 JVM_WARMUP_QUIET_CORES = 0.05  # the JIT's cores over a round below which the round was quiet
 JVM_WARMUP_MAX_S = 120.0
 JAVA_START_S = 60.0  # --clients java: time allowed beyond --timeout for the tool's JVM and warm-up
-BROKERS = ("kafka", "kafka-flush", "automq-s3", "automq-file", "tansu-mem", "tansu-s3")
+BROKERS = (
+    "kafka",
+    "kafka-flush",
+    "automq-s3",
+    "automq-file",
+    "automq-file-sasl-ssl",
+    "tansu-mem",
+    "tansu-s3",
+)
 CLIENTS = ("python", "java")
 # --suite: the cases every broker runs, in this order: (name, offered MB/s or None, cold)
 SUITE_RATE_MBPS = 20.0
@@ -214,6 +225,7 @@ LABELS = {
     "kafka-flush": "Kafka flush",
     "automq-s3": "automq-py S3",
     "automq-file": "automq-py file",
+    "automq-file-sasl-ssl": "automq-py file SASL_SSL",
     "tansu-mem": "Tansu mem",
     "tansu-s3": "Tansu S3",
 }
@@ -278,12 +290,69 @@ class Broker:
         every broker's logs, goes at the end of the run)."""
 
 
+# What clients of a broker serving SASL_SSL add to their settings, by its bootstrap address
+# (librdkafka's names; the Java tool's are derived from them).
+CLIENT_SECURITY: dict[str, dict[str, str]] = {}
+BENCH_USER, BENCH_PASSWORD = "bench", "bench-secret"
+
+
+def client_config(bootstrap: str) -> dict[str, Any]:
+    """``bootstrap.servers`` and, for a broker serving SASL_SSL, its security settings."""
+    return {"bootstrap.servers": bootstrap, **CLIENT_SECURITY.get(bootstrap, {})}
+
+
+def sasl_ssl_listener(data_dir: Path) -> dict[str, str]:
+    """One SASL_SSL listener on a free port, with certificates made under ``data_dir``; the
+    clients' settings are registered in CLIENT_SECURITY."""
+    from tests.support.tls import KEY_PASSWORD, make_certificates
+
+    certs = make_certificates(data_dir.parent / f"{data_dir.name}-certs")
+    port = free_port()
+    CLIENT_SECURITY[f"127.0.0.1:{port}"] = {
+        "security.protocol": "SASL_SSL",
+        "ssl.ca.location": str(certs.ca),
+        "sasl.mechanism": "PLAIN",
+        "sasl.username": BENCH_USER,
+        "sasl.password": BENCH_PASSWORD,
+    }
+    return {
+        "listeners": f"SASL_SSL://127.0.0.1:{port}",
+        "ssl.keystore.type": "PEM",
+        "ssl.keystore.location": str(certs.server),
+        "ssl.key.password": KEY_PASSWORD,
+        "sasl.enabled.mechanisms": "PLAIN",
+        "listener.name.sasl_ssl.plain.sasl.jaas.config": (
+            "org.apache.kafka.common.security.plain.PlainLoginModule required "
+            f'user_{BENCH_USER}="{BENCH_PASSWORD}";'
+        ),
+    }
+
+
+def java_security_properties(bootstrap: str) -> dict[str, str]:
+    """CLIENT_SECURITY's settings as Kafka's Java clients name them."""
+    security = CLIENT_SECURITY.get(bootstrap)
+    if security is None:
+        return {}
+    return {
+        "security.protocol": security["security.protocol"],
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": security["ssl.ca.location"],
+        "sasl.mechanism": security["sasl.mechanism"],
+        "sasl.jaas.config": (
+            "org.apache.kafka.common.security.plain.PlainLoginModule required "
+            f'username="{security["sasl.username"]}" password="{security["sasl.password"]}";'
+        ),
+    }
+
+
 class AutomqBroker(Broker):
     def __init__(
         self, name: str, data_dir: Path, s3: SeaweedFS | None, config: dict[str, str]
     ) -> None:
         self.name = name
         self.s3 = s3
+        if name.endswith("-sasl-ssl"):
+            config = {**sasl_ssl_listener(data_dir), **config}
         overrides = {
             "cluster.id": f"bench{time.monotonic_ns()}",
             # the broker's default WAL, not the test harness's (256 MiB, allocated only, to
@@ -299,6 +368,8 @@ class AutomqBroker(Broker):
             self.engine = f"S3 SeaweedFS {s3.endpoint} bucket {s3.bucket}, file WAL"
         else:
             self.engine = f"embedded file:// store under {data_dir}"
+        if name.endswith("-sasl-ssl"):
+            self.engine += "; SASL_SSL listener (TLS, SASL/PLAIN)"
         self.process = BrokerProcess(data_dir, overrides)
 
     @property
@@ -531,7 +602,7 @@ def pct(values: list[float], p: int) -> float:
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient(client_config(bootstrap))
     for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
         future.result(30)
     # Wait until the metadata shows every partition with its leader (a client's first metadata
@@ -593,7 +664,7 @@ def produce(
 
     producer = Producer(
         {
-            "bootstrap.servers": bootstrap,
+            **client_config(bootstrap),
             "acks": "all",
             "linger.ms": args.linger_ms,
             "enable.idempotence": False,
@@ -801,7 +872,7 @@ def consume(
 
     consumer = Consumer(
         {
-            "bootstrap.servers": bootstrap,
+            **client_config(bootstrap),
             "statistics.interval.ms": int(CONSUMER_STATS_INTERVAL_S * 1000),
             "stats_cb": stats,
             # confluent-kafka insists on a group.id; assign() never joins the group.
@@ -1056,7 +1127,7 @@ def run_java_case(
         args.record_size,
         args.rate_mbps * 1e6 / args.record_size if args.rate_mbps else None,
         warmup,
-        java_producer_properties(args),
+        {**java_producer_properties(args), **java_security_properties(broker.bootstrap)},
     )
     print(f"  {broker.name}: kafka-producer-perf-test p={partitions} ...", file=sys.stderr)
     cpu = cpu_use(broker)

@@ -19,10 +19,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from automq_py.apis import (
+    acls,
     cluster,
     configs,
     controller,
@@ -33,14 +35,19 @@ from automq_py.apis import (
     metadata,
     produce,
     producer,
+    quotas,
     records,
     replication,
+    sasl,
     topics,
     transactions,
 )
 from automq_py.apis.context import BrokerContext
 from automq_py.apis.deferred import Deferred, PendingResponse
 from automq_py.errors import describe, kafka_error
+from automq_py.security.quotas import REQUEST as REQUEST_QUOTA
+from automq_py.security.quotas import ClientQuotas
+from automq_py.security.session import SESSION, THROTTLE_MS
 from protocol import api_versions, build, wire
 from protocol.api_keys import ApiKey
 from protocol.messages import Request, encode_response, request_schema, response_schema
@@ -66,6 +73,9 @@ MODULES = (
     groups,
     transactions,
     controller,
+    sasl,
+    acls,
+    quotas,
 )
 
 
@@ -98,6 +108,9 @@ class KafkaApis:
         response still to come when the handler deferred the rest of its work
         (:class:`Deferred`)."""
         handler, _, _ = self.table[request.api_key]
+        quotas = self.ctx.quotas if self.ctx is not None else None
+        if quotas is not None and quotas.any:
+            return await self._handle_timed(request, quotas)
         try:
             result = await handler(self.ctx, request)
             if isinstance(result, Deferred):
@@ -106,6 +119,30 @@ class KafkaApis:
         except Exception as e:
             # Kafka's handleError: the request is answered with the error, the connection stays
             return self.error_response(request, e)
+
+    async def _handle_timed(
+        self, request: Request, quotas: ClientQuotas
+    ) -> list[wire.Buffer] | PendingResponse | None:
+        """:meth:`handle`, its time recorded against the client's request quota, if it has
+        one (the throttle is the longer of that and its byte quota's)."""
+        started = time.perf_counter()
+        handler, _, _ = self.table[request.api_key]
+        out: list[wire.Buffer] | PendingResponse | None
+        try:
+            result = await handler(self.ctx, request)
+            if isinstance(result, Deferred):
+                out = self._finish(request, result)
+            else:
+                out = self._encode(request, result)
+        except Exception as e:
+            out = self.error_response(request, e)
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        throttle = quotas.record(
+            REQUEST_QUOTA, SESSION.get().user, request.header.client_id or "", elapsed_ms
+        )
+        if throttle > THROTTLE_MS.get():
+            THROTTLE_MS.set(throttle)
+        return out
 
     def _finish(self, request: Request, deferred: Deferred[Any]) -> PendingResponse:
         def make() -> list[wire.Buffer] | None:

@@ -13,6 +13,11 @@ and handed to the partitions already open, so ``max.message.bytes``, ``segment.b
 The broker resource lists every broker property, read-only: automq-py reads its configuration
 once at start and keeps no dynamic broker configs, so altering one is refused as Kafka refuses
 a static config (INVALID_REQUEST).
+
+Authorization is Kafka's (``ConfigHelper``, ``ControllerApis.authorizeAlterResource``): a topic
+needs DESCRIBE_CONFIGS (ALTER_CONFIGS to alter) on the topic, a group on the group, a broker,
+broker logger or client metrics resource on the cluster; a refused resource is answered
+TOPIC_, GROUP_ or CLUSTER_AUTHORIZATION_FAILED and the others are served.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from automq_py.coordinator.group_configs import KEYS as GROUP_CONFIG_KEYS
 from automq_py.coordinator.group_configs import GroupConfigs
 from automq_py.dynamic_config import RECONFIGURABLE, ReadOnlyConfigError
 from automq_py.log.log_config import LogConfig
+from automq_py.security.acls import CLUSTER_NAME, AclOperation
+from automq_py.security.acls import ResourceType as AclResource
 from automq_py.topic_config import ConfigSource, ConfigSynonym, effective_topic_config
 from automq_py.topics import TopicInfo
 from protocol import build
@@ -40,6 +47,8 @@ from storage.config_def import ConfigError, ConfigType, split_list
 class ResourceType(IntEnum):
     TOPIC = 2
     BROKER = 4
+    BROKER_LOGGER = 8
+    CLIENT_METRICS = 16
     GROUP = 32
 
 
@@ -56,6 +65,44 @@ class ConfigRequestError(Exception):
     def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+# -- authorization -----------------------------------------------------------------------------
+
+# a config resource type -> the ACL resource checked, and the error (with Kafka's message) of a
+# refusal; the broker's own resources are the cluster's
+_ACL_RESOURCES: dict[int, tuple[AclResource, ErrorCode, str]] = {
+    ResourceType.TOPIC: (
+        AclResource.TOPIC,
+        ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+        "Topic authorization failed.",
+    ),
+    ResourceType.GROUP: (
+        AclResource.GROUP,
+        ErrorCode.GROUP_AUTHORIZATION_FAILED,
+        "Group authorization failed.",
+    ),
+    **{
+        kind: (
+            AclResource.CLUSTER,
+            ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+            "Cluster authorization failed.",
+        )
+        for kind in (ResourceType.BROKER, ResourceType.BROKER_LOGGER, ResourceType.CLIENT_METRICS)
+    },
+}
+
+
+def _authorize(ctx: BrokerContext, operation: AclOperation, kind: int, name: str) -> None:
+    """Refuse (ConfigRequestError) a resource the session may not do ``operation`` on; a
+    resource type with no ACL resource is left to the handler (INVALID_REQUEST)."""
+    found = _ACL_RESOURCES.get(kind)
+    if found is None:
+        return
+    acl_resource, code, message = found
+    acl_name = CLUSTER_NAME if acl_resource == AclResource.CLUSTER else name
+    if not ctx.allowed(operation, acl_resource, acl_name):
+        raise ConfigRequestError(code, message)
 
 
 # -- DescribeConfigs ---------------------------------------------------------------------------
@@ -78,6 +125,7 @@ async def handle_describe_configs(ctx: BrokerContext, request: Request) -> Any:
             "configs": [],
         }
         try:
+            _authorize(ctx, AclOperation.DESCRIBE_CONFIGS, kind, name)
             if kind == ResourceType.TOPIC:
                 configs = describe_topic(ctx, _topic(ctx, name), synonyms, documentation)
             elif kind == ResourceType.BROKER:
@@ -145,17 +193,17 @@ def describe_broker(
         if name == "":
             chain = [c for c in chain if c.source == ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG]
         if sensitive:
-            chain = [ConfigSynonym(c.name, shown[prop], c.source) for c in chain]
+            # as Kafka: a secret's value is never sent, only that there is one
+            chain = [ConfigSynonym(c.name, None, c.source) for c in chain]
         key = keys.get(prop)
         # a property automq-py does not read is shown as the text it was given
         config_type, doc = (key.type, key.doc or None) if key else (ConfigType.STRING, None)
         out.append(
             {
                 "name": prop,
-                "value": shown[prop] if sensitive else value,
+                "value": None if sensitive else value,
                 "read_only": prop not in RECONFIGURABLE,
                 "config_source": chain[0].source if chain else ConfigSource.DEFAULT_CONFIG,
-                # the redacted form is still shown: the rest of a url (endpoint, bucket) helps
                 "is_sensitive": sensitive,
                 "synonyms": _synonyms(chain) if synonyms else [],
                 "config_type": config_type,
@@ -237,6 +285,7 @@ async def _alter(
         kind, name = int(r.resource_type), str(r.resource_name)
         entry = _alter_entry(kind, name)
         try:
+            _authorize(ctx, AclOperation.ALTER_CONFIGS, kind, name)
             names = [str(c.name) for c in r.configs]
             _check_unique(names)
             if kind == ResourceType.TOPIC:

@@ -14,6 +14,10 @@ from automq_py.dynamic_config import DynamicBrokerConfig
 from automq_py.metadata_cache import ClusterMetadataCache, Leadership
 from automq_py.partition import Partition
 from automq_py.replica_manager import ReplicaManager
+from automq_py.security.access import AccessControl
+from automq_py.security.acls import CLUSTER_NAME, AclOperation, ResourceType
+from automq_py.security.quotas import ClientQuotas
+from automq_py.security.session import SESSION
 from automq_py.topic_config import ConfigLayers
 from automq_py.topics import TopicError, TopicInfo, TopicRegistry
 from protocol import build
@@ -29,7 +33,7 @@ CLIENT_HOST: ContextVar[str] = ContextVar("client_host", default="")
 class BrokerContext:
     node_id: int
     cluster_id: str
-    host: str  # advertised
+    host: str  # advertised, on the first listener
     port: int
     topics: TopicRegistry
     replicas: ReplicaManager
@@ -43,6 +47,12 @@ class BrokerContext:
     dynamic_config: DynamicBrokerConfig | None = None
     # consumer groups' own configs (AlterConfigs on a group resource), once the broker runs
     group_configs: GroupConfigs | None = None
+    # ACLs and the authorizer (None: everything is allowed)
+    access: AccessControl | None = None
+    # client quotas (None: none are enforced)
+    quotas: ClientQuotas | None = None
+    # each listener's advertised address (a client is told of the brokers on its listener)
+    advertised: dict[str, tuple[str, int]] = field(default_factory=dict)
     # Metadata responses already encoded, for requests asking the same of the same state
     metadata_responses: dict[tuple[Any, ...], EncodedBody] = field(default_factory=dict)
 
@@ -89,15 +99,47 @@ class BrokerContext:
             return self.node_id
         return elected
 
+    def allowed(self, operation: AclOperation, resource_type: ResourceType, name: str) -> bool:
+        """Whether the session being served may do ``operation`` on the resource (always,
+        with no authorizer)."""
+        access = self.access
+        return (
+            access is None or not access.enabled or access.authorize(operation, resource_type, name)
+        )
+
+    def allowed_on_cluster(self, operation: AclOperation) -> bool:
+        """Whether the session may do ``operation`` on the cluster resource."""
+        return self.allowed(operation, ResourceType.CLUSTER, CLUSTER_NAME)
+
+    def allowed_on_some(self, operation: AclOperation, resource_type: ResourceType) -> bool:
+        """Whether the session may do ``operation`` on some resource of the type (KIP-679)."""
+        access = self.access
+        return (
+            access is None or not access.enabled or access.authorize_any(operation, resource_type)
+        )
+
+    def own_address(self) -> tuple[str, int]:
+        """Where the client being served reaches this broker: on its listener's advertised
+        address."""
+        return self.advertised.get(SESSION.get().listener, (self.host, self.port))
+
     def broker_entries(self) -> list[dict[str, object]]:
-        """The brokers clients may connect to (Metadata's and DescribeCluster's list)."""
+        """The brokers clients may connect to (Metadata's and DescribeCluster's list), at
+        their addresses on the listener the client came through; a broker without that
+        listener is left out, as Kafka does."""
         cluster = self.cluster
         if cluster is None:
-            return [{"node_id": self.node_id, "host": self.host, "port": self.port, "rack": None}]
-        return [
-            {"node_id": b.node_id, "host": b.host, "port": b.port, "rack": b.rack}
-            for b in cluster.live_brokers()
-        ]
+            host, port = self.own_address()
+            return [{"node_id": self.node_id, "host": host, "port": port, "rack": None}]
+        listener = SESSION.get().listener
+        out: list[dict[str, object]] = []
+        for b in cluster.live_brokers():
+            endpoint = b.endpoint(listener)
+            if endpoint is not None:
+                out.append(
+                    {"node_id": b.node_id, "host": endpoint[0], "port": endpoint[1], "rack": b.rack}
+                )
+        return out
 
     def broker_entry(self, node_id: int) -> dict[str, object] | None:
         """How to reach broker ``node_id`` (None: not a live broker)."""

@@ -21,6 +21,9 @@ key    API                     what it does
                                with the reason, e.g. the segments changed meanwhile)
 =====  ======================  ==============================================================
 
+They are what brokers and their maintenance jobs send: each needs CLUSTER_ACTION on the cluster
+(CLUSTER_AUTHORIZATION_FAILED), as Kafka's inter-broker APIs do.
+
 Errors are answered, never raised to the network layer: a refused metadata operation
 (``MetadataError``) answers its AutoMQ code (501-512, 599) as ``error_code``, a malformed
 request (``ValueError`` from ``storage.metadata.control``) INVALID_REQUEST, anything else
@@ -43,6 +46,7 @@ from automq_py.log.elastic_log import (
     meta_stream_key,
 )
 from automq_py.log.txn_index import AbortedTxn
+from automq_py.security.acls import AclOperation
 from automq_py.topics import TopicInfo
 from protocol import extensions as ext
 from protocol import wire
@@ -76,7 +80,10 @@ def _handler(api_key: int, answer: Answer) -> Callable[[BrokerContext, Request],
     async def handle(ctx: BrokerContext, request: Request) -> list[wire.Buffer]:
         version, correlation_id = request.api_version, request.correlation_id
         try:
-            body = await answer(ctx, request.body, version)
+            if ctx.allowed_on_cluster(AclOperation.CLUSTER_ACTION):
+                body = await answer(ctx, request.body, version)
+            else:
+                body = {"error_code": ErrorCode.CLUSTER_AUTHORIZATION_FAILED}
         except MetadataError as e:
             log.info("%s refused: %s", name, e)
             body = {"error_code": int(e.code)}

@@ -4,6 +4,11 @@ Fetch hands the partitions asked for to the ReplicaManager, which reads them and
 than ``min_bytes`` came back, waits on them for new data (or ``max_wait``): Kafka's delayed
 fetch. Record batches are handed to the transport as the buffers the log returned, not
 re-encoded.
+
+Authorization is Kafka's (``KafkaApis.handleFetchRequest``, ``handleListOffsetRequest``): a
+consumer's fetch needs READ on each topic and a follower's (``replica_id`` >= 0) CLUSTER_ACTION
+on the cluster, a refused partition answering TOPIC_AUTHORIZATION_FAILED (and left out of the
+read, so the others still wait for data); ListOffsets needs DESCRIBE on each topic.
 """
 
 from __future__ import annotations
@@ -14,7 +19,10 @@ from automq_py.apis.context import BrokerContext
 from automq_py.errors import partition_failed
 from automq_py.log.elastic_log import LogOffsetOutOfRangeError
 from automq_py.partition import Partition
-from automq_py.replica_manager import FetchEntry
+from automq_py.replica_manager import FetchData, FetchEntry
+from automq_py.security.acls import AclOperation, ResourceType
+from automq_py.security.quotas import FETCH as FETCH_QUOTA
+from automq_py.security.session import SESSION, THROTTLE_MS
 from protocol import build, record_batch, wire
 from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
@@ -36,6 +44,8 @@ EARLIEST_LOCAL = -4  # v8+ (KIP-405): the first offset held locally, not in remo
 LATEST_TIERED = -5  # v9+ (KIP-1005): the last offset in remote storage
 READ_COMMITTED = 1  # isolation_level of Fetch v4+ and ListOffsets v2+
 
+READ, CLUSTER_ACTION, TOPIC = AclOperation.READ, AclOperation.CLUSTER_ACTION, ResourceType.TOPIC
+
 
 async def handle_fetch(ctx: BrokerContext, request: Request) -> Any:
     body = request.body
@@ -45,6 +55,13 @@ async def handle_fetch(ctx: BrokerContext, request: Request) -> Any:
         else (body.max_wait / 1000)
     )
     max_bytes = int(getattr(body, "max_bytes", 0x7FFFFFFF)) or 0x7FFFFFFF
+    access = ctx.access
+    secured = access is not None and access.enabled
+    # a follower's fetch needs CLUSTER_ACTION (None: a consumer's, which needs READ per topic)
+    follower_allowed = (
+        ctx.allowed_on_cluster(CLUSTER_ACTION) if secured and _from_follower(body) else None
+    )
+    refused = False
     names: list[str] = []
     entries: list[FetchEntry] = []
     for t in body.topics:
@@ -57,19 +74,33 @@ async def handle_fetch(ctx: BrokerContext, request: Request) -> Any:
         missing = (
             ErrorCode.UNKNOWN_TOPIC_ID if name is None else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         )
+        if secured and _refused_topic(ctx, info, name, follower_allowed):
+            # Kafka answers for these without reading: the others' fetch still waits for data
+            info, missing, refused = None, ErrorCode.TOPIC_AUTHORIZATION_FAILED, True
         for p in t.partitions:
             entries.append(
                 FetchEntry(
                     info, int(p.partition), int(p.fetch_offset), int(p.partition_max_bytes), missing
                 )
             )
-    results = await ctx.replicas.fetch_messages(
-        entries,
-        max_bytes=max_bytes,
-        min_bytes=max(0, int(body.min_bytes)),
-        max_wait_s=max_wait,
-        read_committed=int(getattr(body, "isolation_level", 0)) == READ_COMMITTED,
-    )
+    read = entries
+    if refused:  # only the allowed partitions are read (Kafka's "interesting" ones)
+        read = [e for e in entries if e.error != ErrorCode.TOPIC_AUTHORIZATION_FAILED]
+    results: list[FetchData] = []
+    if read or not refused:
+        results = await ctx.replicas.fetch_messages(
+            read,
+            max_bytes=max_bytes,
+            min_bytes=max(0, int(body.min_bytes)),
+            max_wait_s=max_wait,
+            read_committed=int(getattr(body, "isolation_level", 0)) == READ_COMMITTED,
+        )
+    if refused:
+        done = iter(results)
+        results = [
+            FetchData(e.error) if e.error == ErrorCode.TOPIC_AUTHORIZATION_FAILED else next(done)
+            for e in entries
+        ]
     topics: list[FetchTopicResult] = []
     i = 0
     for t, name in zip(body.topics, names, strict=True):
@@ -98,13 +129,54 @@ async def handle_fetch(ctx: BrokerContext, request: Request) -> Any:
                 name=name, partitions=parts, topic_id=info.topic_id if info else topic_id
             )
         )
+    throttle = _throttle(ctx, request, results)
+    if throttle:
+        # Kafka: a fetch that would take the client over its quota is answered empty, its
+        # bytes not counted, and the client waits the throttle time before it asks again
+        return encode_fetch_response(
+            request.api_version, request.correlation_id, [], throttle_time_ms=throttle
+        )
     return encode_fetch_response(request.api_version, request.correlation_id, topics, session_id=0)
+
+
+def _throttle(ctx: BrokerContext, request: Request, results: list[FetchData]) -> int:
+    """Record the response's bytes against a consumer's fetch quota, if it has one: the time
+    it is throttled for (0: the response goes out)."""
+    quotas = ctx.quotas
+    if quotas is None or not quotas.any or _from_follower(request.body):
+        return 0
+    size = sum(sum(len(b) for b in r.records) for r in results if r.records)
+    user, client_id = SESSION.get().user, request.header.client_id or ""
+    throttle = quotas.record(FETCH_QUOTA, user, client_id, size)
+    if throttle:
+        quotas.record(FETCH_QUOTA, user, client_id, -size)
+        THROTTLE_MS.set(throttle)
+    return throttle
+
+
+def _from_follower(body: Any) -> bool:
+    """Whether a Fetch comes from a follower replica (a broker id, not a consumer's -1)."""
+    state = getattr(body, "replica_state", None)  # v15+ (KIP-903)
+    replica_id = state.replica_id if state is not None else getattr(body, "replica_id", -1)
+    return int(replica_id) >= 0
+
+
+def _refused_topic(ctx: BrokerContext, info: Any, name: Any, follower_allowed: bool | None) -> bool:
+    """Whether a fetched topic is answered TOPIC_AUTHORIZATION_FAILED: every one of a follower
+    without CLUSTER_ACTION, and those a consumer may not READ. A consumer's unknown topic id
+    stays UNKNOWN_TOPIC_ID (Kafka checks it first: it names no topic to authorize)."""
+    if follower_allowed is not None:
+        return not follower_allowed
+    if name is None and info is None:
+        return False
+    return not ctx.allowed(READ, TOPIC, str(name or info.name))
 
 
 async def handle_list_offsets(ctx: BrokerContext, request: Request) -> Any:
     out = []
     for t in request.body.topics:
         info = ctx.topics.get(str(t.name))
+        allowed = ctx.allowed(AclOperation.DESCRIBE, TOPIC, str(t.name))
         parts = []
         for p in t.partitions:
             index = int(p.partition_index)
@@ -115,6 +187,10 @@ async def handle_list_offsets(ctx: BrokerContext, request: Request) -> Any:
                 "leader_epoch": -1,
                 "error_code": ErrorCode.NONE,
             }
+            if not allowed:
+                entry["error_code"] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                parts.append(entry)
+                continue
             if info is None or not 0 <= index < info.partitions:
                 entry["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                 parts.append(entry)

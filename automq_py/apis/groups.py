@@ -6,16 +6,21 @@ Admin: ListGroups (16), DescribeGroups (15), DeleteGroups (42).
 Consumer protocol (KIP-848): ConsumerGroupHeartbeat (68), ConsumerGroupDescribe (69).
 
 Handlers translate the wire messages to coordinator calls and back; every rule lives in the
-coordinator.
+coordinator. Before that they check Kafka's ACLs (``KafkaApis``): a member's requests need READ
+on the group (OffsetCommit also READ on each topic), OffsetFetch, DescribeGroups and
+ConsumerGroupDescribe DESCRIBE on the group (only the topics the session may DESCRIBE are
+shown), DeleteGroups and OffsetDelete DELETE on the group, ListGroups lists every group to a
+session with DESCRIBE on the cluster and otherwise those it may DESCRIBE.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from automq_py.apis.context import CLIENT_HOST, BrokerContext, respond
+from automq_py.apis.metadata import AUTHORIZED_OPERATIONS_OMITTED, authorized_operations
 from automq_py.coordinator.classic_group import ClassicGroup, ClassicState, JoinResult
 from automq_py.coordinator.consumer_group import ConsumerGroup, HeartbeatRequest, Partitions
 from automq_py.coordinator.group_coordinator import (
@@ -24,17 +29,36 @@ from automq_py.coordinator.group_coordinator import (
     JoinRequest,
     OffsetCommit,
 )
+from automq_py.coordinator.records import OffsetValue
+from automq_py.security.acls import AclOperation, ResourceType
 from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
 from protocol.messages import Request
 
 # DescribeGroups' "not requested" value of authorized operations
-NO_OPERATIONS = -2147483648
+NO_OPERATIONS = AUTHORIZED_OPERATIONS_OMITTED
+READ, DESCRIBE, DELETE = AclOperation.READ, AclOperation.DESCRIBE, AclOperation.DELETE
+GROUP, TOPIC = ResourceType.GROUP, ResourceType.TOPIC
+GROUP_REFUSED = ErrorCode.GROUP_AUTHORIZATION_FAILED
+TOPIC_REFUSED = ErrorCode.TOPIC_AUTHORIZATION_FAILED
 
 
 def _coordinator(ctx: BrokerContext) -> GroupCoordinator:
     assert ctx.groups is not None, "the broker starts its group coordinator before serving"
     return ctx.groups
+
+
+def _authorized(
+    ctx: BrokerContext, operation: AclOperation, resource_type: ResourceType, names: Iterable[str]
+) -> set[str]:
+    """Those of ``names`` the session may do ``operation`` on (Kafka's filterByAuthorized)."""
+    return {n for n in set(names) if ctx.allowed(operation, resource_type, n)}
+
+
+def _refused(request: Request, code: ErrorCode, **fields: Any) -> Any:
+    """A group API's error response: ``code`` at the top, ``fields`` as Kafka's
+    ``getErrorResponse`` sets them, the rest at their defaults."""
+    return respond(request, {"throttle_time": 0, "error_code": code, **fields})
 
 
 def _millis(value: Any) -> int:
@@ -50,6 +74,10 @@ def _millis(value: Any) -> int:
 async def handle_join_group(ctx: BrokerContext, request: Request) -> Any:
     body = request.body
     version = request.api_version
+    if not ctx.allowed(READ, GROUP, str(body.group_id)):
+        return _refused(
+            request, GROUP_REFUSED, generation_id=-1, leader="", member_id="", members=[]
+        )
     session = _millis(body.session_timeout)
     rebalance = _millis(getattr(body, "rebalance_timeout", session))
     join = JoinRequest(
@@ -87,6 +115,8 @@ async def handle_join_group(ctx: BrokerContext, request: Request) -> Any:
 
 async def handle_sync_group(ctx: BrokerContext, request: Request) -> Any:
     body = request.body
+    if not ctx.allowed(READ, GROUP, str(body.group_id)):
+        return _refused(request, GROUP_REFUSED, assignment=b"")
     assignments = {str(a.member_id): bytes(a.assignment) for a in body.assignments}
     result = await _coordinator(ctx).sync_group(
         str(body.group_id),
@@ -111,6 +141,8 @@ async def handle_sync_group(ctx: BrokerContext, request: Request) -> Any:
 
 async def handle_heartbeat(ctx: BrokerContext, request: Request) -> Any:
     body = request.body
+    if not ctx.allowed(READ, GROUP, str(body.group_id)):
+        return _refused(request, GROUP_REFUSED)
     error = await _coordinator(ctx).heartbeat(
         str(body.group_id),
         int(body.generation_id),
@@ -122,6 +154,8 @@ async def handle_heartbeat(ctx: BrokerContext, request: Request) -> Any:
 
 async def handle_leave_group(ctx: BrokerContext, request: Request) -> Any:
     body = request.body
+    if not ctx.allowed(READ, GROUP, str(body.group_id)):
+        return _refused(request, GROUP_REFUSED, members=[])
     if request.api_version < 3:
         leaving: list[tuple[str, str | None]] = [(str(body.member_id), None)]
     else:
@@ -149,6 +183,7 @@ async def handle_leave_group(ctx: BrokerContext, request: Request) -> Any:
 
 async def handle_offset_commit(ctx: BrokerContext, request: Request) -> Any:
     body = request.body
+    group_id = str(body.group_id)
     retention = getattr(body, "retention_time", None)
     retention_ms = -1 if retention is None else _millis(retention)
     commits = [
@@ -163,14 +198,26 @@ async def handle_offset_commit(ctx: BrokerContext, request: Request) -> Any:
         for t in body.topics
         for p in t.partitions
     ]
-    errors = await _coordinator(ctx).commit_offsets(
-        str(body.group_id),
-        int(body.generation_id_or_member_epoch),
-        str(body.member_id),
-        getattr(body, "group_instance_id", None),
-        commits,
-        request.api_version,
-    )
+    errors: list[ErrorCode]
+    if not ctx.allowed(READ, GROUP, group_id):
+        errors = [GROUP_REFUSED] * len(commits)
+    else:
+        readable = _authorized(ctx, READ, TOPIC, (c.topic for c in commits))
+        allowed = [c for c in commits if c.topic in readable]
+        # as in Kafka, with no topic left the group is not asked at all
+        done = iter(
+            await _coordinator(ctx).commit_offsets(
+                group_id,
+                int(body.generation_id_or_member_epoch),
+                str(body.member_id),
+                getattr(body, "group_instance_id", None),
+                allowed,
+                request.api_version,
+            )
+            if allowed
+            else []
+        )
+        errors = [next(done) if c.topic in readable else TOPIC_REFUSED for c in commits]
     by_topic: dict[str, list[dict[str, Any]]] = {}
     for commit, error in zip(commits, errors, strict=True):
         by_topic.setdefault(commit.topic, []).append(
@@ -186,22 +233,39 @@ async def handle_offset_commit(ctx: BrokerContext, request: Request) -> Any:
 
 
 async def _fetch_group(
-    coordinator: GroupCoordinator,
+    ctx: BrokerContext,
     group_id: str,
     topics: Sequence[Any] | None,
     member_id: str | None,
     member_epoch: int,
     require_stable: bool = False,
 ) -> dict[str, Any]:
+    """One group's OffsetFetch answer. Offsets of topics the session may not DESCRIBE are
+    not shown: left out of an answer about every topic, TOPIC_AUTHORIZATION_FAILED when asked
+    for."""
+    coordinator = _coordinator(ctx)
     wanted = (
         None
         if topics is None
         else [(str(t.name), int(i)) for t in topics for i in t.partition_indexes]
     )
-    error, found = await coordinator.fetch_offsets(group_id, wanted, member_id, member_epoch)
+    refused: list[tuple[str, int]] = []
+    found: list[tuple[tuple[str, int], OffsetValue | None]] = []
+    if not ctx.allowed(DESCRIBE, GROUP, group_id):
+        error = GROUP_REFUSED
+    else:
+        if wanted is not None:
+            describable = _authorized(ctx, DESCRIBE, TOPIC, (tp[0] for tp in wanted))
+            refused = [tp for tp in wanted if tp[0] not in describable]
+            wanted = [tp for tp in wanted if tp[0] in describable]
+        error, found = await coordinator.fetch_offsets(group_id, wanted, member_id, member_epoch)
+        if wanted is None and error == ErrorCode.NONE:
+            describable = _authorized(ctx, DESCRIBE, TOPIC, (tp[0] for tp, _ in found))
+            found = [(tp, value) for tp, value in found if tp[0] in describable]
     if error != ErrorCode.NONE:
         # partitions carry the error too, for versions without a group-level error code
         found = [(tp, None) for tp in wanted or []]
+        refused = []
     # require_stable (v7+, KIP-447): an offset a transaction has not decided yet is unstable
     unstable = coordinator.pending_partitions(group_id) if require_stable else set()
     by_topic: dict[str, list[dict[str, Any]]] = {}
@@ -219,6 +283,14 @@ async def _fetch_group(
                 "error_code": partition_error,
             }
         )
+    for topic, partition in refused:
+        by_topic.setdefault(topic, []).append(
+            {
+                "partition_index": partition,
+                "committed_offset": NO_OFFSET,
+                "error_code": TOPIC_REFUSED,
+            }
+        )
     return {
         "group_id": group_id,
         "error_code": error,
@@ -228,19 +300,16 @@ async def _fetch_group(
 
 async def handle_offset_fetch(ctx: BrokerContext, request: Request) -> Any:
     body = request.body
-    coordinator = _coordinator(ctx)
     require_stable = bool(getattr(body, "require_stable", False))
     if request.api_version < 8:
-        group = await _fetch_group(
-            coordinator, str(body.group_id), body.topics, None, -1, require_stable
-        )
+        group = await _fetch_group(ctx, str(body.group_id), body.topics, None, -1, require_stable)
         return respond(
             request,
             {"throttle_time": 0, "error_code": group["error_code"], "topics": group["topics"]},
         )
     groups = [
         await _fetch_group(
-            coordinator,
+            ctx,
             str(g.group_id),
             g.topics,
             getattr(g, "member_id", None),
@@ -254,11 +323,19 @@ async def handle_offset_fetch(ctx: BrokerContext, request: Request) -> Any:
 
 async def handle_offset_delete(ctx: BrokerContext, request: Request) -> Any:
     body = request.body
+    group_id = str(body.group_id)
+    if not ctx.allowed(DELETE, GROUP, group_id):
+        return _refused(request, GROUP_REFUSED, topics=[])
     wanted = [(str(t.name), int(p.partition_index)) for t in body.topics for p in t.partitions]
-    error, per_partition = await _coordinator(ctx).delete_offsets(str(body.group_id), wanted)
+    readable = _authorized(ctx, READ, TOPIC, (tp[0] for tp in wanted))
+    allowed = [tp for tp in wanted if tp[0] in readable]
+    error, per_partition = await _coordinator(ctx).delete_offsets(group_id, allowed)
     by_topic: dict[str, list[dict[str, Any]]] = {}
-    for (topic, partition), e in zip(wanted, per_partition, strict=False):
-        by_topic.setdefault(topic, []).append({"partition_index": partition, "error_code": e})
+    if error == ErrorCode.NONE:  # a group error is the whole answer, as in Kafka
+        done = iter(per_partition)
+        for topic, partition in wanted:
+            e = next(done) if topic in readable else TOPIC_REFUSED
+            by_topic.setdefault(topic, []).append({"partition_index": partition, "error_code": e})
     return respond(
         request,
         {
@@ -277,6 +354,8 @@ async def handle_list_groups(ctx: BrokerContext, request: Request) -> Any:
     error, groups = await _coordinator(ctx).list_groups(
         getattr(body, "states_filter", ()), getattr(body, "types_filter", ())
     )
+    if not ctx.allowed_on_cluster(DESCRIBE):
+        groups = [g for g in groups if ctx.allowed(DESCRIBE, GROUP, g.group_id)]
     return respond(
         request,
         {
@@ -321,8 +400,12 @@ def _describe_classic(group_id: str, group: ClassicGroup) -> dict[str, Any]:
 
 async def handle_describe_groups(ctx: BrokerContext, request: Request) -> Any:
     coordinator = _coordinator(ctx)
+    operations = request.api_version >= 3 and bool(request.body.include_authorized_operations)
     out = []
     for group_id in request.body.groups:
+        if not ctx.allowed(DESCRIBE, GROUP, str(group_id)):
+            out.append({"error_code": GROUP_REFUSED, "group_id": group_id, "group_state": ""})
+            continue
         error, group = await coordinator.describe_group(str(group_id))
         if error != ErrorCode.NONE:
             out.append({"error_code": error, "group_id": group_id, "group_state": ""})
@@ -358,12 +441,17 @@ async def handle_describe_groups(ctx: BrokerContext, request: Request) -> Any:
                     "authorized_operations": NO_OPERATIONS,
                 }
             )
+        if operations and out[-1]["error_code"] == ErrorCode.NONE:
+            out[-1]["authorized_operations"] = authorized_operations(ctx, GROUP, str(group_id))
     return respond(request, {"throttle_time": 0, "groups": out})
 
 
 async def handle_delete_groups(ctx: BrokerContext, request: Request) -> Any:
     names = [str(g) for g in request.body.groups_names]
-    errors = await _coordinator(ctx).delete_groups(names)
+    deletable = _authorized(ctx, DELETE, GROUP, names)
+    allowed = [g for g in names if g in deletable]
+    done = iter(await _coordinator(ctx).delete_groups(allowed) if allowed else [])
+    errors = [next(done) if g in deletable else GROUP_REFUSED for g in names]
     return respond(
         request,
         {
@@ -392,6 +480,12 @@ async def handle_consumer_group_heartbeat(ctx: BrokerContext, request: Request) 
     body = request.body
     coordinator = _coordinator(ctx)
     group_id = str(body.group_id)
+    if not ctx.allowed(READ, GROUP, group_id):
+        return _refused(request, GROUP_REFUSED)
+    subscribed = {str(n) for n in getattr(body, "subscribed_topic_names", None) or ()}
+    if subscribed and _authorized(ctx, DESCRIBE, TOPIC, subscribed) != subscribed:
+        # Kafka 4.0 (KAFKA-18813): a subscription naming a topic the member may not DESCRIBE
+        return _refused(request, TOPIC_REFUSED)
     error, group = await coordinator.consumer_group(group_id)
     config = coordinator.config
     # the group's own settings (kafka-configs --entity-type groups) over the broker's
@@ -494,8 +588,12 @@ def _assignment_entry(group: ConsumerGroup, partitions: Partitions) -> dict[str,
 
 async def handle_consumer_group_describe(ctx: BrokerContext, request: Request) -> Any:
     coordinator = _coordinator(ctx)
+    operations = bool(request.body.include_authorized_operations)
     out = []
     for group_id in request.body.group_ids:
+        if not ctx.allowed(DESCRIBE, GROUP, str(group_id)):
+            out.append({"error_code": GROUP_REFUSED, "group_id": group_id})
+            continue
         error, group = await coordinator.describe_group(str(group_id))
         if error == ErrorCode.NONE and not isinstance(group, ConsumerGroup):
             error = ErrorCode.GROUP_ID_NOT_FOUND
@@ -509,6 +607,16 @@ async def handle_consumer_group_describe(ctx: BrokerContext, request: Request) -
                     "group_id": group_id,
                     "group_state": ClassicState.DEAD.value,
                     "authorized_operations": NO_OPERATIONS,
+                }
+            )
+            continue
+        if not _may_see_topics(ctx, group):
+            out.append(
+                {
+                    "error_code": TOPIC_REFUSED,
+                    "error_message": "The group has described topic(s) that the client is not "
+                    "authorized to describe.",
+                    "group_id": group_id,
                 }
             )
             continue
@@ -537,10 +645,26 @@ async def handle_consumer_group_describe(ctx: BrokerContext, request: Request) -
                     }
                     for m in group.members.values()
                 ],
-                "authorized_operations": NO_OPERATIONS,
+                "authorized_operations": authorized_operations(ctx, GROUP, str(group_id))
+                if operations
+                else NO_OPERATIONS,
             }
         )
     return respond(request, {"throttle_time": 0, "groups": out})
+
+
+def _may_see_topics(ctx: BrokerContext, group: ConsumerGroup) -> bool:
+    """Whether the session may DESCRIBE every topic the group's members are assigned or are
+    to be (Kafka 4.0, KAFKA-18813: otherwise the group is not described)."""
+    names = group.topic_names()
+    assigned = {
+        names[topic_id]
+        for m in group.members.values()
+        for partitions in (m.assigned, group.target.get(m.member_id, {}))
+        for topic_id in partitions
+        if topic_id in names  # a deleted topic names nothing to authorize
+    }
+    return _authorized(ctx, DESCRIBE, TOPIC, assigned) == assigned
 
 
 # Kafka 3.9's maxima but one: ConsumerGroupHeartbeat v1 (Kafka 4.0: regex subscriptions and

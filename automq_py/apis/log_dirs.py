@@ -8,6 +8,9 @@ the WAL's (``s3.wal.path``), its absolute path as the name; v4's total and usabl
 volume's. Every partition is led here, so no log end offset is behind the high watermark
 (offset lag 0) and no log is a future log.
 
+Without DESCRIBE on the cluster the answer describes no directory: CLUSTER_AUTHORIZATION_FAILED
+at the top from v3 (the first version with that field), an empty list before, as Kafka answers.
+
 v0-v4, Kafka 3.9's versions. v0 is v1's message (KIP-219 only changed when a throttled answer
 is sent); kio has no schema for it (Kafka 4 dropped it, KIP-896), so it is read and written
 with v1's (``protocol.schemas``).
@@ -18,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from automq_py.apis.context import BrokerContext
+from automq_py.security.acls import AclOperation
 from automq_py.topics import TopicInfo
 from protocol import build
 from protocol.api_keys import ApiKey
@@ -26,6 +30,15 @@ from protocol.messages import Request, response_schema
 
 
 async def handle_describe_log_dirs(ctx: BrokerContext, request: Request) -> Any:
+    if not ctx.allowed_on_cluster(AclOperation.DESCRIBE):
+        return build.build(
+            response_schema(ApiKey.DESCRIBE_LOG_DIRS, request.api_version),
+            {
+                "throttle_time": 0,
+                "error_code": ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+                "results": [],
+            },
+        )
     wanted = logs_asked_for(ctx, request.body.topics)
     info = await ctx.replicas.describe_log_dir(wanted)
     topics: dict[str, list[dict[str, Any]]] = {}

@@ -1,4 +1,11 @@
-"""ApiVersions (18), Metadata (3) and DescribeTopicPartitions (75)."""
+"""ApiVersions (18), Metadata (3) and DescribeTopicPartitions (75).
+
+Authorization is Kafka's (``KafkaApis.handleTopicMetadataRequest``,
+``DescribeTopicPartitionsRequestHandler``): a topic the session may not DESCRIBE is left out of
+an answer about every topic and answered TOPIC_AUTHORIZATION_FAILED when named (whether it
+exists or not: its existence is not disclosed); auto-creating one needs CREATE on the cluster or
+on the topic. The ``*_authorized_operations`` bit fields are filled when asked for.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +15,17 @@ from typing import Any
 
 from automq_py.apis.context import BrokerContext
 from automq_py.controller.cluster_records import NO_LEADER
+from automq_py.security.acls import CLUSTER_NAME, AclOperation, ResourceType, supported_operations
 from automq_py.topics import TopicError, TopicInfo, validate_name
 from protocol import api_versions, build
 from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
 from protocol.messages import Request, encode_response_body, frame_response, response_schema
+
+# Kafka's value of an ``*_authorized_operations`` field not asked for
+AUTHORIZED_OPERATIONS_OMITTED = -2147483648
+ZERO_UUID = uuid.UUID(int=0)
+DESCRIBE, TOPIC = AclOperation.DESCRIBE, ResourceType.TOPIC
 
 # The feature flags (KIP-584) Kafka tools show, at the levels automq-py serves: metadata.version
 # 3.9-IV0 (21), its APIs' versions being Kafka 3.9's (from 3.3-IV3, 7, the oldest Kafka 4
@@ -36,6 +49,38 @@ def api_versions_handler(supported: Callable[[], dict[int, tuple[int, int]]]) ->
         )
 
     return handle
+
+
+def authorized_operations(ctx: BrokerContext, resource_type: ResourceType, name: str) -> int:
+    """The ``*_authorized_operations`` bit field of a resource for the session being served:
+    with no authorizer every operation the resource type has, as Kafka's AuthHelper answers."""
+    access = ctx.access
+    if access is None or not access.enabled:
+        bits = 0
+        for operation in supported_operations(resource_type):
+            bits |= 1 << operation
+        return bits
+    return access.authorized_operations(resource_type, name)
+
+
+def cluster_authorized_operations(ctx: BrokerContext) -> int:
+    """The cluster's bit field for Metadata v8-v10 and DescribeCluster: 0 without DESCRIBE on
+    the cluster, as Kafka answers."""
+    if not ctx.allowed_on_cluster(AclOperation.DESCRIBE):
+        return 0
+    return authorized_operations(ctx, ResourceType.CLUSTER, CLUSTER_NAME)
+
+
+def _refused_topic(name: str | None, topic_id: uuid.UUID = ZERO_UUID) -> dict[str, Any]:
+    """A topic answered TOPIC_AUTHORIZATION_FAILED: named as asked, with no id when asked by
+    name (Kafka does not disclose it) and no name when asked by id."""
+    return {
+        "error_code": ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+        "name": name,
+        "topic_id": topic_id,
+        "is_internal": False,
+        "partitions": [],
+    }
 
 
 def _partition_entry(ctx: BrokerContext, topic: str, partition: int) -> dict[str, Any]:
@@ -86,13 +131,18 @@ async def handle_metadata(ctx: BrokerContext, request: Request) -> Any:
     """The brokers, the controller and the topics asked for. A response for the same
     question of the same state (no topic, broker, leader or controller changed since) is sent
     again as encoded then: the clients of a broker whose 10,000 partitions move all ask for
-    them, and encoding the answer is most of its cost."""
+    them, and encoding the answer is most of its cost. With an authorizer the answer depends
+    on the session and on the ACLs, so it is built for each request."""
     body = request.body
     version = request.api_version
     wanted = getattr(body, "topics", None)
     # v0 asks for all topics with an empty list; later versions with null
     all_topics = wanted is None or (version == 0 and not wanted)
     allow_auto = bool(getattr(body, "allow_auto_topic_creation", True))
+    topic_operations = bool(getattr(body, "include_topic_authorized_operations", False))
+    cluster_operations = bool(getattr(body, "include_cluster_authorized_operations", False))
+    access = ctx.access
+    secured = access is not None and access.enabled
     cluster = ctx.cluster
     key = (
         version,
@@ -101,16 +151,22 @@ async def handle_metadata(ctx: BrokerContext, request: Request) -> Any:
         else tuple((getattr(e, "name", None), getattr(e, "topic_id", None)) for e in wanted or ()),
         ctx.topics.generation,
         0 if cluster is None else cluster.generation,
-        ctx.host,
-        ctx.port,
+        ctx.own_address(),
+        topic_operations,
+        cluster_operations,
     )
-    cached = ctx.metadata_responses.get(key)
-    if cached is not None:
-        return frame_response(request.response_info, cached)
-    reusable = True  # not when a topic was missing (it may be created meanwhile)
+    if not secured:
+        cached = ctx.metadata_responses.get(key)
+        if cached is not None:
+            return frame_response(request.response_info, cached)
+    reusable = not secured  # nor when a topic was missing (it may be created meanwhile)
     topics: list[dict[str, Any]] = []
     if all_topics:
-        topics = [_topic_entry(t, ctx) for t in ctx.topics.all()]
+        topics = [
+            _topic_entry(t, ctx)
+            for t in ctx.topics.all()
+            if not secured or ctx.allowed(DESCRIBE, TOPIC, t.name)
+        ]
     else:
         for entry in wanted or ():
             name = getattr(entry, "name", None)
@@ -126,16 +182,26 @@ async def handle_metadata(ctx: BrokerContext, request: Request) -> Any:
                             "topic_id": topic_id,
                         }
                     )
+                elif secured and not ctx.allowed(DESCRIBE, TOPIC, found.name):
+                    # a topic id is not secret: it is answered, without the name
+                    topics.append(_refused_topic(None, topic_id))
                 else:
                     topics.append(_topic_entry(found, ctx))
                 continue
             existed = ctx.topics.get(str(name)) is not None
-            topic, error = await ctx.topic_for_write(str(name), allow_auto)
             reusable = reusable and existed
+            if secured and not _may_see(ctx, str(name), existed, allow_auto):
+                topics.append(_refused_topic(str(name)))
+                continue
+            topic, error = await ctx.topic_for_write(str(name), allow_auto)
             if topic is None:
                 topics.append({"error_code": error, "name": name, "partitions": []})
             else:
                 topics.append(_topic_entry(topic, ctx))
+    if topic_operations and version >= 8:
+        for t in topics:
+            if t["error_code"] != ErrorCode.TOPIC_AUTHORIZATION_FAILED and t["name"] is not None:
+                t["topic_authorized_operations"] = authorized_operations(ctx, TOPIC, t["name"])
     response = build.build(
         response_schema(ApiKey.METADATA, version),
         {
@@ -144,7 +210,9 @@ async def handle_metadata(ctx: BrokerContext, request: Request) -> Any:
             "cluster_id": ctx.cluster_id,
             "controller_id": ctx.controller_id,
             "topics": topics,
-            "cluster_authorized_operations": -2147483648,
+            "cluster_authorized_operations": cluster_authorized_operations(ctx)
+            if cluster_operations
+            else AUTHORIZED_OPERATIONS_OMITTED,
         },
     )
     now = (ctx.topics.generation, 0 if cluster is None else cluster.generation)
@@ -158,6 +226,19 @@ async def handle_metadata(ctx: BrokerContext, request: Request) -> Any:
     return frame_response(request.response_info, encoded)
 
 
+def _may_see(ctx: BrokerContext, name: str, existed: bool, allow_auto: bool) -> bool:
+    """Whether a topic named in a Metadata request is answered (else TOPIC_AUTHORIZATION_FAILED):
+    the session may DESCRIBE it, and, when the request would create it, CREATE it (on the
+    cluster or on the topic)."""
+    if not ctx.allowed(DESCRIBE, TOPIC, name):
+        return False
+    if existed or not (allow_auto and ctx.auto_create_topics):
+        return True
+    return ctx.allowed_on_cluster(AclOperation.CREATE) or ctx.allowed(
+        AclOperation.CREATE, TOPIC, name
+    )
+
+
 # Kafka's max.request.partition.size.limit: the most partitions one response describes
 MAX_RESPONSE_PARTITIONS = 2000
 
@@ -167,7 +248,9 @@ async def handle_describe_topic_partitions(ctx: BrokerContext, request: Request)
     at most ``response_partition_limit`` partitions; where that cuts the list, ``next_cursor``
     names the first partition left out. As Kafka's KRaft broker: a named topic that does not
     exist is answered UNKNOWN_TOPIC_OR_PARTITION (INVALID_TOPIC_EXCEPTION for an invalid name)
-    and nothing is created; a cursor must name one of the topics asked for."""
+    and nothing is created; a cursor must name one of the topics asked for. Topics the session
+    may not DESCRIBE are left out, and answered TOPIC_AUTHORIZATION_FAILED (at the end) when
+    named; each topic described carries its authorized operations."""
     body = request.body
     cursor = body.cursor
     after = cursor.topic_name if cursor is not None else ""
@@ -185,21 +268,28 @@ async def handle_describe_topic_partitions(ctx: BrokerContext, request: Request)
             return _describe_topic_partitions_response(request, rejected, None)
     remaining = min(MAX_RESPONSE_PARTITIONS, int(body.response_partition_limit))
     topics: list[dict[str, Any]] = []
+    refused: list[dict[str, Any]] = []  # named topics the session may not DESCRIBE, last
     next_cursor: dict[str, Any] | None = None
     for name in sorted(names):
+        if not ctx.allowed(DESCRIBE, TOPIC, name):
+            if not fetch_all:
+                refused.append(_refused_topic(name))
+            continue
         if remaining <= 0:
             next_cursor = {"topic_name": name, "partition_index": 0}
             break
         topic = ctx.topics.get(name)
         if topic is None:
             if not fetch_all:
-                topics.append(_unknown_topic(name))
+                operations = authorized_operations(ctx, TOPIC, name)
+                topics.append({**_unknown_topic(name), "topic_authorized_operations": operations})
             continue
         first = cursor.partition_index if cursor is not None and name == after else 0
         # a cursor past the last partition gives none of this topic, one below 0 starts at 0
         first = min(max(first, 0), topic.partitions)
         end = min(topic.partitions, first + remaining)
         entry = _topic_entry(topic, ctx, range(first, end))
+        entry["topic_authorized_operations"] = authorized_operations(ctx, TOPIC, name)
         for partition in entry["partitions"]:
             # KIP-966: the leader is the only replica, so no other is eligible
             partition["eligible_leader_replicas"] = []
@@ -209,7 +299,7 @@ async def handle_describe_topic_partitions(ctx: BrokerContext, request: Request)
             next_cursor = {"topic_name": name, "partition_index": end}
             break
         remaining -= end - first
-    return _describe_topic_partitions_response(request, topics, next_cursor)
+    return _describe_topic_partitions_response(request, topics + refused, next_cursor)
 
 
 def _describe_topic_partitions_response(
@@ -227,7 +317,7 @@ def _unknown_topic(name: str) -> dict[str, Any]:
         error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     except TopicError:
         error = ErrorCode.INVALID_TOPIC_EXCEPTION
-    return {"error_code": error, "name": name, "topic_id": uuid.UUID(int=0), "partitions": []}
+    return {"error_code": error, "name": name, "topic_id": ZERO_UUID, "partitions": []}
 
 
 # ApiVersions (18) is added by KafkaApis, which knows the whole table.

@@ -23,6 +23,9 @@ from automq_py.apis.deferred import Deferred
 from automq_py.coordinator import transaction_metadata as tm
 from automq_py.partition import AppendResult
 from automq_py.replica_manager import AppendEntry
+from automq_py.security.acls import AclOperation, ResourceType
+from automq_py.security.quotas import PRODUCE as PRODUCE_QUOTA
+from automq_py.security.session import SESSION, THROTTLE_MS
 from protocol import record_batch, wire
 from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
@@ -35,11 +38,17 @@ async def handle_produce(ctx: BrokerContext, request: Request) -> Any:
     body = request.body
     names: list[str] = []
     entries: list[AppendEntry] = []
+    if body.transactional_id is not None and not ctx.allowed(
+        AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, str(body.transactional_id)
+    ):
+        return _refused(request, body, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
     for t in body.topics:
         name = t.name
         topic = None
         error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-        if name:
+        if name and not ctx.allowed(AclOperation.WRITE, ResourceType.TOPIC, str(name)):
+            error = ErrorCode.TOPIC_AUTHORIZATION_FAILED  # (whether the topic exists or not)
+        elif name:
             # as in Kafka, only Metadata auto-creates topics; Produce to an unknown one is an error
             topic, error = await ctx.topic_for_write(name, auto_create=False)
         for p in t.partitions:
@@ -47,14 +56,31 @@ async def handle_produce(ctx: BrokerContext, request: Request) -> Any:
             entries.append(AppendEntry(topic, p.index, p.records, error))
     if body.transactional_id is not None and ctx.transactions is not None:
         entries = await _verify_transactional(ctx, request, str(body.transactional_id), entries)
+    throttle = _throttle(ctx, request)
     results = await ctx.replicas.append_records(
         entries, acks=body.acks, internal_allowed=False, timeout_ms=body.timeout_ms
     )
     if body.acks == 0:
         return None
     if results.done():
-        return _response(request, names, entries, results.result())
-    return Deferred(results, lambda done: _response(request, names, entries, done))
+        return _response(request, names, entries, results.result(), throttle)
+    return Deferred(results, lambda done: _response(request, names, entries, done, throttle))
+
+
+def _throttle(ctx: BrokerContext, request: Request) -> int:
+    """Record the request's bytes against the client's produce quota, if any: the time it is
+    throttled for (0: within its quota)."""
+    quotas = ctx.quotas
+    if quotas is None or not quotas.any:
+        return 0
+    size = sum(
+        len(p.records) for t in request.body.topics for p in t.partitions if p.records is not None
+    )
+    client_id = request.header.client_id or ""
+    throttle = quotas.record(PRODUCE_QUOTA, SESSION.get().user, client_id, size)
+    if throttle:
+        THROTTLE_MS.set(throttle)
+    return throttle
 
 
 async def _verify_transactional(
@@ -99,8 +125,26 @@ async def _verify_transactional(
     return out
 
 
+def _refused(request: Request, body: Any, code: ErrorCode) -> list[wire.Buffer] | None:
+    """Every partition of the request answered ``code`` (none for acks=0)."""
+    if body.acks == 0:
+        return None
+    topics = [
+        (
+            str(t.name),
+            [ProducePartitionResponse(p.index, code, -1, -1, -1, None) for p in t.partitions],
+        )
+        for t in body.topics
+    ]
+    return encode_produce_response(request.api_version, request.correlation_id, topics)
+
+
 def _response(
-    request: Request, names: list[str], entries: list[AppendEntry], results: list[AppendResult]
+    request: Request,
+    names: list[str],
+    entries: list[AppendEntry],
+    results: list[AppendResult],
+    throttle_ms: int = 0,
 ) -> list[wire.Buffer]:
     by_topic: dict[str, list[ProducePartitionResponse]] = {}
     for name, entry, r in zip(names, entries, results, strict=True):
@@ -115,7 +159,7 @@ def _response(
             )
         )
     return encode_produce_response(
-        request.api_version, request.correlation_id, list(by_topic.items())
+        request.api_version, request.correlation_id, list(by_topic.items()), throttle_ms
     )
 
 

@@ -14,6 +14,10 @@ out, so a restart skips the rest of the block and never issues an id twice.
   (:meth:`~automq_py.coordinator.transaction_coordinator.TransactionCoordinator.init_producer_id`:
   a new id, or the id's epoch bumped, which fences the previous producer and aborts its open
   transaction).
+
+Authorization is Kafka's: a transactional id needs WRITE on it (else
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED); an idempotent producer IDEMPOTENT_WRITE on the cluster
+or, per KIP-679, WRITE on some topic (else CLUSTER_AUTHORIZATION_FAILED).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 
 from automq_py.apis.context import BrokerContext
 from automq_py.coordinator import transaction_metadata as tm
+from automq_py.security.acls import AclOperation, ResourceType
 from protocol import build
 from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
@@ -109,10 +114,27 @@ def producer_id_manager(ctx: BrokerContext) -> ProducerIdManager:
     return manager
 
 
+def _refusal(ctx: BrokerContext, transactional_id: str | None) -> ErrorCode:
+    """The error of an InitProducerId the session may not make, else NONE."""
+    if transactional_id is not None:
+        if ctx.allowed(AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, transactional_id):
+            return ErrorCode.NONE
+        return ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    if ctx.allowed_on_cluster(AclOperation.IDEMPOTENT_WRITE) or ctx.allowed_on_some(
+        AclOperation.WRITE, ResourceType.TOPIC
+    ):
+        return ErrorCode.NONE
+    return ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+
+
 async def handle_init_producer_id(ctx: BrokerContext, request: Request) -> Any:
     body = request.body
     error, producer_id, producer_epoch = ErrorCode.NONE, -1, -1
-    if body.transactional_id is not None:
+    transactional_id = None if body.transactional_id is None else str(body.transactional_id)
+    refused = _refusal(ctx, transactional_id)
+    if refused != ErrorCode.NONE:
+        error = refused
+    elif transactional_id is not None:
         assert ctx.transactions is not None, "the broker starts its coordinators before serving"
         timeout = body.transaction_timeout
         timeout_ms = (
@@ -121,7 +143,7 @@ async def handle_init_producer_id(ctx: BrokerContext, request: Request) -> Any:
             else int(timeout)
         )
         error, producer_id, producer_epoch = await ctx.transactions.init_producer_id(
-            str(body.transactional_id),
+            transactional_id,
             timeout_ms,
             int(getattr(body, "producer_id", -1)),
             int(getattr(body, "producer_epoch", -1)),

@@ -2,7 +2,8 @@
 
 ``offset`` -1 means the high watermark (delete everything). The log start moves at once and
 durably (ElasticLog.truncate_start); whole segments below it are dropped and their streams
-trimmed. The answer's ``low_watermark`` is the log start offset afterwards.
+trimmed. The answer's ``low_watermark`` is the log start offset afterwards. As in Kafka, each
+topic needs DELETE on it (else TOPIC_AUTHORIZATION_FAILED, whether it exists or not).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 from automq_py.apis.context import BrokerContext
 from automq_py.log.elastic_log import LogOffsetOutOfRangeError
 from automq_py.partition import Partition
+from automq_py.security.acls import AclOperation, ResourceType
 from protocol import build
 from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
@@ -25,6 +27,7 @@ async def handle_delete_records(ctx: BrokerContext, request: Request) -> Any:
     for t in request.body.topics:
         name = str(t.name)
         info = ctx.topics.get(name)
+        allowed = ctx.allowed(AclOperation.DELETE, ResourceType.TOPIC, name)
         parts = []
         for p in t.partitions:
             index = int(p.partition_index)
@@ -33,7 +36,9 @@ async def handle_delete_records(ctx: BrokerContext, request: Request) -> Any:
                 "low_watermark": -1,
                 "error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
             }
-            if info is not None and 0 <= index < info.partitions:
+            if not allowed:
+                entry["error_code"] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+            elif info is not None and 0 <= index < info.partitions:
                 partition = await ctx.replicas.partition(info, index)
                 error = await delete_records_before(partition, int(p.offset))
                 entry["error_code"] = error

@@ -19,6 +19,10 @@ broker can serve it. So, as a Kafka 3.9 controller decides for such partitions
 
 Unknown topics and partitions are UNKNOWN_TOPIC_OR_PARTITION per partition, with Kafka's
 messages.
+
+ElectLeaders and AlterPartitionReassignments need ALTER on the cluster, ListPartitionReassignments
+DESCRIBE; a refusal is Kafka's error response for the request (CLUSTER_AUTHORIZATION_FAILED at
+the top, and on every partition named where the response lists them).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any
 from automq_py.apis.context import BrokerContext
 from automq_py.controller import membership
 from automq_py.controller.cluster_records import NO_LEADER
+from automq_py.security.acls import AclOperation
 from automq_py.topics import TopicInfo
 from protocol import build
 from protocol.api_keys import ApiKey
@@ -40,6 +45,10 @@ from protocol.messages import Request, response_schema
 ELECTION_NOT_NEEDED_MESSAGE = "Leader election not needed for topic partition."
 
 Outcome = tuple[ErrorCode, str | None]
+
+# the message of Kafka's ClusterAuthorizationException from AuthHelper.authorizeClusterOperation
+NOT_AUTHORIZED = "Request is not authorized."
+REFUSED: Outcome = (ErrorCode.CLUSTER_AUTHORIZATION_FAILED, NOT_AUTHORIZED)
 
 
 class ElectionType(IntEnum):
@@ -109,26 +118,23 @@ async def handle_elect_leaders(ctx: BrokerContext, request: Request) -> Any:
     election = int(getattr(body, "election_type", ElectionType.PREFERRED))  # v0: preferred
     requested = body.topic_partitions
     schema = response_schema(ApiKey.ELECT_LEADERS, request.api_version)
-    if election not in tuple(ElectionType):
+    failed: Outcome | None = None
+    if not ctx.allowed_on_cluster(AclOperation.ALTER):
+        failed = REFUSED
+    elif election not in tuple(ElectionType):
+        failed = ErrorCode.INVALID_REQUEST, f"Unknown election type {election}"
+    if failed is not None:
         # Kafka fails the whole request: its error on every partition asked for
-        message = f"Unknown election type {election}"
         results = [
             {
                 "topic": str(t.topic),
-                "partition_result": [
-                    _partition_result(int(p), (ErrorCode.INVALID_REQUEST, message))
-                    for p in t.partitions
-                ],
+                "partition_result": [_partition_result(int(p), failed) for p in t.partitions],
             }
             for t in requested or ()
         ]
         return build.build(
             schema,
-            {
-                "throttle_time": 0,
-                "error_code": ErrorCode.INVALID_REQUEST,
-                "replica_election_results": results,
-            },
+            {"throttle_time": 0, "error_code": failed[0], "replica_election_results": results},
         )
     if requested is None:
         # every partition; those that already have the leader wanted are left out
@@ -178,6 +184,31 @@ async def handle_alter_partition_reassignments(ctx: BrokerContext, request: Requ
     the partition's leader uploads what it has not yet made durable while still serving, then
     hands it over, so it is unwritable only for the little that arrived meanwhile. A partition
     already led there changes nothing; a null replica list cancels a pending reassignment."""
+    schema = response_schema(ApiKey.ALTER_PARTITION_REASSIGNMENTS, request.api_version)
+    if not ctx.allowed_on_cluster(AclOperation.ALTER):
+        refused = [
+            {
+                "name": str(t.name),
+                "partitions": [
+                    {
+                        "partition_index": int(p.partition_index),
+                        "error_code": REFUSED[0],
+                        "error_message": REFUSED[1],
+                    }
+                    for p in t.partitions
+                ],
+            }
+            for t in request.body.topics
+        ]
+        return build.build(
+            schema,
+            {
+                "throttle_time": 0,
+                "error_code": REFUSED[0],
+                "error_message": REFUSED[1],
+                "responses": refused,
+            },
+        )
     brokers = ctx.broker_ids
     cluster = ctx.cluster
     responses: list[dict[str, Any]] = []
@@ -212,7 +243,7 @@ async def handle_alter_partition_reassignments(ctx: BrokerContext, request: Requ
                         partition["error_code"] = ErrorCode.UNKNOWN_SERVER_ERROR
                         partition["error_message"] = str(e)
     return build.build(
-        response_schema(ApiKey.ALTER_PARTITION_REASSIGNMENTS, request.api_version),
+        schema,
         {
             "throttle_time": 0,
             "error_code": ErrorCode.NONE,
@@ -226,6 +257,17 @@ async def handle_list_partition_reassignments(ctx: BrokerContext, request: Reque
     """The reassignments still pending: the partition's replica list as it will be, the broker
     being added and the one being removed. As Kafka does, partitions asked for that are not
     being reassigned, or do not exist, are left out without an error."""
+    schema = response_schema(ApiKey.LIST_PARTITION_REASSIGNMENTS, request.api_version)
+    if not ctx.allowed_on_cluster(AclOperation.DESCRIBE):
+        return build.build(
+            schema,
+            {
+                "throttle_time": 0,
+                "error_code": REFUSED[0],
+                "error_message": REFUSED[1],
+                "topics": [],
+            },
+        )
     cluster = ctx.cluster
     pending: dict[str, dict[int, tuple[int, int]]] = {}
     if cluster is not None:
@@ -257,7 +299,7 @@ async def handle_list_partition_reassignments(ctx: BrokerContext, request: Reque
         if parts
     ]
     return build.build(
-        response_schema(ApiKey.LIST_PARTITION_REASSIGNMENTS, request.api_version),
+        schema,
         {"throttle_time": 0, "error_code": ErrorCode.NONE, "error_message": None, "topics": topics},
     )
 

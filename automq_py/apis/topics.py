@@ -5,6 +5,12 @@ every byte durable, and every broker can serve any partition. So any replication
 accepts, and a manual replica assignment naming this cluster's brokers, is accepted and gives
 each partition one replica: CreateTopics answers replication factor 1, and Metadata and
 DescribeTopicPartitions list that one replica, the leader, as the replicas and the ISR.
+
+Authorization is a KRaft controller's (``ControllerApis``): CreateTopics needs CREATE on the
+cluster or on each topic, and answers a created topic's configs only with DESCRIBE_CONFIGS on
+it (else ``topic_config_error_code`` TOPIC_AUTHORIZATION_FAILED); DeleteTopics needs DELETE
+on the cluster or on each topic, and a topic named by id is answered without its name unless
+the session may DESCRIBE it; CreatePartitions needs ALTER on each topic.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from typing import Any
 
 from automq_py.apis.context import BrokerContext
 from automq_py.apis.replication import assignment_problem
+from automq_py.security.acls import AclOperation, ResourceType
 from automq_py.topic_config import effective_topic_config
 from automq_py.topics import INTERNAL_TOPICS, TopicError, check_partition_count, validate_name
 from protocol import build
@@ -26,6 +33,8 @@ from protocol.messages import Request, response_schema
 from storage.config_def import ConfigError
 
 log = logging.getLogger("automq.apis.topics")
+
+TOPIC = ResourceType.TOPIC
 
 # longest a CreateTopics waits for its partitions to open before answering
 CREATE_WAIT_S = 5.0
@@ -107,9 +116,17 @@ async def handle_create_topics(ctx: BrokerContext, request: Request) -> Any:
     body = request.body
     results = []
     opening: list[asyncio.Task[None]] = []
+    may_create_any = ctx.allowed_on_cluster(AclOperation.CREATE)
     for t in body.topics:
         name = str(t.name)
         entry: dict[str, Any] = {"name": name, "error_code": ErrorCode.NONE}
+        if not (may_create_any or ctx.allowed(AclOperation.CREATE, TOPIC, name)):
+            entry.update(
+                error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                error_message="Authorization failed.",
+            )
+            results.append(entry)
+            continue
         partitions = int(t.num_partitions)
         if partitions == -1:
             partitions = ctx.num_partitions
@@ -149,20 +166,26 @@ async def handle_create_topics(ctx: BrokerContext, request: Request) -> Any:
                         requested,
                         " (default.replication.factor)" if replication == -1 else "",
                     )
-            entry.update(
-                num_partitions=partitions,
-                replication_factor=1,
-                configs=[
-                    {
-                        "name": k,
-                        "value": v,
-                        "read_only": False,
-                        "config_source": 1,
-                        "is_sensitive": False,
-                    }
-                    for k, v in configs.items()
-                ],
-            )
+            if ctx.allowed(AclOperation.DESCRIBE_CONFIGS, TOPIC, name):
+                entry.update(
+                    num_partitions=partitions,
+                    replication_factor=1,
+                    configs=[
+                        {
+                            "name": k,
+                            "value": v,
+                            "read_only": False,
+                            "config_source": 1,
+                            "is_sensitive": False,
+                        }
+                        for k, v in configs.items()
+                    ],
+                )
+            else:
+                # Kafka's controller leaves the count, the factor and the configs out
+                entry.update(
+                    configs=[], topic_config_error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                )
         except TopicError as e:
             entry.update(
                 error_code=e.code, error_message=str(e), num_partitions=-1, replication_factor=-1
@@ -197,14 +220,22 @@ async def handle_delete_topics(ctx: BrokerContext, request: Request) -> Any:
     else:
         names = [(str(n), None) for n in getattr(body, "topic_names", ())]
     responses = []
+    may_delete_any = ctx.allowed_on_cluster(AclOperation.DELETE)
     for name, topic_id in names:
-        if name is None and topic_id is not None:
+        by_id = name is None and topic_id is not None
+        if by_id:
             found = ctx.topics.by_id(topic_id)
             name = found.name if found else None
         entry: dict[str, Any] = {"name": name, "topic_id": topic_id, "error_code": ErrorCode.NONE}
         try:
             if name is None:
                 raise TopicError(ErrorCode.UNKNOWN_TOPIC_ID, f"unknown topic id {topic_id}")
+            if not may_delete_any:
+                allowed, entry["name"] = _may_delete(ctx, name, by_id)
+                if not allowed:
+                    raise TopicError(
+                        ErrorCode.TOPIC_AUTHORIZATION_FAILED, "Topic authorization failed."
+                    )
             if name in INTERNAL_TOPICS:
                 raise TopicError(
                     ErrorCode.INVALID_TOPIC_EXCEPTION, f"{name} is internal: it cannot be deleted"
@@ -229,6 +260,21 @@ async def handle_delete_topics(ctx: BrokerContext, request: Request) -> Any:
     )
 
 
+def _may_delete(ctx: BrokerContext, name: str, by_id: bool) -> tuple[bool, str | None]:
+    """Whether the session may delete topic ``name`` (asked for ``by_id`` or by name), as
+    Kafka's controller decides, and the name to answer with: a topic asked for by id that the
+    session may not DESCRIBE is answered without it. One asked for by name that the session may
+    not DESCRIBE is refused whether it exists or not; an unknown one it may DESCRIBE is left to
+    the delete (UNKNOWN_TOPIC_OR_PARTITION)."""
+    describable = ctx.allowed(AclOperation.DESCRIBE, TOPIC, name)
+    if not by_id and not describable:
+        return False, name
+    if not by_id and ctx.topics.get(name) is None:
+        return True, name
+    deletable = ctx.allowed(AclOperation.DELETE, TOPIC, name)
+    return deletable, name if describable or deletable else None
+
+
 async def handle_create_partitions(ctx: BrokerContext, request: Request) -> Any:
     """Grow topics' partition counts; the new partitions open (empty) on first use."""
     body = request.body
@@ -240,6 +286,10 @@ async def handle_create_partitions(ctx: BrokerContext, request: Request) -> Any:
         try:
             if repeated[name] > 1:
                 raise TopicError(ErrorCode.INVALID_REQUEST, f"topic {name!r} appears twice")
+            if not ctx.allowed(AclOperation.ALTER, TOPIC, name):
+                raise TopicError(
+                    ErrorCode.TOPIC_AUTHORIZATION_FAILED, "The topic authorization is failed."
+                )
             info = ctx.topics.get(name)
             if info is None:
                 raise TopicError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}")

@@ -13,6 +13,14 @@ the :class:`~automq_py.coordinator.transaction_coordinator.TransactionCoordinato
 handlers check what Kafka's ``KafkaApis`` checks first (the partitions exist, no internal topic
 but ``__consumer_offsets`` through AddOffsetsToTxn) and give each version the error code it
 knows (``PRODUCER_FENCED`` is ``INVALID_PRODUCER_EPOCH`` to older clients).
+
+Authorization is Kafka's: a producer's requests need WRITE on its transactional id
+(TRANSACTIONAL_ID_AUTHORIZATION_FAILED), AddPartitionsToTxn WRITE on each topic (an internal
+one is never granted), AddOffsetsToTxn and TxnOffsetCommit READ on the group
+(GROUP_AUTHORIZATION_FAILED), TxnOffsetCommit READ on each topic; what brokers send each other
+(AddPartitionsToTxn v4+, WriteTxnMarkers) needs CLUSTER_ACTION on the cluster. DescribeProducers
+needs READ on the topic, DescribeTransactions DESCRIBE on each transactional id (and shows only
+the topics the session may DESCRIBE); ListTransactions lists the ids the session may DESCRIBE.
 """
 
 from __future__ import annotations
@@ -27,12 +35,21 @@ from automq_py.coordinator.group_coordinator import OFFSETS_TOPIC, OffsetCommit
 from automq_py.coordinator.transaction_coordinator import TransactionCoordinator
 from automq_py.errors import partition_failed
 from automq_py.partition import AppendResult
+from automq_py.security.acls import AclOperation, ResourceType
 from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
 from protocol.messages import Request
 
 TopicPartition = tuple[str, int]
 NO_TIME = datetime.datetime.fromtimestamp(-0.001, tz=datetime.UTC)  # Kafka's -1 ms
+
+WRITE, READ, DESCRIBE = AclOperation.WRITE, AclOperation.READ, AclOperation.DESCRIBE
+TOPIC, GROUP = ResourceType.TOPIC, ResourceType.GROUP
+TXN_REFUSED = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+
+
+def _may_write(ctx: BrokerContext, transactional_id: str) -> bool:
+    return ctx.allowed(WRITE, ResourceType.TRANSACTIONAL_ID, transactional_id)
 
 
 def _coordinator(ctx: BrokerContext) -> TransactionCoordinator:
@@ -63,21 +80,21 @@ async def _add_partitions(
     verify_only: bool = False,
 ) -> dict[TopicPartition, ErrorCode]:
     wanted = [(str(t.name), int(p)) for t in topics for p in t.partitions]
-    # Kafka's KafkaApis: partitions that do not exist fail, the others are not attempted
-    unknown = {
-        tp
-        for tp in wanted
-        if (info := ctx.topics.get(tp[0])) is None
-        or info.internal
-        or not 0 <= tp[1] < info.partitions
-    }
-    if unknown:
-        return {
-            tp: ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-            if tp in unknown
-            else ErrorCode.OPERATION_NOT_ATTEMPTED
-            for tp in wanted
-        }
+    if request.api_version < 4 and not _may_write(ctx, transactional_id):
+        return dict.fromkeys(wanted, TXN_REFUSED)
+    # Kafka's KafkaApis: partitions a client may not write (an internal topic never) or that
+    # do not exist fail, the others are not attempted
+    failed: dict[TopicPartition, ErrorCode] = {}
+    for tp in wanted:
+        info = ctx.topics.get(tp[0])
+        if request.api_version < 4 and (
+            (info is not None and info.internal) or not ctx.allowed(WRITE, TOPIC, tp[0])
+        ):
+            failed[tp] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+        elif info is None or info.internal or not 0 <= tp[1] < info.partitions:
+            failed[tp] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    if failed:
+        return {tp: failed.get(tp, ErrorCode.OPERATION_NOT_ATTEMPTED) for tp in wanted}
     coordinator = _coordinator(ctx)
     if verify_only:
         return await coordinator.verify_partitions(
@@ -102,6 +119,15 @@ async def handle_add_partitions_to_txn(ctx: BrokerContext, request: Request) -> 
             request, {"throttle_time": 0, "results_by_topic_v3_and_below": _by_topic(results)}
         )
     # v4+ (KIP-890): a batch of transactions, sent by brokers; verify_only asks, not adds
+    if not ctx.allowed_on_cluster(AclOperation.CLUSTER_ACTION):
+        return respond(
+            request,
+            {
+                "throttle_time": 0,
+                "error_code": ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+                "results_by_transaction": [],
+            },
+        )
     out = []
     for txn in body.transactions:
         results = await _add_partitions(
@@ -121,6 +147,12 @@ async def handle_add_partitions_to_txn(ctx: BrokerContext, request: Request) -> 
 
 async def handle_add_offsets_to_txn(ctx: BrokerContext, request: Request) -> Any:
     body = request.body
+    if not _may_write(ctx, str(body.transactional_id)):
+        return respond(request, {"throttle_time": 0, "error_code": TXN_REFUSED})
+    if not ctx.allowed(READ, GROUP, str(body.group_id)):
+        return respond(
+            request, {"throttle_time": 0, "error_code": ErrorCode.GROUP_AUTHORIZATION_FAILED}
+        )
     error = await _coordinator(ctx).add_offsets(
         str(body.transactional_id),
         int(body.producer_id),
@@ -132,6 +164,8 @@ async def handle_add_offsets_to_txn(ctx: BrokerContext, request: Request) -> Any
 
 async def handle_end_txn(ctx: BrokerContext, request: Request) -> Any:
     body = request.body
+    if not _may_write(ctx, str(body.transactional_id)):
+        return respond(request, {"throttle_time": 0, "error_code": TXN_REFUSED})
     error = await _coordinator(ctx).end_txn(
         str(body.transactional_id),
         int(body.producer_id),
@@ -155,15 +189,31 @@ async def handle_txn_offset_commit(ctx: BrokerContext, request: Request) -> Any:
         for t in body.topics
         for p in t.partitions
     ]
-    errors = await ctx.groups.commit_txn_offsets(
-        str(body.group_id),
-        int(body.producer_id),
-        int(body.producer_epoch),
-        int(getattr(body, "generation_id", -1)),
-        str(getattr(body, "member_id", "") or ""),
-        getattr(body, "group_instance_id", None),
-        commits,
-    )
+    if not _may_write(ctx, str(body.transactional_id)):
+        errors = [TXN_REFUSED] * len(commits)
+    elif not ctx.allowed(READ, GROUP, str(body.group_id)):
+        errors = [ErrorCode.GROUP_AUTHORIZATION_FAILED] * len(commits)
+    else:
+        readable = {c.topic for c in commits if ctx.allowed(READ, TOPIC, c.topic)}
+        allowed = [c for c in commits if c.topic in readable]
+        # as in Kafka, with no topic left the group is not asked at all
+        done = iter(
+            await ctx.groups.commit_txn_offsets(
+                str(body.group_id),
+                int(body.producer_id),
+                int(body.producer_epoch),
+                int(getattr(body, "generation_id", -1)),
+                str(getattr(body, "member_id", "") or ""),
+                getattr(body, "group_instance_id", None),
+                allowed,
+            )
+            if allowed
+            else []
+        )
+        errors = [
+            next(done) if c.topic in readable else ErrorCode.TOPIC_AUTHORIZATION_FAILED
+            for c in commits
+        ]
     topics: dict[str, list[dict[str, Any]]] = {}
     for c, error in zip(commits, errors, strict=True):
         topics.setdefault(c.topic, []).append(
@@ -179,7 +229,11 @@ async def handle_txn_offset_commit(ctx: BrokerContext, request: Request) -> Any:
 
 
 async def handle_describe_transactions(ctx: BrokerContext, request: Request) -> Any:
-    described = await _coordinator(ctx).describe([str(i) for i in request.body.transactional_ids])
+    ids = [str(i) for i in request.body.transactional_ids]
+    describable = {i for i in ids if ctx.allowed(DESCRIBE, ResourceType.TRANSACTIONAL_ID, i)}
+    allowed = [i for i in ids if i in describable]
+    done = iter(await _coordinator(ctx).describe(allowed) if allowed else [])
+    described = [next(done) if i in describable else (i, TXN_REFUSED) for i in ids]
     states = []
     for txn_id, d in described:
         if isinstance(d, ErrorCode):
@@ -208,7 +262,12 @@ async def handle_describe_transactions(ctx: BrokerContext, request: Request) -> 
                 else NO_TIME,
                 "producer_id": d.producer_id,
                 "producer_epoch": d.producer_epoch,
-                "topics": [{"topic": t, "partitions": list(ps)} for t, ps in d.topics],
+                # only the topics the session may DESCRIBE
+                "topics": [
+                    {"topic": t, "partitions": list(ps)}
+                    for t, ps in d.topics
+                    if ctx.allowed(DESCRIBE, TOPIC, t)
+                ],
             }
         )
     return respond(request, {"throttle_time": 0, "transaction_states": states})
@@ -231,6 +290,11 @@ async def handle_list_transactions(ctx: BrokerContext, request: Request) -> Any:
             if started.get(t.transactional_id, -1) >= 0
             and now - started[t.transactional_id] > duration
         ]
+    listed = [
+        t
+        for t in listed
+        if ctx.allowed(DESCRIBE, ResourceType.TRANSACTIONAL_ID, t.transactional_id)
+    ]
     return respond(
         request,
         {
@@ -250,6 +314,8 @@ async def handle_list_transactions(ctx: BrokerContext, request: Request) -> Any:
 
 
 async def handle_write_txn_markers(ctx: BrokerContext, request: Request) -> Any:
+    # what a transaction coordinator sends: a refusal is every partition's error, as Kafka's
+    refused = not ctx.allowed_on_cluster(AclOperation.CLUSTER_ACTION)
     out = []
     for marker in request.body.markers:
         topics = []
@@ -258,7 +324,9 @@ async def handle_write_txn_markers(ctx: BrokerContext, request: Request) -> Any:
             parts = []
             for index in t.partition_indexes:
                 error = ErrorCode.NONE
-                if info is None or not 0 <= int(index) < info.partitions:
+                if refused:
+                    error = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+                elif info is None or not 0 <= int(index) < info.partitions:
                     error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                 else:
                     try:
@@ -290,6 +358,7 @@ async def handle_describe_producers(ctx: BrokerContext, request: Request) -> Any
     topics = []
     for t in request.body.topics:
         info = ctx.topics.get(str(t.name))
+        readable = ctx.allowed(READ, TOPIC, str(t.name))
         parts = []
         for index in t.partition_indexes:
             entry: dict[str, Any] = {
@@ -298,7 +367,9 @@ async def handle_describe_producers(ctx: BrokerContext, request: Request) -> Any
                 "error_message": None,
                 "active_producers": [],
             }
-            if info is None or not 0 <= int(index) < info.partitions:
+            if not readable:
+                entry["error_code"] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+            elif info is None or not 0 <= int(index) < info.partitions:
                 entry["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             else:
                 try:

@@ -52,11 +52,23 @@ class BrokerRegistration:
     rack: str | None = None
     fenced: bool = False
     shutting_down: bool = False
+    # (listener, host, port) of each advertised listener; ``host``/``port`` are the one other
+    # brokers connect to. Empty in registrations from before listeners were told apart.
+    endpoints: tuple[tuple[str, str, int], ...] = ()
 
     @property
     def live(self) -> bool:
         """Whether partitions may be placed on it."""
         return not self.fenced and not self.shutting_down
+
+    def endpoint(self, listener: str) -> tuple[str, int] | None:
+        """Where clients of ``listener`` reach this broker (None: it has no such listener)."""
+        if not self.endpoints or not listener:
+            return self.host, self.port
+        for name, host, port in self.endpoints:
+            if name == listener:
+                return host, port
+        return None
 
     def encode(self) -> bytes:
         return _json(
@@ -67,6 +79,7 @@ class BrokerRegistration:
                 "rack": self.rack,
                 "fenced": self.fenced,
                 "shutting_down": self.shutting_down,
+                "endpoints": [list(e) for e in self.endpoints],
             }
         )
 
@@ -81,6 +94,7 @@ class BrokerRegistration:
             d.get("rack"),
             bool(d.get("fenced", False)),
             bool(d.get("shutting_down", False)),
+            tuple((str(n), str(h), int(p)) for n, h, p in d.get("endpoints", ())),
         )
 
 

@@ -39,9 +39,10 @@ class FrameConnection(asyncio.BufferedProtocol):
     def __init__(self, serve: Serve, max_frame_size: int, max_queued: int = MAX_QUEUED) -> None:
         self._serve = serve
         self._loop = asyncio.get_running_loop()
-        self._max_frame_size = max_frame_size
+        self.max_frame_size = max_frame_size
         self._max_queued = max_queued
         self._transport: asyncio.Transport | None = None
+        self._tls = False
         self.task: asyncio.Task[None] | None = None
         # reading
         self._stage = bytearray(STAGE_SIZE)
@@ -67,6 +68,8 @@ class FrameConnection(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # (uvloop's transports are not asyncio.Transport subclasses; they have its methods)
         self._transport = cast(asyncio.Transport, transport)
+        # TLS has no half-closed connections: its transport closes at the client's EOF
+        self._tls = transport.get_extra_info("sslcontext") is not None
         self.task = self._loop.create_task(self._serve(self))
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -95,7 +98,8 @@ class FrameConnection(asyncio.BufferedProtocol):
     def eof_received(self) -> bool:
         self._ended = True
         self._wake()
-        return True  # keep the transport open: the responses already due are still written
+        # keep the transport open: the responses already due are still written
+        return not self._tls
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._ended = True
@@ -125,7 +129,7 @@ class FrameConnection(asyncio.BufferedProtocol):
         pos, end = 0, self._staged
         while end - pos >= SIZE_BYTES:
             (size,) = SIZE.unpack_from(stage, pos)
-            check_frame_size(size, self._max_frame_size)
+            check_frame_size(size, self.max_frame_size)
             start = pos + SIZE_BYTES
             if end - start >= size:
                 frame_view = view[start : start + size]

@@ -8,6 +8,12 @@ handles the next Produce requests while the earlier ones wait for durability, up
 is written. Oversized or malformed frames close the
 connection; so does an unsupported API version, except for ApiVersions, which is answered
 with the KIP-511 fallback. Idle connections close after ``connections.max.idle.ms``.
+
+It serves one or more listeners (:class:`Endpoint`): each a port with its security protocol.
+On SSL ones TLS is done by the event loop's transport; on SASL ones a connection authenticates
+first (:mod:`automq_py.network.authenticator`), reading no request larger than
+``sasl.server.max.receive.size`` until then. Each connection's task carries its
+:class:`~automq_py.apis.context.Session`: the principal the authorizer checks.
 """
 
 from __future__ import annotations
@@ -16,17 +22,24 @@ import asyncio
 import collections
 import contextlib
 import logging
+import ssl
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from automq_py.apis import KafkaApis
 from automq_py.apis.context import CLIENT_HOST
 from automq_py.apis.deferred import PendingResponse
+from automq_py.network.authenticator import MechanismFactory, SaslAuthenticator
 from automq_py.network.frames import FrameConnection
 from automq_py.network.request_metrics import RequestMetrics
+from automq_py.security.errors import IllegalSaslStateError
+from automq_py.security.session import ANONYMOUS, SESSION, THROTTLE_MS, Session
 from protocol import wire
 from protocol.api_keys import ApiKey
-from protocol.errors import InvalidRequestError, ProtocolError, UnsupportedVersionError
-from protocol.messages import decode_request
+from protocol.errors import ProtocolError, UnsupportedVersionError
+from protocol.framing import SIZE
+from protocol.messages import Request, decode_request, encode_response
 
 log = logging.getLogger("automq.network")
 
@@ -40,6 +53,32 @@ MAX_QUEUED_RESPONSES = 64
 PIPELINED = frozenset({ApiKey.PRODUCE})
 
 Response = list[wire.Buffer] | None | PendingResponse
+# a client that connects to an SSL port has this long to finish its TLS handshake
+SSL_HANDSHAKE_TIMEOUT_S = 10.0
+
+
+@dataclass(slots=True, frozen=True)
+class Endpoint:
+    """One listener to serve: where it binds and what it asks of clients."""
+
+    name: str
+    host: str
+    port: int
+    ssl: ssl.SSLContext | None = None
+    # for SASL listeners: the mechanisms enabled and a new server-side exchange of one
+    sasl_mechanisms: tuple[str, ...] = ()
+    new_mechanism: MechanismFactory | None = None
+    # the principal of a TLS client from its certificate's subject (None: ANONYMOUS)
+    ssl_principal: Callable[[dict[str, object]], str] | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class AuthenticationSettings:
+    """How SASL listeners treat their clients (Kafka's properties of the same names)."""
+
+    max_reauth_ms: int = 0  # connections.max.reauth.ms
+    failed_delay_ms: int = 100  # connection.failed.authentication.delay.ms
+    max_receive_size: int = 524_288  # sasl.server.max.receive.size
 
 
 class SocketServer:
@@ -49,49 +88,85 @@ class SocketServer:
         *,
         max_request_size: int,
         idle_timeout_s: float,
+        authentication: AuthenticationSettings | None = None,
     ) -> None:
         self.apis = apis
         self.max_request_size = max_request_size
         self.idle_timeout_s = idle_timeout_s
-        self._server: asyncio.Server | None = None
+        self.authentication = authentication or AuthenticationSettings()
+        self._servers: list[tuple[Endpoint, asyncio.Server]] = []
         self._connections: set[asyncio.Task[None]] = set()
         self.metrics = RequestMetrics()
 
     async def start(self, host: str, port: int) -> None:
+        """Serve one PLAINTEXT listener."""
+        await self.start_listeners([Endpoint("PLAINTEXT", host, port)])
+
+    async def start_listeners(self, endpoints: list[Endpoint]) -> None:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: FrameConnection(self._serve, self.max_request_size), host, port
-        )
-        log.info("listening on %s:%d", host, port)
+        for endpoint in endpoints:
+            server = await loop.create_server(
+                lambda e=endpoint: FrameConnection(
+                    lambda conn: self._serve(conn, e), self._first_frame_limit(e)
+                ),
+                endpoint.host,
+                endpoint.port,
+                ssl=endpoint.ssl,
+                ssl_handshake_timeout=SSL_HANDSHAKE_TIMEOUT_S if endpoint.ssl else None,
+            )
+            self._servers.append((endpoint, server))
+            log.info("listening on %s:%d (%s)", endpoint.host, endpoint.port, endpoint.name)
+
+    def _first_frame_limit(self, endpoint: Endpoint) -> int:
+        if endpoint.new_mechanism is None:
+            return self.max_request_size
+        return min(self.max_request_size, self.authentication.max_receive_size)
 
     @property
     def port(self) -> int:
-        assert self._server is not None
-        return int(self._server.sockets[0].getsockname()[1])
+        """The first listener's port."""
+        return self.listener_port(self._servers[0][0].name)
+
+    def listener_port(self, name: str) -> int:
+        """The port listener ``name`` is bound to (its own, when it was asked for port 0)."""
+        for endpoint, server in self._servers:
+            if endpoint.name == name:
+                return int(server.sockets[0].getsockname()[1])
+        raise KeyError(name)
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        for _, server in self._servers:
+            server.close()
         for task in list(self._connections):
             task.cancel()
         for task in list(self._connections):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if self._server is not None:
-            await self._server.wait_closed()
+        for _, server in self._servers:
+            await server.wait_closed()
 
-    async def _serve(self, conn: FrameConnection) -> None:
+    async def _serve(self, conn: FrameConnection, endpoint: Endpoint) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
         peer = conn.get_extra_info("peername")
-        if isinstance(peer, tuple) and peer:
-            CLIENT_HOST.set(f"/{peer[0]}")
+        address = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        if address:
+            CLIENT_HOST.set(f"/{address}")
         try:
-            await self._run(conn)
+            principal = ANONYMOUS
+            if endpoint.ssl_principal is not None:
+                cert = conn.get_extra_info("peercert")
+                if cert:
+                    principal = endpoint.ssl_principal(cert)
+            SESSION.set(Session(principal, address, endpoint.name))
+            if endpoint.new_mechanism is None:
+                await self._run(conn)
+            else:
+                await self._run_authenticated(conn, endpoint)
         except ConnectionError:
             pass
-        except ProtocolError as e:
+        except (ProtocolError, IllegalSaslStateError, ValueError) as e:
             log.info("closing connection from %s: %s", peer, e)
         except TimeoutError:
             log.debug("closing idle connection from %s", peer)
@@ -114,27 +189,117 @@ class SocketServer:
                     # the client may have shut down only its sending side: answer what it asked
                     await responses.flush()
                     return
-                try:
-                    request = decode_request(frame, self.apis.supported)
-                except UnsupportedVersionError as e:
-                    if e.api_key != ApiKey.API_VERSIONS:
-                        raise
-                    await responses.put(
-                        self.apis.unsupported_api_versions(e.correlation_id),
-                        ApiKey.API_VERSIONS,
-                        conn.arrived_at,
-                    )
+                request = await self._decode(frame, conn, responses)
+                if request is None:
                     continue
-                except InvalidRequestError:
-                    raise
                 if request.api_key not in PIPELINED:
                     # every other request sees what the ones before it did, as in Kafka
                     await responses.flush()
                 await responses.put(
                     await self.apis.handle(request), request.api_key, conn.arrived_at
                 )
+                if THROTTLE_MS.get():
+                    await _muted()
         finally:
             responses.abandon()
+
+    async def _decode(
+        self, frame: memoryview, conn: FrameConnection, responses: _ResponseQueue
+    ) -> Request | None:
+        """The request in ``frame``; None when it was answered here (an ApiVersions at a
+        version this broker does not know: KIP-511's fallback)."""
+        try:
+            return decode_request(frame, self.apis.supported)
+        except UnsupportedVersionError as e:
+            if e.api_key != ApiKey.API_VERSIONS:
+                raise
+            await responses.put(
+                self.apis.unsupported_api_versions(e.correlation_id),
+                ApiKey.API_VERSIONS,
+                conn.arrived_at,
+            )
+            return None
+
+    async def _run_authenticated(self, conn: FrameConnection, endpoint: Endpoint) -> None:
+        """Serve a SASL listener's connection: the exchange first, then requests as
+        :meth:`_run` does, while the session lasts."""
+        assert endpoint.new_mechanism is not None
+        settings = self.authentication
+        auth = SaslAuthenticator(
+            endpoint.sasl_mechanisms,
+            endpoint.new_mechanism,
+            max_reauth_ms=settings.max_reauth_ms,
+            failed_delay_ms=settings.failed_delay_ms,
+        )
+        session = SESSION.get()
+        responses = _ResponseQueue(conn, MAX_QUEUED_RESPONSES, self.metrics)
+        try:
+            while True:
+                frame = await conn.next_frame(self.idle_timeout_s)
+                if frame is None:
+                    await responses.flush()
+                    return
+                if auth.raw_tokens:
+                    outcome = await auth.raw_token(bytes(frame))
+                    if outcome.delay_s:
+                        await asyncio.sleep(outcome.delay_s)
+                    if outcome.close:
+                        return  # (a v0 client learns of a refusal by the connection closing)
+                    conn.writelines([SIZE.pack(len(outcome.response)), outcome.response])
+                    await conn.drain()
+                    if auth.authenticated:
+                        self._authenticated(conn, auth, session)
+                    continue
+                request = await self._decode(frame, conn, responses)
+                if request is None:
+                    continue
+                if auth.intercepts(request):
+                    await responses.flush()
+                    was_authenticated = auth.authenticated
+                    outcome = await auth.handle(request)
+                    if outcome.delay_s:
+                        await asyncio.sleep(outcome.delay_s)
+                    await responses.put(
+                        encode_response(request.response_info, outcome.response),
+                        request.api_key,
+                        conn.arrived_at,
+                    )
+                    if outcome.close:
+                        await responses.flush()
+                        return
+                    if auth.authenticated and not was_authenticated:
+                        self._authenticated(conn, auth, session)
+                    continue
+                if auth.expired():
+                    log.info(
+                        "closing connection from %s: its session expired (%s)",
+                        session.address,
+                        auth.principal,
+                    )
+                    return
+                if request.api_key not in PIPELINED:
+                    await responses.flush()
+                await responses.put(
+                    await self.apis.handle(request), request.api_key, conn.arrived_at
+                )
+                if THROTTLE_MS.get():
+                    await _muted()
+        finally:
+            responses.abandon()
+
+    def _authenticated(self, conn: FrameConnection, auth: SaslAuthenticator, old: Session) -> None:
+        """The connection authenticated: its requests act as the principal, at any size."""
+        assert auth.principal is not None
+        SESSION.set(Session(auth.principal, old.address, old.listener))
+        conn.max_frame_size = self.max_request_size
+
+
+async def _muted() -> None:
+    """The client went over a quota: read nothing more from it until its throttle time is
+    over (Kafka mutes the channel; the response already says how long, KIP-219)."""
+    throttle_ms = THROTTLE_MS.get()
+    THROTTLE_MS.set(0)
+    await asyncio.sleep(throttle_ms / 1000)
 
 
 class _ResponseQueue:

@@ -135,9 +135,9 @@ def test_describe_broker_configs_redacts_secrets(
     assert not configs["message.max.bytes"].is_read_only
     assert configs["log.retention.ms"].value is None  # unset: log.retention.hours decides
     buckets = configs["s3.data.buckets"]
+    # it holds the secret key: sensitive, its value never sent, as Kafka does for passwords
     assert buckets.is_sensitive
-    assert s3_server.secret_key not in (buckets.value or "")
-    assert s3_server.endpoint in (buckets.value or "")
+    assert buckets.value is None
 
 
 # AlterConfigs (33) is what this test is about, deprecated in clients or not

@@ -450,7 +450,23 @@ def test_a_controller_listener_is_not_advertised() -> None:
         ({"listeners": "PLAINTEXT://h:\u0661"}, r"listeners: bad port"),
         ({"listeners": "PLAINTEXT://h:70000"}, r"listeners: port must be in 0\.\.65535"),
         ({"listeners": "PLAINTEXT://a:1,PLAINTEXT://b:2"}, r"listeners: .*PLAINTEXT repeats"),
-        ({"listeners": "SSL://h:9093"}, r"listeners: .*SSL.*PLAINTEXT only"),
+        ({"listeners": "SSL://h:9093"}, r"ssl\.keystore\.location: listener SSL uses SSL"),
+        (
+            {"listeners": "X://h:9093", "listener.security.protocol.map": "X:TLS"},
+            r"listener\.security\.protocol\.map: X:TLS is no security protocol",
+        ),
+        (
+            {"listeners": "SASL_PLAINTEXT://h:9093"},
+            r"sasl\.enabled\.mechanisms: listener SASL_PLAINTEXT enables GSSAPI",
+        ),
+        (
+            {"listeners": "SASL_PLAINTEXT://h:9093", "sasl.enabled.mechanisms": "PLAIN"},
+            r"listener\.name\.sasl_plaintext\.plain\.sasl\.jaas\.config",
+        ),
+        (
+            {"authorizer.class.name": "com.example.MyAuthorizer"},
+            r"authorizer\.class\.name: 'com\.example\.MyAuthorizer'",
+        ),
         ({"listeners": "INTERNAL://h:9093"}, r"listener\.security\.protocol\.map"),
         ({"advertised.listeners": "OTHER://h:1"}, r"advertised\.listeners: OTHER://h:1 names no"),
         ({"controller.listener.names": "PLAINTEXT"}, r"controller\.listener\.names"),
@@ -550,3 +566,20 @@ def test_the_wal_is_zero_filled_unless_told_not_to() -> None:
     assert config.storage.wal_init_zero is False
     with pytest.raises(ConfigError, match=r"s3\.wal\.init\.zero"):
         BrokerConfig.from_properties({"s3.wal.init.zero": "sometimes"})
+
+
+def test_an_inter_broker_listener_that_asks_for_sasl_is_refused_where_brokers_connect() -> None:
+    from automq_py.broker import _check_inter_broker_listener
+
+    props = {
+        "listeners": "SASL_PLAINTEXT://127.0.0.1:9094",
+        "sasl.enabled.mechanisms": "PLAIN",
+        "listener.name.sasl_plaintext.plain.sasl.jaas.config": (
+            'org.apache.kafka.common.security.plain.PlainLoginModule required user_a="b";'
+        ),
+    }
+    alone = BrokerConfig.from_properties({**props, "s3.maintenance.runner": "none"})
+    _check_inter_broker_listener(alone, "SASL_PLAINTEXT")  # nobody connects: fine
+    with_jobs = BrokerConfig.from_properties({**props, "s3.maintenance.runner": "local"})
+    with pytest.raises(ConfigError, match=r"inter\.broker\.listener\.name: .*SASL_PLAINTEXT"):
+        _check_inter_broker_listener(with_jobs, "SASL_PLAINTEXT")

@@ -48,6 +48,9 @@ class BrokerProcess:
             "s3.maintenance.runner": "none",
             **(overrides or {}),
         }
+        if overrides and "listeners" in overrides:
+            # the first listener's port: where readiness is checked and clients bootstrap
+            self.port = int(overrides["listeners"].split(",")[0].rsplit(":", 1)[1])
         self.log_path = data_dir.parent / f"{data_dir.name}-broker.log"
         self._process: subprocess.Popen[bytes] | None = None
 

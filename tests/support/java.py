@@ -49,6 +49,7 @@ TOOLS = {
     "kafka-cluster": "org.apache.kafka.tools.ClusterTool",
     "kafka-groups": "org.apache.kafka.tools.GroupsCommand",
     "kafka-storage": "kafka.tools.StorageTool",
+    "kafka-acls": "org.apache.kafka.tools.AclCommand",
 }
 
 # Short-lived JVMs: start fast rather than run fast (what matters for a tool run in a test); no

@@ -139,6 +139,9 @@ MIN_EXCEPTIONS: dict[int, int] = {
     ApiKey.CREATE_TOPICS: 2,
     ApiKey.DELETE_TOPICS: 1,
     ApiKey.DESCRIBE_CONFIGS: 1,
+    ApiKey.DESCRIBE_ACLS: 1,
+    ApiKey.CREATE_ACLS: 1,
+    ApiKey.DELETE_ACLS: 1,
 }
 # Where this broker's maximum is not Kafka 3.9's, and why.
 MAX_EXCEPTIONS: dict[int, int] = {

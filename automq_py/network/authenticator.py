@@ -1,0 +1,238 @@
+"""SaslAuthenticator: one connection's SASL exchange on a SASL listener, as Kafka's
+``SaslServerAuthenticator`` runs it.
+
+A client may send ApiVersions, then SaslHandshake naming its mechanism. After a v1 handshake
+the mechanism's tokens come in SaslAuthenticate requests; after a v0 handshake (clients older
+than Kafka 1.0) they come as bare size-prefixed frames, answered the same way. Any other request
+before the exchange completes closes the connection, as does a refused exchange: its answer
+(SASL_AUTHENTICATION_FAILED, with a message that never tells whether the user exists) is sent
+after ``connection.failed.authentication.delay.ms``.
+
+Once authenticated, the session lasts ``connections.max.reauth.ms`` (KIP-368; or less, if the
+credential expires first: an OAUTHBEARER token), as the last SaslAuthenticate response tells
+the client. The client re-authenticates on the same connection with a new SaslHandshake
+before then; the principal may not change. A request on an expired session closes it.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from automq_py.apis.context import respond
+from automq_py.security.errors import (
+    IllegalSaslStateError,
+    SaslAuthenticationError,
+    UnsupportedSaslMechanismError,
+)
+from automq_py.security.sasl_mechanisms import SaslMechanismServer
+from protocol.api_keys import ApiKey
+from protocol.errors import ErrorCode
+from protocol.messages import Request
+
+log = logging.getLogger("automq.network.sasl")
+
+MechanismFactory = Callable[[str], SaslMechanismServer]
+
+
+class State(enum.Enum):
+    HANDSHAKE_OR_VERSIONS = 1  # nothing yet: ApiVersions or SaslHandshake
+    HANDSHAKE = 2  # ApiVersions answered: SaslHandshake
+    AUTHENTICATE = 3  # SaslAuthenticate requests carry the tokens
+    RAW_TOKENS = 4  # after a v0 handshake: bare tokens
+    AUTHENTICATED = 5
+    FAILED = 6
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What answering one SASL message came to: the response (a kio entity, or bare token
+    bytes after a v0 handshake), whether the connection closes after it, and how long the
+    answer waits first (a refused exchange)."""
+
+    response: Any
+    close: bool = False
+    delay_s: float = 0.0
+
+
+class SaslAuthenticator:
+    def __init__(
+        self,
+        mechanisms: tuple[str, ...],
+        new_server: MechanismFactory,
+        *,
+        max_reauth_ms: int,
+        failed_delay_ms: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.mechanisms = mechanisms
+        self._new_server = new_server
+        self._max_reauth_ms = max_reauth_ms
+        self._failed_delay_s = failed_delay_ms / 1000
+        self._clock = clock
+        self.state = State.HANDSHAKE_OR_VERSIONS
+        self._server: SaslMechanismServer | None = None
+        self._mechanism: str | None = None
+        self.principal: str | None = None  # once authenticated
+        self._expires_at: float | None = None
+        self._credential_lifetime_ms: int | None = None  # when the credential expires (epoch ms)
+        self._reauthenticating = False
+
+    @property
+    def authenticated(self) -> bool:
+        """Whether the connection may send other requests (during a re-authentication too:
+        the old session holds until it expires)."""
+        return self.principal is not None
+
+    @property
+    def raw_tokens(self) -> bool:
+        """Whether the next frames are bare tokens (after a v0 handshake)."""
+        return self.state is State.RAW_TOKENS
+
+    def expired(self) -> bool:
+        """Whether the session has outlived its lifetime (the connection must close)."""
+        return self._expires_at is not None and self._clock() >= self._expires_at
+
+    def intercepts(self, request: Request) -> bool:
+        """Whether ``request`` is part of the exchange (this answers it), rather than a
+        request for the broker."""
+        if self.state is State.AUTHENTICATED:
+            return request.api_key == ApiKey.SASL_HANDSHAKE
+        if self.state is State.HANDSHAKE_OR_VERSIONS and request.api_key == ApiKey.API_VERSIONS:
+            self.state = State.HANDSHAKE
+            return False  # the broker answers it as always
+        return True
+
+    async def handle(self, request: Request) -> Outcome:
+        """Answer one request of the exchange. Raises IllegalSaslStateError where the
+        connection closes without an answer."""
+        if request.api_key == ApiKey.SASL_HANDSHAKE and self.state in (
+            State.HANDSHAKE_OR_VERSIONS,
+            State.HANDSHAKE,
+            State.AUTHENTICATED,
+        ):
+            return self._handshake(request)
+        if request.api_key == ApiKey.SASL_AUTHENTICATE and self.state is State.AUTHENTICATE:
+            return await self._authenticate(request)
+        self.state = State.FAILED
+        raise IllegalSaslStateError(
+            f"unexpected request {_name(request.api_key)} during SASL authentication"
+        )
+
+    async def raw_token(self, token: bytes) -> Outcome:
+        """Answer one bare token (after a v0 handshake): ``response`` is bytes."""
+        try:
+            challenge = await self._evaluate(token)
+        except SaslAuthenticationError:
+            return Outcome(b"", close=True, delay_s=self._failed_delay_s)
+        if self.state is State.AUTHENTICATED:
+            self._session_lifetime_ms()  # (a v0 exchange cannot tell the client of it)
+        return Outcome(challenge)
+
+    def _handshake(self, request: Request) -> Outcome:
+        mechanism = str(request.body.mechanism)
+        reauth = self.state is State.AUTHENTICATED
+        if reauth and request.api_version == 0:
+            self.state = State.FAILED
+            raise IllegalSaslStateError("re-authentication needs SaslHandshake v1")
+        if mechanism not in self.mechanisms or (reauth and mechanism != self._mechanism):
+            self.state = State.FAILED
+            log.info("SASL mechanism %r refused (enabled: %s)", mechanism, self.mechanisms)
+            return Outcome(
+                respond(
+                    request,
+                    {
+                        "error_code": ErrorCode.UNSUPPORTED_SASL_MECHANISM,
+                        "mechanisms": list(self.mechanisms),
+                    },
+                ),
+                close=True,
+            )
+        self._mechanism = mechanism
+        self._server = self._new_server(mechanism)
+        self._reauthenticating = reauth
+        self.state = State.AUTHENTICATE if request.api_version >= 1 else State.RAW_TOKENS
+        return Outcome(
+            respond(request, {"error_code": ErrorCode.NONE, "mechanisms": list(self.mechanisms)})
+        )
+
+    async def _authenticate(self, request: Request) -> Outcome:
+        try:
+            challenge = await self._evaluate(bytes(request.body.auth_bytes))
+        except SaslAuthenticationError as e:
+            return Outcome(
+                respond(
+                    request,
+                    {
+                        "error_code": ErrorCode.SASL_AUTHENTICATION_FAILED,
+                        "error_message": str(e),
+                        "auth_bytes": b"",
+                        "session_lifetime": 0,
+                    },
+                ),
+                close=True,
+                delay_s=self._failed_delay_s,
+            )
+        lifetime_ms = 0
+        if self.state is State.AUTHENTICATED:
+            lifetime_ms = self._session_lifetime_ms()
+        return Outcome(
+            respond(
+                request,
+                {
+                    "error_code": ErrorCode.NONE,
+                    "error_message": None,
+                    "auth_bytes": challenge,
+                    "session_lifetime": lifetime_ms,
+                },
+            )
+        )
+
+    async def _evaluate(self, token: bytes) -> bytes:
+        server = self._server
+        assert server is not None
+        try:
+            challenge = await server.evaluate(token)
+        except (SaslAuthenticationError, IllegalSaslStateError, UnsupportedSaslMechanismError) as e:
+            self.state = State.FAILED
+            log.info("SASL %s authentication failed: %s", self._mechanism, e)
+            raise SaslAuthenticationError(str(e)) from None
+        if server.complete:
+            assert server.principal is not None
+            principal = str(server.principal)
+            if self._reauthenticating and principal != self.principal:
+                self.state = State.FAILED
+                raise SaslAuthenticationError(
+                    "Cannot change principals during re-authentication from "
+                    f"{self.principal}: {principal}"
+                )
+            if self._reauthenticating:
+                log.debug("%s re-authenticated with %s", principal, self._mechanism)
+            self.principal = principal
+            self.state = State.AUTHENTICATED
+            self._credential_lifetime_ms = server.lifetime_ms
+        return challenge
+
+    def _session_lifetime_ms(self) -> int:
+        """The session's lifetime as SaslAuthenticate tells it (0: no re-authentication), and
+        its expiry set from it."""
+        if self._max_reauth_ms <= 0:
+            self._expires_at = None
+            return 0
+        lifetime = self._max_reauth_ms
+        expiry = self._credential_lifetime_ms
+        if expiry is not None:
+            lifetime = max(0, min(lifetime, expiry - int(time.time() * 1000)))
+        self._expires_at = self._clock() + lifetime / 1000
+        return lifetime
+
+
+def _name(api_key: int) -> str:
+    try:
+        return ApiKey(api_key).name
+    except ValueError:
+        return str(api_key)

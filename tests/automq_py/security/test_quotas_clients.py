@@ -1,0 +1,162 @@
+"""Client quotas against the real broker: set and described with Kafka's ``kafka-configs``,
+enforced on confluent-kafka producers and consumers (the broker tells them ``throttle_time_ms``
+and they wait), while a client without a quota is not slowed."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from tests.automq_py.conftest import module_broker
+from tests.support.broker import BrokerProcess
+from tests.support.java import run_tool
+from tests.support.seaweedfs import SeaweedFS
+
+pytestmark = pytest.mark.integration
+
+QUOTA = 200_000  # B/s
+SENT = 3_000_000  # over the 10 s a first burst is measured over: 300 kB/s, 1.5x the quota
+RECORD = 10_000
+
+
+@pytest.fixture(scope="module")
+def broker(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: SeaweedFS
+) -> Iterator[BrokerProcess]:
+    with module_broker(tmp_path_factory, s3_server) as b:
+        yield b
+
+
+def kafka_configs(broker: BrokerProcess, *args: str) -> str:
+    return run_tool("kafka-configs", "--bootstrap-server", broker.bootstrap, *args).stdout
+
+
+def produce(broker: BrokerProcess, topic: str, client_id: str) -> tuple[float, float]:
+    """Produce SENT bytes as ``client_id``: the seconds it took and the longest throttle time
+    the broker told the client."""
+    throttles: list[float] = []
+
+    def stats(raw: str) -> None:
+        for b in json.loads(raw).get("brokers", {}).values():
+            if b.get("throttle", {}).get("cnt", 0):
+                throttles.append(b["throttle"]["max"])
+
+    producer = Producer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "client.id": client_id,
+            "acks": "all",
+            "statistics.interval.ms": 500,
+            "stats_cb": stats,
+        }
+    )
+    payload = os.urandom(RECORD)
+    start = time.monotonic()
+    for _ in range(SENT // RECORD):
+        producer.produce(topic, payload)
+        producer.poll(0)
+    assert producer.flush(60) == 0
+    took = time.monotonic() - start
+    producer.poll(1.0)  # the last statistics
+    return took, max(throttles, default=0.0)
+
+
+def test_a_producer_over_its_quota_is_throttled_and_another_is_not(broker: BrokerProcess) -> None:
+    topic = f"quota-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for f in admin.create_topics([NewTopic(topic, 1)]).values():
+        f.result(30)
+    kafka_configs(
+        broker,
+        "--alter",
+        "--add-config",
+        f"producer_byte_rate={QUOTA}",
+        "--entity-type",
+        "clients",
+        "--entity-name",
+        "slow",
+    )
+    described = kafka_configs(
+        broker, "--describe", "--entity-type", "clients", "--entity-name", "slow"
+    )
+    assert f"producer_byte_rate={float(QUOTA)}" in described, described
+    fast_s, fast_throttle = produce(broker, topic, "fast")
+    slow_s, slow_throttle = produce(broker, topic, "slow")
+    # 3 MB at 200 kB/s, a first burst allowed over the 10 s window: ~5 s throttled
+    assert slow_throttle > 1000, slow_throttle
+    assert slow_s > 3.0 and slow_s > 2 * fast_s, (slow_s, fast_s)
+    assert fast_throttle == 0
+    kafka_configs(
+        broker,
+        "--alter",
+        "--delete-config",
+        "producer_byte_rate",
+        "--entity-type",
+        "clients",
+        "--entity-name",
+        "slow",
+    )
+    again_s, _ = produce(broker, topic, "slow")
+    assert again_s < slow_s / 2, (again_s, slow_s)
+
+
+def test_a_consumer_over_its_quota_is_throttled(broker: BrokerProcess) -> None:
+    topic = f"quota-read-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for f in admin.create_topics([NewTopic(topic, 1)]).values():
+        f.result(30)
+    produce(broker, topic, "writer")
+    kafka_configs(
+        broker,
+        "--alter",
+        "--add-config",
+        f"consumer_byte_rate={QUOTA}",
+        "--entity-type",
+        "users",
+        "--entity-default",
+    )
+    throttles: list[float] = []
+
+    def stats(raw: str) -> None:
+        for b in json.loads(raw).get("brokers", {}).values():
+            if b.get("throttle", {}).get("cnt", 0):
+                throttles.append(b["throttle"]["max"])
+
+    settings: dict[str, Any] = {
+        "bootstrap.servers": broker.bootstrap,
+        "group.id": "unused",
+        "statistics.interval.ms": 500,
+        "stats_cb": stats,
+    }
+    consumer = Consumer(settings)
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    got = 0
+    start = time.monotonic()
+    try:
+        while got < SENT and time.monotonic() - start < 60:
+            for m in consumer.consume(100, 0.5):
+                if m.error() is None:
+                    got += len(m.value() or b"")
+    finally:
+        consumer.close()
+    took = time.monotonic() - start
+    kafka_configs(
+        broker,
+        "--alter",
+        "--delete-config",
+        "consumer_byte_rate",
+        "--entity-type",
+        "users",
+        "--entity-default",
+    )
+    assert got == SENT
+    assert max(throttles, default=0) > 1000, throttles
+    assert took > 3.0, took
