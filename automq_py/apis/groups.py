@@ -3,26 +3,25 @@
 Classic protocol: JoinGroup (11), SyncGroup (14), Heartbeat (12), LeaveGroup (13).
 Offsets: OffsetCommit (8), OffsetFetch (9, several groups from v8), OffsetDelete (47).
 Admin: ListGroups (16), DescribeGroups (15), DeleteGroups (42).
-Consumer protocol (KIP-848): ConsumerGroupHeartbeat (68), ConsumerGroupDescribe (69).
+The consumer protocol (KIP-848) is in :mod:`automq_py.apis.consumer_groups`.
 
 Handlers translate the wire messages to coordinator calls and back; every rule lives in the
 coordinator. Before that they check Kafka's ACLs (``KafkaApis``): a member's requests need READ
-on the group (OffsetCommit also READ on each topic), OffsetFetch, DescribeGroups and
-ConsumerGroupDescribe DESCRIBE on the group (only the topics the session may DESCRIBE are
-shown), DeleteGroups and OffsetDelete DELETE on the group, ListGroups lists every group to a
-session with DESCRIBE on the cluster and otherwise those it may DESCRIBE.
+on the group (OffsetCommit also READ on each topic), OffsetFetch and DescribeGroups DESCRIBE on
+the group (only the topics the session may DESCRIBE are shown), DeleteGroups and OffsetDelete
+DELETE on the group; ListGroups lists every group to a session with DESCRIBE on the cluster,
+and otherwise those it may DESCRIBE.
 """
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from automq_py.apis.context import CLIENT_HOST, BrokerContext, respond
 from automq_py.apis.metadata import AUTHORIZED_OPERATIONS_OMITTED, authorized_operations
 from automq_py.coordinator.classic_group import ClassicGroup, ClassicState, JoinResult
-from automq_py.coordinator.consumer_group import ConsumerGroup, HeartbeatRequest, Partitions
+from automq_py.coordinator.consumer_group import ConsumerGroup
 from automq_py.coordinator.group_coordinator import (
     NO_OFFSET,
     GroupCoordinator,
@@ -43,25 +42,25 @@ GROUP_REFUSED = ErrorCode.GROUP_AUTHORIZATION_FAILED
 TOPIC_REFUSED = ErrorCode.TOPIC_AUTHORIZATION_FAILED
 
 
-def _coordinator(ctx: BrokerContext) -> GroupCoordinator:
+def group_coordinator(ctx: BrokerContext) -> GroupCoordinator:
     assert ctx.groups is not None, "the broker starts its group coordinator before serving"
     return ctx.groups
 
 
-def _authorized(
+def authorized_names(
     ctx: BrokerContext, operation: AclOperation, resource_type: ResourceType, names: Iterable[str]
 ) -> set[str]:
     """Those of ``names`` the session may do ``operation`` on (Kafka's filterByAuthorized)."""
     return {n for n in set(names) if ctx.allowed(operation, resource_type, n)}
 
 
-def _refused(request: Request, code: ErrorCode, **fields: Any) -> Any:
+def error_response(request: Request, code: ErrorCode, **fields: Any) -> Any:
     """A group API's error response: ``code`` at the top, ``fields`` as Kafka's
     ``getErrorResponse`` sets them, the rest at their defaults."""
     return respond(request, {"throttle_time": 0, "error_code": code, **fields})
 
 
-def _millis(value: Any) -> int:
+def millis(value: Any) -> int:
     """A kio duration (timedelta) or plain int, in ms."""
     if hasattr(value, "total_seconds"):
         return int(value.total_seconds() * 1000)
@@ -75,11 +74,11 @@ async def handle_join_group(ctx: BrokerContext, request: Request) -> Any:
     body = request.body
     version = request.api_version
     if not ctx.allowed(READ, GROUP, str(body.group_id)):
-        return _refused(
+        return error_response(
             request, GROUP_REFUSED, generation_id=-1, leader="", member_id="", members=[]
         )
-    session = _millis(body.session_timeout)
-    rebalance = _millis(getattr(body, "rebalance_timeout", session))
+    session = millis(body.session_timeout)
+    rebalance = millis(getattr(body, "rebalance_timeout", session))
     join = JoinRequest(
         group_id=str(body.group_id),
         member_id=str(body.member_id),
@@ -93,7 +92,7 @@ async def handle_join_group(ctx: BrokerContext, request: Request) -> Any:
         require_known_member_id=version >= 4,
         supports_skip_assignment=version >= 9,
     )
-    result: JoinResult = await _coordinator(ctx).join_group(join)
+    result: JoinResult = await group_coordinator(ctx).join_group(join)
     return respond(
         request,
         {
@@ -116,9 +115,9 @@ async def handle_join_group(ctx: BrokerContext, request: Request) -> Any:
 async def handle_sync_group(ctx: BrokerContext, request: Request) -> Any:
     body = request.body
     if not ctx.allowed(READ, GROUP, str(body.group_id)):
-        return _refused(request, GROUP_REFUSED, assignment=b"")
+        return error_response(request, GROUP_REFUSED, assignment=b"")
     assignments = {str(a.member_id): bytes(a.assignment) for a in body.assignments}
-    result = await _coordinator(ctx).sync_group(
+    result = await group_coordinator(ctx).sync_group(
         str(body.group_id),
         int(body.generation_id),
         str(body.member_id),
@@ -142,8 +141,8 @@ async def handle_sync_group(ctx: BrokerContext, request: Request) -> Any:
 async def handle_heartbeat(ctx: BrokerContext, request: Request) -> Any:
     body = request.body
     if not ctx.allowed(READ, GROUP, str(body.group_id)):
-        return _refused(request, GROUP_REFUSED)
-    error = await _coordinator(ctx).heartbeat(
+        return error_response(request, GROUP_REFUSED)
+    error = await group_coordinator(ctx).heartbeat(
         str(body.group_id),
         int(body.generation_id),
         str(body.member_id),
@@ -155,12 +154,12 @@ async def handle_heartbeat(ctx: BrokerContext, request: Request) -> Any:
 async def handle_leave_group(ctx: BrokerContext, request: Request) -> Any:
     body = request.body
     if not ctx.allowed(READ, GROUP, str(body.group_id)):
-        return _refused(request, GROUP_REFUSED, members=[])
+        return error_response(request, GROUP_REFUSED, members=[])
     if request.api_version < 3:
         leaving: list[tuple[str, str | None]] = [(str(body.member_id), None)]
     else:
         leaving = [(str(m.member_id), m.group_instance_id) for m in body.members]
-    error, per_member = await _coordinator(ctx).leave_group(str(body.group_id), leaving)
+    error, per_member = await group_coordinator(ctx).leave_group(str(body.group_id), leaving)
     if request.api_version < 3:
         error = per_member[0] if error == ErrorCode.NONE else error
     return respond(
@@ -185,7 +184,7 @@ async def handle_offset_commit(ctx: BrokerContext, request: Request) -> Any:
     body = request.body
     group_id = str(body.group_id)
     retention = getattr(body, "retention_time", None)
-    retention_ms = -1 if retention is None else _millis(retention)
+    retention_ms = -1 if retention is None else millis(retention)
     commits = [
         OffsetCommit(
             str(t.name),
@@ -202,11 +201,11 @@ async def handle_offset_commit(ctx: BrokerContext, request: Request) -> Any:
     if not ctx.allowed(READ, GROUP, group_id):
         errors = [GROUP_REFUSED] * len(commits)
     else:
-        readable = _authorized(ctx, READ, TOPIC, (c.topic for c in commits))
+        readable = authorized_names(ctx, READ, TOPIC, (c.topic for c in commits))
         allowed = [c for c in commits if c.topic in readable]
         # as in Kafka, with no topic left the group is not asked at all
         done = iter(
-            await _coordinator(ctx).commit_offsets(
+            await group_coordinator(ctx).commit_offsets(
                 group_id,
                 int(body.generation_id_or_member_epoch),
                 str(body.member_id),
@@ -243,7 +242,7 @@ async def _fetch_group(
     """One group's OffsetFetch answer. Offsets of topics the session may not DESCRIBE are
     not shown: left out of an answer about every topic, TOPIC_AUTHORIZATION_FAILED when asked
     for."""
-    coordinator = _coordinator(ctx)
+    coordinator = group_coordinator(ctx)
     wanted = (
         None
         if topics is None
@@ -255,12 +254,12 @@ async def _fetch_group(
         error = GROUP_REFUSED
     else:
         if wanted is not None:
-            describable = _authorized(ctx, DESCRIBE, TOPIC, (tp[0] for tp in wanted))
+            describable = authorized_names(ctx, DESCRIBE, TOPIC, (tp[0] for tp in wanted))
             refused = [tp for tp in wanted if tp[0] not in describable]
             wanted = [tp for tp in wanted if tp[0] in describable]
         error, found = await coordinator.fetch_offsets(group_id, wanted, member_id, member_epoch)
         if wanted is None and error == ErrorCode.NONE:
-            describable = _authorized(ctx, DESCRIBE, TOPIC, (tp[0] for tp, _ in found))
+            describable = authorized_names(ctx, DESCRIBE, TOPIC, (tp[0] for tp, _ in found))
             found = [(tp, value) for tp, value in found if tp[0] in describable]
     if error != ErrorCode.NONE:
         # partitions carry the error too, for versions without a group-level error code
@@ -325,11 +324,11 @@ async def handle_offset_delete(ctx: BrokerContext, request: Request) -> Any:
     body = request.body
     group_id = str(body.group_id)
     if not ctx.allowed(DELETE, GROUP, group_id):
-        return _refused(request, GROUP_REFUSED, topics=[])
+        return error_response(request, GROUP_REFUSED, topics=[])
     wanted = [(str(t.name), int(p.partition_index)) for t in body.topics for p in t.partitions]
-    readable = _authorized(ctx, READ, TOPIC, (tp[0] for tp in wanted))
+    readable = authorized_names(ctx, READ, TOPIC, (tp[0] for tp in wanted))
     allowed = [tp for tp in wanted if tp[0] in readable]
-    error, per_partition = await _coordinator(ctx).delete_offsets(group_id, allowed)
+    error, per_partition = await group_coordinator(ctx).delete_offsets(group_id, allowed)
     by_topic: dict[str, list[dict[str, Any]]] = {}
     if error == ErrorCode.NONE:  # a group error is the whole answer, as in Kafka
         done = iter(per_partition)
@@ -351,7 +350,7 @@ async def handle_offset_delete(ctx: BrokerContext, request: Request) -> Any:
 
 async def handle_list_groups(ctx: BrokerContext, request: Request) -> Any:
     body = request.body
-    error, groups = await _coordinator(ctx).list_groups(
+    error, groups = await group_coordinator(ctx).list_groups(
         getattr(body, "states_filter", ()), getattr(body, "types_filter", ())
     )
     if not ctx.allowed_on_cluster(DESCRIBE):
@@ -399,7 +398,7 @@ def _describe_classic(group_id: str, group: ClassicGroup) -> dict[str, Any]:
 
 
 async def handle_describe_groups(ctx: BrokerContext, request: Request) -> Any:
-    coordinator = _coordinator(ctx)
+    coordinator = group_coordinator(ctx)
     operations = request.api_version >= 3 and bool(request.body.include_authorized_operations)
     out = []
     for group_id in request.body.groups:
@@ -448,9 +447,9 @@ async def handle_describe_groups(ctx: BrokerContext, request: Request) -> Any:
 
 async def handle_delete_groups(ctx: BrokerContext, request: Request) -> Any:
     names = [str(g) for g in request.body.groups_names]
-    deletable = _authorized(ctx, DELETE, GROUP, names)
+    deletable = authorized_names(ctx, DELETE, GROUP, names)
     allowed = [g for g in names if g in deletable]
-    done = iter(await _coordinator(ctx).delete_groups(allowed) if allowed else [])
+    done = iter(await group_coordinator(ctx).delete_groups(allowed) if allowed else [])
     errors = [next(done) if g in deletable else GROUP_REFUSED for g in names]
     return respond(
         request,
@@ -463,215 +462,6 @@ async def handle_delete_groups(ctx: BrokerContext, request: Request) -> Any:
     )
 
 
-# --- consumer protocol (KIP-848) ----------------------------------------------------------------
-
-
-def _owned(topic_partitions: Sequence[Any] | None) -> Partitions | None:
-    if topic_partitions is None:
-        return None
-    return {
-        tp.topic_id: frozenset(int(p) for p in tp.partitions)
-        for tp in topic_partitions
-        if tp.topic_id is not None
-    }
-
-
-async def handle_consumer_group_heartbeat(ctx: BrokerContext, request: Request) -> Any:
-    body = request.body
-    coordinator = _coordinator(ctx)
-    group_id = str(body.group_id)
-    if not ctx.allowed(READ, GROUP, group_id):
-        return _refused(request, GROUP_REFUSED)
-    subscribed = {str(n) for n in getattr(body, "subscribed_topic_names", None) or ()}
-    if subscribed and _authorized(ctx, DESCRIBE, TOPIC, subscribed) != subscribed:
-        # Kafka 4.0 (KAFKA-18813): a subscription naming a topic the member may not DESCRIBE
-        return _refused(request, TOPIC_REFUSED)
-    error, group = await coordinator.consumer_group(group_id)
-    config = coordinator.config
-    # the group's own settings (kafka-configs --entity-type groups) over the broker's
-    if ctx.group_configs is not None:
-        session_timeout, interval = ctx.group_configs.timeouts(group_id)
-    else:
-        session_timeout = config.consumer_session_timeout_ms
-        interval = config.consumer_heartbeat_interval_ms
-    if group is None:
-        return respond(
-            request,
-            {
-                "throttle_time": 0,
-                "error_code": error,
-                "member_epoch": int(body.member_epoch),
-                "heartbeat_interval": interval,
-            },
-        )
-    if request.api_version >= 1 and not str(body.member_id):
-        # KIP-1082: from v1 the client makes its member id
-        return respond(
-            request,
-            {
-                "throttle_time": 0,
-                "error_code": ErrorCode.INVALID_REQUEST,
-                "error_message": "MemberId can't be empty.",
-                "member_epoch": int(body.member_epoch),
-                "heartbeat_interval": interval,
-            },
-        )
-    names = getattr(body, "subscribed_topic_names", None)
-    heartbeat = HeartbeatRequest(
-        group_id=group_id,
-        member_id=str(body.member_id),
-        member_epoch=int(body.member_epoch),
-        instance_id=body.instance_id,
-        rack_id=body.rack_id,
-        rebalance_timeout_ms=_millis(body.rebalance_timeout),
-        subscribed_topic_names=None if names is None else [str(n) for n in names],
-        subscribed_topic_regex=getattr(body, "subscribed_topic_regex", None),
-        server_assignor=body.server_assignor,
-        owned=_owned(body.topic_partitions),
-        client_id=request.header.client_id or "",
-        client_host=CLIENT_HOST.get(),
-    )
-    topics = ctx.topics
-
-    def resolve(wanted: set[str]) -> dict[str, tuple[uuid.UUID, int]]:
-        out = {}
-        for name in wanted:
-            info = topics.get(name)
-            if info is not None:
-                out[name] = (info.topic_id, info.partitions)
-        return out
-
-    result = group.heartbeat(
-        heartbeat,
-        coordinator.clock(),
-        resolve,
-        [t.name for t in topics.all()],
-        config.consumer_assignors,
-        session_timeout,
-        config.consumer_max_size,
-    )
-    if result.error == ErrorCode.NONE:
-        stored = await coordinator.store_consumer_epoch_if_changed(group)
-        if stored != ErrorCode.NONE:
-            result = type(result)(stored, result.member_id, result.member_epoch)
-    assignment = None
-    if result.assignment is not None:
-        assignment = {
-            "topic_partitions": [
-                {"topic_id": t, "partitions": sorted(p)}
-                for t, p in sorted(result.assignment.items(), key=lambda kv: str(kv[0]))
-            ]
-        }
-    return respond(
-        request,
-        {
-            "throttle_time": 0,
-            "error_code": result.error,
-            "error_message": result.message,
-            "member_id": result.member_id,
-            "member_epoch": result.member_epoch,
-            "heartbeat_interval": interval,
-            "assignment": assignment,
-        },
-    )
-
-
-def _assignment_entry(group: ConsumerGroup, partitions: Partitions) -> dict[str, Any]:
-    names = group.topic_names()
-    return {
-        "topic_partitions": [
-            {"topic_id": tid, "topic_name": names.get(tid, ""), "partitions": sorted(parts)}
-            for tid, parts in partitions.items()
-        ]
-    }
-
-
-async def handle_consumer_group_describe(ctx: BrokerContext, request: Request) -> Any:
-    coordinator = _coordinator(ctx)
-    operations = bool(request.body.include_authorized_operations)
-    out = []
-    for group_id in request.body.group_ids:
-        if not ctx.allowed(DESCRIBE, GROUP, str(group_id)):
-            out.append({"error_code": GROUP_REFUSED, "group_id": group_id})
-            continue
-        error, group = await coordinator.describe_group(str(group_id))
-        if error == ErrorCode.NONE and not isinstance(group, ConsumerGroup):
-            error = ErrorCode.GROUP_ID_NOT_FOUND
-        if error != ErrorCode.NONE or not isinstance(group, ConsumerGroup):
-            out.append(
-                {
-                    "error_code": error,
-                    "error_message": f"group {group_id} is not a consumer-protocol group"
-                    if error == ErrorCode.GROUP_ID_NOT_FOUND
-                    else None,
-                    "group_id": group_id,
-                    "group_state": ClassicState.DEAD.value,
-                    "authorized_operations": NO_OPERATIONS,
-                }
-            )
-            continue
-        if not _may_see_topics(ctx, group):
-            out.append(
-                {
-                    "error_code": TOPIC_REFUSED,
-                    "error_message": "The group has described topic(s) that the client is not "
-                    "authorized to describe.",
-                    "group_id": group_id,
-                }
-            )
-            continue
-        out.append(
-            {
-                "error_code": ErrorCode.NONE,
-                "group_id": group_id,
-                "group_state": group.state,
-                "group_epoch": group.group_epoch,
-                "assignment_epoch": group.assignment_epoch,
-                "assignor_name": group.assignor_name,
-                "members": [
-                    {
-                        "member_id": m.member_id,
-                        "instance_id": m.instance_id,
-                        "rack_id": m.rack_id,
-                        "member_epoch": m.epoch,
-                        "client_id": m.client_id,
-                        "client_host": m.client_host,
-                        "subscribed_topic_names": sorted(m.subscribed_names),
-                        "subscribed_topic_regex": m.subscribed_regex,
-                        "assignment": _assignment_entry(group, m.assigned),
-                        "target_assignment": _assignment_entry(
-                            group, group.target.get(m.member_id, {})
-                        ),
-                    }
-                    for m in group.members.values()
-                ],
-                "authorized_operations": authorized_operations(ctx, GROUP, str(group_id))
-                if operations
-                else NO_OPERATIONS,
-            }
-        )
-    return respond(request, {"throttle_time": 0, "groups": out})
-
-
-def _may_see_topics(ctx: BrokerContext, group: ConsumerGroup) -> bool:
-    """Whether the session may DESCRIBE every topic the group's members are assigned or are
-    to be (Kafka 4.0, KAFKA-18813: otherwise the group is not described)."""
-    names = group.topic_names()
-    assigned = {
-        names[topic_id]
-        for m in group.members.values()
-        for partitions in (m.assigned, group.target.get(m.member_id, {}))
-        for topic_id in partitions
-        if topic_id in names  # a deleted topic names nothing to authorize
-    }
-    return _authorized(ctx, DESCRIBE, TOPIC, assigned) == assigned
-
-
-# Kafka 3.9's maxima but one: ConsumerGroupHeartbeat v1 (Kafka 4.0: regex subscriptions and
-# member ids the client makes, KIP-848 GA), which librdkafka's group.protocol=consumer requires
-# ("ConsumerGroupHeartbeatRequest not supported by broker" against v0). OffsetCommit v0-v1 and
-# OffsetFetch v0 are not served: kio has no schema for them (Kafka 4.0 removed them, KIP-896;
-# Kafka 3.9's KRaft broker only answers v0 with an error, the offsets of v0 living in ZooKeeper).
 HANDLERS: dict[int, tuple[Any, int, int]] = {
     ApiKey.JOIN_GROUP: (handle_join_group, 0, 9),
     ApiKey.SYNC_GROUP: (handle_sync_group, 0, 5),
@@ -683,6 +473,4 @@ HANDLERS: dict[int, tuple[Any, int, int]] = {
     ApiKey.LIST_GROUPS: (handle_list_groups, 0, 5),
     ApiKey.DESCRIBE_GROUPS: (handle_describe_groups, 0, 5),
     ApiKey.DELETE_GROUPS: (handle_delete_groups, 0, 2),
-    ApiKey.CONSUMER_GROUP_HEARTBEAT: (handle_consumer_group_heartbeat, 0, 1),
-    ApiKey.CONSUMER_GROUP_DESCRIBE: (handle_consumer_group_describe, 0, 0),
 }
