@@ -225,7 +225,7 @@ LABELS = {
     "kafka-flush": "Kafka flush",
     "automq-s3": "automq-py S3",
     "automq-file": "automq-py file",
-    "automq-file-sasl-ssl": "automq-py file SASL_SSL",
+    "automq-file-sasl-ssl": "automq SASL_SSL",
     "tansu-mem": "Tansu mem",
     "tansu-s3": "Tansu S3",
 }

@@ -1,26 +1,29 @@
 """Client quotas under load: two producers on one broker, one of them limited to 1 MB/s.
 
-    python bench/quota_bench.py [--seconds 30] [--quota-mbps 1] [--s3-dir /dev/shm]
+    python bench/quota_bench.py [--seconds 30] [--warmup-s 30] [--quota-mbps 1] \
+        [--brokers automq kafka] [--s3-dir /dev/shm]
 
-A fresh automq-py broker (embedded file store) gets ``producer_byte_rate`` for client id
-``noisy`` through AlterClientQuotas, as ``kafka-configs --alter --add-config
-producer_byte_rate=... --entity-type clients --entity-name noisy`` sets it. Then, each for
-``--seconds``:
+Each broker (a fresh automq-py with its embedded file store, and Apache Kafka 4.4 from
+``make java``'s jars, as ``bench/produce_consume.py`` runs it) gets ``producer_byte_rate``
+for client id ``noisy`` through AlterClientQuotas, as ``kafka-configs --alter --add-config
+producer_byte_rate=... --entity-type clients --entity-name noisy`` sets it. Then:
 
-1. ``calm`` alone: a confluent-kafka producer, one ``produce()`` with a delivery callback per
-   1 KiB record, offered ``--calm-mbps``;
-2. ``calm`` again, beside ``noisy``: the same client, with a second producer producing as fast
-   as it can (a ``produce()`` per record, up to 16 MiB outstanding).
+1. ``calm`` alone for ``--seconds``: a confluent-kafka producer, one ``produce()`` with a
+   delivery callback per 1 KiB record, offered ``--calm-mbps``;
+2. ``calm`` again beside ``noisy``, a second producer producing as fast as it can (a
+   ``produce()`` per record, up to 16 MiB outstanding), for ``--warmup-s`` then ``--seconds``.
 
-Printed: each producer's acknowledged MB/s per second and over the phase, noisy's against its
-quota (the goal: within 10%), calm's throughput and latency alone and beside noisy (the goal:
-unaffected), and the throttle times the broker told noisy (librdkafka's statistics).
+Printed: each producer's acknowledged MB/s per second and over the measured ``--seconds`` (after
+the warm-up: the quota's window lets a new client's first burst through, as Kafka's does),
+noisy's against its quota (the goal: within 10%), calm's throughput and latency alone and beside
+noisy (the goal: unaffected), and the throttle times the broker told noisy.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -37,6 +40,7 @@ from kafka.protocol.admin.client_quotas import AlterClientQuotasRequest, AlterCl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.apache_kafka import KafkaServer
 from tests.support.broker import BrokerProcess
 from tests.support.raw_connection import RawConnection
 
@@ -149,26 +153,27 @@ def produce(
 def per_second(run: Run, start: float, seconds: float) -> list[float]:
     buckets = [0] * int(seconds)
     for t in run.acked:
-        i = int(t - start)
+        i = math.floor(t - start)
         if 0 <= i < len(buckets):
             buckets[i] += 1
     return [n * RECORD / MB for n in buckets]
 
 
 def phase(
-    bootstrap: str, topic: str, runs: list[tuple[Run, float | None]], seconds: float
+    bootstrap: str, topic: str, runs: list[tuple[Run, float | None]], seconds: float, warmup: float
 ) -> float:
+    """Run the producers for ``warmup`` + ``seconds``; when the measured part started."""
     stop = threading.Event()
     start = time.monotonic()
     threads = [
-        threading.Thread(target=produce, args=(bootstrap, topic, run, seconds, rate, stop))
+        threading.Thread(target=produce, args=(bootstrap, topic, run, warmup + seconds, rate, stop))
         for run, rate in runs
     ]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return start
+    return start + warmup
 
 
 def report(label: str, run: Run, start: float, seconds: float) -> tuple[float, float]:
@@ -176,7 +181,7 @@ def report(label: str, run: Run, start: float, seconds: float) -> tuple[float, f
     # the first seconds are the client's ramp and the quota's first throttle: the whole
     # phase counts, as a user sees it
     mbps = len([t for t in run.acked if start <= t < start + seconds]) * RECORD / MB / seconds
-    p99 = statistics.quantiles(run.latencies_ms, n=100)[98] if len(run.latencies_ms) > 1 else 0
+    p99 = statistics.quantiles(run.latencies_ms, n=100)[98] if len(run.latencies_ms) > 1 else 0.0
     print(
         f"{label:<28} {mbps:7.3f} MB/s over {seconds:g} s, p50 "
         f"{statistics.median(run.latencies_ms) if run.latencies_ms else 0:7.1f} ms, "
@@ -191,45 +196,64 @@ def report(label: str, run: Run, start: float, seconds: float) -> tuple[float, f
     return mbps, p99
 
 
+def run_broker(name: str, bootstrap: str, args: argparse.Namespace) -> None:
+    topic = "quota-bench"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for f in admin.create_topics([NewTopic(topic, PARTITIONS, 1)]).values():
+        f.result(30)
+    time.sleep(2)  # (Kafka's broker applies the new topic's metadata meanwhile)
+    set_quota(bootstrap, "noisy", args.quota_mbps * MB)
+    calm_alone = Run("calm")
+    start = phase(bootstrap, topic, [(calm_alone, args.calm_mbps)], args.seconds, 0)
+    alone = report(f"{name}: calm alone", calm_alone, start, args.seconds)
+    calm, noisy = Run("calm"), Run("noisy")
+    start = phase(
+        bootstrap, topic, [(calm, args.calm_mbps), (noisy, None)], args.seconds, args.warmup_s
+    )
+    beside = report(f"{name}: calm beside noisy", calm, start, args.seconds)
+    held, _ = report(f"{name}: noisy (quota'd)", noisy, start, args.seconds)
+    whole = len(noisy.acked) * RECORD / MB / (args.warmup_s + args.seconds)
+    print(
+        f"{name}: noisy held at {held:.3f} MB/s over the {args.seconds:g} s after "
+        f"{args.warmup_s:g} s: {held / args.quota_mbps - 1:+.1%} of its quota "
+        f"({whole:.3f} MB/s counting its first burst); calm {beside[0] / alone[0] - 1:+.1%} MB/s, "
+        f"p99 {beside[1]:.1f} ms ({alone[1]:.1f} ms alone)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=30.0, help="length of each phase")
+    parser.add_argument("--seconds", type=float, default=30.0, help="the measured time")
+    parser.add_argument("--warmup-s", type=float, default=30.0, help="noisy's time before it")
     parser.add_argument("--quota-mbps", type=float, default=1.0, help="noisy's producer_byte_rate")
     parser.add_argument("--calm-mbps", type=float, default=10.0, help="calm's offered MB/s")
-    parser.add_argument("--s3-dir", default=None, help="where the broker's data goes")
+    parser.add_argument(
+        "--brokers", nargs="+", choices=("automq", "kafka"), default=["automq", "kafka"]
+    )
+    parser.add_argument("--s3-dir", default=None, help="where the brokers' data goes")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="automq-quota-bench-", dir=args.s3_dir))
-    broker = BrokerProcess(root / "broker", {"s3.wal.capacity": str(1 << 30)})
+    print(
+        f"# quota bench, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores: noisy "
+        f"limited to {args.quota_mbps:g} MB/s (producer_byte_rate), calm offered "
+        f"{args.calm_mbps:g} MB/s, 1 KiB records, acks=all; {args.seconds:g} s measured"
+    )
     try:
-        broker.start()
-        bootstrap = broker.bootstrap
-        topic = "quota-bench"
-        admin = AdminClient({"bootstrap.servers": bootstrap})
-        for f in admin.create_topics([NewTopic(topic, PARTITIONS)]).values():
-            f.result(30)
-        set_quota(bootstrap, "noisy", args.quota_mbps * MB)
-        print(
-            f"# quota bench, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores: noisy "
-            f"limited to {args.quota_mbps:g} MB/s (producer_byte_rate), calm offered "
-            f"{args.calm_mbps:g} MB/s, 1 KiB records, acks=all, {args.seconds:g} s per phase"
-        )
-        calm_alone = Run("calm")
-        start = phase(bootstrap, topic, [(calm_alone, args.calm_mbps)], args.seconds)
-        alone = report("calm alone", calm_alone, start, args.seconds)
-        calm, noisy = Run("calm"), Run("noisy")
-        start = phase(bootstrap, topic, [(calm, args.calm_mbps), (noisy, None)], args.seconds)
-        beside = report("calm beside noisy", calm, start, args.seconds)
-        held, _ = report("noisy (quota'd)", noisy, start, args.seconds)
-        print(
-            f"noisy held at {held:.3f} MB/s: {held / args.quota_mbps - 1:+.1%} of its quota; "
-            f"calm {beside[0] / alone[0] - 1:+.1%} MB/s and p99 {beside[1]:.1f} ms "
-            f"({alone[1]:.1f} ms alone)"
-        )
+        for name in args.brokers:
+            broker: BrokerProcess | KafkaServer
+            if name == "automq":
+                broker = BrokerProcess(root / "automq", {"s3.wal.capacity": str(1 << 30)})
+            else:
+                broker = KafkaServer(root / "kafka")
+            try:
+                broker.start()
+                run_broker(name, broker.bootstrap, args)
+            finally:
+                code = broker.stop()
+                if code != 0:
+                    print(f"{name} exited with {code}", file=sys.stderr)
     finally:
-        code = broker.stop()
         shutil.rmtree(root, ignore_errors=True)
-        if code != 0:
-            print(f"broker exited with {code}", file=sys.stderr)
 
 
 if __name__ == "__main__":

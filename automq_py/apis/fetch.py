@@ -129,19 +129,18 @@ async def handle_fetch(ctx: BrokerContext, request: Request) -> Any:
                 name=name, partitions=parts, topic_id=info.topic_id if info else topic_id
             )
         )
+    # a consumer over its quota gets what it asked for and waits the throttle time before it
+    # asks again (the bytes are the quota's debt; Kafka answers such a fetch empty, which with
+    # a bucket of one window's bytes would refuse a larger fetch for ever)
     throttle = _throttle(ctx, request, results)
-    if throttle:
-        # Kafka: a fetch that would take the client over its quota is answered empty, its
-        # bytes not counted, and the client waits the throttle time before it asks again
-        return encode_fetch_response(
-            request.api_version, request.correlation_id, [], throttle_time_ms=throttle
-        )
-    return encode_fetch_response(request.api_version, request.correlation_id, topics, session_id=0)
+    return encode_fetch_response(
+        request.api_version, request.correlation_id, topics, throttle_time_ms=throttle, session_id=0
+    )
 
 
 def _throttle(ctx: BrokerContext, request: Request, results: list[FetchData]) -> int:
     """Record the response's bytes against a consumer's fetch quota, if it has one: the time
-    it is throttled for (0: the response goes out)."""
+    it is throttled for (0: within its quota)."""
     quotas = ctx.quotas
     if quotas is None or not quotas.any or _from_follower(request.body):
         return 0
@@ -149,7 +148,6 @@ def _throttle(ctx: BrokerContext, request: Request, results: list[FetchData]) ->
     user, client_id = SESSION.get().user, request.header.client_id or ""
     throttle = quotas.record(FETCH_QUOTA, user, client_id, size)
     if throttle:
-        quotas.record(FETCH_QUOTA, user, client_id, -size)
         THROTTLE_MS.set(throttle)
     return throttle
 

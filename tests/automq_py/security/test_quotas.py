@@ -1,5 +1,5 @@
 """Client quota configs and throttling, as pure logic: Kafka's entity matching order, the
-AlterClientQuotas and DescribeClientQuotas rules, the sampled rate and the throttle time."""
+AlterClientQuotas and DescribeClientQuotas rules, the token bucket and the throttle time."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any, cast
 import pytest
 
 from automq_py.security import quota_configs as qc
-from automq_py.security.quotas import FETCH, PRODUCE, REQUEST, ClientQuotas, Rate
+from automq_py.security.quotas import FETCH, PRODUCE, REQUEST, ClientQuotas, TokenBucket
 from protocol.errors import ErrorCode
 from storage.metadata import records as rec
 
@@ -151,20 +151,42 @@ def test_the_most_specific_entity_setting_the_key_wins_and_its_clients_share_it(
     metadata.change([(qc.USER, "alice"), (qc.CLIENT_ID, "app")], producer_byte_rate=7)
     assert q.limit(PRODUCE, "alice", "app") == 7  # re-read on change
     # bob's two clients share the default user's limit: bytes of one throttle the other
-    assert q.record(PRODUCE, "bob", "one", 1000) == 0  # 1000 B over 10 s: 100 B/s
+    assert q.record(PRODUCE, "bob", "one", 100) == 0  # one window's worth
     assert q.record(PRODUCE, "bob", "two", 1) > 0
 
 
-def test_throttle_time_brings_the_rate_back_to_the_limit() -> None:
+def test_throttle_time_pays_the_debt_back_at_the_limit() -> None:
     metadata, now = Metadata(), [0.0]
     q = quotas(metadata, now)
     metadata.change([(qc.USER, "u")], producer_byte_rate=1000)
-    # 20,000 B in the first second: measured over 10 s (samples - 1 whole windows) is 2000 B/s,
-    # twice the limit: the client waits as long again as the window, ~10 s
-    throttle = q.record(PRODUCE, "u", "c", 20_000)
-    assert throttle == pytest.approx(10_000, rel=0.01)
-    now[0] = 30.0  # long after: the window forgot it
-    assert q.record(PRODUCE, "u", "c", 100) == 0
+    # the bucket holds one window (1 s) of the limit: 1000 B pass, the next 4000 are a debt
+    # that takes 4 s to pay back at 1000 B/s
+    assert q.record(PRODUCE, "u", "c", 1000) == 0
+    assert q.record(PRODUCE, "u", "c", 4000) == 4000
+    now[0] = 2.0
+    assert q.record(PRODUCE, "u", "c", 0) == 2000  # half paid
+    now[0] = 30.0  # long after: a full bucket again, no more
+    assert q.record(PRODUCE, "u", "c", 1000) == 0
+    assert q.record(PRODUCE, "u", "c", 1) == 1
+    # a throttle is at most quota.window.num windows (11 s), though the debt stays
+    assert q.record(PRODUCE, "u", "c", 10**6) == 11_000
+
+
+def test_a_changed_limit_takes_effect_on_the_sensor() -> None:
+    metadata, now = Metadata(), [0.0]
+    q = quotas(metadata, now)
+    metadata.change([(qc.CLIENT_ID, "c")], producer_byte_rate=1000)
+    assert q.record(PRODUCE, "u", "c", 3000) == 2000
+    metadata.change([(qc.CLIENT_ID, "c")], producer_byte_rate=2000)
+    assert q.record(PRODUCE, "u", "c", 0) == 1000  # the same debt, paid twice as fast
+
+
+def test_request_quotas_count_handling_time_as_percent_of_a_core() -> None:
+    metadata, now = Metadata(), [0.0]
+    q = quotas(metadata, now)
+    metadata.change([(qc.USER, None)], request_percentage=50)  # 500 ms of handling per s
+    assert q.record(REQUEST, "u", "c", 500) == 0
+    assert q.record(REQUEST, "u", "c", 250) == 500
 
 
 def test_no_quota_records_nothing() -> None:
@@ -174,10 +196,9 @@ def test_no_quota_records_nothing() -> None:
     assert q.record(PRODUCE, "u", "c", 10**12) == 0
 
 
-def test_rate_over_its_samples() -> None:
-    rate = Rate(samples=3, window_ms=1000)
-    rate.record(300, 0)
-    assert rate.measure(0) == pytest.approx(150)  # at least 2 whole windows
-    rate.record(300, 1500)
-    assert rate.measure(2500) == pytest.approx(600 / 2.5)
-    assert rate.measure(10_000) == 0
+def test_token_bucket() -> None:
+    bucket = TokenBucket(rate=100, capacity=100, tokens=100, updated_s=0)
+    assert bucket.record(100, 0) == 0
+    assert bucket.record(50, 0) == pytest.approx(0.5)
+    assert bucket.record(-50, 0) == 0  # given back
+    assert bucket.record(0, 10) == 0 and bucket.tokens == 100  # full, not more
