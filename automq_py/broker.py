@@ -305,19 +305,17 @@ class Broker:
 
 def _check_inter_broker_listener(config: BrokerConfig, name: str) -> None:
     """The other brokers (cluster mode) and the maintenance jobs connect to the inter-broker
-    listener as clients without SASL or a client certificate: refuse one that asks for them,
-    and warn where an authorizer would refuse their principal."""
+    listener as plain Kafka clients, without TLS or SASL: refuse one that asks for either, and
+    warn where an authorizer would refuse their principal."""
     if not config.cluster_mode and config.storage.maintenance_runner == "none":
         return
     security = config.security
     listener = security.listener(name)
-    needs_certificate = listener.ssl is not None and listener.ssl.client_auth == "required"
-    if listener.uses_sasl or needs_certificate:
+    if listener.protocol != "PLAINTEXT":
         raise ConfigError(
             f"inter.broker.listener.name: brokers and the maintenance jobs connect to listener "
-            f"{name} ({listener.protocol}) without SASL or a client certificate; add a "
-            "PLAINTEXT (or SSL) listener on a private address for them and name it in "
-            "inter.broker.listener.name"
+            f"{name} ({listener.protocol}) without TLS or SASL; add a PLAINTEXT listener on a "
+            "private address for them and name it in inter.broker.listener.name"
         )
     if security.authorizer_enabled and "User:ANONYMOUS" not in security.super_user_set():
         log.warning(

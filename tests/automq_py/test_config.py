@@ -568,7 +568,7 @@ def test_the_wal_is_zero_filled_unless_told_not_to() -> None:
         BrokerConfig.from_properties({"s3.wal.init.zero": "sometimes"})
 
 
-def test_an_inter_broker_listener_that_asks_for_sasl_is_refused_where_brokers_connect() -> None:
+def test_an_inter_broker_listener_that_is_not_plaintext_is_refused_where_brokers_connect() -> None:
     from automq_py.broker import _check_inter_broker_listener
 
     props = {
