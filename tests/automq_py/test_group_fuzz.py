@@ -32,7 +32,7 @@ from confluent_kafka import Consumer, TopicPartition
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from automq_py.apis.groups import HANDLERS
+from automq_py.apis import consumer_groups, groups
 from protocol import headers
 from protocol.api_keys import ApiKey
 from protocol.entity_reader import read_entity
@@ -51,6 +51,9 @@ from tests.automq_py.test_group_errors import (
     with_orders_topic,
 )
 from tests.support.broker import BrokerProcess
+
+# the group APIs' served versions: the classic ones' and the consumer protocol's
+HANDLERS = {**groups.HANDLERS, **consumer_groups.HANDLERS}
 
 pytestmark = pytest.mark.integration
 
