@@ -25,10 +25,11 @@ import asyncio
 import contextlib
 import datetime
 import logging
+import ssl
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import IO, Any, Self, cast
+from typing import IO, Any, ClassVar, Self, cast
 
 from kio.serial import entity_writer
 
@@ -112,8 +113,26 @@ def _raise_for(api: str, code: int) -> None:
     raise ControllerError(api, code)
 
 
+@dataclass(slots=True, frozen=True)
+class ClientSecurity:
+    """How to reach a listener that asks for TLS or SASL: the TLS context (None: plaintext)
+    and the SASL mechanism (PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; None: no SASL) with the
+    credentials to authenticate with."""
+
+    ssl: ssl.SSLContext | None = None
+    sasl_mechanism: str | None = None
+    username: str = ""
+    password: str = ""
+
+    def __repr__(self) -> str:  # never the password
+        return f"ClientSecurity(tls={self.ssl is not None}, sasl={self.sasl_mechanism})"
+
+
 class ControllerClient:
     """An asyncio connection to one broker's controller APIs. Build it with :meth:`connect`."""
+
+    # what connect() uses when it is given no security of its own
+    default_security: ClassVar[ClientSecurity | None] = None
 
     def __init__(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, timeout_s: float
@@ -126,20 +145,54 @@ class ControllerClient:
         self._versions: dict[int, tuple[int, int]] = {}
 
     @classmethod
-    async def connect(cls, bootstrap: str, *, timeout_s: float = 30.0) -> ControllerClient:
-        """Connect to ``host:port`` and learn which API versions the broker serves."""
+    async def connect(
+        cls, bootstrap: str, *, timeout_s: float = 30.0, security: ClientSecurity | None = None
+    ) -> ControllerClient:
+        """Connect to ``host:port`` (over TLS and authenticating with SASL as ``security``,
+        or :attr:`default_security`, says) and learn which API versions the broker serves."""
         host, sep, port = bootstrap.rpartition(":")
         if not sep or not host or not port.isdigit():
             raise ValueError(f"bootstrap must be host:port, got {bootstrap!r}")
+        security = security if security is not None else cls.default_security
+        tls = security.ssl if security is not None else None
+        name = host.strip("[]")
         async with asyncio.timeout(timeout_s):
-            reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+            reader, writer = await asyncio.open_connection(
+                name, int(port), ssl=tls, server_hostname=name if tls is not None else None
+            )
         client = cls(reader, writer, timeout_s)
         try:
             await client._negotiate()
+            if security is not None and security.sasl_mechanism is not None:
+                await client._authenticate(security)
         except BaseException:
             await client.close()
             raise
         return client
+
+    async def _authenticate(self, security: ClientSecurity) -> None:
+        """SaslHandshake, then the mechanism's tokens in SaslAuthenticate requests."""
+        mechanism = str(security.sasl_mechanism)
+        handshake = await self._kio_call(ApiKey.SASL_HANDSHAKE, 1, {"mechanism": mechanism})
+        _raise_for("SaslHandshake", int(handshake.error_code))
+
+        async def send(token: bytes) -> bytes:
+            answer = await self._kio_call(ApiKey.SASL_AUTHENTICATE, 1, {"auth_bytes": token})
+            code = int(answer.error_code)
+            if code != KafkaErrorCode.NONE:
+                raise ControllerError("SaslAuthenticate", code, str(answer.error_message or ""))
+            return bytes(answer.auth_bytes)
+
+        if mechanism == "PLAIN":
+            await send(f"\0{security.username}\0{security.password}".encode())
+            return
+        import scramp  # only where SCRAM is used
+
+        scram = scramp.ScramClient([mechanism], security.username, security.password)
+        server_first = await send(scram.get_client_first().encode())
+        scram.set_server_first(server_first.decode())
+        server_final = await send(scram.get_client_final().encode())
+        scram.set_server_final(server_final.decode())
 
     async def close(self) -> None:
         """Close the connection (idempotent)."""

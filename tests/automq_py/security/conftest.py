@@ -13,6 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import (
+    AdminClient,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialUpsertion,
+)
 
 from tests.automq_py.conftest import module_broker
 from tests.support.broker import BrokerProcess, free_port
@@ -20,6 +26,7 @@ from tests.support.seaweedfs import SeaweedFS
 from tests.support.tls import KEY_PASSWORD, Certificates, make_certificates
 
 PLAIN_USERS = {"admin": "admin-secret", "alice": "alice-secret"}
+SCRAM_USERS = {"scram-user": "scram-secret"}
 MECHANISMS = "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512,OAUTHBEARER"
 
 
@@ -85,3 +92,17 @@ def secure_broker(
 def write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+@pytest.fixture(scope="module")
+def scram_users(secure_broker: SecureBroker) -> dict[str, str]:
+    """SCRAM credentials for both mechanisms, created as kafka-configs would."""
+    upserts = [
+        UserScramCredentialUpsertion(user, ScramCredentialInfo(mechanism, 4096), password.encode())
+        for user, password in SCRAM_USERS.items()
+        for mechanism in (ScramMechanism.SCRAM_SHA_256, ScramMechanism.SCRAM_SHA_512)
+    ]
+    client = AdminClient({"bootstrap.servers": secure_broker.address("PLAINTEXT")})
+    for f in client.alter_user_scram_credentials(upserts).values():
+        f.result(30)
+    return SCRAM_USERS

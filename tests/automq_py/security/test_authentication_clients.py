@@ -17,9 +17,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import (
     AdminClient,
     NewTopic,
-    ScramCredentialInfo,
     ScramMechanism,
-    UserScramCredentialUpsertion,
 )
 from kafka.protocol.metadata import MetadataRequest
 from kafka.protocol.sasl import (
@@ -29,13 +27,12 @@ from kafka.protocol.sasl import (
     SaslHandshakeResponse,
 )
 
-from tests.automq_py.security.conftest import PLAIN_USERS, SecureBroker
+from tests.automq_py.security.conftest import PLAIN_USERS, SCRAM_USERS, SecureBroker
 from tests.support.raw_connection import RawConnection
 from tests.support.tls import Certificates
 
 pytestmark = pytest.mark.integration
 
-SCRAM_USERS = {"scram-user": "scram-secret"}
 TIMEOUT_S = 30
 
 
@@ -49,20 +46,6 @@ def create_topic(secure: SecureBroker, partitions: int = 2) -> str:
     for f in client.create_topics([NewTopic(topic, partitions)]).values():
         f.result(TIMEOUT_S)
     return topic
-
-
-@pytest.fixture(scope="module")
-def scram_users(secure_broker: SecureBroker) -> dict[str, str]:
-    """SCRAM credentials for both mechanisms, created as kafka-configs would."""
-    upserts = [
-        UserScramCredentialUpsertion(user, ScramCredentialInfo(mechanism, 4096), password.encode())
-        for user, password in SCRAM_USERS.items()
-        for mechanism in (ScramMechanism.SCRAM_SHA_256, ScramMechanism.SCRAM_SHA_512)
-    ]
-    client = admin(secure_broker)
-    for f in client.alter_user_scram_credentials(upserts).values():
-        f.result(TIMEOUT_S)
-    return SCRAM_USERS
 
 
 def librdkafka_config(
