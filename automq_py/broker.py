@@ -29,6 +29,7 @@ from automq_py.loop_lag import CollectorPauses, LoopLagMonitor, collector_paused
 from automq_py.maintenance import Maintenance
 from automq_py.metadata_cache import ClusterMetadataCache
 from automq_py.network.listeners import endpoints as listener_endpoints
+from automq_py.network.listeners import inter_broker_security
 from automq_py.network.server import AuthenticationSettings, SocketServer
 from automq_py.replica_manager import ReplicaManager
 from automq_py.security import scram_credentials
@@ -36,6 +37,7 @@ from automq_py.security.access import AccessControl
 from automq_py.security.quotas import ClientQuotas
 from automq_py.security.sasl_mechanisms import ScramCredential
 from automq_py.topics import TopicRegistry
+from spark_jobs.controller_client import ControllerClient
 from storage.metadata import control
 from storage.s3_storage import S3Storage
 
@@ -85,9 +87,10 @@ class Broker:
         transaction_config = TransactionConfig.from_broker(config)
         # keys, certificates and JAAS configs are read now: a bad one fails before any I/O
         endpoints = listener_endpoints(config, self._scram_credential)
-        _check_inter_broker_listener(
-            config, config.security.inter_broker_listener([e.name for e in endpoints])
-        )
+        inter_broker_name = config.security.inter_broker_listener([e.name for e in endpoints])
+        _check_inter_broker_listener(config, inter_broker_name)
+        # how this process (the broker channel, the in-process maintenance jobs) reaches brokers
+        ControllerClient.default_security = inter_broker_security(config, inter_broker_name)
         self.storage = await S3Storage.start(config.storage)
         metadata = self.storage.metadata
         cache: ClusterMetadataCache | None = None
@@ -174,6 +177,8 @@ class Broker:
         bound = next((e for e in endpoints if e.name == inter_broker), endpoints[0])
         inter_broker = bound.name
         own_host = bound.host if bound.host not in ("", "0.0.0.0", "::") else "127.0.0.1"
+        if bound.ssl is not None:  # (the host name the certificate names)
+            own_host = addresses.get(inter_broker, (own_host, 0))[0]
         if cache is not None:
             host, port = addresses.get(inter_broker, (advertised.host, advertised.port))
             await self._join_cluster(cache, host, port)
@@ -304,20 +309,27 @@ class Broker:
 
 
 def _check_inter_broker_listener(config: BrokerConfig, name: str) -> None:
-    """The other brokers (cluster mode) and the maintenance jobs connect to the inter-broker
-    listener as plain Kafka clients, without TLS or SASL: refuse one that asks for either, and
-    warn where an authorizer would refuse their principal."""
-    if not config.cluster_mode and config.storage.maintenance_runner == "none":
-        return
+    """Spark's executors reach the broker as plain clients: refuse an inter-broker listener
+    asking for TLS or SASL where they would, and warn where an authorizer would refuse the
+    principal the other brokers and the jobs connect as."""
     security = config.security
     listener = security.listener(name)
-    if listener.protocol != "PLAINTEXT":
+    runner = config.storage.maintenance_runner
+    if listener.protocol != "PLAINTEXT" and runner in ("spark", "auto"):
         raise ConfigError(
-            f"inter.broker.listener.name: brokers and the maintenance jobs connect to listener "
-            f"{name} ({listener.protocol}) without TLS or SASL; add a PLAINTEXT listener on a "
-            "private address for them and name it in inter.broker.listener.name"
+            f"inter.broker.listener.name: listener {name} ({listener.protocol}) asks for TLS or "
+            f"SASL, which the maintenance jobs' Spark executors cannot give (s3.maintenance."
+            f"runner={runner}); set s3.maintenance.runner=local, or name a PLAINTEXT listener "
+            "on a private address in inter.broker.listener.name"
         )
-    if security.authorizer_enabled and "User:ANONYMOUS" not in security.super_user_set():
+    if not config.cluster_mode and runner == "none":
+        return
+    anonymous = listener.protocol == "PLAINTEXT"
+    if (
+        anonymous
+        and security.authorizer_enabled
+        and "User:ANONYMOUS" not in security.super_user_set()
+    ):
         log.warning(
             "brokers and the maintenance jobs connect to listener %s as User:ANONYMOUS, which "
             "is not in super.users: the authorizer refuses their requests unless ACLs allow "

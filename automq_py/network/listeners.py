@@ -25,7 +25,8 @@ from automq_py.security.sasl_mechanisms import (
     ScramServer,
     UnsecuredJwsValidator,
 )
-from automq_py.security.tls import server_context
+from automq_py.security.tls import client_context, server_context
+from spark_jobs.controller_client import ClientSecurity
 from storage.config_def import ConfigError
 
 # (mechanism, user name) -> the user's SCRAM credential, if any
@@ -113,3 +114,32 @@ def _mechanism_factory(
         return makers[mechanism]()
 
     return new_server
+
+
+def inter_broker_security(config: BrokerConfig, name: str) -> ClientSecurity | None:
+    """How this broker (and its maintenance jobs) connect to listener ``name`` of a broker:
+    over TLS with the listener's CAs and its own certificate, authenticating with
+    ``sasl.mechanism.inter.broker.protocol`` as the user the listener's JAAS config names for
+    it (``username``/``password`` options, as Kafka's brokers read theirs). None: plaintext."""
+    listener = config.security.listener(name)
+    if listener.protocol == "PLAINTEXT":
+        return None
+    context = client_context(listener.ssl, name) if listener.ssl is not None else None
+    if listener.sasl is None:
+        return ClientSecurity(context)
+    mechanism = config.security.sasl_mechanism_inter_broker_protocol.upper()
+    if mechanism not in listener.sasl.enabled_mechanisms or mechanism == "OAUTHBEARER":
+        raise ConfigError(
+            f"sasl.mechanism.inter.broker.protocol: {mechanism} for listener {name}; brokers "
+            "authenticate to each other with one of its mechanisms "
+            f"({', '.join(m for m in listener.sasl.enabled_mechanisms if m != 'OAUTHBEARER')})"
+        )
+    prop = f"listener.name.{name.lower()}.{mechanism.lower()}.sasl.jaas.config"
+    entries = parse_jaas_config(listener.sasl.jaas.get(mechanism, ""), prop)
+    options = entries[0].options if entries else {}
+    if not options.get("username") or "password" not in options:
+        raise ConfigError(
+            f'{prop}: the broker\'s own username="..." password="..." are needed: brokers '
+            f"authenticate to each other with {mechanism} on listener {name}"
+        )
+    return ClientSecurity(context, mechanism, options["username"], options["password"])

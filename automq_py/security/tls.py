@@ -174,3 +174,19 @@ def _pem_file(text: str) -> Iterator[str]:
         yield path
     finally:
         os.unlink(path)
+
+
+def client_context(settings: SslSettings, listener: str) -> ssl.SSLContext:
+    """The SSLContext a broker connects to another's ``listener`` with: the listener's CAs to
+    check the other broker by (and its host name, as Kafka's default
+    ``ssl.endpoint.identification.algorithm=https`` does), its own key and certificate to
+    present if the other asks for one."""
+    if not (settings.truststore_location or settings.truststore_certificates):
+        raise ConfigError(
+            f"ssl.truststore.location: brokers connect to each other on listener {listener} "
+            "and need the CAs to check each other by"
+        )
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # (checks the host name and certificate)
+    _load_truststore(ctx, settings, listener)
+    _load_keystore(ctx, settings, listener)
+    return ctx

@@ -568,7 +568,9 @@ def test_the_wal_is_zero_filled_unless_told_not_to() -> None:
         BrokerConfig.from_properties({"s3.wal.init.zero": "sometimes"})
 
 
-def test_an_inter_broker_listener_that_is_not_plaintext_is_refused_where_brokers_connect() -> None:
+def test_an_inter_broker_listener_asking_for_sasl_is_refused_where_spark_executors_connect() -> (
+    None
+):
     from automq_py.broker import _check_inter_broker_listener
 
     props = {
@@ -578,8 +580,41 @@ def test_an_inter_broker_listener_that_is_not_plaintext_is_refused_where_brokers
             'org.apache.kafka.common.security.plain.PlainLoginModule required user_a="b";'
         ),
     }
-    alone = BrokerConfig.from_properties({**props, "s3.maintenance.runner": "none"})
-    _check_inter_broker_listener(alone, "SASL_PLAINTEXT")  # nobody connects: fine
-    with_jobs = BrokerConfig.from_properties({**props, "s3.maintenance.runner": "local"})
+    for runner in ("none", "local"):  # nobody, or clients of this process that authenticate
+        config = BrokerConfig.from_properties({**props, "s3.maintenance.runner": runner})
+        _check_inter_broker_listener(config, "SASL_PLAINTEXT")
+    with_spark = BrokerConfig.from_properties({**props, "s3.maintenance.runner": "spark"})
     with pytest.raises(ConfigError, match=r"inter\.broker\.listener\.name: .*SASL_PLAINTEXT"):
-        _check_inter_broker_listener(with_jobs, "SASL_PLAINTEXT")
+        _check_inter_broker_listener(with_spark, "SASL_PLAINTEXT")
+
+
+def test_brokers_authenticate_to_each_other_as_their_jaas_config_says() -> None:
+    from automq_py.network.listeners import inter_broker_security
+
+    props = {
+        "listeners": "SASL_PLAINTEXT://127.0.0.1:9094",
+        "sasl.enabled.mechanisms": "PLAIN",
+        "sasl.mechanism.inter.broker.protocol": "PLAIN",
+        "listener.name.sasl_plaintext.plain.sasl.jaas.config": (
+            "org.apache.kafka.common.security.plain.PlainLoginModule required "
+            'username="broker" password="pw" user_broker="pw";'
+        ),
+    }
+    security = inter_broker_security(BrokerConfig.from_properties(props), "SASL_PLAINTEXT")
+    assert security is not None
+    assert (security.sasl_mechanism, security.username, security.password) == (
+        "PLAIN",
+        "broker",
+        "pw",
+    )
+    no_user = {
+        **props,
+        "listener.name.sasl_plaintext.plain.sasl.jaas.config": (
+            'org.apache.kafka.common.security.plain.PlainLoginModule required user_a="b";'
+        ),
+    }
+    with pytest.raises(ConfigError, match=r"plain\.sasl\.jaas\.config: the broker's own"):
+        inter_broker_security(BrokerConfig.from_properties(no_user), "SASL_PLAINTEXT")
+    gssapi = {**props, "sasl.mechanism.inter.broker.protocol": "GSSAPI"}
+    with pytest.raises(ConfigError, match=r"sasl\.mechanism\.inter\.broker\.protocol"):
+        inter_broker_security(BrokerConfig.from_properties(gssapi), "SASL_PLAINTEXT")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import (
     AclBinding,
     AclOperation,
@@ -30,6 +30,7 @@ from tests.cluster.conftest import Cluster
 from tests.support.broker import free_port
 from tests.support.postgres import PostgresServer
 from tests.support.seaweedfs import SeaweedFS
+from tests.support.tls import KEY_PASSWORD, make_certificates
 
 pytestmark = pytest.mark.integration
 
@@ -141,3 +142,81 @@ def test_acls_and_credentials_made_through_one_broker_hold_on_the_other(
         except KafkaException:
             assert time.monotonic() < deadline
             time.sleep(0.5)
+
+
+def test_brokers_talk_to_each_other_over_sasl_ssl(
+    tmp_path: Path, s3_server: SeaweedFS, postgres_server: PostgresServer
+) -> None:
+    """One SASL_SSL listener per broker, for clients and brokers alike: the transaction
+    markers one broker sends the leaders on the other go over TLS, authenticated as the
+    broker's own user (a super user), as Kafka's brokers do."""
+    certs = make_certificates(tmp_path / "certs")
+    jaas = (
+        "org.apache.kafka.common.security.plain.PlainLoginModule required "
+        'username="broker" password="broker-secret" '
+        'user_broker="broker-secret" user_admin="admin-secret";'
+    )
+    cluster = Cluster(
+        tmp_path,
+        s3_server,
+        postgres_server.create_database(),
+        **{
+            "sasl.enabled.mechanisms": "PLAIN",
+            "sasl.mechanism.inter.broker.protocol": "PLAIN",
+            "listener.name.sasl_ssl.plain.sasl.jaas.config": jaas,
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": str(certs.server),
+            "ssl.key.password": KEY_PASSWORD,
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": str(certs.ca),
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "super.users": "User:broker;User:admin",
+        },
+    )
+    ports = [free_port(), free_port()]
+    try:
+        for port in ports:
+            cluster.add(listeners=f"SASL_SSL://127.0.0.1:{port}")
+        admin_conf = {
+            "bootstrap.servers": ",".join(f"127.0.0.1:{p}" for p in ports),
+            "security.protocol": "SASL_SSL",
+            "ssl.ca.location": str(certs.ca),
+            "sasl.mechanism": "PLAIN",
+            "sasl.username": "admin",
+            "sasl.password": "admin-secret",
+        }
+        admin = AdminClient(admin_conf)
+        deadline = time.monotonic() + 30
+        while len(admin.list_topics(timeout=10).brokers) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        for f in admin.create_topics([NewTopic("ledger", 4)]).values():
+            f.result(TIMEOUT_S)
+        leaders = {
+            p.leader
+            for p in admin.list_topics("ledger", timeout=10).topics["ledger"].partitions.values()
+        }
+        assert leaders == {0, 1}
+        producer = Producer({**admin_conf, "transactional.id": "over-tls"})
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        for i in range(40):
+            producer.produce("ledger", value=f"v{i}".encode(), partition=i % 4)
+        producer.commit_transaction(30)
+        consumer = Consumer(
+            {**admin_conf, "group.id": "reader", "isolation.level": "read_committed"}
+        )
+        consumer.assign([TopicPartition("ledger", p, 0) for p in range(4)])
+        got: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while len(got) < 40 and time.monotonic() < deadline:
+            m = consumer.poll(0.5)
+            if m is not None and m.error() is None:
+                got.append(m.value() or b"")
+        consumer.close()
+        assert sorted(got) == sorted(f"v{i}".encode() for i in range(40))
+    finally:
+        for node_id, broker in enumerate(cluster.brokers):
+            print(f"--- broker {node_id} ---\n{broker.log_tail(60)}")
+        codes = cluster.stop()
+        assert codes == [0] * len(codes)
