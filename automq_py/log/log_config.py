@@ -43,9 +43,50 @@ def _gzip_level(level: int) -> str | None:
 
 
 def _format_version(version: str) -> str | None:
-    if _FORMAT_VERSION.fullmatch(version):
+    if metadata_version(version) is not None:
         return None
-    return "expected a Kafka version such as 3.0-IV1 or 2.8"
+    return "expected a Kafka version such as 3.0-IV1, 2.8 or 0.10.0.0"
+
+
+# Kafka 3.9's MetadataVersion (the old inter-broker protocol versions): each release with how
+# many internal versions (-IV0, -IV1, ...) it has; the releases before 0.10.0 have none. The
+# 4.0 internal versions exist in 3.9 (unstable), but "4.0" alone does not name one there.
+_RELEASES: tuple[tuple[str, int], ...] = (
+    ("0.8.0", 0), ("0.8.1", 0), ("0.8.2", 0), ("0.9.0", 0),
+    ("0.10.0", 2), ("0.10.1", 3), ("0.10.2", 1), ("0.11.0", 3),
+    ("1.0", 1), ("1.1", 1), ("2.0", 2), ("2.1", 3), ("2.2", 2), ("2.3", 2), ("2.4", 2),
+    ("2.5", 1), ("2.6", 1), ("2.7", 3), ("2.8", 2),
+    ("3.0", 2), ("3.1", 1), ("3.2", 1), ("3.3", 4), ("3.4", 1), ("3.5", 3), ("3.6", 3),
+    ("3.7", 5), ("3.8", 1), ("3.9", 1),
+)  # fmt: skip
+_UNSTABLE = ("4.0-IV0", "4.0-IV1")
+
+
+def _version_names() -> dict[str, str]:
+    names: dict[str, str] = {}
+    for release, internal in _RELEASES:
+        versions = [f"{release}-IV{i}" for i in range(internal)] or [release]
+        names.update((v, v) for v in versions)
+        names[release] = versions[-1]  # a release alone: its last internal version
+    names.update((v, v) for v in _UNSTABLE)
+    return names
+
+
+# every name MetadataVersion.fromVersionString knows -> the version it names
+METADATA_VERSIONS: dict[str, str] = _version_names()
+
+
+def metadata_version(text: str) -> str | None:
+    """The version ``text`` names, as Kafka 3.9's ``MetadataVersion.fromVersionString`` reads
+    it (``message.format.version``'s validator), or None. Only the release part counts: three
+    dot-separated parts for a 0.x version, two after, so ``0.10.0.0`` is ``0.10.0`` (its last
+    internal version, ``0.10.0-IV1``) and ``2.8.1`` is ``2.8``."""
+    parts = text.split(".")
+    while parts and not parts[-1]:
+        parts.pop()  # as Java's String.split drops trailing empty strings
+    count = 3 if text.startswith("0.") else 2
+    key = text if count >= len(parts) else ".".join(parts[:count])
+    return METADATA_VERSIONS.get(key)
 
 
 def _throttled_replicas(items: tuple[str, ...]) -> str | None:
@@ -55,7 +96,6 @@ def _throttled_replicas(items: tuple[str, ...]) -> str | None:
     return "expected * or a list of partition:broker pairs"
 
 
-_FORMAT_VERSION = re.compile(r"[0-9]+\.[0-9]+(\.[0-9]+)?(-IV[0-9]+)?")
 _THROTTLED_REPLICA = re.compile(r"[0-9]+\s*:\s*[0-9]+")
 
 

@@ -191,6 +191,19 @@ def test_a_bad_topic_config_is_refused_naming_it(
     assert named in error.str()
 
 
+@pytest.mark.parametrize("version", ["0.10.0.0", "0.10.0", "0.10.0-IV1", "3.0-IV1", "0.8.2"])
+def test_message_format_version_takes_every_form_kafka_reads(
+    broker: BrokerProcess, version: str
+) -> None:
+    """Kafka 3.9 creates these topics and describes the value as given."""
+    admin = admin_for(broker)
+    topic = fresh("format")
+    create_topics(admin, NewTopic(topic, 1, 1, config={"message.format.version": version}))
+    described = topic_configs(admin, topic)["message.format.version"]
+    assert described.value == version
+    assert described.source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
+
+
 def test_log_append_time_stamps_the_broker_time(broker: BrokerProcess) -> None:
     admin = admin_for(broker)
     topic = fresh("append-time")

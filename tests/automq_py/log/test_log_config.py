@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from automq_py.log.log_config import LogConfig
+from automq_py.config import BrokerConfig
+from automq_py.log.log_config import METADATA_VERSIONS, LogConfig, metadata_version
 from storage.config_def import ConfigError
 from tests.storage.test_config_def import raw_text
 
@@ -130,3 +131,81 @@ def test_any_topic_property_value_gives_a_log_config_or_an_error_naming_it(
         LogConfig.from_properties({name: raw}, strict=True)
     except ConfigError as e:
         assert str(e).startswith(f"{name}: ")
+
+
+# What Kafka 3.9.0's MetadataVersion.fromVersionString answers (run against kafka-server-common
+# 3.9.0): each name it knows -> the version it stands for. A release alone is its last internal
+# version; 0.8.0-0.9.0 have no internal versions; 4.0's are known only with their -IV suffix.
+KAFKA_39_VERSIONS = {
+    "0.8.0": "0.8.0", "0.8.1": "0.8.1", "0.8.2": "0.8.2", "0.9.0": "0.9.0",
+    "0.10.0-IV0": "0.10.0-IV0", "0.10.0-IV1": "0.10.0-IV1", "0.10.0": "0.10.0-IV1",
+    "0.10.1-IV0": "0.10.1-IV0", "0.10.1-IV1": "0.10.1-IV1", "0.10.1-IV2": "0.10.1-IV2",
+    "0.10.1": "0.10.1-IV2", "0.10.2-IV0": "0.10.2-IV0", "0.10.2": "0.10.2-IV0",
+    "0.11.0-IV0": "0.11.0-IV0", "0.11.0-IV1": "0.11.0-IV1", "0.11.0-IV2": "0.11.0-IV2",
+    "0.11.0": "0.11.0-IV2", "1.0-IV0": "1.0-IV0", "1.0": "1.0-IV0", "1.1-IV0": "1.1-IV0",
+    "1.1": "1.1-IV0", "2.0-IV0": "2.0-IV0", "2.0-IV1": "2.0-IV1", "2.0": "2.0-IV1",
+    "2.1-IV0": "2.1-IV0", "2.1-IV1": "2.1-IV1", "2.1-IV2": "2.1-IV2", "2.1": "2.1-IV2",
+    "2.2-IV0": "2.2-IV0", "2.2-IV1": "2.2-IV1", "2.2": "2.2-IV1", "2.3-IV0": "2.3-IV0",
+    "2.3-IV1": "2.3-IV1", "2.3": "2.3-IV1", "2.4-IV0": "2.4-IV0", "2.4-IV1": "2.4-IV1",
+    "2.4": "2.4-IV1", "2.5-IV0": "2.5-IV0", "2.5": "2.5-IV0", "2.6-IV0": "2.6-IV0",
+    "2.6": "2.6-IV0", "2.7-IV0": "2.7-IV0", "2.7-IV1": "2.7-IV1", "2.7-IV2": "2.7-IV2",
+    "2.7": "2.7-IV2", "2.8-IV0": "2.8-IV0", "2.8-IV1": "2.8-IV1", "2.8": "2.8-IV1",
+    "3.0-IV0": "3.0-IV0", "3.0-IV1": "3.0-IV1", "3.0": "3.0-IV1", "3.1-IV0": "3.1-IV0",
+    "3.1": "3.1-IV0", "3.2-IV0": "3.2-IV0", "3.2": "3.2-IV0", "3.3-IV0": "3.3-IV0",
+    "3.3-IV1": "3.3-IV1", "3.3-IV2": "3.3-IV2", "3.3-IV3": "3.3-IV3", "3.3": "3.3-IV3",
+    "3.4-IV0": "3.4-IV0", "3.4": "3.4-IV0", "3.5-IV0": "3.5-IV0", "3.5-IV1": "3.5-IV1",
+    "3.5-IV2": "3.5-IV2", "3.5": "3.5-IV2", "3.6-IV0": "3.6-IV0", "3.6-IV1": "3.6-IV1",
+    "3.6-IV2": "3.6-IV2", "3.6": "3.6-IV2", "3.7-IV0": "3.7-IV0", "3.7-IV1": "3.7-IV1",
+    "3.7-IV2": "3.7-IV2", "3.7-IV3": "3.7-IV3", "3.7-IV4": "3.7-IV4", "3.7": "3.7-IV4",
+    "3.8-IV0": "3.8-IV0", "3.8": "3.8-IV0", "3.9-IV0": "3.9-IV0", "3.9": "3.9-IV0",
+    "4.0-IV0": "4.0-IV0", "4.0-IV1": "4.0-IV1",
+}  # fmt: skip
+
+
+def test_every_version_name_kafka_39_knows_is_read_as_kafka_reads_it() -> None:
+    assert METADATA_VERSIONS == KAFKA_39_VERSIONS
+    for name, version in KAFKA_39_VERSIONS.items():
+        assert metadata_version(name) == version, name
+        LogConfig.from_properties({"message.format.version": name})
+
+
+@pytest.mark.parametrize(
+    ("text", "version"),
+    [
+        # only the release part counts (Kafka 3.9.0's answers for each)
+        ("0.10.0.0", "0.10.0-IV1"),
+        ("0.8.2.1", "0.8.2"),
+        ("0.9.0.1", "0.9.0"),
+        ("0.10.2.2", "0.10.2-IV0"),
+        ("0.11.0.3", "0.11.0-IV2"),
+        ("0.10.0.1-IV0", "0.10.0-IV1"),
+        ("0.10.0-IV0.1", "0.10.0-IV0"),
+        ("1.0.0", "1.0-IV0"),
+        ("2.0.1", "2.0-IV1"),
+        ("2.8.1", "2.8-IV1"),
+        ("2.8.x", "2.8-IV1"),
+        ("2.8-IV1.5", "2.8-IV1"),
+        ("3.8.0", "3.8-IV0"),
+        ("3.9.0", "3.9-IV0"),
+    ],
+)
+def test_longer_forms_name_their_release(text: str, version: str) -> None:
+    assert metadata_version(text) == version
+    assert LogConfig.from_properties({"message.format.version": text}).message_format_version == (
+        text
+    )
+    BrokerConfig.from_properties({"log.message.format.version": text})
+
+
+@pytest.mark.parametrize(
+    "text",
+    # each refused by Kafka 3.9.0 ("Version X is not a valid version")
+    ["0.10", "0.9", "3", "4.0", "4.0-IV3", "3.0-IV9", "3.0-iv1", "2..8", ".2.8", "2.8.",
+     "0.10.0.", "abc", "banana", "3.x"],
+)  # fmt: skip
+def test_versions_kafka_39_refuses_are_refused(text: str) -> None:
+    assert metadata_version(text) is None
+    with pytest.raises(ConfigError, match=r"^message\.format\.version: expected a Kafka version"):
+        LogConfig.from_properties({"message.format.version": text})
+    with pytest.raises(ConfigError, match=r"^log\.message\.format\.version: expected"):
+        BrokerConfig.from_properties({"log.message.format.version": text})
