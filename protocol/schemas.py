@@ -9,6 +9,8 @@ API                    version  schema
 =====================  =======  ===========================================================
 WriteTxnMarkers (27)   0        v1's fields, not flexible (Kafka's JSON: "Version 1 enables
                                 flexible versions"): request header v1, response header v0
+AlterReplicaLogDirs    0        kio's v1 classes, as DescribeLogDirs v0 (the same JSON
+(34)                            comment)
 DescribeLogDirs (35)   0        kio's v1 classes: the same bytes ("Version 1 is the same as
                                 version 0"; v1's response only answers before throttling)
 =====================  =======  ===========================================================
@@ -23,6 +25,8 @@ from typing import ClassVar
 from kio.index import KioIndexError
 from kio.index import load_request_schema as kio_request_schema
 from kio.index import load_response_schema as kio_response_schema
+from kio.schema.alter_replica_log_dirs.v1.request import AlterReplicaLogDirsRequest
+from kio.schema.alter_replica_log_dirs.v1.response import AlterReplicaLogDirsResponse
 from kio.schema.describe_log_dirs.v1.request import DescribeLogDirsRequest
 from kio.schema.describe_log_dirs.v1.response import DescribeLogDirsResponse
 from kio.schema.errors import ErrorCode
@@ -134,6 +138,7 @@ class WriteTxnMarkersResponse:
 # (api_key, version) -> (request schema, response schema), for versions kio does not have
 REMOVED_VERSIONS: dict[tuple[int, int], tuple[type[RequestPayload], type[ResponsePayload]]] = {
     (ApiKey.WRITE_TXN_MARKERS, 0): (WriteTxnMarkersRequest, WriteTxnMarkersResponse),
+    (ApiKey.ALTER_REPLICA_LOG_DIRS, 0): (AlterReplicaLogDirsRequest, AlterReplicaLogDirsResponse),
     (ApiKey.DESCRIBE_LOG_DIRS, 0): (DescribeLogDirsRequest, DescribeLogDirsResponse),
 }
 

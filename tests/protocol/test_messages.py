@@ -8,6 +8,8 @@ import uuid
 
 import pytest
 from kafka.protocol.admin import (
+    AlterReplicaLogDirsRequest,
+    AlterReplicaLogDirsResponse,
     CreateTopicsRequest,
     DescribeLogDirsRequest,
     DescribeLogDirsResponse,
@@ -323,6 +325,38 @@ def test_write_txn_markers_v0_is_v1_before_flexible_versions(version: int) -> No
         (0, 0),
         (3, ErrorCode.NOT_LEADER_OR_FOLLOWER),
     ]
+
+
+@pytest.mark.parametrize("version", [0, 1, 2])
+def test_alter_replica_log_dirs_v0_is_v1(version: int) -> None:
+    """v0 is not in kio (Kafka 4 removed it); it is v1's message, read and written with kio's v1
+    classes: checked against kafka-python's encoder and decoder, as v1 and v2 (kio's)."""
+    d = AlterReplicaLogDirsRequest.AlterReplicaLogDir
+    message = AlterReplicaLogDirsRequest[version](
+        dirs=[d(path="/wal", topics=[d.AlterReplicaLogDirTopic(name="t", partitions=[0, 3])])]
+    )
+    frame = request_frame(message, correlation_id=6)
+    request = messages.decode_request(frame)
+    assert (request.api_key, request.api_version) == (ApiKey.ALTER_REPLICA_LOG_DIRS, version)
+    [got] = request.body.dirs
+    assert (got.path, [(t.name, list(t.partitions)) for t in got.topics]) == (
+        "/wal",
+        [("t", [0, 3])],
+    )
+    assert reencoded(request) == frame
+
+    partitions = [
+        {"partition_index": 0, "error_code": ErrorCode.NONE},
+        {"partition_index": 3, "error_code": ErrorCode.LOG_DIR_NOT_FOUND},
+    ]
+    data = {"throttle_time": 0, "results": [{"topic_name": "t", "partitions": partitions}]}
+    decoded = AlterReplicaLogDirsResponse.decode(
+        answered(request, data), version=version, header=True
+    )
+    assert decoded.header.correlation_id == 6
+    [result] = decoded.results
+    assert result.topic_name == "t"
+    assert [(p.partition_index, p.error_code) for p in result.partitions] == [(0, 0), (3, 57)]
 
 
 @pytest.mark.parametrize("version", [0, 1])

@@ -2,7 +2,9 @@
 one log directory (the WAL's, ``s3.wal.path``, by its absolute path) holding every partition
 with its log size in bytes, offset lag 0, no future logs; v4 adds the volume's total and
 usable bytes. Null topics describe every partition; named ones only those that exist, and a
-topic with none of them described is left out (Kafka 3.9)."""
+topic with none of them described is left out (Kafka 3.9). AlterReplicaLogDirs to that one
+directory answers NONE and moves nothing; the answers for other directories, unknown
+partitions and over-long topic names are the ones a Kafka 3.9.0 broker gave."""
 
 from __future__ import annotations
 
@@ -13,8 +15,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kafka import TopicPartitionReplica
 from kafka.admin import KafkaAdminClient
-from kafka.protocol.admin import DescribeLogDirsRequest, DescribeLogDirsResponse
+from kafka.errors import (
+    InvalidTopicError,
+    LogDirNotFoundError,
+    NoError,
+    UnknownTopicOrPartitionError,
+)
+from kafka.protocol.admin import (
+    AlterReplicaLogDirsRequest,
+    AlterReplicaLogDirsResponse,
+    DescribeLogDirsRequest,
+    DescribeLogDirsResponse,
+)
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
 
 from protocol.errors import ErrorCode
@@ -172,3 +186,55 @@ def test_unknown_topics_and_partitions_are_left_out(dirs_broker: BrokerProcess) 
     [result] = [r.to_dict() for r in response.results]
     assert result["error_code"] == ErrorCode.NONE
     assert sizes(result) == {"all-b": {0: len(ALL_B_RECORDS)}}
+
+
+def test_a_replica_moved_to_its_own_log_dir_answers_none(dirs_broker: BrokerProcess) -> None:
+    log_dir = str((dirs_broker.data_dir / "wal").resolve())
+    replica = TopicPartitionReplica
+    moves = {
+        replica("all-a", 0, 0): log_dir,
+        replica("all-b", 0, 0): log_dir,
+        replica("all-a", 2, 0): log_dir,  # all-a has partitions 0 and 1
+        replica("missing", 0, 0): log_dir,
+        replica("x" * 220, 0, 0): log_dir,  # "<topic>-0.<uuid>-future" is over 255 chars
+        replica("all-a", 1, 0): log_dir + "/",  # not the same string
+        replica("missing", 1, 0): "/elsewhere",  # the directory is checked first
+    }
+    admin = KafkaAdminClient(bootstrap_servers=dirs_broker.bootstrap, request_timeout_ms=TIMEOUT_MS)
+    try:
+        answers = admin.alter_replica_log_dirs(moves)
+        [after] = admin.describe_log_dirs()
+    finally:
+        admin.close()
+    assert answers == {
+        replica("all-a", 0, 0): NoError,
+        replica("all-b", 0, 0): NoError,
+        replica("all-a", 2, 0): UnknownTopicOrPartitionError,
+        replica("missing", 0, 0): UnknownTopicOrPartitionError,
+        replica("x" * 220, 0, 0): InvalidTopicError,
+        replica("all-a", 1, 0): LogDirNotFoundError,
+        replica("missing", 1, 0): LogDirNotFoundError,
+    }
+    # nothing moved
+    [result] = after["log_dirs"]
+    assert result["log_dir"] == log_dir
+    assert sizes(result) == {"all-a": {0: 0, 1: 0}, "all-b": {0: len(ALL_B_RECORDS)}}
+
+
+@pytest.mark.parametrize("version", [0, 1, 2])
+def test_every_version_of_alter_replica_log_dirs_is_answered(
+    dirs_broker: BrokerProcess, version: int
+) -> None:
+    d = AlterReplicaLogDirsRequest.AlterReplicaLogDir
+    log_dir = str((dirs_broker.data_dir / "wal").resolve())
+    request = AlterReplicaLogDirsRequest[version](
+        dirs=[d(path=log_dir, topics=[d.AlterReplicaLogDirTopic(name="all-a", partitions=[1])])]
+    )
+    conn = RawConnection(dirs_broker.bootstrap)
+    try:
+        response = conn.call(request, AlterReplicaLogDirsResponse)
+    finally:
+        conn.close()
+    [topic] = response.results
+    assert topic.topic_name == "all-a"
+    assert [(p.partition_index, p.error_code) for p in topic.partitions] == [(1, ErrorCode.NONE)]

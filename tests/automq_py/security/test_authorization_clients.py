@@ -55,6 +55,8 @@ from kafka.admin import (
 from kafka.admin import ResourceType as KafkaPythonResourceType
 from kafka.errors import GroupAuthorizationFailedError, TopicAuthorizationFailedError
 from kafka.protocol.admin import (
+    AlterReplicaLogDirsRequest,
+    AlterReplicaLogDirsResponse,
     DescribeLogDirsRequest,
     DescribeLogDirsResponse,
     DescribeProducersRequest,
@@ -415,6 +417,10 @@ def test_alice_is_refused_the_brokers_own_apis(acl_broker: AclBroker) -> None:
     with raw_session(acl_broker, "alice") as conn:
         dirs = conn.call(DescribeLogDirsRequest[4](topics=None), DescribeLogDirsResponse)
         assert (dirs.error_code, dirs.results) == (refused_cluster, [])
+        d = AlterReplicaLogDirsRequest.AlterReplicaLogDir
+        move = d(path="/any", topics=[d.AlterReplicaLogDirTopic(name=topic, partitions=[0])])
+        moved = conn.call(AlterReplicaLogDirsRequest[2](dirs=[move]), AlterReplicaLogDirsResponse)
+        assert moved.results[0].partitions[0].error_code == refused_cluster
         election = ElectLeadersRequest[2](
             election_type=0,
             topic_partitions=[ElectLeadersRequest.TopicPartitions(topic=topic, partitions=[0])],
