@@ -51,11 +51,14 @@ $(JAVA_STAMP): tests/java/pom.xml $(JAVA_SRC)
 
 java: $(JAVA_STAMP)  ## fetch the Java clients, tools, Streams, Kafka broker and Spark connector
 
-deps: $(STAMP) $(JS_STAMP) $(JAVA_STAMP)  ## install what the tests run beside Python (kcat, kafkajs, Java, PostgreSQL, podman)
+deps: $(STAMP) $(JS_STAMP) $(JAVA_STAMP)  ## install what the tests run beside Python (kcat, kafkajs, Java, PostgreSQL, Prometheus, podman)
 	@command -v kcat >/dev/null 2>&1 || { $(SUDO) apt-get update && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-upgrade kcat; }
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { $(SUDO) apt-get update && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-upgrade postgresql; }
+	@command -v prometheus >/dev/null 2>&1 || { $(SUDO) apt-get update && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-upgrade \
+		--no-install-recommends prometheus; }
 	@{ command -v podman && command -v runc && command -v debootstrap; } >/dev/null 2>&1 || \
 		{ $(SUDO) apt-get update && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install \
 		-y --no-upgrade podman runc debootstrap; }

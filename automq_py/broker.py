@@ -28,6 +28,8 @@ from automq_py.dynamic_config import DynamicBrokerConfig
 from automq_py.loop_lag import CollectorPauses, LoopLagMonitor, collector_paused
 from automq_py.maintenance import Maintenance
 from automq_py.metadata_cache import ClusterMetadataCache
+from automq_py.metrics.collector import BrokerMetrics
+from automq_py.metrics.http import MetricsServer
 from automq_py.network.listeners import endpoints as listener_endpoints
 from automq_py.network.listeners import inter_broker_security
 from automq_py.network.server import AuthenticationSettings, SocketServer
@@ -69,17 +71,53 @@ class Broker:
         self._settling: asyncio.Task[None] | None = None
         self.lifecycle: BrokerLifecycle | None = None
         self.controller: ClusterController | None = None
+        self.metrics_server: MetricsServer | None = None
+        # why the broker does not serve (yet, or any more); None while it does
+        self._not_ready: str | None = "starting: recovering the WAL"
 
     async def start(self) -> None:
         self.loop_lag.start()
         self.collector_pauses.start()
         try:
+            self._start_metrics_server()
             await self._start()
         except BaseException:
             # a broker that failed to start is never stopped: take its monitors back
+            if self.metrics_server is not None:
+                await self.metrics_server.stop()
             self.collector_pauses.stop()
             await self.loop_lag.stop()
             raise
+        self._not_ready = None
+
+    def readiness(self) -> str | None:
+        """None while the broker serves, else why not (``/readyz``)."""
+        if self._not_ready is not None:
+            return self._not_ready
+        lifecycle = self.lifecycle
+        if lifecycle is not None and lifecycle.fenced:
+            return "fenced by the controller: registering again"
+        return None
+
+    def _start_metrics_server(self) -> None:
+        """Before the WAL's recovery, so that probes hear "not ready" meanwhile."""
+        config = self.config
+        if config.metrics_port < 0:
+            return
+        host = config.metrics_host or config.listeners[0].host
+        try:
+            self.metrics_server = MetricsServer(
+                host,
+                config.metrics_port,
+                BrokerMetrics(self, partition_series=config.metrics_partition_series_enable),
+                self.readiness,
+                lambda: self.loop_lag.last_tick,
+            )
+        except OSError as e:
+            raise ConfigError(
+                f"metrics.port: cannot listen on {host}:{config.metrics_port}: {e}"
+            ) from e
+        self.metrics_server.start()
 
     async def _start(self) -> None:
         config = self.config
@@ -92,6 +130,7 @@ class Broker:
         # how this process (the broker channel, the in-process maintenance jobs) reaches brokers
         ControllerClient.default_security = inter_broker_security(config, inter_broker_name)
         self.storage = await S3Storage.start(config.storage)
+        self._not_ready = "starting: loading partitions, groups and transactions"
         metadata = self.storage.metadata
         cache: ClusterMetadataCache | None = None
         if config.cluster_mode:
@@ -257,6 +296,7 @@ class Broker:
             await self._stop()
 
     async def _stop(self) -> None:
+        self._not_ready = "stopping"
         if self.lifecycle is not None:
             # partitions and their coordinators move away while this broker still serves
             replicas = self.replicas
@@ -291,6 +331,8 @@ class Broker:
             await self.replicas.close()
         if self.storage is not None:
             await self.storage.close()
+        if self.metrics_server is not None:
+            await self.metrics_server.stop()
         await self.loop_lag.stop()
         log.info("%s", self.loop_lag.summary())
         self.collector_pauses.stop()

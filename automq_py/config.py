@@ -311,6 +311,29 @@ class BrokerConfig:
         None,
         "accepted for compatibility; object storage makes replication unnecessary",
     )
+    metrics_port: int = config_field(
+        "metrics.port",
+        -1,
+        ConfigType.INT,
+        "HTTP port of /metrics (Prometheus), /healthz and /readyz; -1: off, 0: any free port",
+        minimum=-1,
+        maximum=65535,
+    )
+    metrics_host: str = _prop(
+        "metrics.host",
+        "",
+        ConfigType.STRING,
+        None,
+        "address the metrics port binds to (empty: the first listener's host)",
+    )
+    metrics_partition_series_enable: bool = _prop(
+        "metrics.partition.series.enable",
+        True,
+        ConfigType.BOOLEAN,
+        None,
+        "per-partition series (log offsets and size, consumer lag per partition); off for "
+        "many partitions: per-topic and per-group series remain",
+    )
     socket_request_max_bytes: int = _prop(
         "socket.request.max.bytes", 104857600, ConfigType.INT, 1, "largest request the server reads"
     )

@@ -30,6 +30,7 @@ class LoopLagMonitor:
     def __init__(self, interval_s: float = INTERVAL_S, window: int = WINDOW) -> None:
         self.interval_s = interval_s
         self.samples: deque[float] = deque(maxlen=window)
+        self.last_tick = 0.0  # the event loop's time (monotonic) of the latest sample
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -47,7 +48,8 @@ class LoopLagMonitor:
         while True:
             before = loop.time()
             await asyncio.sleep(self.interval_s)
-            lag = max(loop.time() - before - self.interval_s, 0.0)
+            self.last_tick = loop.time()
+            lag = max(self.last_tick - before - self.interval_s, 0.0)
             self.samples.append(lag)
             if lag >= SLOW_S:
                 log.warning("the event loop stalled for %.0f ms", lag * 1000)

@@ -62,7 +62,11 @@ class Maintenance:
         # and key compaction tend the partitions each broker leads, on every broker
         self._cluster_wide = cluster_wide
         self.runner = config.storage.maintenance_runner  # "auto" is resolved by start()
+        # per step: runs done and failed, seconds spent, and the jobs' counters summed
         self.runs: dict[str, int] = {}
+        self.failures: dict[str, int] = {}
+        self.seconds: dict[str, float] = {}
+        self.counters: dict[str, dict[str, int]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._lock = asyncio.Lock()  # one job at a time: they share the bucket and controller
         self._properties_file: str | None = None
@@ -138,10 +142,13 @@ class Maintenance:
                     else:
                         await asyncio.to_thread(self._run_local, step)
                 except Exception as e:
+                    self.failures[step] = self.failures.get(step, 0) + 1
                     log.warning("maintenance %s failed (retried next interval): %s", step, e)
                     continue
+                took = time.monotonic() - started
                 self.runs[step] = self.runs.get(step, 0) + 1
-                log.info("maintenance %s done in %.1fs", step, time.monotonic() - started)
+                self.seconds[step] = self.seconds.get(step, 0.0) + took
+                log.info("maintenance %s done in %.1fs", step, took)
 
     def _runs_cluster_wide(self) -> bool:
         return self._cluster_wide is None or self._cluster_wide()
@@ -184,6 +191,9 @@ class Maintenance:
                 "gc": lambda: jobs.run_gc(storage, self.bootstrap, runner, dry_run=False, out=out),
             }
             counters: dict[str, int] = asyncio.run(drivers[step]())  # type: ignore[arg-type]
+        totals = self.counters.setdefault(step, {})
+        for name, n in counters.items():
+            totals[name] = totals.get(name, 0) + n
         for line in out.getvalue().splitlines():
             log.debug("%s: %s", step, line)
         log.info("maintenance %s: %s", step, _summary(counters))

@@ -30,6 +30,7 @@ from automq_py.log.log_config import LogConfig
 from automq_py.log.txn_index import AbortedTxn
 from automq_py.loop_lag import collector_paused
 from automq_py.metadata_cache import ClusterMetadataCache
+from automq_py.metrics.topic_stats import BrokerTopicStats
 from automq_py.partition import AppendResult, Partition, PendingAppend
 from automq_py.topic_config import effective_topic_config
 from automq_py.topics import TopicError, TopicInfo
@@ -155,6 +156,7 @@ class ReplicaManager:
         self._topics: Callable[[str], TopicInfo | None] | None = None
         # a cluster broker's membership: acknowledgements wait while it may be fenced
         self.session: BrokerSession | None = None
+        self.topic_stats = BrokerTopicStats()
         self._opening: dict[tuple[str, int], asyncio.Task[Partition]] = {}
         # reassignments this broker is to carry out as the partitions' leader: key -> target
         self._handovers: dict[tuple[str, int], int] = {}
@@ -406,6 +408,10 @@ class ReplicaManager:
         finally:
             for key in batch:
                 self._closing.pop(key, None)
+
+    def open_partitions(self) -> list[Partition]:
+        """The partitions open on this broker now (a copy)."""
+        return list(self._partitions.values())
 
     def leaders_changed(self, topics: set[str]) -> None:
         """Hand over the open partitions of ``topics`` this broker no longer leads (or leads
@@ -714,6 +720,17 @@ class ReplicaManager:
             )
         if entry.records is None:
             return AppendResult(ErrorCode.CORRUPT_MESSAGE, message="null records")
+        started = await self._start_partition_append(topic, entry, acks, deadline)
+        if isinstance(started, PendingAppend):
+            self.topic_stats.appended(topic.name, entry.records)
+        elif started.error != ErrorCode.NONE:
+            self.topic_stats.append_failed(topic.name)
+        return started
+
+    async def _start_partition_append(
+        self, topic: TopicInfo, entry: AppendEntry, acks: int, deadline: float | None
+    ) -> AppendResult | PendingAppend:
+        assert entry.records is not None
         try:
             partition = await self.partition(topic, entry.index)
             min_isr = partition.log.config.min_insync_replicas
@@ -755,6 +772,10 @@ class ReplicaManager:
                 or remaining <= 0
                 or any(r.error != ErrorCode.NONE for r in results)
             ):
+                stats = self.topic_stats
+                for entry, r in zip(entries, results, strict=True):
+                    if entry.topic is not None:
+                        stats.fetched(entry.topic.name, r.size, r.error != ErrorCode.NONE)
                 return results
             waiting = [
                 (p, r.high_watermark)

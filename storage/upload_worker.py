@@ -465,7 +465,7 @@ class _Worker:
 
     def answer(self, message: dict[str, Any]) -> None:
         if self._store is not None:
-            now = self._store.stats.snapshot()
+            now = self._store.stats.full_snapshot()
             message["requests"] = {k: v - self._reported.get(k, 0) for k, v in now.items()}
             self._reported = now
         self._writer.write(_frame(message))

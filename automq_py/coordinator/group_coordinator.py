@@ -1139,7 +1139,7 @@ class GroupCoordinator:
         wanted_types = {t.lower() for t in types}
         out = []
         for group_id, group in sorted(self.groups.items()):
-            overview = self._overview(group_id, group)
+            overview = self.overview(group_id, group)
             if wanted_states and overview.state.lower() not in wanted_states:
                 continue
             if wanted_types and overview.group_type.lower() not in wanted_types:
@@ -1147,7 +1147,7 @@ class GroupCoordinator:
             out.append(overview)
         return ErrorCode.NONE, out
 
-    def _overview(self, group_id: str, group: Group) -> GroupOverview:
+    def overview(self, group_id: str, group: Group) -> GroupOverview:
         if isinstance(group, ConsumerGroup):
             return GroupOverview(group_id, "consumer", group.state, "consumer")
         return GroupOverview(group_id, group.protocol_type or "", group.state.value, "classic")

@@ -1,53 +1,116 @@
-"""Per-API request times, as Kafka's ``RequestMetrics`` ``TotalTimeMs``: from the moment a
-request's last byte was read to the moment its response was handed to the socket. What a client
-sees beyond it is its own queueing, the network, and the event loop's lag in reading.
+"""Per-API request times, as Kafka's ``RequestMetrics``: each request's way through the broker
+cut where Kafka cuts it, from the moment its last byte was read:
+
+* ``RequestQueueTimeMs``: until its handler starts (behind the connection's earlier requests
+  that must finish first);
+* ``LocalTimeMs``: the handler's own work, to the response or the deferred answer;
+* ``RemoteTimeMs``: waiting on others (the WAL's fsync for acks=all, fetch.min.bytes), until
+  the response is written;
+* ``ResponseSendTimeMs``: handing the response to the socket;
+* ``TotalTimeMs``: all of it. What a client sees beyond it is its own queueing, the network,
+  and the event loop's lag in reading.
+
+Each is kept as a :class:`SampleWindow` of the latest requests; the hot path only appends.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from dataclasses import dataclass, field
 
-from automq_py.loop_lag import nearest_rank
+from automq_py.metrics.window import SampleWindow
 from protocol.api_keys import ApiKey
 
-WINDOW = 100_000  # the latest requests of each API kept
+WINDOW = 100_000  # the latest requests of each API kept for TotalTimeMs
+PHASE_WINDOW = 10_000  # and for each of its parts
+PHASES = ("RequestQueueTimeMs", "LocalTimeMs", "RemoteTimeMs", "ResponseSendTimeMs")
+
+
+@dataclass(slots=True)
+class ApiTimes:
+    """One API's request times (seconds) and how many requests each version had."""
+
+    total: SampleWindow
+    phases: tuple[SampleWindow, ...]
+    versions: dict[int, int] = field(default_factory=dict)
 
 
 class RequestMetrics:
-    def __init__(self, window: int = WINDOW) -> None:
+    def __init__(self, window: int = WINDOW, phase_window: int = PHASE_WINDOW) -> None:
         self._window = window
-        self._times: dict[int, deque[float]] = {}
-        self._counts: dict[int, int] = {}
+        self._phase_window = phase_window
+        self.apis: dict[int, ApiTimes] = {}
+
+    def _times(self, api_key: int) -> ApiTimes:
+        times = self.apis.get(api_key)
+        if times is None:
+            times = self.apis[api_key] = ApiTimes(
+                SampleWindow(self._window),
+                tuple(SampleWindow(self._phase_window) for _ in PHASES),
+            )
+        return times
 
     def record(self, api_key: int, seconds: float) -> None:
-        times = self._times.get(api_key)
-        if times is None:
-            times = self._times[api_key] = deque(maxlen=self._window)
-            self._counts[api_key] = 0
-        times.append(seconds)
-        self._counts[api_key] += 1
+        """A request answered without going through a handler (no phases)."""
+        self._times(api_key).total.add(seconds)
+
+    def record_request(
+        self,
+        api_key: int,
+        version: int,
+        arrived: float,
+        started: float,
+        handled: float,
+        written: float,
+        sent: float,
+    ) -> None:
+        """A request's times (``perf_counter`` seconds): its last byte read, its handler
+        started and returned, its response written (all of it before it too), and handed
+        to the socket."""
+        times = self._times(api_key)
+        times.total.add(sent - arrived)
+        queue, local, remote, send = times.phases
+        queue.add(started - arrived)
+        local.add(handled - started)
+        remote.add(written - handled)
+        send.add(sent - written)
+        times.versions[version] = times.versions.get(version, 0) + 1
 
     def percentiles(self, api_key: int) -> dict[str, float]:
         """p50, p99, p99.9 and max total time in ms over the kept requests (zeros if none)."""
-        ordered = sorted(self._times.get(api_key, ()))
+        times = self.apis.get(api_key)
+        ordered = times.total.sorted() if times is not None else []
         if not ordered:
             return {"p50": 0.0, "p99": 0.0, "p99.9": 0.0, "max": 0.0}
-
-        p50, p99, p999 = (nearest_rank(ordered, p) * 1000 for p in (50, 99, 99.9))
+        p50, p99, p999 = (_rank(ordered, p) * 1000 for p in (50, 99, 99.9))
         return {"p50": p50, "p99": p99, "p99.9": p999, "max": ordered[-1] * 1000}
 
     def summary(self) -> list[str]:
         """A line per API served, busiest first."""
         lines = []
-        for api_key in sorted(self._counts, key=lambda k: -self._counts[k]):
+        for api_key in sorted(self.apis, key=lambda k: -self.apis[k].total.count):
             p = self.percentiles(api_key)
-            try:
-                name = ApiKey(api_key).name
-            except ValueError:
-                name = str(api_key)
             lines.append(
-                f"request total time {name}: {self._counts[api_key]} requests, p50 "
-                f"{p['p50']:.2f} ms, p99 {p['p99']:.2f} ms, p99.9 {p['p99.9']:.2f} ms, max "
-                f"{p['max']:.2f} ms"
+                f"request total time {_enum_name(api_key)}: {self.apis[api_key].total.count} "
+                f"requests, p50 {p['p50']:.2f} ms, p99 {p['p99']:.2f} ms, p99.9 "
+                f"{p['p99.9']:.2f} ms, max {p['max']:.2f} ms"
             )
         return lines
+
+
+def api_name(api_key: int) -> str:
+    """Kafka's name of the API (``Produce``, ``ApiVersions``), as RequestMetrics labels it."""
+    try:
+        return "".join(w.capitalize() for w in ApiKey(api_key).name.split("_"))
+    except ValueError:
+        return str(api_key)
+
+
+def _enum_name(api_key: int) -> str:
+    try:
+        return ApiKey(api_key).name
+    except ValueError:
+        return str(api_key)
+
+
+def _rank(ordered: list[float], p: float) -> float:
+    return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]

@@ -97,6 +97,10 @@ class SocketServer:
         self._servers: list[tuple[Endpoint, asyncio.Server]] = []
         self._connections: set[asyncio.Task[None]] = set()
         self.metrics = RequestMetrics()
+        # per listener: connections open now, and ever accepted (SocketServer's
+        # connection-count and connection-creation-total)
+        self.connection_count: dict[str, int] = {}
+        self.connections_created: dict[str, int] = {}
 
     async def start(self, host: str, port: int) -> None:
         """Serve one PLAINTEXT listener."""
@@ -127,6 +131,10 @@ class SocketServer:
         """The first listener's port."""
         return self.listener_port(self._servers[0][0].name)
 
+    @property
+    def listener_names(self) -> list[str]:
+        return [endpoint.name for endpoint, _ in self._servers]
+
     def listener_port(self, name: str) -> int:
         """The port listener ``name`` is bound to (its own, when it was asked for port 0)."""
         for endpoint, server in self._servers:
@@ -149,6 +157,9 @@ class SocketServer:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
+        listener = endpoint.name
+        self.connection_count[listener] = self.connection_count.get(listener, 0) + 1
+        self.connections_created[listener] = self.connections_created.get(listener, 0) + 1
         peer = conn.get_extra_info("peername")
         address = str(peer[0]) if isinstance(peer, tuple) and peer else ""
         if address:
@@ -176,6 +187,7 @@ class SocketServer:
             log.exception("closing connection from %s after an unexpected error", peer)
         finally:
             self._connections.discard(task)
+            self.connection_count[listener] -= 1
             conn.close()
             with contextlib.suppress(Exception):
                 await conn.wait_closed()
@@ -195,11 +207,7 @@ class SocketServer:
                 if request.api_key not in PIPELINED:
                     # every other request sees what the ones before it did, as in Kafka
                     await responses.flush()
-                await responses.put(
-                    await self.apis.handle(request), request.api_key, conn.arrived_at
-                )
-                if THROTTLE_MS.get():
-                    await _muted()
+                await self._handle(request, conn.arrived_at, responses)
         finally:
             responses.abandon()
 
@@ -213,10 +221,10 @@ class SocketServer:
         except UnsupportedVersionError as e:
             if e.api_key != ApiKey.API_VERSIONS:
                 raise
+            now = time.perf_counter()
             await responses.put(
                 self.apis.unsupported_api_versions(e.correlation_id),
-                ApiKey.API_VERSIONS,
-                conn.arrived_at,
+                (ApiKey.API_VERSIONS, e.api_version, conn.arrived_at, now, now),
             )
             return None
 
@@ -259,10 +267,10 @@ class SocketServer:
                     outcome = await auth.handle(request)
                     if outcome.delay_s:
                         await asyncio.sleep(outcome.delay_s)
+                    now = time.perf_counter()
                     await responses.put(
                         encode_response(request.response_info, outcome.response),
-                        request.api_key,
-                        conn.arrived_at,
+                        (request.api_key, request.api_version, conn.arrived_at, now, now),
                     )
                     if outcome.close:
                         await responses.flush()
@@ -279,19 +287,28 @@ class SocketServer:
                     return
                 if request.api_key not in PIPELINED:
                     await responses.flush()
-                await responses.put(
-                    await self.apis.handle(request), request.api_key, conn.arrived_at
-                )
-                if THROTTLE_MS.get():
-                    await _muted()
+                await self._handle(request, conn.arrived_at, responses)
         finally:
             responses.abandon()
+
+    async def _handle(self, request: Request, arrived: float, responses: _ResponseQueue) -> None:
+        """Handle ``request`` and queue its response; then, over a quota, mute the channel."""
+        started = time.perf_counter()
+        response = await self.apis.handle(request)
+        times = (request.api_key, request.api_version, arrived, started, time.perf_counter())
+        await responses.put(response, times)
+        if THROTTLE_MS.get():
+            await _muted()
 
     def _authenticated(self, conn: FrameConnection, auth: SaslAuthenticator, old: Session) -> None:
         """The connection authenticated: its requests act as the principal, at any size."""
         assert auth.principal is not None
         SESSION.set(Session(auth.principal, old.address, old.listener))
         conn.max_frame_size = self.max_request_size
+
+
+# a request's API key, version, and when it arrived, its handler started and returned
+RequestTimes = tuple[int, int, float, float, float]
 
 
 async def _muted() -> None:
@@ -312,21 +329,23 @@ class _ResponseQueue:
         self._writer = writer
         self._limit = limit
         self._metrics = metrics
-        # each response with its request's API key and arrival time
-        self._queue: collections.deque[tuple[Response, int, float]] = collections.deque()
+        # each response with its request's times
+        self._queue: collections.deque[tuple[Response, RequestTimes]] = collections.deque()
         self._room = asyncio.Event()
         self._drained = asyncio.Event()  # set while nothing is queued
         self._drained.set()
         self._error: BaseException | None = None
 
-    async def put(self, response: Response, api_key: int, arrived_at: float) -> None:
+    async def put(self, response: Response, times: RequestTimes) -> None:
+        """Queue ``response``; ``times``: its request's API key, version, and when it arrived,
+        its handler started and returned (``perf_counter``), for the metrics."""
         self._check()
         if not self._queue and not isinstance(response, PendingResponse):
             if response is not None:
-                self._write(response, [(api_key, arrived_at)])
+                self._write(response, [times])
                 await self._writer.drain()
             return
-        self._queue.append((response, api_key, arrived_at))
+        self._queue.append((response, times))
         self._drained.clear()
         if isinstance(response, PendingResponse):
             response.future.add_done_callback(self._write_ready)
@@ -352,13 +371,14 @@ class _ResponseQueue:
         if self._error is not None:
             raise self._error
 
-    def _write(self, buffers: list[wire.Buffer], requests: list[tuple[int, float]]) -> None:
-        """Write the responses in ``buffers`` at once; ``requests``: each one's API key and
-        arrival time, for the metrics."""
+    def _write(self, buffers: list[wire.Buffer], requests: list[RequestTimes]) -> None:
+        """Write the responses in ``buffers`` at once; ``requests``: each one's times."""
+        written = time.perf_counter()
         self._writer.writelines(buffers)
-        now = time.perf_counter()
-        for api_key, arrived_at in requests:
-            self._metrics.record(api_key, now - arrived_at)
+        sent = time.perf_counter()
+        record = self._metrics.record_request
+        for api_key, version, arrived, started, handled in requests:
+            record(api_key, version, arrived, started, handled, written, sent)
 
     def _write_ready(self, _: object = None) -> None:
         """Write every response at the head of the queue that is ready, in order."""
@@ -367,10 +387,10 @@ class _ResponseQueue:
         # the responses one WAL commit made ready go out in one write (one syscall, and one
         # wake-up of the client, not one per response)
         ready: list[wire.Buffer] = []
-        requests: list[tuple[int, float]] = []
+        requests: list[RequestTimes] = []
         try:
             while self._queue:
-                head, api_key, arrived_at = self._queue[0]
+                head, times = self._queue[0]
                 if isinstance(head, PendingResponse):
                     if not head.future.done():
                         break
@@ -380,7 +400,7 @@ class _ResponseQueue:
                 self._queue.popleft()
                 if response is not None:
                     ready += response
-                    requests.append((api_key, arrived_at))
+                    requests.append(times)
         except BaseException as e:
             self._error = e
         if ready:  # (those ahead of a failed one too)

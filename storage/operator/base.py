@@ -9,6 +9,7 @@ objects, batched deletes and prefix listing. The planners at the bottom (``plan_
 from __future__ import annotations
 
 import abc
+import bisect
 import dataclasses
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -54,9 +55,28 @@ class ObjectStoreError(Exception):
     """A request failed for good: not retryable, or still failing when the retry time ran out."""
 
 
+# upper bounds (seconds) of the request latency buckets, as Prometheus histograms count them
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_OPERATION_KEY = "op:"  # flat keys of the operation counters in a snapshot: op:<name>:<field>
+
+
+@dataclass(slots=True)
+class OperationStats:
+    """One S3 operation's attempts: how many, how many failed, their time (microseconds) and
+    how many fell in each latency bucket (the last one past every bound)."""
+
+    attempts: int = 0
+    errors: int = 0
+    micros: int = 0
+    buckets: list[int] = dataclasses.field(
+        default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1)
+    )
+
+
 @dataclass(slots=True)
 class RequestStats:
-    """Requests issued per S3 request kind, and payload bytes moved."""
+    """Requests issued per S3 request kind, and payload bytes moved; and per operation (its
+    API name: PutObject, GetObject, ...), each attempt's outcome and time."""
 
     put: int = 0
     multipart_create: int = 0
@@ -69,15 +89,57 @@ class RequestStats:
     list: int = 0
     bytes_put: int = 0
     bytes_get: int = 0
+    operations: dict[str, OperationStats] = dataclasses.field(default_factory=dict)
+
+    def timed(self, operation: str, seconds: float, failed: bool) -> None:
+        """One attempt of ``operation`` took ``seconds`` (and failed, or not)."""
+        stats = self.operations.get(operation)
+        if stats is None:
+            stats = self.operations[operation] = OperationStats()
+        stats.attempts += 1
+        stats.errors += failed
+        stats.micros += int(seconds * 1e6)
+        stats.buckets[bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
 
     def snapshot(self) -> dict[str, int]:
-        """The counters as a plain dict (a copy: later requests do not change it)."""
-        return dataclasses.asdict(self)
+        """The request and byte counters as a plain dict (a copy: later requests do not
+        change it)."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name != "operations"
+        }
+
+    def full_snapshot(self) -> dict[str, int]:
+        """:meth:`snapshot` and the operations' counters, flat (for :meth:`add` elsewhere)."""
+        out = self.snapshot()
+        for name, stats in self.operations.items():
+            prefix = f"{_OPERATION_KEY}{name}:"
+            out[prefix + "attempts"] = stats.attempts
+            out[prefix + "errors"] = stats.errors
+            out[prefix + "micros"] = stats.micros
+            for i, n in enumerate(stats.buckets):
+                out[f"{prefix}{i}"] = n
+        return out
 
     def add(self, counts: Mapping[str, int]) -> None:
-        """Count requests made on this store's behalf elsewhere (by the upload worker)."""
+        """Count requests made on this store's behalf elsewhere (by the upload worker): the
+        differences of two of its :meth:`full_snapshot`."""
         for f in dataclasses.fields(self):
-            setattr(self, f.name, getattr(self, f.name) + counts.get(f.name, 0))
+            if f.name != "operations":
+                setattr(self, f.name, getattr(self, f.name) + counts.get(f.name, 0))
+        for key, n in counts.items():
+            if not key.startswith(_OPERATION_KEY) or not n:
+                continue
+            name, _, field = key[len(_OPERATION_KEY) :].rpartition(":")
+            stats = self.operations.get(name)
+            if stats is None:
+                stats = self.operations[name] = OperationStats()
+            if field.isdigit():
+                if int(field) < len(stats.buckets):
+                    stats.buckets[int(field)] += n
+            elif field in ("attempts", "errors", "micros"):
+                setattr(stats, field, getattr(stats, field) + n)
 
 
 class ObjectStore(abc.ABC):

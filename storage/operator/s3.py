@@ -398,7 +398,14 @@ class S3ObjectStore(ObjectStore):
             number += 1
             try:
                 async with self._semaphore:
-                    return await attempt()
+                    started = time.perf_counter()
+                    try:
+                        result = await attempt()
+                    except BaseException:
+                        self.stats.timed(operation, time.perf_counter() - started, True)
+                        raise
+                    self.stats.timed(operation, time.perf_counter() - started, False)
+                    return result
             except ClientError as e:
                 if not _retryable(e):
                     if _code(e) in ("NoSuchKey", "NotFound") or (

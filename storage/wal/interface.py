@@ -44,6 +44,10 @@ class WriteAheadLog(Protocol):
     @property
     def stats(self) -> WALStats: ...
 
+    def latency_samples(self) -> dict[str, list[float]]:
+        """Recent latency samples (seconds) by kind: ``append``, ``sync`` (and others)."""
+        ...
+
     def timing_summary(self) -> str: ...
 
     def recover(self) -> Iterator[WALRecord]:
