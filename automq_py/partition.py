@@ -2,11 +2,14 @@
 
 Produce: the records blob is split into batches, each validated (magic v2, sizes, CRC32C),
 copied once into a writable buffer, given its base offset and leader epoch in place (outside
-the CRC) and appended. Appends to one partition are serialized up to the start of their WAL
-writes, so offsets are assigned in order; the wait for durability runs concurrently, so one
-request's batches and the next request's share group commits. The log end offset (assigned)
-runs ahead of the high watermark (durable); reads and acknowledgements follow the high
-watermark, and every advance of it wakes the fetches waiting on this partition.
+the CRC) and appended. A batch holding records Kafka's LogValidator refuses (keyless ones for a
+compacted topic, timestamps out of bounds) fails whole, naming each of those records
+(KIP-467's record_errors) so the client can tell them from the rest. Appends to one partition
+are serialized up to the start of their WAL writes, so offsets are assigned in order; the wait
+for durability runs concurrently, so one request's batches and the next request's share group
+commits. The log end offset (assigned) runs ahead of the high watermark (durable); reads and
+acknowledgements follow the high watermark, and every advance of it wakes the fetches waiting
+on this partition.
 
 Idempotent producers: under the append lock, before any offset is assigned, the batches are
 checked against the log's producer state (:mod:`automq_py.producer_state`), which records each
@@ -31,6 +34,7 @@ from automq_py.log.log_config import LogConfig
 from automq_py.log.txn_index import AbortedTxn
 from protocol import control_records, record_batch
 from protocol.errors import ErrorCode
+from protocol.produce import RecordError
 from protocol.record_batch import (
     InvalidRecordBatchError,
     InvalidRecordsError,
@@ -48,6 +52,8 @@ class AppendResult:
     message: str | None = None
     # the broker's time stamped on the batches (a LogAppendTime topic), else -1
     log_append_time_ms: int = -1
+    # the records that made a batch fail (KIP-467), in batch order
+    record_errors: tuple[RecordError, ...] = ()
 
 
 @dataclass(slots=True, frozen=True)
@@ -139,19 +145,17 @@ class Partition:
                     )
                 record_batch.validate_batch(view)
                 check_records(view)  # as Kafka's LogValidator reads every record it appends
-                out_of_range = _timestamp_out_of_range(config, view, now_ms)
-                if out_of_range is not None:
-                    return AppendResult(ErrorCode.INVALID_TIMESTAMP, message=out_of_range)
-                if config.compact and not header.is_control:
-                    keyless = _keyless_record(view)
-                    if keyless is not None:
-                        # Kafka's LogValidator: compaction keeps the last record per key
-                        return AppendResult(
-                            ErrorCode.INVALID_RECORD,
-                            message=f"Compacted topic cannot accept message without key in "
-                            f"topic partition {self.topic}-{self.index} (record {keyless} of "
-                            "its batch)",
-                        )
+                invalid = invalid_records(
+                    view,
+                    f"{self.topic}-{self.index}",
+                    compact=config.compact and not header.is_control,
+                    bounds=_timestamp_bounds(config, now_ms),
+                )
+                if invalid is not None:
+                    code, message, errors = invalid
+                    return AppendResult(
+                        code, -1, self.log_start_offset, message, record_errors=errors
+                    )
             target = _TARGET_CODEC.get(config.compression_type)
             if target is not None:
                 level = _compression_level(config, target)
@@ -334,26 +338,67 @@ def _recompressed(
     return record_batch.parse_header(data), memoryview(data)
 
 
-def _timestamp_out_of_range(config: LogConfig, batch: memoryview, now_ms: int) -> str | None:
-    """Kafka's LogValidator check of a CreateTime topic's message.timestamp.before.max.ms and
-    .after.max.ms (else the deprecated .difference.max.ms): what is wrong, or None. The
-    records are read only when a bound is set."""
+def _timestamp_bounds(config: LogConfig, now_ms: int) -> tuple[int, int] | None:
+    """The CreateTime range a record's timestamp must be in: message.timestamp.before.max.ms
+    and .after.max.ms (else the deprecated .difference.max.ms) around now; None when nothing
+    is checked (LogAppendTime, or no bound set)."""
     before, after = config.timestamp_before_max_ms, config.timestamp_after_max_ms
     if config.message_timestamp_type != "CreateTime" or before == after == LONG_MAX:
         return None
-    low, high = now_ms - before, now_ms + after
-    for record in parse_records(batch, check_crc=False):
-        if record.timestamp >= 0 and not low <= record.timestamp <= high:
-            return (
-                f"Timestamp {record.timestamp} of message with offset {record.offset} is out of "
-                f"range. The timestamp should be within [{low}, {high}]"
-            )
-    return None
+    return now_ms - before, now_ms + after
 
 
-def _keyless_record(batch: memoryview) -> int | None:
-    """The index of the batch's first record without a key, None when all have one."""
+def invalid_records(
+    batch: memoryview, topic_partition: str, *, compact: bool, bounds: tuple[int, int] | None
+) -> tuple[ErrorCode, str, tuple[RecordError, ...]] | None:
+    """Kafka's LogValidator.validateRecord on every record of one batch (only read when there is
+    something to check): a compacted topic's record needs a key (compaction keeps the last
+    record per key), else its timestamp must be within ``bounds`` (-1, no timestamp, always
+    is). None when every record passes; else the batch's error, Kafka's message for it and
+    the failing records (KIP-467's record_errors): INVALID_TIMESTAMP if any timestamp failed,
+    else INVALID_RECORD."""
+    if not compact and bounds is None:
+        return None
+    errors: list[RecordError] = []
+    late = False
     for i, record in enumerate(parse_records(batch, check_crc=False)):
-        if record.key is None:
-            return i
-    return None
+        if compact and record.key is None:
+            errors.append(
+                RecordError(
+                    i,
+                    "Compacted topic cannot accept message without key in topic partition "
+                    + topic_partition,
+                )
+            )
+        elif bounds is not None and record.timestamp != -1:
+            low, high = bounds
+            if not low <= record.timestamp <= high:
+                late = True
+                errors.append(
+                    RecordError(
+                        i,
+                        f"Timestamp {record.timestamp} of message with offset {record.offset} is "
+                        "out of range. The timestamp should be within "
+                        f"[{_java_long(low)}, {_java_long(high)}]",
+                    )
+                )
+    if not errors:
+        return None
+    if late:
+        message = "One or more records have been rejected due to invalid timestamp"
+        return ErrorCode.INVALID_TIMESTAMP, message, tuple(errors)
+    # Java's toString of the first three RecordErrors, as Kafka's message lists them
+    shown = ", ".join(
+        f"RecordError(batchIndex={e.batch_index}, message='{e.message}')" for e in errors[:3]
+    )
+    message = (
+        f"One or more records have been rejected due to {len(errors)} record errors in total, "
+        f"and only showing the first three errors at most: [{shown}]"
+    )
+    return ErrorCode.INVALID_RECORD, message, tuple(errors)
+
+
+def _java_long(value: int) -> int:
+    """``value`` as a Java long holds it (wrapped to 64 bits): Kafka's message shows now plus
+    an unset bound (Long.MAX_VALUE) overflowed."""
+    return (value + (1 << 63)) % (1 << 64) - (1 << 63)

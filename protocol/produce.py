@@ -166,7 +166,7 @@ def _decode_flexible(body: memoryview, pos: int, version: int) -> ProduceRequest
 #       log_append_time_ms int64
 #       log_start_offset int64 (v5+)
 #       record_errors    ARRAY of (batch_index int32, batch_index_error_message NULLABLE_STRING)
-#                        (v8+; always empty here)
+#                        (v8+, KIP-467: the records that failed the batch; v9+: each with tags)
 #       error_message    NULLABLE_STRING (v8+)
 #       (tags)           v9+: none sent (current_leader, tag 0, only with NOT_LEADER on v10+)
 #     (tags)
@@ -177,6 +177,14 @@ _PARTITION = struct.Struct(">ihqq")
 
 
 @dataclass(slots=True, frozen=True)
+class RecordError:
+    """One record that made its batch fail (KIP-467): its index in the batch, and why."""
+
+    batch_index: int
+    message: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
 class ProducePartitionResponse:
     index: int
     error_code: int
@@ -184,6 +192,7 @@ class ProducePartitionResponse:
     log_append_time_ms: int = -1
     log_start_offset: int = -1
     error_message: str | None = None
+    record_errors: tuple[RecordError, ...] = ()
 
 
 def encode_produce_response(
@@ -211,12 +220,13 @@ def encode_produce_response(
             if version >= 5:
                 out += wire.INT64.pack(p.log_start_offset)
             if version >= 8:
-                out += wire.encode_array_length(0, flexible)  # record_errors
-                out += (
-                    wire.encode_compact_nullable_string(p.error_message)
-                    if flexible
-                    else wire.encode_nullable_string(p.error_message)
-                )
+                out += wire.encode_array_length(len(p.record_errors), flexible)
+                for e in p.record_errors:
+                    out += wire.INT32.pack(e.batch_index)
+                    out += _nullable_string(e.message, flexible)
+                    if flexible:
+                        out += b"\x00"
+                out += _nullable_string(p.error_message, flexible)
             if flexible:
                 out += b"\x00"
         if flexible:
@@ -225,3 +235,9 @@ def encode_produce_response(
     if flexible:
         out += b"\x00"
     return [wire.INT32.pack(len(out)), out]
+
+
+def _nullable_string(value: str | None, flexible: bool) -> bytes:
+    if flexible:
+        return wire.encode_compact_nullable_string(value)
+    return wire.encode_nullable_string(value)

@@ -156,6 +156,7 @@ def _response(
                 r.log_append_time_ms,
                 r.log_start_offset,
                 r.message,
+                r.record_errors,
             )
         )
     return encode_produce_response(

@@ -1,5 +1,7 @@
 """Compacted topics (``cleanup.policy=compact``) against the real broker: records without a key
-are refused with INVALID_RECORD, as Kafka's LogValidator does, while keyed ones are taken."""
+are refused with INVALID_RECORD, as Kafka's LogValidator does, while keyed ones are taken. A
+batch mixing both fails whole, naming the keyless records (KIP-467), so librdkafka fails those
+with INVALID_RECORD and the others with its local _INVALID_DIFFERENT_RECORD, as against Kafka."""
 
 from __future__ import annotations
 
@@ -54,3 +56,50 @@ def test_a_topic_made_compact_starts_refusing_them(broker: BrokerProcess) -> Non
         future.result(15)
     error = produce_one(broker.bootstrap, topic, None)
     assert error is not None and error.code() == KafkaError.INVALID_RECORD
+
+
+def produce_hundred(bootstrap: str, topic: str, **config: object) -> dict[int, KafkaError | None]:
+    """Produce records 0-99 to partition 0, every tenth without a key; each one's delivery
+    error (None: taken)."""
+    reports: dict[int, KafkaError | None] = {}
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "retries": 0, "enable.idempotence": False, **config}
+    )
+    for i in range(100):
+        key = None if i % 10 == 0 else b"k%d" % i
+        producer.produce(
+            topic,
+            b"v%d" % i,
+            key=key,
+            partition=0,
+            on_delivery=lambda err, _msg, i=i: reports.__setitem__(i, err),
+        )
+    assert producer.flush(15) == 0
+    assert len(reports) == 100
+    return reports
+
+
+def test_a_batch_with_keyless_records_fails_them_by_name(broker: BrokerProcess) -> None:
+    topic = f"mixed-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    new = NewTopic(topic, 1, 1, config={"cleanup.policy": "compact"})
+    admin.create_topics([new])[topic].result(15)
+    keyless = set(range(0, 100, 10))
+
+    # one batch in one Produce request: nothing of it is appended
+    reports = produce_hundred(broker.bootstrap, topic, **{"linger.ms": 1000})
+    failed = {i: e for i, e in reports.items() if e is not None}
+    assert failed.keys() == set(range(100))
+    assert {i for i, e in failed.items() if e.code() == KafkaError.INVALID_RECORD} == keyless
+    others = {e.code() for i, e in failed.items() if i not in keyless}
+    assert others == {KafkaError._INVALID_DIFFERENT_RECORD}
+    # the strings librdkafka 2.16 reports for each kind against Kafka 3.9.0
+    assert failed[0].str() == "Broker: Broker failed to validate record"
+    assert failed[1].str() == (
+        "Local: an invalid record in the same batch caused the failure of this message too"
+    )
+
+    # one record per batch: the keyed ones are taken, the keyless ones alone refused
+    reports = produce_hundred(broker.bootstrap, topic, **{"linger.ms": 0, "batch.size": 1})
+    assert {i for i, e in reports.items() if e is None} == set(range(100)) - keyless
+    assert all(reports[i].code() == KafkaError.INVALID_RECORD for i in keyless)  # type: ignore[union-attr]

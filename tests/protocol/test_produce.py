@@ -122,7 +122,11 @@ from hypothesis import strategies as st  # noqa: E402
 
 from protocol import build  # noqa: E402
 from protocol.messages import ResponseHeaderInfo, encode_response, response_schema  # noqa: E402
-from protocol.produce import ProducePartitionResponse, encode_produce_response  # noqa: E402
+from protocol.produce import (  # noqa: E402
+    ProducePartitionResponse,
+    RecordError,
+    encode_produce_response,
+)
 
 _int64 = st.integers(-(1 << 63), (1 << 63) - 1)
 _partition = st.builds(
@@ -133,6 +137,10 @@ _partition = st.builds(
     log_append_time_ms=st.just(-1) | st.integers(0, 4_000_000_000_000),
     log_start_offset=_int64,
     error_message=st.none() | st.text(max_size=40),
+    record_errors=st.lists(
+        st.builds(RecordError, st.integers(0, 1000), st.none() | st.text(max_size=40)),
+        max_size=3,
+    ).map(tuple),
 )
 _topics = st.lists(
     st.tuples(st.text(min_size=1, max_size=30), st.lists(_partition, max_size=4)), max_size=4
@@ -167,6 +175,13 @@ def test_response_encoding_is_kios(
                             "log_append_time": p.log_append_time_ms,
                             "log_start_offset": p.log_start_offset,
                             "error_message": p.error_message,
+                            "record_errors": [
+                                {
+                                    "batch_index": e.batch_index,
+                                    "batch_index_error_message": e.message,
+                                }
+                                for e in p.record_errors
+                            ],
                         }
                         for p in parts
                     ],
