@@ -1,13 +1,16 @@
-"""``python -m automq_py.health [HOST:PORT]``: exit 0 when a broker answers ApiVersions.
+"""``python -m automq_py.health [HOST:PORT]``: exit 0 when a broker answers ApiVersions;
+``--readyz HOST:PORT``: exit 0 when the broker's ``/readyz`` on its metrics port answers 200.
 
-The container's health check. It uses the socket module and ``ApiKey`` only (no broker
-imports), so a check every few seconds costs a few milliseconds: one ApiVersions v0 request,
-and its response must carry the request's correlation id and error code 0.
+The container's health check (the image asks ``/readyz``: not ready while the WAL recovers).
+It uses the socket and http.client modules and ``ApiKey`` only (no broker imports), so a check
+every few seconds costs a few milliseconds: one ApiVersions v0 request, and its response must
+carry the request's correlation id and error code 0; or one GET.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import socket
 import struct
 import sys
@@ -37,6 +40,20 @@ def check(host: str, port: int, timeout: float) -> str | None:
     return None if error_code == 0 else f"ApiVersions error code {error_code}"
 
 
+def check_ready(host: str, port: int, timeout: float) -> str | None:
+    """None when ``/readyz`` at ``host:port`` answered 200, else why not."""
+    connection = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        connection.request("GET", "/readyz")
+        response = connection.getresponse()
+        body = response.read(512).decode(errors="replace").strip()
+    except OSError as e:
+        return str(e)
+    finally:
+        connection.close()
+    return None if response.status == 200 else f"/readyz answered {response.status}: {body}"
+
+
 def _read(s: socket.socket, n: int) -> bytes:
     data = b""
     while len(data) < n:
@@ -50,17 +67,29 @@ def _read(s: socket.socket, n: int) -> bytes:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m automq_py.health",
-        description="Exit 0 when the broker answers an ApiVersions request, 1 otherwise.",
+        description="Exit 0 when the broker answers an ApiVersions request (or, with "
+        "--readyz, when its /readyz answers 200), 1 otherwise.",
     )
     parser.add_argument(
         "bootstrap", nargs="?", default="127.0.0.1:9092", help="HOST:PORT (127.0.0.1:9092)"
     )
+    parser.add_argument(
+        "--readyz",
+        metavar="HOST:PORT",
+        help="ask the broker's metrics port instead: ready means serving (WAL recovered, "
+        "listeners open, registered in a cluster)",
+    )
     parser.add_argument("--timeout", type=float, default=3.0, help="seconds (3)")
     args = parser.parse_args(argv)
-    host, _, port = args.bootstrap.rpartition(":")
-    why = check(host.strip("[]") or "127.0.0.1", int(port), args.timeout)
+    address = args.readyz or args.bootstrap
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    if args.readyz:
+        why = check_ready(host, int(port), args.timeout)
+    else:
+        why = check(host, int(port), args.timeout)
     if why is not None:
-        print(f"unhealthy: {args.bootstrap}: {why}", file=sys.stderr)
+        print(f"unhealthy: {address}: {why}", file=sys.stderr)
         return 1
     return 0
 

@@ -68,11 +68,9 @@ class BrokerProcess:
         return self._process is not None and self._process.poll() is None
 
     def start(self, timeout: float = 30) -> None:
-        args = [sys.executable, "-m", "automq_py", "serve"]
-        for key, value in self.overrides.items():
-            args += ["--override", f"{key}={value}"]
-        log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's lifetime
-        self._process = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=log, env=os.environ)
+        """Start the process and wait until it listens."""
+        self.start_process()
+        assert self._process is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
@@ -86,6 +84,14 @@ class BrokerProcess:
                 # polled often: every test waits for this, and the broker listens in ~0.6 s
                 time.sleep(0.02)
         raise RuntimeError(f"broker did not listen within {timeout}s:\n{self.log_tail()}")
+
+    def start_process(self) -> None:
+        """Start the process, without waiting for anything."""
+        args = [sys.executable, "-m", "automq_py", "serve"]
+        for key, value in self.overrides.items():
+            args += ["--override", f"{key}={value}"]
+        log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's lifetime
+        self._process = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=log, env=os.environ)
 
     def stop(self, timeout: float = 60) -> int:
         """SIGTERM and wait for the graceful shutdown; returns the exit code."""
