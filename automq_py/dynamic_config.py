@@ -9,8 +9,14 @@ the properties file: this broker's over the cluster's over the static ones.
 What can change this way is what automq-py applies at once: the broker defaults of topic
 configs (Kafka's ``DynamicLogConfig.ReconfigurableConfigs``: ``log.retention.ms``,
 ``log.segment.bytes``, ``message.max.bytes``, ``log.cleanup.policy``, ...). The open partitions
-take the new defaults at once, as a topic config change does. Every other broker property is
-read-only, and changing it is refused as Kafka refuses a static config.
+take the new defaults at once, as a topic config change does. ``advertised.listeners`` is
+dynamic per broker, as in Kafka 3.9 (never a cluster-wide default), and held to what a KRaft
+broker of 3.9 allows: its listener names must be the broker's listeners and no address may be
+a wildcard, and the endpoints it names must be the ones the broker registered (Kafka: "Advertised
+listeners cannot be altered when using a Raft-based metadata quorum"), so a value is accepted
+(and then described as this broker's dynamic config) but clients are never sent elsewhere.
+Every other broker property is read-only, and changing it is refused as Kafka refuses a static
+config.
 """
 
 from __future__ import annotations
@@ -19,7 +25,12 @@ import json
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from automq_py.config import TOPIC_CONFIG_SYNONYMS, BrokerConfig, check_topic_defaults
+from automq_py.config import (
+    TOPIC_CONFIG_SYNONYMS,
+    BrokerConfig,
+    check_topic_defaults,
+    parse_listeners,
+)
 from automq_py.topic_config import ConfigLayers
 from storage.config_def import ConfigError
 from storage.metadata.manager import MetadataManager
@@ -31,9 +42,18 @@ KV_PREFIX = "broker-config/"
 RECONFIGURABLE = frozenset(synonyms[0].name for synonyms in TOPIC_CONFIG_SYNONYMS.values()) - {
     "log.message.format.version"
 }
+ADVERTISED_LISTENERS = "advertised.listeners"
+# dynamic for one broker only (Kafka's DynamicBrokerConfig.PerBrokerConfigs)
+PER_BROKER = frozenset({ADVERTISED_LISTENERS})
+# what DescribeConfigs describes as not read-only
+DYNAMIC = RECONFIGURABLE | PER_BROKER
 
 
-class ReadOnlyConfigError(ConfigError):
+class RefusedConfigError(ConfigError):
+    """A dynamic change Kafka refuses with INVALID_REQUEST (rather than INVALID_CONFIG)."""
+
+
+class ReadOnlyConfigError(RefusedConfigError):
     """A broker property that cannot change while the broker runs."""
 
 
@@ -69,13 +89,21 @@ class DynamicBrokerConfig:
         """The topic defaults that setting broker resource ``resource``'s dynamic configs to
         ``configs`` (the whole set) would give. Raises ReadOnlyConfigError for a property
         that cannot change dynamically, ConfigError for a bad value."""
-        read_only = sorted(name for name in configs if name not in RECONFIGURABLE)
+        read_only = sorted(name for name in configs if name not in DYNAMIC)
         if read_only:
             raise ReadOnlyConfigError(
                 f"Cannot update these configs dynamically: {', '.join(read_only)} (automq-py "
-                "changes only the broker defaults of topic configs at run time; set the "
-                "others in server.properties or --override)"
+                "changes only the broker defaults of topic configs and advertised.listeners at "
+                "run time; set the others in server.properties or --override)"
             )
+        per_broker = sorted(name for name in configs if name in PER_BROKER)
+        if resource == "" and per_broker:
+            raise RefusedConfigError(
+                "Cannot update these configs at default cluster level, broker id must be "
+                f"specified: Set({', '.join(per_broker)})"
+            )
+        if ADVERTISED_LISTENERS in configs:
+            check_advertised_listeners(self.config, configs[ADVERTISED_LISTENERS])
         if resource == "":
             merged = {**self.config.properties, **configs, **self._own}
         else:
@@ -97,6 +125,43 @@ class DynamicBrokerConfig:
         else:
             self._own = stored
         return defaults
+
+
+def check_advertised_listeners(config: BrokerConfig, value: str) -> None:
+    """Refuse (RefusedConfigError, with Kafka 3.9's messages) ``advertised.listeners`` set to
+    ``value`` on a broker running with ``config``: it must parse, name the inter-broker
+    listener and only the broker's listeners, no wildcard address, and (a KRaft broker's rule)
+    the endpoints registered now."""
+    try:
+        advertised = parse_listeners(ADVERTISED_LISTENERS, value)
+    except ConfigError as e:
+        raise RefusedConfigError(f"Error creating broker listeners from '{value}': {e}") from None
+    names = list(dict.fromkeys(x.name for x in advertised))
+    known = [x.name for x in config.listeners]
+    if config.security.inter_broker_listener(known) not in names:
+        raise RefusedConfigError(
+            "requirement failed: inter.broker.listener.name must be a listener name defined in "
+            "advertised.listeners. The valid options based on currently configured listeners "
+            f"are {','.join(names)}"
+        )
+    if not set(names) <= set(known):
+        raise RefusedConfigError(
+            "requirement failed: advertised.listeners listener names must be equal to or a "
+            f"subset of the ones defined in listeners. Found {','.join(names)}. The valid "
+            f"options based on the current configuration are {','.join(known)}"
+        )
+    if any(x.host == "0.0.0.0" for x in advertised):
+        raise RefusedConfigError(
+            "requirement failed: advertised.listeners cannot use the nonroutable meta-address "
+            "0.0.0.0. Use a routable IP address."
+        )
+    if set(advertised) != set(config.advertised_listeners):
+        # Kafka wraps the reconfiguration's ConfigException in ConfigException(name, value)
+        raise RefusedConfigError(
+            "Invalid value org.apache.kafka.common.config.ConfigException: Advertised listeners "
+            "cannot be altered when using a Raft-based metadata quorum. for configuration "
+            "Invalid dynamic configuration"
+        )
 
 
 def _decode(raw: bytes | None) -> dict[str, str]:

@@ -10,9 +10,12 @@ and handed to the partitions already open, so ``max.message.bytes``, ``segment.b
 ``segment.ms`` act on the next append; what a segment fixes when it is created
 (``index.interval.bytes``, ``segment.index.bytes``) acts from the next segment on.
 
-The broker resource lists every broker property, read-only: automq-py reads its configuration
-once at start and keeps no dynamic broker configs, so altering one is refused as Kafka refuses
-a static config (INVALID_REQUEST).
+The broker resource lists every broker property: the dynamic ones (the broker defaults of topic
+configs, and ``advertised.listeners`` per broker: :mod:`automq_py.dynamic_config`) are not
+read-only, and altering any other is refused as Kafka refuses a static config
+(INVALID_REQUEST). ``advertised.listeners`` is described as Kafka 3.9 describes it: a STRING,
+null with no synonym where nothing sets it (Kafka's default is null, the listeners being
+advertised then), else the value as given.
 
 Authorization is Kafka's (``ConfigHelper``, ``ControllerApis.authorizeAlterResource``): a topic
 needs DESCRIBE_CONFIGS (ALTER_CONFIGS to alter) on the topic, a group on the group, a broker,
@@ -31,7 +34,7 @@ from automq_py.apis.context import BrokerContext
 from automq_py.config import BrokerConfig
 from automq_py.coordinator.group_configs import KEYS as GROUP_CONFIG_KEYS
 from automq_py.coordinator.group_configs import GroupConfigs
-from automq_py.dynamic_config import RECONFIGURABLE, ReadOnlyConfigError
+from automq_py.dynamic_config import DYNAMIC, RefusedConfigError
 from automq_py.log.log_config import LogConfig
 from automq_py.security.acls import CLUSTER_NAME, AclOperation
 from automq_py.security.acls import ResourceType as AclResource
@@ -192,6 +195,9 @@ def describe_broker(
         chain = layers.synonyms(prop)
         if name == "":
             chain = [c for c in chain if c.source == ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG]
+        if prop in _NULL_DEFAULTS:
+            chain = [c for c in chain if c.source != ConfigSource.DEFAULT_CONFIG]
+            value = chain[0].value if chain else None
         if sensitive:
             # as Kafka: a secret's value is never sent, only that there is one
             chain = [ConfigSynonym(c.name, None, c.source) for c in chain]
@@ -202,7 +208,7 @@ def describe_broker(
             {
                 "name": prop,
                 "value": None if sensitive else value,
-                "read_only": prop not in RECONFIGURABLE,
+                "read_only": prop not in DYNAMIC,
                 "config_source": chain[0].source if chain else ConfigSource.DEFAULT_CONFIG,
                 "is_sensitive": sensitive,
                 "synonyms": _synonyms(chain) if synonyms else [],
@@ -211,6 +217,11 @@ def describe_broker(
             }
         )
     return out
+
+
+# broker properties whose Kafka default is null, though automq-py derives a value in effect
+# (the advertised listeners are the listeners, but the controller's, when it is unset)
+_NULL_DEFAULTS = frozenset({"advertised.listeners"})
 
 
 def describe_group(
@@ -399,7 +410,7 @@ async def alter_broker(
             dynamic.validate(name, configs)
             return
         defaults = await dynamic.alter(name, configs)
-    except ReadOnlyConfigError as e:
+    except RefusedConfigError as e:
         raise ConfigRequestError(ErrorCode.INVALID_REQUEST, str(e)) from None
     except ConfigError as e:
         raise ConfigRequestError(ErrorCode.INVALID_CONFIG, str(e)) from None

@@ -49,7 +49,7 @@ from tests.automq_py.test_admin import (
     kafka_error,
     topic_configs,
 )
-from tests.support.broker import BrokerProcess
+from tests.support.broker import BrokerProcess, free_port
 from tests.support.raw_connection import RawConnection, fetch_request
 from tests.support.seaweedfs import SeaweedFS
 
@@ -417,6 +417,80 @@ def test_dynamic_broker_configs_change_topic_defaults_and_survive_a_restart(
     after = topic_configs(admin_for(broker), topic)
     assert after["retention.ms"].value == "3600000"
     assert after["retention.ms"].source == ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG.value
+
+
+def kafka_39_advertised(value: str | None, *synonyms: tuple[str, str, str]) -> dict[str, Any]:
+    """Kafka 3.9.0's DescribeConfigs entry for a broker's advertised.listeners, as a Kafka 3.9.0
+    KRaft broker answered it: ConfigHelper.createBrokerConfigEntry makes it writable (it is in
+    DynamicBrokerConfig.AllDynamicConfigs, by DynamicListenerConfig), a STRING whose default
+    is null (so unset: no value, DEFAULT_CONFIG, no synonym), not sensitive; its source is its
+    first synonym's."""
+    return {
+        "value": value,
+        "read_only": False,
+        "config_source": synonyms[0][2] if synonyms else "DEFAULT_CONFIG",
+        "is_sensitive": False,
+        "synonyms": list(synonyms),
+        "config_type": "STRING",
+        "documentation": None,
+    }
+
+
+def test_unset_advertised_listeners_are_described_as_kafka_39s(broker: BrokerProcess) -> None:
+    assert described(broker, "broker", "0")["advertised.listeners"] == kafka_39_advertised(None)
+
+
+def test_advertised_listeners_change_per_broker_as_on_kafka_39(make_broker: MakeBroker) -> None:
+    """Kafka 3.9's KRaft broker takes advertised.listeners per broker, but only naming the
+    endpoints it registered: the same ones however written are accepted (and described as its
+    dynamic config), others refused with its messages, and the cluster-wide default refused."""
+    port = free_port()
+    address = f"PLAINTEXT://127.0.0.1:{port}"
+    broker = make_broker(**{"listeners": address, "advertised.listeners": address})
+    static = ("advertised.listeners", address, "STATIC_BROKER_CONFIG")
+    assert described(broker, "broker", "0")["advertised.listeners"] == (
+        kafka_39_advertised(address, static)
+    )
+
+    admin = admin_for(broker)
+    same = f"plaintext://127.0.0.1:{port}"
+    alter_broker(admin, "0", advertised_listeners=same).result(TIMEOUT)
+    dynamic = ("advertised.listeners", same, "DYNAMIC_BROKER_CONFIG")
+    assert described(broker, "broker", "0")["advertised.listeners"] == (
+        kafka_39_advertised(same, dynamic, static)
+    )
+    brokers = admin.list_topics(timeout=TIMEOUT).brokers.values()
+    assert [(b.host, b.port) for b in brokers] == [("127.0.0.1", port)]
+
+    moved = kafka_error(
+        alter_broker(admin, "0", advertised_listeners=f"PLAINTEXT://localhost:{port}")
+    )
+    assert moved.code() == KafkaError.INVALID_REQUEST
+    assert moved.str() == (
+        "Invalid value org.apache.kafka.common.config.ConfigException: Advertised listeners "
+        "cannot be altered when using a Raft-based metadata quorum. for configuration Invalid "
+        "dynamic configuration"
+    )
+    unknown = kafka_error(alter_broker(admin, "0", advertised_listeners=f"{address},SSL://a:1"))
+    assert unknown.code() == KafkaError.INVALID_REQUEST
+    assert unknown.str() == (
+        "requirement failed: advertised.listeners listener names must be equal to or a subset "
+        "of the ones defined in listeners. Found PLAINTEXT,SSL. The valid options based on the "
+        "current configuration are PLAINTEXT"
+    )
+    with pytest.raises(KafkaException) as raised:
+        alter_cluster_defaults(broker, advertised_listeners=address)
+    cluster = raised.value.args[0]
+    assert cluster.code() == KafkaError.INVALID_REQUEST
+    assert cluster.str() == (
+        "Cannot update these configs at default cluster level, broker id must be specified: "
+        "Set(advertised.listeners)"
+    )
+
+    alter_broker(admin, "0", advertised_listeners=None).result(TIMEOUT)
+    assert described(broker, "broker", "0")["advertised.listeners"] == (
+        kafka_39_advertised(address, static)
+    )
 
 
 def stored_batches(broker: BrokerProcess, topic: str) -> list[Any]:
