@@ -30,6 +30,7 @@ from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from automq_py.log.log_config import LogConfig
+from automq_py.logs import FORMATS, LEVELS, LOGGER_LEVEL_PREFIX, logger_levels
 from automq_py.security.config import LISTENER_PREFIX, SecurityConfig
 from storage.config import S3StreamConfig
 from storage.config_def import (
@@ -508,6 +509,24 @@ class BrokerConfig:
         1,
         "how often retention runs (then GC of objects)",
     )
+    log_format: str = config_field(
+        "log.format",
+        "text",
+        ConfigType.STRING,
+        "the broker's log lines: text, or json (one object per line, for a log pipeline)",
+        choices=FORMATS,
+    )
+    log_level: str = config_field(
+        "log.level",
+        "INFO",
+        ConfigType.STRING,
+        "the root logger's level (log.level.<logger>=LEVEL sets one logger's)",
+        choices=LEVELS,
+    )
+    # log.level.<logger> properties: logger -> level
+    logger_levels: Mapping[str, str] = field(
+        default_factory=lambda: MappingProxyType({}), hash=False
+    )
     storage: S3StreamConfig = field(default_factory=S3StreamConfig)
     # listeners' TLS and SASL, the authorizer
     security: SecurityConfig = field(default_factory=SecurityConfig)
@@ -564,10 +583,14 @@ class BrokerConfig:
         """Build from ``name -> string value``; unknown names are kept and logged once each."""
         known = cls.config_keys()
         for name in props:
-            if name not in known and not name.startswith(LISTENER_PREFIX):
+            if name not in known and not name.startswith((LISTENER_PREFIX, LOGGER_LEVEL_PREFIX)):
                 log.warning("property %r is not used by automq-py; ignored", name)
 
         values = parse_declared(cls, props)
+        try:
+            levels = logger_levels(props)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         listeners, advertised, protocols = _listeners(props)
         data_dir = _data_dir(props)
         node_id = values.get("node_id", 0)
@@ -580,6 +603,7 @@ class BrokerConfig:
             security=SecurityConfig.from_properties(props, protocols),
             properties=MappingProxyType(dict(props)),
             log_defaults=MappingProxyType(check_topic_defaults(props)),
+            logger_levels=MappingProxyType(levels),
             **values,
         )
         if config.broker_session_timeout_ms <= config.broker_heartbeat_interval_ms:
@@ -945,7 +969,8 @@ def _storage(
     storage_props["s3.data.buckets"] = _with_env_credentials(storage_props["s3.data.buckets"], env)
     storage_props["node.id"] = str(node_id)
     storage_props["cluster.id"] = cluster_id
-    return S3StreamConfig.from_properties(storage_props)
+    config = S3StreamConfig.from_properties(storage_props)
+    return dataclasses.replace(config, log_format=props.get("log.format", "text").strip())
 
 
 def env_properties(env: Mapping[str, str]) -> dict[str, str]:

@@ -192,6 +192,8 @@ class S3StreamConfig:
         "else in-process), spark, local (in-process) or none",
         choices=("auto", "spark", "local", "none"),
     )
+    # the broker's log.format, for the upload worker's own log lines (not a property here)
+    log_format: str = "text"
 
     @property
     def namespace(self) -> str:

@@ -149,6 +149,9 @@ class S3Storage:
                 part_size=config.object_part_size,
                 max_concurrency=config.max_concurrent_requests,
                 retry_timeout_s=config.request_retry_timeout_ms / 1000,
+                log_format=config.log_format,
+                node_id=config.node_id,
+                cluster_id=config.cluster_id,
             ),
             store.stats.add,
         )

@@ -95,6 +95,10 @@ class WorkerSettings:
     part_size: int
     max_concurrency: int
     retry_timeout_s: float
+    # the broker's log.format and who it is: its log lines and the worker's read alike
+    log_format: str = "text"
+    node_id: int = 0
+    cluster_id: str = ""
 
 
 def _frame(message: dict[str, Any]) -> bytes:
@@ -220,6 +224,9 @@ class UploadWorker:
             sys.executable,
             "-m",
             "storage.upload_worker",
+            self._settings.log_format,
+            str(self._settings.node_id),
+            self._settings.cluster_id,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             limit=1 << 20,
@@ -524,10 +531,16 @@ async def _serve() -> None:
 
 
 def main() -> None:
-    """Entry point of ``python -m storage.upload_worker`` (started by the broker, not users)."""
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    """Entry point of ``python -m storage.upload_worker [text|json NODE_ID CLUSTER_ID]``
+    (started by the broker, not users; the arguments: the broker's ``log.format`` and who it
+    is, for the log lines)."""
+    # the broker's own formatter: one log stream, one format (imported here, in the process
+    # the broker starts, so the storage package itself does not depend on the broker's)
+    from automq_py.logs import configure
+
+    args = sys.argv[1:]
+    static = {"node_id": int(args[1]), "cluster_id": args[2]} if len(args) >= 3 else {}
+    configure(args[0] if args else "text", "INFO", {}, static)
     # the broker decides when the worker ends (its stdin closes): a Ctrl-C at the terminal
     # reaches the whole process group, and the broker's clean stop still needs the worker
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Coroutine
 from typing import Any
 
+from automq_py import logs
 from automq_py.config import BrokerConfig, ConfigError
 
 log = logging.getLogger("automq.serve")
@@ -111,6 +112,12 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args, "serve")
     if config is None:
         return 2
+    logs.configure(
+        config.log_format,
+        "DEBUG" if args.verbose else config.log_level,
+        config.logger_levels,
+        {"node_id": config.node_id, "cluster_id": config.cluster_id},
+    )
     # Kafka logs its effective configuration at start-up; secrets are hidden.
     log.info(
         "broker configuration:\n%s",
