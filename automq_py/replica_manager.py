@@ -911,6 +911,7 @@ class ReplicaManager:
         """Close the partitions of ``topic``, which is being deleted: they are never opened
         again, and appends still waiting for them fail UNKNOWN_TOPIC_OR_PARTITION."""
         self._deleted.add(topic.topic_id)
+        self.topic_stats.remove(topic.name)
         for key in [k for k in self._partitions if k[0] == topic.name]:
             partition = self._partitions.pop(key)
             await partition.log.close()
