@@ -25,6 +25,9 @@ Brokers (``--brokers``, default all):
 * ``automq-file-sasl-ssl`` the same serving one SASL_SSL listener (TLS from PEM files the bench
                   makes, SASL/PLAIN): the clients authenticate and every byte is encrypted, so
                   beside ``automq-file`` it shows what TLS costs;
+* ``automq-file-metrics`` ``automq-file`` with ``metrics.port`` on, its ``/metrics`` scraped
+                  every ``SCRAPE_INTERVAL_S`` by a thread of the bench (Prometheus' default is
+                  15 s): beside ``automq-file`` it shows what the metrics cost;
 * ``tansu-mem``   Tansu 0.6.0 ``--storage-engine memory://tansu/``;
 * ``tansu-s3``    Tansu 0.6.0 ``--storage-engine s3://tansu/`` on the same SeaweedFS.
 Kafka runs from the jars ``make java`` puts in ``.java/kafka-4.4/`` (``bench/apache_kafka.py``),
@@ -153,7 +156,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -201,6 +206,7 @@ BROKERS = (
     "automq-s3",
     "automq-file",
     "automq-file-sasl-ssl",
+    "automq-file-metrics",
     "tansu-mem",
     "tansu-s3",
 )
@@ -212,6 +218,7 @@ SUITE_MODES = (
     ("saturated", None, False),
     ("cold", None, True),
 )
+SCRAPE_INTERVAL_S = 1.0  # automq-file-metrics: /metrics scraped this often
 # Seen through a proxy (2026-11-28): Kafka 4.4's producer opens its connection to a partition
 # leader with ApiVersions v5, which names the cluster and node it expects; Tansu 0.6.0 (v0-4)
 # fails to parse it and closes the connection instead of answering UNSUPPORTED_VERSION, so the
@@ -226,6 +233,7 @@ LABELS = {
     "automq-s3": "automq-py S3",
     "automq-file": "automq-py file",
     "automq-file-sasl-ssl": "automq SASL_SSL",
+    "automq-file-metrics": "automq metrics",
     "tansu-mem": "Tansu mem",
     "tansu-s3": "Tansu S3",
 }
@@ -370,6 +378,12 @@ class AutomqBroker(Broker):
             self.engine = f"embedded file:// store under {data_dir}"
         if name.endswith("-sasl-ssl"):
             self.engine += "; SASL_SSL listener (TLS, SASL/PLAIN)"
+        self.scraper: Scraper | None = None
+        if name.endswith("-metrics"):
+            port = free_port()
+            overrides["metrics.port"] = str(port)
+            self.scraper = Scraper(f"http://127.0.0.1:{port}/metrics", SCRAPE_INTERVAL_S)
+            self.engine += f"; /metrics scraped every {SCRAPE_INTERVAL_S:g} s"
         self.process = BrokerProcess(data_dir, overrides)
 
     @property
@@ -386,12 +400,56 @@ class AutomqBroker(Broker):
 
     def start(self) -> None:
         self.process.start()
+        if self.scraper is not None:
+            self.scraper.start()
 
     def stop(self) -> int:
+        if self.scraper is not None:
+            print(f"# {self.name}: {self.scraper.stop()}", flush=True)
         return self.process.stop()
 
     def log_tail(self, lines: int = 30) -> str:
         return self.process.log_tail(lines)
+
+
+class Scraper:
+    """Fetches a broker's ``/metrics`` every ``interval_s``, as Prometheus would."""
+
+    def __init__(self, url: str, interval_s: float) -> None:
+        self.url = url
+        self.interval_s = interval_s
+        self.times: list[float] = []
+        self.sizes: list[int] = []
+        self.failures = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="scraper", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            started = time.perf_counter()
+            try:
+                with urllib.request.urlopen(self.url, timeout=10) as r:
+                    self.sizes.append(len(r.read()))
+            except OSError:
+                self.failures += 1
+                continue
+            self.times.append(time.perf_counter() - started)
+
+    def stop(self) -> str:
+        """Stop, and say what the scrapes were."""
+        self._stop.set()
+        self._thread.join()
+        if not self.times:
+            return f"no scrape answered ({self.failures} failed)"
+        ordered = sorted(self.times)
+        return (
+            f"{len(ordered)} scrapes of /metrics ({self.failures} failed), "
+            f"{sum(self.sizes) / len(self.sizes) / 1024:.0f} KiB each, p50 "
+            f"{pct(ordered, 50) * 1000:.1f} ms, max {ordered[-1] * 1000:.1f} ms"
+        )
 
 
 class TansuBroker(Broker):
