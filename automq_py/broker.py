@@ -208,6 +208,7 @@ class Broker:
                 security.connection_failed_authentication_delay_ms,
                 security.sasl_server_max_receive_size,
             ),
+            request_phases=self.metrics_server is not None,
         )
         _settle_garbage_collector()  # startup's objects, before a client can wait behind them
         await self.server.start_listeners(endpoints)

@@ -35,9 +35,14 @@ class ApiTimes:
 
 
 class RequestMetrics:
-    def __init__(self, window: int = WINDOW, phase_window: int = PHASE_WINDOW) -> None:
+    def __init__(
+        self, window: int = WINDOW, phase_window: int = PHASE_WINDOW, *, phases: bool = True
+    ) -> None:
+        """``phases``: keep each request's parts too (with ``metrics.port`` on; the total
+        time alone serves the summary logged at stop)."""
         self._window = window
         self._phase_window = phase_window
+        self.phases = phases
         self.apis: dict[int, ApiTimes] = {}
 
     def _times(self, api_key: int) -> ApiTimes:
@@ -68,12 +73,14 @@ class RequestMetrics:
         to the socket."""
         times = self._times(api_key)
         times.total.add(sent - arrived)
+        times.versions[version] = times.versions.get(version, 0) + 1
+        if not self.phases:
+            return
         queue, local, remote, send = times.phases
         queue.add(started - arrived)
         local.add(handled - started)
         remote.add(written - handled)
         send.add(sent - written)
-        times.versions[version] = times.versions.get(version, 0) + 1
 
     def percentiles(self, api_key: int) -> dict[str, float]:
         """p50, p99, p99.9 and max total time in ms over the kept requests (zeros if none)."""

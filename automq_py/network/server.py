@@ -89,6 +89,7 @@ class SocketServer:
         max_request_size: int,
         idle_timeout_s: float,
         authentication: AuthenticationSettings | None = None,
+        request_phases: bool = True,
     ) -> None:
         self.apis = apis
         self.max_request_size = max_request_size
@@ -96,7 +97,7 @@ class SocketServer:
         self.authentication = authentication or AuthenticationSettings()
         self._servers: list[tuple[Endpoint, asyncio.Server]] = []
         self._connections: set[asyncio.Task[None]] = set()
-        self.metrics = RequestMetrics()
+        self.metrics = RequestMetrics(phases=request_phases)
         # per listener: connections open now, and ever accepted (SocketServer's
         # connection-count and connection-creation-total)
         self.connection_count: dict[str, int] = {}
