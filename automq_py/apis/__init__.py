@@ -47,7 +47,6 @@ from automq_py.apis.context import BrokerContext
 from automq_py.apis.deferred import Deferred, PendingResponse
 from automq_py.errors import describe, kafka_error
 from automq_py.security.quotas import REQUEST as REQUEST_QUOTA
-from automq_py.security.quotas import ClientQuotas
 from automq_py.security.session import SESSION, THROTTLE_MS
 from protocol import api_versions, build, wire
 from protocol.api_keys import ApiKey
@@ -109,10 +108,23 @@ class KafkaApis:
         """Run ``request``'s handler: its encoded response, None (no response), or the
         response still to come when the handler deferred the rest of its work
         (:class:`Deferred`)."""
-        handler, _, _ = self.table[request.api_key]
         quotas = self.ctx.quotas if self.ctx is not None else None
-        if quotas is not None and quotas.any:
-            return await self._handle_timed(request, quotas)
+        if quotas is None or not quotas.any:
+            return await self._run_handler(request)
+        # the handler's time counts against the client's request quota, if it has one (the
+        # throttle is the longer of that and its byte quota's)
+        started = time.perf_counter()
+        out = await self._run_handler(request)
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        throttle = quotas.record(
+            REQUEST_QUOTA, SESSION.get().user, request.header.client_id or "", elapsed_ms
+        )
+        if throttle > THROTTLE_MS.get():
+            THROTTLE_MS.set(throttle)
+        return out
+
+    async def _run_handler(self, request: Request) -> list[wire.Buffer] | PendingResponse | None:
+        handler, _, _ = self.table[request.api_key]
         try:
             result = await handler(self.ctx, request)
             if isinstance(result, Deferred):
@@ -121,30 +133,6 @@ class KafkaApis:
         except Exception as e:
             # Kafka's handleError: the request is answered with the error, the connection stays
             return self.error_response(request, e)
-
-    async def _handle_timed(
-        self, request: Request, quotas: ClientQuotas
-    ) -> list[wire.Buffer] | PendingResponse | None:
-        """:meth:`handle`, its time recorded against the client's request quota, if it has
-        one (the throttle is the longer of that and its byte quota's)."""
-        started = time.perf_counter()
-        handler, _, _ = self.table[request.api_key]
-        out: list[wire.Buffer] | PendingResponse | None
-        try:
-            result = await handler(self.ctx, request)
-            if isinstance(result, Deferred):
-                out = self._finish(request, result)
-            else:
-                out = self._encode(request, result)
-        except Exception as e:
-            out = self.error_response(request, e)
-        elapsed_ms = (time.perf_counter() - started) * 1000
-        throttle = quotas.record(
-            REQUEST_QUOTA, SESSION.get().user, request.header.client_id or "", elapsed_ms
-        )
-        if throttle > THROTTLE_MS.get():
-            THROTTLE_MS.set(throttle)
-        return out
 
     def _finish(self, request: Request, deferred: Deferred[Any]) -> PendingResponse:
         def make() -> list[wire.Buffer] | None:
