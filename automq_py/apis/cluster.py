@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from automq_py.apis.context import BrokerContext
-from automq_py.apis.metadata import AUTHORIZED_OPERATIONS_OMITTED, cluster_authorized_operations
+from automq_py.apis.metadata import AUTHORIZED_OPERATIONS_OMITTED
 from protocol import build
 from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
@@ -22,7 +22,7 @@ async def handle_describe_cluster(ctx: BrokerContext, request: Request) -> Any:
     endpoint_type = int(getattr(request.body, "endpoint_type", BROKER_ENDPOINT))
     operations = AUTHORIZED_OPERATIONS_OMITTED
     if request.body.include_cluster_authorized_operations:
-        operations = cluster_authorized_operations(ctx)
+        operations = ctx.cluster_authorized_operations()
     data: dict[str, Any] = {
         "throttle_time": 0,
         "error_code": ErrorCode.NONE,

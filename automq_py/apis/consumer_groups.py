@@ -27,7 +27,6 @@ from automq_py.apis.groups import (
     group_coordinator,
     millis,
 )
-from automq_py.apis.metadata import authorized_operations
 from automq_py.coordinator.classic_group import ClassicState
 from automq_py.coordinator.consumer_group import ConsumerGroup, HeartbeatRequest, Partitions
 from protocol.api_keys import ApiKey
@@ -214,7 +213,7 @@ async def handle_consumer_group_describe(ctx: BrokerContext, request: Request) -
                     }
                     for m in group.members.values()
                 ],
-                "authorized_operations": authorized_operations(ctx, GROUP, str(group_id))
+                "authorized_operations": ctx.authorized_operations(GROUP, str(group_id))
                 if operations
                 else NO_OPERATIONS,
             }

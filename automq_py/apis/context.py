@@ -15,7 +15,7 @@ from automq_py.metadata_cache import ClusterMetadataCache, Leadership
 from automq_py.partition import Partition
 from automq_py.replica_manager import ReplicaManager
 from automq_py.security.access import AccessControl
-from automq_py.security.acls import CLUSTER_NAME, AclOperation, ResourceType
+from automq_py.security.acls import CLUSTER_NAME, AclOperation, ResourceType, supported_operations
 from automq_py.security.quotas import ClientQuotas
 from automq_py.security.session import SESSION
 from automq_py.topic_config import ConfigLayers
@@ -117,6 +117,25 @@ class BrokerContext:
         return (
             access is None or not access.enabled or access.authorize_any(operation, resource_type)
         )
+
+    def authorized_operations(self, resource_type: ResourceType, name: str) -> int:
+        """The ``*_authorized_operations`` bit field of a resource for the session being
+        served: with no authorizer every operation the resource type has, as Kafka's
+        AuthHelper answers."""
+        access = self.access
+        if access is None or not access.enabled:
+            bits = 0
+            for operation in supported_operations(resource_type):
+                bits |= 1 << operation
+            return bits
+        return access.authorized_operations(resource_type, name)
+
+    def cluster_authorized_operations(self) -> int:
+        """The cluster's bit field for Metadata v8-v10 and DescribeCluster: 0 without
+        DESCRIBE on the cluster, as Kafka answers."""
+        if not self.allowed_on_cluster(AclOperation.DESCRIBE):
+            return 0
+        return self.authorized_operations(ResourceType.CLUSTER, CLUSTER_NAME)
 
     def own_address(self) -> tuple[str, int]:
         """Where the client being served reaches this broker: on its listener's advertised

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from automq_py.apis.context import CLIENT_HOST, BrokerContext, respond
-from automq_py.apis.metadata import AUTHORIZED_OPERATIONS_OMITTED, authorized_operations
+from automq_py.apis.metadata import AUTHORIZED_OPERATIONS_OMITTED
 from automq_py.coordinator.classic_group import ClassicGroup, ClassicState, JoinResult
 from automq_py.coordinator.consumer_group import ConsumerGroup
 from automq_py.coordinator.group_coordinator import (
@@ -441,7 +441,7 @@ async def handle_describe_groups(ctx: BrokerContext, request: Request) -> Any:
                 }
             )
         if operations and out[-1]["error_code"] == ErrorCode.NONE:
-            out[-1]["authorized_operations"] = authorized_operations(ctx, GROUP, str(group_id))
+            out[-1]["authorized_operations"] = ctx.authorized_operations(GROUP, str(group_id))
     return respond(request, {"throttle_time": 0, "groups": out})
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from automq_py.apis.context import BrokerContext
 from automq_py.controller.cluster_records import NO_LEADER
-from automq_py.security.acls import CLUSTER_NAME, AclOperation, ResourceType, supported_operations
+from automq_py.security.acls import AclOperation, ResourceType
 from automq_py.topics import TopicError, TopicInfo, validate_name
 from protocol import api_versions, build
 from protocol.api_keys import ApiKey
@@ -49,26 +49,6 @@ def api_versions_handler(supported: Callable[[], dict[int, tuple[int, int]]]) ->
         )
 
     return handle
-
-
-def authorized_operations(ctx: BrokerContext, resource_type: ResourceType, name: str) -> int:
-    """The ``*_authorized_operations`` bit field of a resource for the session being served:
-    with no authorizer every operation the resource type has, as Kafka's AuthHelper answers."""
-    access = ctx.access
-    if access is None or not access.enabled:
-        bits = 0
-        for operation in supported_operations(resource_type):
-            bits |= 1 << operation
-        return bits
-    return access.authorized_operations(resource_type, name)
-
-
-def cluster_authorized_operations(ctx: BrokerContext) -> int:
-    """The cluster's bit field for Metadata v8-v10 and DescribeCluster: 0 without DESCRIBE on
-    the cluster, as Kafka answers."""
-    if not ctx.allowed_on_cluster(AclOperation.DESCRIBE):
-        return 0
-    return authorized_operations(ctx, ResourceType.CLUSTER, CLUSTER_NAME)
 
 
 def _refused_topic(name: str | None, topic_id: uuid.UUID = ZERO_UUID) -> dict[str, Any]:
@@ -201,7 +181,7 @@ async def handle_metadata(ctx: BrokerContext, request: Request) -> Any:
     if topic_operations and version >= 8:
         for t in topics:
             if t["error_code"] != ErrorCode.TOPIC_AUTHORIZATION_FAILED and t["name"] is not None:
-                t["topic_authorized_operations"] = authorized_operations(ctx, TOPIC, t["name"])
+                t["topic_authorized_operations"] = ctx.authorized_operations(TOPIC, t["name"])
     response = build.build(
         response_schema(ApiKey.METADATA, version),
         {
@@ -210,7 +190,7 @@ async def handle_metadata(ctx: BrokerContext, request: Request) -> Any:
             "cluster_id": ctx.cluster_id,
             "controller_id": ctx.controller_id,
             "topics": topics,
-            "cluster_authorized_operations": cluster_authorized_operations(ctx)
+            "cluster_authorized_operations": ctx.cluster_authorized_operations()
             if cluster_operations
             else AUTHORIZED_OPERATIONS_OMITTED,
         },
@@ -281,7 +261,7 @@ async def handle_describe_topic_partitions(ctx: BrokerContext, request: Request)
         topic = ctx.topics.get(name)
         if topic is None:
             if not fetch_all:
-                operations = authorized_operations(ctx, TOPIC, name)
+                operations = ctx.authorized_operations(TOPIC, name)
                 topics.append({**_unknown_topic(name), "topic_authorized_operations": operations})
             continue
         first = cursor.partition_index if cursor is not None and name == after else 0
@@ -289,7 +269,7 @@ async def handle_describe_topic_partitions(ctx: BrokerContext, request: Request)
         first = min(max(first, 0), topic.partitions)
         end = min(topic.partitions, first + remaining)
         entry = _topic_entry(topic, ctx, range(first, end))
-        entry["topic_authorized_operations"] = authorized_operations(ctx, TOPIC, name)
+        entry["topic_authorized_operations"] = ctx.authorized_operations(TOPIC, name)
         for partition in entry["partitions"]:
             # KIP-966: the leader is the only replica, so no other is eligible
             partition["eligible_leader_replicas"] = []
