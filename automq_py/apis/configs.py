@@ -17,6 +17,9 @@ read-only, and altering any other is refused as Kafka refuses a static config
 null with no synonym where nothing sets it (Kafka's default is null, the listeners being
 advertised then), else the value as given.
 
+The broker logger resource (KIP-412: this broker's loggers and their levels, changed while it
+runs) is :mod:`automq_py.apis.broker_loggers`'s.
+
 Authorization is Kafka's (``ConfigHelper``, ``ControllerApis.authorizeAlterResource``): a topic
 needs DESCRIBE_CONFIGS (ALTER_CONFIGS to alter) on the topic, a group on the group, a broker,
 broker logger or client metrics resource on the cluster; a refused resource is answered
@@ -30,6 +33,8 @@ from collections.abc import Callable, Mapping, Sequence
 from enum import IntEnum
 from typing import Any
 
+from automq_py.apis import broker_loggers
+from automq_py.apis.broker_loggers import BrokerLoggerError
 from automq_py.apis.context import BrokerContext
 from automq_py.config import BrokerConfig
 from automq_py.coordinator.group_configs import KEYS as GROUP_CONFIG_KEYS
@@ -135,6 +140,9 @@ async def handle_describe_configs(ctx: BrokerContext, request: Request) -> Any:
                 configs = describe_broker(ctx, name, synonyms, documentation)
             elif kind == ResourceType.GROUP:
                 configs = describe_group(ctx, name, synonyms, documentation)
+            elif kind == ResourceType.BROKER_LOGGER:
+                configs = broker_loggers.describe(ctx.node_id, name)
+                entry["error_message"] = ""  # as Kafka sends it (its default, not set)
             else:
                 raise ConfigRequestError(
                     ErrorCode.INVALID_REQUEST, f"unsupported resource type {kind}"
@@ -142,6 +150,8 @@ async def handle_describe_configs(ctx: BrokerContext, request: Request) -> Any:
             entry["configs"] = [c for c in configs if keys is None or c["name"] in keys]
         except ConfigRequestError as e:
             entry.update(error_code=e.code, error_message=str(e))
+        except BrokerLoggerError as e:
+            entry.update(error_code=e.code, error_message=e.message)
         results.append(entry)
     return build.build(
         response_schema(ApiKey.DESCRIBE_CONFIGS, request.api_version),
@@ -296,6 +306,11 @@ async def _alter(
         kind, name = int(r.resource_type), str(r.resource_name)
         entry = _alter_entry(kind, name)
         try:
+            if kind == ResourceType.BROKER_LOGGER:
+                # checked and authorized in Kafka's order, by broker_loggers
+                alter_broker_loggers(ctx, api_key, name, r.configs, bool(body.validate_only))
+                responses.append(entry)
+                continue
             _authorize(ctx, AclOperation.ALTER_CONFIGS, kind, name)
             names = [str(c.name) for c in r.configs]
             _check_unique(names)
@@ -319,6 +334,8 @@ async def _alter(
                 )
         except ConfigRequestError as e:
             entry.update(error_code=e.code, error_message=str(e))
+        except BrokerLoggerError as e:
+            entry.update(error_code=e.code, error_message=e.message)
         responses.append(entry)
     return build.build(
         response_schema(api_key, request.api_version), {"throttle_time": 0, "responses": responses}
@@ -417,6 +434,27 @@ async def alter_broker(
     ctx.replicas.topic_defaults = defaults
     for topic in ctx.topics.all():
         ctx.replicas.apply_config(topic)
+
+
+def alter_broker_loggers(
+    ctx: BrokerContext, api_key: int, name: str, entries: Any, validate_only: bool
+) -> None:
+    """Set or unset the levels of this broker's loggers (IncrementalAlterConfigs; legacy
+    AlterConfigs is refused, as by Kafka), at once unless ``validate_only``."""
+    if api_key != ApiKey.INCREMENTAL_ALTER_CONFIGS:
+        raise broker_loggers.refuse_legacy_alter(
+            [(str(c.name), None if c.value is None else str(c.value)) for c in entries]
+        )
+    ops = [
+        (str(c.name), int(c.config_operation), None if c.value is None else str(c.value))
+        for c in entries
+    ]
+    allowed = ctx.allowed(AclOperation.ALTER_CONFIGS, AclResource.CLUSTER, CLUSTER_NAME)
+    changes = broker_loggers.plan_alter(
+        ctx.node_id, name, ops, allowed, broker_loggers.logger_exists
+    )
+    if not validate_only:
+        broker_loggers.apply(changes)
 
 
 async def apply_topic_configs(

@@ -57,6 +57,8 @@ from kafka.errors import GroupAuthorizationFailedError, TopicAuthorizationFailed
 from kafka.protocol.admin import (
     AlterReplicaLogDirsRequest,
     AlterReplicaLogDirsResponse,
+    DescribeConfigsRequest,
+    DescribeConfigsResponse,
     DescribeLogDirsRequest,
     DescribeLogDirsResponse,
     DescribeProducersRequest,
@@ -67,6 +69,8 @@ from kafka.protocol.admin import (
     DescribeTransactionsResponse,
     ElectLeadersRequest,
     ElectLeadersResponse,
+    IncrementalAlterConfigsRequest,
+    IncrementalAlterConfigsResponse,
     ListPartitionReassignmentsRequest,
     ListPartitionReassignmentsResponse,
 )
@@ -478,6 +482,42 @@ def test_alice_is_refused_the_brokers_own_apis(acl_broker: AclBroker) -> None:
         frame = conn.sock.recv(size, socket.MSG_WAITALL)
         _, body = extensions.decode_response(ApiKey.GET_KVS, 0, frame)
         assert body["error_code"] == refused_cluster
+
+
+def test_broker_log_levels_need_the_clusters_configs_acls(acl_broker: AclBroker) -> None:
+    """The broker logger resource is the cluster's: DESCRIBE_CONFIGS to see the levels,
+    ALTER_CONFIGS to change one, refused with Kafka's error and message."""
+    described = DescribeConfigsRequest[4](
+        resources=[
+            DescribeConfigsRequest.DescribeConfigsResource(
+                resource_type=8, resource_name="0", configuration_keys=["root"]
+            )
+        ],
+        include_synonyms=False,
+        include_documentation=False,
+    )
+    a = IncrementalAlterConfigsRequest.AlterConfigsResource
+    altered = IncrementalAlterConfigsRequest[1](
+        resources=[
+            a(
+                resource_type=8,
+                resource_name="0",
+                configs=[a.AlterableConfig(name="root", config_operation=0, value="INFO")],
+            )
+        ],
+        validate_only=True,
+    )
+    refused = (KafkaError.CLUSTER_AUTHORIZATION_FAILED, "Cluster authorization failed.")
+    with raw_session(acl_broker, "alice") as conn:
+        (d,) = conn.call(described, DescribeConfigsResponse).results
+        assert (d.error_code, d.error_message, d.configs) == (*refused, [])
+        (r,) = conn.call(altered, IncrementalAlterConfigsResponse).responses
+        assert (r.error_code, r.error_message) == refused
+    with raw_session(acl_broker, "admin") as conn:
+        (d,) = conn.call(described, DescribeConfigsResponse).results
+        assert (d.error_code, [c.name for c in d.configs]) == (0, ["root"])
+        (r,) = conn.call(altered, IncrementalAlterConfigsResponse).responses
+        assert r.error_code == 0
 
 
 # -- admin, the super user -----------------------------------------------------------------------
