@@ -1,16 +1,21 @@
 """docker/compose.yml under podman-compose: the broker on SeaweedFS in one ``up``, reached from
 the host, and everything gone after ``down -v``; the ``cluster`` profile's three brokers over
-PostgreSQL serving one topic through any of them."""
+PostgreSQL serving one topic through any of them; the ``monitoring`` profile's Prometheus
+scraping the broker."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
+import urllib.parse
+import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -26,6 +31,7 @@ COMPOSE = REPO / "docker" / "compose.yml"
 PODMAN_COMPOSE = Path(sys.executable).parent / "podman-compose"
 # no registry here: a stand-in for the official postgres image (tests/docker/postgres.Dockerfile)
 POSTGRES_IMAGE = "localhost/automq-py-test-postgres:15"
+PROMETHEUS_IMAGE = "localhost/automq-py-prometheus:latest"
 
 Compose = Callable[..., str]
 
@@ -56,6 +62,12 @@ def postgres_image(podman: Podman, compose_images: None) -> str:
     return POSTGRES_IMAGE
 
 
+@pytest.fixture(scope="module")
+def prometheus_image(podman: Podman, compose_images: None) -> str:
+    podman.build_image("docker/prometheus.Dockerfile", PROMETHEUS_IMAGE)
+    return PROMETHEUS_IMAGE
+
+
 def _compose(podman: Podman, project: str, env: dict[str, str]) -> Compose:
     def compose(*args: str) -> str:
         done = subprocess.run(
@@ -76,7 +88,8 @@ def test_compose_up_serves_on_seaweedfs_and_down_removes_everything(
 ) -> None:
     project = f"automq-compose-{uuid.uuid4().hex[:6]}"
     port = free_port()
-    compose = _compose(podman, project, {"AUTOMQ_PORT": str(port)})
+    env = {"AUTOMQ_PORT": str(port), "AUTOMQ_METRICS_PORT": str(free_port())}
+    compose = _compose(podman, project, env)
     try:
         compose("up", "--detach", "--no-build")
         bootstrap = f"localhost:{port}"
@@ -104,6 +117,63 @@ def test_podman_compose_reads_the_cluster_profile(podman: Podman) -> None:
     cluster = compose("--profile", "cluster", "config")
     for service in ("postgres:", "broker-0:", "broker-1:", "broker-2:", "broker:", "s3:"):
         assert f"\n  {service}\n" in cluster
+    monitoring = compose("--profile", "monitoring", "config")
+    for service in ("prometheus:", "grafana:", "broker:", "s3:"):
+        assert f"\n  {service}\n" in monitoring
+    assert "\n  postgres:\n" not in monitoring
+
+
+def _promql(url: str, query: str) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(
+        f"{url}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
+    ) as r:
+        answer = json.load(r)
+    assert answer["status"] == "success", answer
+    result: list[dict[str, Any]] = answer["data"]["result"]
+    return result
+
+
+def test_the_monitoring_profile_scrapes_the_broker_with_prometheus(
+    podman: Podman, prometheus_image: str
+) -> None:
+    project = f"automq-monitoring-{uuid.uuid4().hex[:6]}"
+    port, metrics_port, prometheus_port = free_port(), free_port(), free_port()
+    env = {
+        "AUTOMQ_PORT": str(port),
+        "AUTOMQ_METRICS_PORT": str(metrics_port),
+        "AUTOMQ_PROMETHEUS_PORT": str(prometheus_port),
+    }
+    compose = _compose(podman, project, env)
+    try:
+        # Grafana's image cannot be pulled here: the profile's other services, by name
+        compose(
+            "--profile", "monitoring", "up", "--detach", "--no-build", "s3", "broker", "prometheus"
+        )
+        bootstrap = f"localhost:{port}"
+        wait_serving(f"127.0.0.1:{port}", timeout=120)
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/readyz", timeout=5) as r:
+            assert r.status == 200
+        create_topic(bootstrap, "watched")
+        acked = produce(bootstrap, "watched", 500)
+        # Prometheus (docker/prometheus.yml, every 5 s) sees the broker up and the records in
+        url = f"http://127.0.0.1:{prometheus_port}"
+        messages = 'kafka_server_brokertopicmetrics_messagesin_total{job="automq",topic="watched"}'
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                up = _promql(url, 'up{job="automq",instance="broker:9464"}')
+                counted = _promql(url, messages)
+            except OSError:  # Prometheus still starting
+                up, counted = [], []
+            if up and counted and float(counted[0]["value"][1]) == len(acked):
+                break
+            assert time.monotonic() < deadline, (up, counted)
+            time.sleep(1)
+        assert float(up[0]["value"][1]) == 1
+    finally:
+        compose("--profile", "monitoring", "down", "--volumes", "--timeout", "10")
+    assert project not in podman.run("ps", "--all", "--format", "{{.Names}}")
+    assert project not in podman.run("volume", "ls", "--format", "{{.Name}}")
 
 
 @pytest.fixture
@@ -114,6 +184,7 @@ def cluster_project(podman: Podman, postgres_image: str) -> Iterator[tuple[Compo
     ports = [free_port() for _ in range(4)]
     env = {
         "AUTOMQ_PORT": str(ports[3]),
+        "AUTOMQ_METRICS_PORT": str(free_port()),
         **{f"AUTOMQ_CLUSTER_PORT_{i}": str(port) for i, port in enumerate(ports[:3])},
         "AUTOMQ_POSTGRES_IMAGE": postgres_image,
     }

@@ -1,10 +1,13 @@
 """docker/compose.yml read as a file: the default ``up`` is one broker on SeaweedFS, the
-``cluster`` profile adds PostgreSQL and three brokers of one cluster. No container engine: the
+``cluster`` profile adds PostgreSQL and three brokers of one cluster, the ``monitoring`` profile
+Prometheus and Grafana. No container engine: the
 file is parsed as YAML (anchors resolved), ``${VAR:-default}`` read as its default."""
 
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from typing import Any
 
 import pytest
@@ -12,7 +15,8 @@ import yaml  # type: ignore[import-untyped]  # podman-compose's dependency
 
 from tests.support.broker import REPO
 
-COMPOSE = REPO / "docker" / "compose.yml"
+DOCKER = REPO / "docker"
+COMPOSE = DOCKER / "compose.yml"
 CLUSTER_BROKERS = ("broker-0", "broker-1", "broker-2")
 
 
@@ -74,3 +78,60 @@ def test_the_cluster_profile_is_postgresql_and_three_brokers(
     volumes = [services[name]["volumes"][0].split(":") for name in CLUSTER_BROKERS]
     assert len({source for source, _ in volumes}) == 3  # a WAL each
     assert {target for _, target in volumes} == {"/var/lib/automq"}
+
+
+def test_the_monitoring_profile_is_prometheus_and_grafana_on_the_brokers_metrics_port(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    monitoring = {
+        name for name, service in services.items() if "monitoring" in service.get("profiles", [])
+    }
+    assert monitoring == {"prometheus", "grafana"}
+    # the image serves /metrics on 9464; the single broker publishes it, the cluster's expose it
+    assert "KAFKA_METRICS_PORT=9464" in (DOCKER / "Dockerfile").read_text()
+    assert _default(services["broker"]["ports"][1]) == "9464:9464"
+    for name in CLUSTER_BROKERS:
+        assert services[name]["expose"] == ["9464"]
+
+    # Prometheus scrapes each broker service there, with the configuration compose mounts
+    prometheus = services["prometheus"]
+    assert "./prometheus.yml:/etc/prometheus/prometheus.yml:ro" in prometheus["volumes"]
+    assert "--config.file=/etc/prometheus/prometheus.yml" in prometheus["command"]
+    config = yaml.safe_load((DOCKER / "prometheus.yml").read_text())
+    targets = {
+        target
+        for job in config["scrape_configs"]
+        for static in job["static_configs"]
+        for target in static["targets"]
+    }
+    assert targets == {f"{name}:9464" for name in ("broker", *CLUSTER_BROKERS)}
+    assert _default(prometheus["ports"][0]) == "9090:9090"
+
+    # Grafana: that Prometheus as its data source, the dashboard where its provider looks
+    grafana = services["grafana"]
+    assert _default(grafana["image"]).startswith("grafana/grafana:")
+    mounts = dict(volume.split(":")[:2] for volume in grafana["volumes"])
+    assert mounts["./grafana/provisioning"] == "/etc/grafana/provisioning"
+    sources = yaml.safe_load(
+        (DOCKER / "grafana/provisioning/datasources/prometheus.yml").read_text()
+    )["datasources"]
+    assert [(s["type"], s["url"], s["isDefault"]) for s in sources] == [
+        ("prometheus", "http://prometheus:9090", True)
+    ]
+    providers = yaml.safe_load(
+        (DOCKER / "grafana/provisioning/dashboards/automq-py.yml").read_text()
+    )["providers"]
+    dashboard = mounts["./grafana/automq-py.json"]
+    assert dashboard.rsplit("/", 1)[0] == providers[0]["options"]["path"]
+    assert grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"] == dashboard
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="make deps installs prometheus")
+def test_promtool_accepts_the_prometheus_configuration() -> None:
+    done = subprocess.run(
+        ["promtool", "check", "config", str(DOCKER / "prometheus.yml")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
