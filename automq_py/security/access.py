@@ -41,7 +41,7 @@ class AccessControl:
             config.super_user_set(), config.allow_everyone_if_no_acl_found
         )
         self._reload()
-        metadata.add_listener(self._changed)
+        metadata.add_kv_listener(ACL_KV_PREFIX, self._reload)
 
     def authorize(self, operation: AclOperation, resource_type: ResourceType, name: str) -> bool:
         """Whether the session being served may do ``operation`` on the resource."""
@@ -91,13 +91,6 @@ class AccessControl:
             return [rec.RemoveKV(k) for k in sorted(keys)], matched
 
         return await self._metadata.change(plan)
-
-    def _changed(self, records: Sequence[rec.Record]) -> None:
-        if not records or any(
-            isinstance(r, (rec.KVRecord, rec.RemoveKV)) and r.key.startswith(ACL_KV_PREFIX)
-            for r in records
-        ):
-            self._reload()
 
     def _reload(self) -> None:
         self.authorizer.load(_stored(self._metadata.image).values())

@@ -22,11 +22,10 @@ by this broker or another.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from automq_py.security import quota_configs as qc
-from storage.metadata import records as rec
 from storage.metadata.manager import MetadataManager
 
 PRODUCE = "producer_byte_rate"
@@ -70,7 +69,7 @@ class ClientQuotas:
         # (quota key, user, client id) -> (limit, sensor key): what limits a client, found once
         self._limits: dict[tuple[str, str, str], tuple[float, tuple[str, str, str]] | None] = {}
         self._reload()
-        metadata.add_listener(self._changed)
+        metadata.add_kv_listener(qc.KV_PREFIX, self._reload)
 
     @property
     def any(self) -> bool:
@@ -122,13 +121,6 @@ class ClientQuotas:
             self._limits.clear()
         self._limits[cache_key] = found
         return found
-
-    def _changed(self, records: Sequence[rec.Record]) -> None:
-        if not records or any(
-            isinstance(r, (rec.KVRecord, rec.RemoveKV)) and r.key.startswith(qc.KV_PREFIX)
-            for r in records
-        ):
-            self._reload()
 
     def _reload(self) -> None:
         self._configs = qc.configs(self._metadata.image.kv)

@@ -31,7 +31,7 @@ from storage.metadata.model import (
     S3ObjectMetadata,
     StreamMetadata,
 )
-from storage.metadata.records import Record
+from storage.metadata.records import KVRecord, Record, RemoveKV
 from storage.metadata.store import (
     MetadataStore,
     SnapshotNeededError,
@@ -82,6 +82,7 @@ class MetadataManager:
         self._clock = clock
         self._lock = asyncio.Lock()
         self._listeners: list[Listener] = []
+        self._kv_listeners: list[tuple[str, Callable[[], None]]] = []
         self._follower: asyncio.Task[None] | None = None
         self._opens: list[_Open] = []  # waiting for the next batch
         self._opening: asyncio.Task[None] | None = None
@@ -120,6 +121,23 @@ class MetadataManager:
     def add_listener(self, listener: Listener) -> None:
         """Call ``listener(records)`` after each record list is applied to the image."""
         self._listeners.append(listener)
+
+    def add_kv_listener(self, prefix: str, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` after a record list that sets or removes a KV key starting with
+        ``prefix`` is applied, and after the image is reloaded whole. Every KV listener shares
+        one scan of each list."""
+        if not self._kv_listeners:
+            self._listeners.append(self._dispatch_kv)
+        self._kv_listeners.append((prefix, listener))
+
+    def _dispatch_kv(self, records: Sequence[Record]) -> None:
+        if records:
+            keys = [r.key for r in records if isinstance(r, (KVRecord, RemoveKV))]
+            if not keys:
+                return
+        for prefix, listener in self._kv_listeners:
+            if not records or any(k.startswith(prefix) for k in keys):
+                listener()
 
     async def wait_for_change(self, timeout: float) -> None:
         """Return once the image next changes (this broker's change or another's), or after

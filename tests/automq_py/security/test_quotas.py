@@ -113,25 +113,30 @@ def test_describe_filters_as_kafka() -> None:
 
 @dataclass
 class Metadata:
-    """What ClientQuotas reads of the metadata manager: the KV image and change listeners."""
+    """What ClientQuotas reads of the metadata manager: the KV image and KV change
+    listeners."""
 
     kv: dict[str, bytes] = field(default_factory=dict)
-    listeners: list[Callable[[Sequence[rec.Record]], None]] = field(default_factory=list)
+    listeners: list[tuple[str, Callable[[], None]]] = field(default_factory=list)
 
     @property
     def image(self) -> Any:
         return self
 
-    def add_listener(self, listener: Callable[[Sequence[rec.Record]], None]) -> None:
-        self.listeners.append(listener)
+    def add_kv_listener(self, prefix: str, listener: Callable[[], None]) -> None:
+        self.listeners.append((prefix, listener))
 
     def change(self, entity: list[tuple[str, str | None]], **values: float | None) -> None:
         before = dict(self.kv)
         alter(self.kv, entity, **values)
         changed = [rec.KVRecord(k, v) for k, v in self.kv.items() if before.get(k) != v]
         changed += [rec.RemoveKV(k) for k in before if k not in self.kv]
-        for listener in self.listeners:
-            listener(changed)
+        for prefix, listener in self.listeners:
+            if any(
+                isinstance(r, (rec.KVRecord, rec.RemoveKV)) and r.key.startswith(prefix)
+                for r in changed
+            ):
+                listener()
 
 
 def quotas(metadata: Metadata, now: list[float]) -> ClientQuotas:
