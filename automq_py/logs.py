@@ -1,7 +1,7 @@
 """The broker's own log output: ``log.format`` (``text`` lines, or ``json``: one object per
 line, for a log pipeline), the root level ``log.level`` and a level per logger from the
-``log.level.<logger>`` properties (``log.level.automq.wal=DEBUG``, or with ``serve --env``
-``KAFKA_LOG_LEVEL_AUTOMQ_WAL=DEBUG``).
+``log.level.<logger>`` properties (``log.level.automq.network=DEBUG``, or with ``serve --env``
+``KAFKA_LOG_LEVEL_AUTOMQ_NETWORK=DEBUG``).
 
 A JSON line carries ``timestamp`` (ISO 8601, UTC, milliseconds), ``level``, ``logger``,
 ``message``, ``thread``, the broker's ``node_id`` and ``cluster_id``, and ``exception`` (the

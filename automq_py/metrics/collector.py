@@ -375,28 +375,28 @@ class BrokerMetrics:
         if maintenance is None:
             return
         runs = CounterMetricFamily(
-            "automq_maintenance_runs", "Compaction, retention and GC runs done", labels=["job"]
+            "automq_maintenance_runs", "Compaction, retention and GC runs done", labels=["step"]
         )
         failures = CounterMetricFamily(
-            "automq_maintenance_failures", "Runs that failed", labels=["job"]
+            "automq_maintenance_failures", "Runs that failed", labels=["step"]
         )
         seconds = CounterMetricFamily(
-            "automq_maintenance_seconds", "Time the runs took", labels=["job"]
+            "automq_maintenance_seconds", "Time the runs took", labels=["step"]
         )
         totals = CounterMetricFamily(
             "automq_maintenance_work",
             "What the in-process runs did (objects and bytes read, written, deleted)",
-            labels=["job", "counter"],
+            labels=["step", "counter"],
         )
-        for job, n in list(maintenance.runs.items()):
-            runs.add_metric([job], n)
-        for job, n in list(maintenance.failures.items()):
-            failures.add_metric([job], n)
-        for job, s in list(maintenance.seconds.items()):
-            seconds.add_metric([job], s)
-        for job, counters in list(maintenance.counters.items()):
+        for step, n in list(maintenance.runs.items()):
+            runs.add_metric([step], n)
+        for step, n in list(maintenance.failures.items()):
+            failures.add_metric([step], n)
+        for step, s in list(maintenance.seconds.items()):
+            seconds.add_metric([step], s)
+        for step, counters in list(maintenance.counters.items()):
             for name, n in list(counters.items()):
-                totals.add_metric([job, name], n)
+                totals.add_metric([step, name], n)
         scrape.families += [runs, failures, seconds, totals]
 
     # -- the process's ---------------------------------------------------------------------

@@ -49,7 +49,7 @@ MOVING = {
     "WAL append latency",
     "S3 requests per second, by operation",
     "S3 bytes per second",
-    "Runs in the last hour, by job",
+    "Runs in the last hour, by step",
     "Resident memory",
 }
 
