@@ -379,10 +379,11 @@ class AutomqBroker(Broker):
         if name.endswith("-sasl-ssl"):
             self.engine += "; SASL_SSL listener (TLS, SASL/PLAIN)"
         self.scraper: Scraper | None = None
+        self.metrics_url: str | None = None
         if name.endswith("-metrics"):
             port = free_port()
             overrides["metrics.port"] = str(port)
-            self.scraper = Scraper(f"http://127.0.0.1:{port}/metrics", SCRAPE_INTERVAL_S)
+            self.metrics_url = f"http://127.0.0.1:{port}/metrics"
             self.engine += f"; /metrics scraped every {SCRAPE_INTERVAL_S:g} s"
         self.process = BrokerProcess(data_dir, overrides)
 
@@ -400,12 +401,14 @@ class AutomqBroker(Broker):
 
     def start(self) -> None:
         self.process.start()
-        if self.scraper is not None:
+        if self.metrics_url is not None:
+            self.scraper = Scraper(self.metrics_url, SCRAPE_INTERVAL_S)
             self.scraper.start()
 
     def stop(self) -> int:
         if self.scraper is not None:
             print(f"# {self.name}: {self.scraper.stop()}", flush=True)
+            self.scraper = None
         return self.process.stop()
 
     def log_tail(self, lines: int = 30) -> str:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from automq_py.metrics.consumer_lag import group_lags
-from automq_py.metrics.window import QUANTILES, nearest_rank
+from automq_py.metrics.window import QUANTILES, latest, nearest_rank
 from automq_py.network.request_metrics import PHASES, api_name
 from storage.operator.base import LATENCY_BUCKETS_S
 
@@ -143,7 +143,7 @@ class BrokerMetrics:
                 labels = {"request": request}
                 family.add_sample(family.name + "_count", labels, window.count)
                 family.add_sample(family.name + "_sum", labels, window.total * 1000)
-                scrape.quantiles(family, labels, window.copy(), 1000)
+                scrape.quantiles(family, labels, window.latest(), 1000)
         scrape.families += [requests, *times.values()]
         count = GaugeMetricFamily(
             "kafka_server_socket_server_metrics_connection_count",
@@ -312,7 +312,7 @@ class BrokerMetrics:
             "summary",
         )
         for kind, samples in wal.latency_samples().items():
-            scrape.quantiles(latency, {"kind": kind}, samples, 1.0, (0.5, 0.99, 0.999, 1.0))
+            scrape.quantiles(latency, {"kind": kind}, latest(samples), 1.0, (0.5, 0.99, 0.999, 1.0))
         scrape.families.append(latency)
         cache = storage.cache
         blocks = storage.block_cache
@@ -408,7 +408,7 @@ class BrokerMetrics:
             "How late the event loop ran a 10 ms timer, over the latest samples",
             "summary",
         )
-        scrape.quantiles(lag, {}, list(broker.loop_lag.samples), 1.0, LOOP_QUANTILES)
+        scrape.quantiles(lag, {}, latest(broker.loop_lag.samples), 1.0, LOOP_QUANTILES)
         pauses = Metric(
             "automq_gc_pause_seconds",
             "How long the cyclic garbage collector held the interpreter, per generation",
@@ -419,7 +419,7 @@ class BrokerMetrics:
             pauses.add_sample(
                 pauses.name + "_count", labels, broker.collector_pauses.counts[generation]
             )
-            scrape.quantiles(pauses, labels, list(samples), 1.0, LOOP_QUANTILES)
+            scrape.quantiles(pauses, labels, latest(samples), 1.0, LOOP_QUANTILES)
         scrape.families += [lag, pauses]
 
 

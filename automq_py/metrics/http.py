@@ -73,7 +73,10 @@ class MetricsServer:
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._thread = threading.Thread(
-            target=self._server.serve_forever, name="metrics-http", daemon=True
+            # (its shutdown waits up to one poll interval: a stop must stay quick)
+            target=lambda: self._server.serve_forever(poll_interval=0.1),
+            name="metrics-http",
+            daemon=True,
         )
         self._thread.start()
         host, port = self._server.server_address[:2]

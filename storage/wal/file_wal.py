@@ -431,14 +431,14 @@ class FileWAL:
     def stats(self) -> WALStats:
         return WALStats(self._appends, self._fsyncs, self._bytes, self._header_writes)
 
-    def latency_samples(self) -> dict[str, list[float]]:
-        """The recent samples (seconds) of each WAL latency: ``append`` (submitted to
-        acknowledged), ``queue`` (to taken by the writer) and ``sync`` (a group commit's
-        O_DSYNC write: the fsync)."""
+    def latency_samples(self) -> dict[str, Sequence[float]]:
+        """The recent samples (seconds, oldest first; not copies) of each WAL latency:
+        ``append`` (submitted to acknowledged), ``queue`` (to taken by the writer) and
+        ``sync`` (a group commit's O_DSYNC write: the fsync)."""
         return {
-            "append": list(self._wait_times),
-            "queue": list(self._queued_times),
-            "sync": list(self._write_times),
+            "append": self._wait_times,
+            "queue": self._queued_times,
+            "sync": self._write_times,
         }
 
     def timing_summary(self) -> str:

@@ -44,7 +44,7 @@ class WriteAheadLog(Protocol):
     @property
     def stats(self) -> WALStats: ...
 
-    def latency_samples(self) -> dict[str, list[float]]:
+    def latency_samples(self) -> dict[str, Sequence[float]]:
         """Recent latency samples (seconds) by kind: ``append``, ``sync`` (and others)."""
         ...
 

@@ -385,10 +385,10 @@ class ObjectWAL:
         objects and epoch record writes (``header_writes``)."""
         return WALStats(self._appends, self._puts, self._bytes, self._record_writes)
 
-    def latency_samples(self) -> dict[str, list[float]]:
-        """The recent samples (seconds) of ``append`` (submitted to acknowledged) and ``sync``
-        (a WAL object's PUT)."""
-        return {"append": list(self._wait_times), "sync": list(self._put_times)}
+    def latency_samples(self) -> dict[str, Sequence[float]]:
+        """The recent samples (seconds, oldest first; not copies) of ``append`` (submitted
+        to acknowledged) and ``sync`` (a WAL object's PUT)."""
+        return {"append": self._wait_times, "sync": self._put_times}
 
     def timing_summary(self) -> str:
         """p50, p99 and max of the recent WAL object PUTs and of the appends' waits until

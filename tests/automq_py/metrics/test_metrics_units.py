@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import struct
+from collections import deque
 
 from automq_py.coordinator.records import OffsetValue
 from automq_py.metrics.consumer_lag import group_lags
 from automq_py.metrics.topic_stats import BrokerTopicStats, record_count
-from automq_py.metrics.window import SampleWindow
+from automq_py.metrics.window import SampleWindow, latest
 from protocol import record_batch
 from storage.operator.base import LATENCY_BUCKETS_S, RequestStats
 
@@ -18,7 +19,17 @@ def test_a_window_keeps_the_latest_samples_and_counts_them_all() -> None:
         window.add(float(v))
     assert window.count == 10 and window.total == 55.0
     assert window.samples() == [7.0, 8.0, 9.0, 10.0]
-    assert sorted(window.copy()) == window.sorted() == [7.0, 8.0, 9.0, 10.0]
+    assert sorted(window.latest()) == window.sorted() == [7.0, 8.0, 9.0, 10.0]
+    assert sorted(window.latest(3)) == [8.0, 9.0, 10.0]  # across the ring's wrap
+    window.add(11.0)
+    window.add(12.0)  # the ring's next slot is 2 now
+    assert sorted(window.latest(2)) == [11.0, 12.0]
+    assert sorted(window.latest(3)) == [10.0, 11.0, 12.0]
+    growing = SampleWindow(100)
+    for v in range(10):
+        growing.add(float(v))
+    assert sorted(growing.latest(3)) == [7.0, 8.0, 9.0]
+    assert sorted(latest(deque(range(10)), 3)) == [7, 8, 9]
 
 
 def batch(records: int) -> bytes:
