@@ -26,8 +26,8 @@ Brokers (``--brokers``, default all):
                   makes, SASL/PLAIN): the clients authenticate and every byte is encrypted, so
                   beside ``automq-file`` it shows what TLS costs;
 * ``automq-file-metrics`` ``automq-file`` with ``metrics.port`` on, its ``/metrics`` scraped
-                  every ``SCRAPE_INTERVAL_S`` by a thread of the bench (Prometheus' default is
-                  15 s): beside ``automq-file`` it shows what the metrics cost;
+                  every ``--scrape-s`` seconds (1; Prometheus' default is 15) by a thread of
+                  the bench: beside ``automq-file`` it shows what the metrics cost;
 * ``tansu-mem``   Tansu 0.6.0 ``--storage-engine memory://tansu/``;
 * ``tansu-s3``    Tansu 0.6.0 ``--storage-engine s3://tansu/`` on the same SeaweedFS.
 Kafka runs from the jars ``make java`` puts in ``.java/kafka-4.4/`` (``bench/apache_kafka.py``),
@@ -218,7 +218,7 @@ SUITE_MODES = (
     ("saturated", None, False),
     ("cold", None, True),
 )
-SCRAPE_INTERVAL_S = 1.0  # automq-file-metrics: /metrics scraped this often
+SCRAPE_INTERVAL_S = 1.0  # automq-file-metrics: /metrics scraped this often (--scrape-s)
 # Seen through a proxy (2026-11-28): Kafka 4.4's producer opens its connection to a partition
 # leader with ApiVersions v5, which names the cluster and node it expects; Tansu 0.6.0 (v0-4)
 # fails to parse it and closes the connection instead of answering UNSUPPORTED_VERSION, so the
@@ -355,7 +355,12 @@ def java_security_properties(bootstrap: str) -> dict[str, str]:
 
 class AutomqBroker(Broker):
     def __init__(
-        self, name: str, data_dir: Path, s3: SeaweedFS | None, config: dict[str, str]
+        self,
+        name: str,
+        data_dir: Path,
+        s3: SeaweedFS | None,
+        config: dict[str, str],
+        scrape_s: float = SCRAPE_INTERVAL_S,
     ) -> None:
         self.name = name
         self.s3 = s3
@@ -384,7 +389,10 @@ class AutomqBroker(Broker):
             port = free_port()
             overrides["metrics.port"] = str(port)
             self.metrics_url = f"http://127.0.0.1:{port}/metrics"
-            self.engine += f"; /metrics scraped every {SCRAPE_INTERVAL_S:g} s"
+            self.engine += (
+                f"; /metrics scraped every {scrape_s:g} s" if scrape_s else "; not scraped"
+            )
+        self.scrape_s = scrape_s
         self.process = BrokerProcess(data_dir, overrides)
 
     @property
@@ -401,8 +409,8 @@ class AutomqBroker(Broker):
 
     def start(self) -> None:
         self.process.start()
-        if self.metrics_url is not None:
-            self.scraper = Scraper(self.metrics_url, SCRAPE_INTERVAL_S)
+        if self.metrics_url is not None and self.scrape_s > 0:
+            self.scraper = Scraper(self.metrics_url, self.scrape_s)
             self.scraper.start()
 
     def stop(self) -> int:
@@ -1783,6 +1791,13 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     parser.add_argument(
+        "--scrape-s",
+        type=float,
+        default=SCRAPE_INTERVAL_S,
+        help=f"automq-file-metrics: seconds between scrapes of /metrics ({SCRAPE_INTERVAL_S:g}; "
+        "0: never scraped)",
+    )
+    parser.add_argument(
         "--broker-config",
         action="append",
         default=[],
@@ -1868,7 +1883,11 @@ def main() -> None:
                 if name.startswith("automq"):
                     data = root / name
                     broker = AutomqBroker(
-                        name, data, s3 if name.endswith("-s3") else None, broker_config(args)
+                        name,
+                        data,
+                        s3 if name.endswith("-s3") else None,
+                        broker_config(args),
+                        args.scrape_s,
                     )
                 elif name.startswith("kafka"):
                     broker = KafkaBroker(name, root / name)

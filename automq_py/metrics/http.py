@@ -1,9 +1,9 @@
 """``metrics.port``: ``/metrics`` (Prometheus' text format), ``/healthz`` and ``/readyz``.
 
 The server is a thread of its own, started before the broker recovers its WAL: a probe gets
-its answer while the event loop is busy replaying (``/readyz``: 503, not ready), and a scrape
-costs the loop only the copies :meth:`BrokerMetrics.snapshot` makes; sorting the windows for
-quantiles and writing the text happen here.
+its answer while the event loop is busy replaying (``/readyz``: 503, not ready). A scrape's
+broker metrics are written on the loop, in short slices (:meth:`BrokerMetrics.render`); the
+process collectors' here.
 
 * ``/healthz``: 200 while the process runs and its event loop turns (it ran its lag timer in
   the last ``STALLED_S`` seconds, or the broker is still starting: a WAL replay holds the loop).
@@ -27,7 +27,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.gc_collector import GC_COLLECTOR
 from prometheus_client.platform_collector import PLATFORM_COLLECTOR
 
-from automq_py.metrics.collector import BrokerMetrics, Scrape
+from automq_py.metrics.collector import BrokerMetrics
 
 log = logging.getLogger("automq.metrics")
 
@@ -35,14 +35,11 @@ STALLED_S = 60.0  # the event loop not turning this long (once serving): not ali
 SNAPSHOT_TIMEOUT_S = 10.0
 
 
-class _Families:
-    """What ``generate_latest`` writes: the broker's families and the process collectors'."""
-
-    def __init__(self, families: list[Metric]) -> None:
-        self._families = families
+class _ProcessFamilies:
+    """prometheus-client's process, platform and GC collectors (they read /proc and the
+    interpreter, not the broker: they run on the HTTP thread)."""
 
     def collect(self) -> Iterable[Metric]:
-        yield from self._families
         for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
             yield from collector.collect()
 
@@ -89,15 +86,10 @@ class MetricsServer:
         self._server.server_close()
 
     def scrape(self) -> bytes:
-        """On the HTTP thread: the text of every family."""
+        """On the HTTP thread: the text of every family, the broker's written on its loop."""
         assert self._loop is not None
-        future = asyncio.run_coroutine_threadsafe(self._snapshot(), self._loop)
-        scrape = future.result(SNAPSHOT_TIMEOUT_S)
-        registry = _Families(scrape.finish())
-        return generate_latest(registry)
-
-    async def _snapshot(self) -> Scrape:
-        return self._metrics.snapshot()
+        future = asyncio.run_coroutine_threadsafe(self._metrics.render(), self._loop)
+        return future.result(SNAPSHOT_TIMEOUT_S) + generate_latest(_ProcessFamilies())
 
     def alive(self) -> str | None:
         if self._readiness() is not None:

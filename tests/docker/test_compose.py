@@ -83,20 +83,56 @@ def _compose(podman: Podman, project: str, env: dict[str, str]) -> Compose:
     return compose
 
 
-def test_compose_up_serves_on_seaweedfs_and_down_removes_everything(
-    podman: Podman, compose_images: None
+def _promql(url: str, query: str) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(
+        f"{url}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
+    ) as r:
+        answer = json.load(r)
+    assert answer["status"] == "success", answer
+    result: list[dict[str, Any]] = answer["data"]["result"]
+    return result
+
+
+def test_compose_up_serves_on_seaweedfs_prometheus_watches_and_down_removes_everything(
+    podman: Podman, compose_images: None, prometheus_image: str
 ) -> None:
+    """The broker on SeaweedFS, with the monitoring profile's Prometheus scraping it (Grafana's
+    image cannot be pulled here: the profile's other services, by name); the data survives
+    a graceful stop, and ``down -v`` leaves nothing."""
     project = f"automq-compose-{uuid.uuid4().hex[:6]}"
-    port = free_port()
-    env = {"AUTOMQ_PORT": str(port), "AUTOMQ_METRICS_PORT": str(free_port())}
+    port, metrics_port, prometheus_port = free_port(), free_port(), free_port()
+    env = {
+        "AUTOMQ_PORT": str(port),
+        "AUTOMQ_METRICS_PORT": str(metrics_port),
+        "AUTOMQ_PROMETHEUS_PORT": str(prometheus_port),
+    }
     compose = _compose(podman, project, env)
     try:
-        compose("up", "--detach", "--no-build")
+        compose(
+            "--profile", "monitoring", "up", "--detach", "--no-build", "s3", "broker", "prometheus"
+        )
         bootstrap = f"localhost:{port}"
         wait_serving(f"127.0.0.1:{port}", timeout=120)
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/readyz", timeout=5) as r:
+            assert r.status == 200
         create_topic(bootstrap, "composed")
         acked = produce(bootstrap, "composed", 2000)
         assert sorted(consume(bootstrap, "composed", ends_of(acked))) == sorted(acked)
+        # Prometheus (docker/prometheus.yml, every 5 s) sees the broker up and the records in
+        url = f"http://127.0.0.1:{prometheus_port}"
+        messages = 'kafka_server_brokertopicmetrics_messagesin_total{job="automq",topic="composed"}'
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                up = _promql(url, 'up{job="automq",instance="broker:9464"}')
+                counted = _promql(url, messages)
+            except OSError:  # Prometheus still starting
+                up, counted = [], []
+            if up and counted and float(counted[0]["value"][1]) == len(acked):
+                break
+            assert time.monotonic() < deadline, (up, counted)
+            time.sleep(1)
+        assert float(up[0]["value"][1]) == 1
         broker = f"{project}_broker_1"
         assert "s3.data.buckets = s3://automq?endpoint=http://s3:8333" in podman.logs(broker)
         # a graceful stop uploads what the WAL holds to SeaweedFS: exit 0 means it got there
@@ -106,7 +142,7 @@ def test_compose_up_serves_on_seaweedfs_and_down_removes_everything(
         wait_serving(f"127.0.0.1:{port}", timeout=120)
         assert sorted(consume(bootstrap, "composed", ends_of(acked))) == sorted(acked)
     finally:
-        compose("down", "--volumes", "--timeout", "10")
+        compose("--profile", "monitoring", "down", "--volumes", "--timeout", "10")
     assert project not in podman.run("ps", "--all", "--format", "{{.Names}}")
     assert project not in podman.run("volume", "ls", "--format", "{{.Name}}")
 
@@ -121,59 +157,6 @@ def test_podman_compose_reads_the_cluster_profile(podman: Podman) -> None:
     for service in ("prometheus:", "grafana:", "broker:", "s3:"):
         assert f"\n  {service}\n" in monitoring
     assert "\n  postgres:\n" not in monitoring
-
-
-def _promql(url: str, query: str) -> list[dict[str, Any]]:
-    with urllib.request.urlopen(
-        f"{url}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
-    ) as r:
-        answer = json.load(r)
-    assert answer["status"] == "success", answer
-    result: list[dict[str, Any]] = answer["data"]["result"]
-    return result
-
-
-def test_the_monitoring_profile_scrapes_the_broker_with_prometheus(
-    podman: Podman, prometheus_image: str
-) -> None:
-    project = f"automq-monitoring-{uuid.uuid4().hex[:6]}"
-    port, metrics_port, prometheus_port = free_port(), free_port(), free_port()
-    env = {
-        "AUTOMQ_PORT": str(port),
-        "AUTOMQ_METRICS_PORT": str(metrics_port),
-        "AUTOMQ_PROMETHEUS_PORT": str(prometheus_port),
-    }
-    compose = _compose(podman, project, env)
-    try:
-        # Grafana's image cannot be pulled here: the profile's other services, by name
-        compose(
-            "--profile", "monitoring", "up", "--detach", "--no-build", "s3", "broker", "prometheus"
-        )
-        bootstrap = f"localhost:{port}"
-        wait_serving(f"127.0.0.1:{port}", timeout=120)
-        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/readyz", timeout=5) as r:
-            assert r.status == 200
-        create_topic(bootstrap, "watched")
-        acked = produce(bootstrap, "watched", 500)
-        # Prometheus (docker/prometheus.yml, every 5 s) sees the broker up and the records in
-        url = f"http://127.0.0.1:{prometheus_port}"
-        messages = 'kafka_server_brokertopicmetrics_messagesin_total{job="automq",topic="watched"}'
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                up = _promql(url, 'up{job="automq",instance="broker:9464"}')
-                counted = _promql(url, messages)
-            except OSError:  # Prometheus still starting
-                up, counted = [], []
-            if up and counted and float(counted[0]["value"][1]) == len(acked):
-                break
-            assert time.monotonic() < deadline, (up, counted)
-            time.sleep(1)
-        assert float(up[0]["value"][1]) == 1
-    finally:
-        compose("--profile", "monitoring", "down", "--volumes", "--timeout", "10")
-    assert project not in podman.run("ps", "--all", "--format", "{{.Names}}")
-    assert project not in podman.run("volume", "ls", "--format", "{{.Name}}")
 
 
 @pytest.fixture

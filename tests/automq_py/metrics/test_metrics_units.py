@@ -5,7 +5,12 @@ from __future__ import annotations
 import struct
 from collections import deque
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
 from automq_py.coordinator.records import OffsetValue
+from automq_py.metrics.collector import _write
 from automq_py.metrics.consumer_lag import group_lags
 from automq_py.metrics.topic_stats import BrokerTopicStats, record_count
 from automq_py.metrics.window import SampleWindow, latest
@@ -84,3 +89,28 @@ def test_operation_stats_travel_from_the_upload_worker_as_differences() -> None:
     assert put.micros == 30_004_000
     assert put.buckets[LATENCY_BUCKETS_S.index(0.005)] == 1 and put.buckets[-1] == 1
     assert "operations" not in broker.snapshot()
+
+
+def test_the_text_is_what_prometheus_client_writes_and_parses_back() -> None:
+    counter = CounterMetricFamily("t_bytes", "a \\ doc\nof two lines", labels=["topic"])
+    counter.add_metric(['we"ird\\to\npic'], 3)
+    counter.add_metric(["plain"], 2.5)
+    summary = Metric("t_ms", "a summary", "summary")
+    summary.add_sample("t_ms_count", {"request": "Produce"}, 7)
+    summary.add_sample("t_ms", {"quantile": "0.99", "request": "Produce"}, float("inf"))
+    gauge = GaugeMetricFamily("t_free", "free", value=float("nan"))
+    families = [counter, summary, gauge]
+    out: list[str] = []
+    for family in families:
+        _write(family, out)
+    text = "".join(out)
+
+    class Registry:
+        def collect(self) -> list[Metric]:
+            return families
+
+    # (the same bytes, labels given in order: prometheus-client sorts them, which costs)
+    assert text.encode() == generate_latest(Registry())  # type: ignore[arg-type]
+    parsed = {m.name: m for m in text_string_to_metric_families(text)}
+    assert parsed["t_bytes"].samples[0].labels == {"topic": 'we"ird\\to\npic'}
+    assert parsed["t_ms"].samples[1].value == float("inf")
