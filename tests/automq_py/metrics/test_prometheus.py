@@ -22,8 +22,8 @@ from tests.support.seaweedfs import SeaweedFS
 pytestmark = pytest.mark.integration
 
 RATE = 1500  # records/s offered
-LOAD_S = 12.0
-WINDOW_S = 8  # the rate is compared over the load's last seconds
+LOAD_S = 9.0
+WINDOW_S = 6  # the rate is compared over the load's last seconds
 RECORD = b"r" * 1000
 READ_FIRST = 2000  # the group reads these, commits, and stops
 
