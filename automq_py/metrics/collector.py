@@ -25,7 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from automq_py.metrics.consumer_lag import group_lags
 from automq_py.metrics.window import QUANTILES, latest, nearest_rank
 from automq_py.network.request_metrics import PHASES, api_name
-from storage.operator.base import LATENCY_BUCKETS_S
+from storage.operator.base import LATENCY_BUCKETS_S, RequestStats
 
 if TYPE_CHECKING:
     from automq_py.broker import Broker
@@ -395,10 +395,7 @@ class BrokerMetrics:
         ]
         self._s3(scrape, storage.store.stats)
 
-    def _s3(self, scrape: Scrape, stats: object) -> None:
-        from storage.operator.base import RequestStats
-
-        assert isinstance(stats, RequestStats)
+    def _s3(self, scrape: Scrape, stats: RequestStats) -> None:
         requests = CounterMetricFamily(
             "automq_s3_requests", "Object store requests, per S3 API", labels=["operation"]
         )
