@@ -149,6 +149,7 @@ import importlib.util
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -160,6 +161,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -208,7 +210,12 @@ BROKERS = (
     "tansu-mem",
     "tansu-s3",
 )
-CLIENTS = ("python", "java")
+CLIENTS = ("python", "per-record", "java")
+# --fresh-and-warmed: the cases run twice per broker, on the fresh broker and once it is warmed
+WARMED_MODES = ("fresh", "warmed")
+# what counts as a stall of the broker while a case produces (its DEBUG log of automq.loop)
+STALL_LOOP_MS = 20.0
+STALL_GC_MS = 10.0
 # --suite: the cases every broker runs, in this order: (name, offered MB/s or None, cold)
 SUITE_RATE_MBPS = 20.0
 SUITE_MODES = (
@@ -372,6 +379,9 @@ class AutomqBroker(Broker):
             # blocks each durable write waits for a journal commit. A setup no one runs.
             "s3.wal.capacity": str(DEFAULTS.wal_capacity),
             "s3.wal.init.zero": str(DEFAULTS.wal_init_zero).lower(),
+            # its event-loop stalls and collector pauses, each as it happens: a case counts
+            # those inside its window
+            "log.level.automq.loop": "DEBUG",
             **config,
         }
         if s3 is not None:
@@ -637,7 +647,9 @@ class Result:
     broker: str
     partitions: int
     records: int
-    client: str = "python"  # or "java": kafka-producer-perf-test, produce only
+    # "python": the bench's paced producer; "per-record": a loop as an application writes it;
+    # "java": kafka-producer-perf-test, produce only
+    client: str = "python"
     mode: str = ""  # --suite: which of SUITE_MODES the case ran in
     produce_mbs: float | None = None
     consume_mbs: float | None = None
@@ -665,6 +677,11 @@ class Result:
     # responses the consumer's librdkafka received from the broker, and their bytes
     fetched: tuple[int, int] = (0, 0)
     loop_lag: str | None = None  # --cold, automq-py: the restarted broker's event-loop lag
+    produce_window: tuple[float, float] | None = None  # wall clock, first send to last ack
+    # automq-py, while producing: event-loop stalls over STALL_LOOP_MS and collector pauses
+    # over STALL_GC_MS (ms each), from its log
+    loop_stalls: list[float] | None = None
+    gc_pauses: list[float] | None = None
     notes: list[str] = field(default_factory=list)  # failures: the work directory is kept
     remarks: list[str] = field(default_factory=list)  # what to know when reading the figures
 
@@ -753,6 +770,9 @@ def produce(
     )
     latencies: list[float] = []
     sent_at: list[float] = []  # --timeline: when each acknowledged record was due
+    # a loop as applications write it: produce() with a delivery callback and poll(0) per
+    # record, paced by sleeping until each record is due, latency from the produce() call
+    per_record = result.client == "per-record" and bool(args.rate_mbps)
     errors: list[str] = []
     bar = tqdm(
         total=n,
@@ -807,9 +827,28 @@ def produce(
     # --rate-mbps: record i is due at t0 + i * interval
     interval = args.record_size / (args.rate_mbps * 1e6) if args.rate_mbps else 0.0
     t0 = time.perf_counter()
+    wall_t0 = time.time()
     i = next_poll = 0
     timed_out = False
     try:
+        while per_record and i < n:
+            ahead = t0 + i * interval - time.perf_counter()
+            if ahead > 0:
+                time.sleep(ahead)
+            sent = time.perf_counter()
+            try:
+                producer.produce(topic, payload, partition=i % partitions, on_delivery=due_at(sent))
+            except BufferError:
+                producer.poll(0.05)
+                continue
+            i += 1
+            producer.poll(0)
+            if bar_pending >= 1024:
+                bar.update(bar_pending)
+                bar_pending = 0
+            if time.monotonic() > deadline:
+                timed_out = True
+                break
         while i < n:
             if interval:
                 due = t0 + i * interval
@@ -877,6 +916,7 @@ def produce(
             if time.monotonic() > deadline:
                 timed_out = True
         elapsed = time.perf_counter() - t0
+        result.produce_window = (wall_t0, wall_t0 + elapsed)
         # saturated, each failed callback stands for `weight` records (the others' failures are
         # not reported: they show in the consume's count)
         acknowledged = i - outstanding() - failed * weight
@@ -893,6 +933,12 @@ def produce(
         result.produce_mbs = result.produced * args.record_size / elapsed / 1e6
         result.p50_ms = pct(latencies, 50) * 1e3
         result.p99_ms = pct(latencies, 99) * 1e3
+        result.p999_ms = (
+            statistics.quantiles(latencies, n=1000)[998] * 1e3
+            if len(latencies) > 1
+            else latencies[0] * 1e3
+        )
+        result.max_ms = max(latencies) * 1e3
     if args.timeline and latencies:
         started = time.time() - (time.perf_counter() - t0)
         print(
@@ -1034,6 +1080,34 @@ def object_store_requests(broker: Broker) -> dict[str, int] | None:
     return {k: int(v) for k, v in zip(words[::2], words[1::2], strict=False) if v.isdigit()}
 
 
+LOOP_LATE = re.compile(r"the event loop (?:ran ([0-9.]+) ms late|stalled for ([0-9.]+) ms)")
+GC_PAUSE = re.compile(r"garbage collection held the interpreter for ([0-9.]+) ms")
+
+
+def logged_stalls(broker: Broker, window: tuple[float, float]) -> tuple[list[float], list[float]]:
+    """An automq-py broker's event-loop stalls over STALL_LOOP_MS and collector pauses over
+    STALL_GC_MS (ms each) logged inside ``window`` (wall clock; it logs those it sees at DEBUG
+    on automq.loop)."""
+    stalls: list[float] = []
+    pauses: list[float] = []
+    start, end = window
+    with open(broker.log_path, errors="replace") as f:
+        for text in f:
+            if "automq.loop" not in text:
+                continue
+            try:
+                stamp = datetime.strptime(text[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            except ValueError:
+                continue
+            if not start <= stamp <= end + 0.05:
+                continue
+            if (m := LOOP_LATE.search(text)) and float(m[1] or m[2]) > STALL_LOOP_MS:
+                stalls.append(float(m[1] or m[2]))
+            elif (m := GC_PAUSE.search(text)) and float(m[1]) > STALL_GC_MS:
+                pauses.append(float(m[1]))
+    return stalls, pauses
+
+
 def logged_loop_lag(broker: Broker) -> str | None:
     """The event-loop lag an automq-py broker logged when it last stopped."""
     lag = [x for x in broker.log_tail(60).splitlines() if "event loop lag" in x]
@@ -1150,6 +1224,8 @@ def run_case(broker: Broker, partitions: int, args: argparse.Namespace, result: 
     produce(broker.bootstrap, topic, partitions, args, result, produced)
     if result.produce_cpu is not None:
         result.produce_cpu.nbytes = result.produced * args.record_size
+    if broker.name.startswith("automq") and result.produce_window is not None:
+        result.loop_stalls, result.gc_pauses = logged_stalls(broker, result.produce_window)
     if args.cold:
         restart(broker)
     # CPU time the broker (and the S3 server) spent serving the consume: unlike MB/s it does not
@@ -1272,7 +1348,16 @@ def print_case(broker: Broker, result: Result) -> None:
             f" {result.client_tx_bytes / result.client_requests / 1e3:.1f} KB average",
             flush=True,
         )
-    while_ = "producing" if result.client == "python" else "the java client ran (its start too)"
+    if result.loop_stalls is not None and result.gc_pauses is not None:
+        stalls, pauses = result.loop_stalls, result.gc_pauses
+        print(
+            f"  {broker.name} while producing: {len(stalls)} event-loop stalls over "
+            f"{STALL_LOOP_MS:g} ms{f' (max {max(stalls):.1f} ms)' if stalls else ''}, "
+            f"{len(pauses)} collector pauses over {STALL_GC_MS:g} ms"
+            f"{f' (max {max(pauses):.1f} ms)' if pauses else ''}",
+            flush=True,
+        )
+    while_ = "the java client ran (its start too)" if result.client == "java" else "producing"
     print_cores(broker.name, while_, result.produce_cpu)
     if result.fetched[0]:
         print(
@@ -1309,6 +1394,30 @@ def warm_up(broker: Broker, args: argparse.Namespace) -> None:
         return
     if broker.name.startswith("kafka"):
         warm_up_jit(broker, args, warm.partitions)
+
+
+def warm_past_log_cache(broker: Broker, args: argparse.Namespace) -> None:
+    """--fresh-and-warmed: before the warmed cases, every broker takes what warms automq-py
+    past its LogCache (``s3.wal.cache.size`` + 256 MiB, unpaced), as a broker that has run a
+    while has: its cache full, uploads evicting from it."""
+    mib = steady_warmup_mib(args)
+    print(f"  {broker.name}: warming with {mib} MiB", file=sys.stderr, flush=True)
+    warm_args = argparse.Namespace(**{**vars(args), "rate_mbps": None, "timeout": 600})
+    warm = Result(broker.name, max(args.partitions), mib * MiB // args.record_size)
+    topic = f"bench-warm-{time.monotonic_ns()}"
+    started = time.monotonic()
+    try:
+        create_topic(broker.bootstrap, topic, warm.partitions)
+        produce(broker.bootstrap, topic, warm.partitions, warm_args, warm)
+    except (KafkaException, RuntimeError) as e:
+        print(f"  {broker.name}: warming failed: {e}", flush=True)
+        return
+    print(
+        f"  {broker.name}: warmed with {warm.produced} records in "
+        f"{time.monotonic() - started:.0f} s",
+        flush=True,
+    )
+    time.sleep(5)  # its uploads of the warming's tail under way, not measured
 
 
 def warm_up_jit(broker: Broker, args: argparse.Namespace, partitions: int) -> None:
@@ -1354,7 +1463,9 @@ def print_automq_summary(broker: Broker) -> None:
     ):
         found = [x for x in tail if marker in x]
         if found:
-            print(f"  {broker.name} {label}: {found[-1].split(': ', 2)[-1]}", flush=True)
+            # (past the time, level and logger, and the line's own heading)
+            text = found[-1].split(": ", 1)[-1].split(": ", 1)[-1]
+            print(f"  {broker.name} {label}: {text}", flush=True)
 
 
 def run_broker(broker: Broker, args: argparse.Namespace, results: list[Result]) -> None:
@@ -1369,7 +1480,12 @@ def run_broker(broker: Broker, args: argparse.Namespace, results: list[Result]) 
         clients.remove("python")
     if not clients:
         return
-    modes = SUITE_MODES if args.suite else (("", args.rate_mbps or None, args.cold),)
+    if args.suite:
+        modes: tuple[tuple[str, float | None, bool], ...] = SUITE_MODES
+    elif args.fresh_and_warmed:
+        modes = tuple((mode, args.rate_mbps or None, args.cold) for mode in WARMED_MODES)
+    else:
+        modes = (("", args.rate_mbps or None, args.cold),)
     cases = [
         (mode, client, p)
         for mode, rate, cold in modes
@@ -1403,14 +1519,17 @@ def run_broker(broker: Broker, args: argparse.Namespace, results: list[Result]) 
             print(f"  {broker.name}: settling {args.settle_s:g} s after start", file=sys.stderr)
             time.sleep(args.settle_s)
         warm_up(broker, args)
-        warmed = {(args.rate_mbps or None, max(args.partitions))}
+        warmed: set[object] = {(args.rate_mbps or None, max(args.partitions))}
         for mode, client, partitions in cases:
+            if mode == "warmed" and mode not in warmed:
+                warmed.add(mode)
+                warm_past_log_cache(broker, args)
             result = Result(broker.name, partitions, records, client, mode)
             results.append(result)
             if mode:
                 print(f"  {broker.name}: {mode} case", file=sys.stderr, flush=True)
             shape = (mode_args[mode].rate_mbps or None, partitions)
-            if broker.name.startswith("kafka") and client == "python" and shape not in warmed:
+            if broker.name.startswith("kafka") and client != "java" and shape not in warmed:
                 # the JIT compiles for the requests it sees: a fixed rate's small requests
                 # are not the saturated warm-up's large ones
                 warm_up_jit(broker, mode_args[mode], partitions)
@@ -1458,8 +1577,10 @@ def line(r: Result) -> str:
         per_gb = ((k, r.consume_cpu.per_gb(k)) for k in r.consume_cpu.seconds if k != "client")
         gets += "  CPU/GB consumed " + ", ".join(f"{k} {v:.1f} s" for k, v in per_gb if v)
     return (
-        f"{LABELS[r.broker]:<15} p={r.partitions}: produce {fmt(r.produce_mbs)} MB/s  "
+        f"{LABELS[r.broker]:<15} p={r.partitions}{' ' + r.mode if r.mode else ''}"
+        f"{' per-record' if r.client == 'per-record' else ''}: produce {fmt(r.produce_mbs)} MB/s  "
         f"p50 {fmt(r.p50_ms, 7, 2)} ms  p99 {fmt(r.p99_ms, 7, 2)} ms  "
+        f"p99.9 {fmt(r.p999_ms, 7, 2)} ms  "
         f"consume {fmt(r.consume_mbs)} MB/s{gets}  ({r.produced}/{r.records} acked, "
         f"{r.consumed} read){notes}"
     )
@@ -1481,6 +1602,17 @@ def python_metrics(cold: bool) -> list[Metric]:
         ("produce MB/s", lambda r: r.produce_mbs, 1),
         ("produce p50 ms", lambda r: r.p50_ms, 2),
         ("produce p99 ms", lambda r: r.p99_ms, 2),
+        ("produce p99.9 ms", lambda r: r.p999_ms, 2),
+        (
+            f"loop stalls >{STALL_LOOP_MS:g} ms",
+            lambda r: None if r.loop_stalls is None else len(r.loop_stalls),
+            0,
+        ),
+        (
+            f"GC pauses >{STALL_GC_MS:g} ms",
+            lambda r: None if r.gc_pauses is None else len(r.gc_pauses),
+            0,
+        ),
         ("broker CPU s/GB produced", lambda r: cpu_per_gb(r.produce_cpu, *BROKER_PROCESSES), 1),
         ("cold consume MB/s" if cold else "consume MB/s", lambda r: r.consume_mbs, 1),
         ("broker CPU s/GB consumed", lambda r: cpu_per_gb(r.consume_cpu, *BROKER_PROCESSES), 1),
@@ -1532,6 +1664,9 @@ def client_tables(
     shown = [b for b in brokers if any(r.broker == b for r in results)]
     if client == "java":
         name, metrics = "kafka-producer-perf-test (Java, Kafka 4.4's producer)", JAVA_METRICS
+    elif client == "per-record":
+        name = "confluent-kafka per-record (a produce() and poll(0) per record, a sleep until due)"
+        metrics = python_metrics(cold)
     else:
         name, metrics = "confluent-kafka (Python, librdkafka)", python_metrics(cold)
 
@@ -1665,6 +1800,8 @@ def table(
     suite: bool = False,
 ) -> None:
     modes = [(mode, mode_cold) for mode, _, mode_cold in SUITE_MODES] if suite else [("", cold)]
+    if any(r.mode in WARMED_MODES for r in results):
+        modes = [(mode, cold) for mode in WARMED_MODES]
     for mode, mode_cold in modes:
         if mode:
             print(f"\n# -- {mode} case --")
@@ -1676,7 +1813,7 @@ def table(
         suite_table(results, brokers, partitions)
     for r in results:
         if r.notes or r.remarks:
-            client = " java client" if r.client == "java" else ""
+            client = f" {r.client} client" if r.client != "python" else ""
             said = "; ".join(r.notes + r.remarks)
             mode = f" {r.mode}" if r.mode else ""
             print(f"# {LABELS[r.broker]} p={r.partitions}{mode}{client}: {said}")
@@ -1784,6 +1921,13 @@ def parse_args() -> argparse.Namespace:
         "its memory is at the size it keeps while running; Tansu keeps --warmup-mib (its "
         "memory engine holds every record, more warm-up only slows it); Kafka's warm-up "
         "always goes on until its JIT is quiet",
+    )
+    parser.add_argument(
+        "--fresh-and-warmed",
+        action="store_true",
+        help="run the cases twice per broker: fresh (after --warmup-mib), then warmed, once "
+        "every broker has taken what fills automq-py's LogCache past its size "
+        "(s3.wal.cache.size + 256 MiB, unpaced), as a broker that has run a while",
     )
     parser.add_argument(
         "--cold",

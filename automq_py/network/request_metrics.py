@@ -23,6 +23,7 @@ from protocol.api_keys import ApiKey
 WINDOW = 100_000  # the latest requests of each API kept for TotalTimeMs
 PHASE_WINDOW = 10_000  # and for each of its parts
 PHASES = ("RequestQueueTimeMs", "LocalTimeMs", "RemoteTimeMs", "ResponseSendTimeMs")
+PHASE_NAMES = ("queue", "local", "remote", "send")  # in the summary logged at stop
 
 
 @dataclass(slots=True)
@@ -96,11 +97,21 @@ class RequestMetrics:
         lines = []
         for api_key in sorted(self.apis, key=lambda k: -self.apis[k].total.count):
             p = self.percentiles(api_key)
-            lines.append(
-                f"request total time {_enum_name(api_key)}: {self.apis[api_key].total.count} "
+            times = self.apis[api_key]
+            line = (
+                f"request total time {_enum_name(api_key)}: {times.total.count} "
                 f"requests, p50 {p['p50']:.2f} ms, p99 {p['p99']:.2f} ms, p99.9 "
                 f"{p['p99.9']:.2f} ms, max {p['max']:.2f} ms"
             )
+            if self.phases and len(times.phases[0]):
+                parts = []
+                for name, window in zip(PHASE_NAMES, times.phases, strict=True):
+                    ordered = window.sorted()
+                    parts.append(
+                        f"{name} {_rank(ordered, 50) * 1000:.2f}/{_rank(ordered, 99) * 1000:.2f}"
+                    )
+                line += f"; p50/p99 ms over the latest {len(times.phases[0])}: " + ", ".join(parts)
+            lines.append(line)
         return lines
 
 

@@ -30,6 +30,19 @@ async def test_a_blocked_loop_shows_as_lag() -> None:
     assert "p99" in monitor.summary()
 
 
+async def test_a_stall_is_logged_at_debug_as_it_happens(caplog: pytest.LogCaptureFixture) -> None:
+    monitor = LoopLagMonitor(interval_s=0.005)
+    with caplog.at_level(logging.DEBUG, logger="automq.loop"):
+        monitor.start()
+        await asyncio.sleep(0.05)
+        time.sleep(0.03)  # holds the loop
+        await asyncio.sleep(0.05)
+        await monitor.stop()
+    late = [r.getMessage() for r in caplog.records if "ran" in r.getMessage()]
+    assert late and all(m.startswith("the event loop ran ") for m in late)
+    assert max(float(m.split()[4]) for m in late) >= 25
+
+
 def test_no_samples_reads_as_zero() -> None:
     assert LoopLagMonitor().percentiles() == {"p50": 0.0, "p99": 0.0, "max": 0.0}
 
@@ -45,6 +58,7 @@ def test_collections_are_counted_per_generation_and_slow_ones_logged(
         gc.collect(0)
         gc.collect(2)
         monkeypatch.setattr(loop_lag, "SLOW_COLLECTION_S", 0.0)
+        monkeypatch.setattr(loop_lag, "DEBUG_COLLECTION_S", 0.0)
         with caplog.at_level(logging.INFO, logger="automq.loop"):
             gc.collect(1)
     finally:
