@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from automq_py.log.elastic_log import ElasticLog
 from automq_py.log.log_config import LogConfig
@@ -66,6 +68,29 @@ class PendingAppend:
     base_offset: int
     partition: Partition
     log_append_time_ms: int = -1
+    # called by the storage as it sets ``durable`` done (None: this append's storage does
+    # not, a duplicate's wait)
+    listeners: list[Callable[[], object]] | None = None
+
+    def when_durable(self, callback: Callable[[], object]) -> None:
+        """Call ``callback()`` once, when ``durable`` is done: right away if it is, else as the
+        storage confirms the write, in the same pass of the event loop (a done callback runs a
+        pass later, behind the requests read meanwhile), or from ``durable``'s done callback
+        when it fails or is cancelled."""
+        if self.durable.done():
+            callback()
+            return
+        fired = False
+
+        def once(_: object = None) -> None:
+            nonlocal fired
+            if not fired:
+                fired = True
+                callback()
+
+        if self.listeners is not None:
+            self.listeners.append(once)
+        self.durable.add_done_callback(once)
 
     def result(self) -> AppendResult:
         """The append's result once ``durable`` is done; raises what failed it."""
@@ -143,8 +168,9 @@ class Partition:
                         message=f"batch of {header.size} bytes exceeds max.message.bytes "
                         f"{self.max_message_bytes}",
                     )
-                record_batch.validate_batch(view)
-                check_records(view)  # as Kafka's LogValidator reads every record it appends
+                record_batch.validate_batch(view, header=header)
+                # as Kafka's LogValidator reads every record it appends
+                check_records(view, header)
                 invalid = invalid_records(
                     view,
                     f"{self.topic}-{self.index}",
@@ -189,6 +215,8 @@ class Partition:
             first = -1
             durable: asyncio.Future[None] | None = None
             append_time = now_ms if config.message_timestamp_type == "LogAppendTime" else -1
+            listeners: list[Callable[[], object]] = []
+            last_batch = batches[-1][1]
             for header, view in batches:
                 base = self.log.log_end_offset
                 # a writable batch is the request's own memory: its offsets are set in place
@@ -205,6 +233,8 @@ class Partition:
                     # only the first batch may time out: a request is never half appended
                     # for lack of room
                     timeout=None if deadline is None or first >= 0 else deadline - loop.time(),
+                    # the last batch durable means every one before it is
+                    on_done=partial(_fire, listeners) if view is last_batch else None,
                 )
                 if first < 0:
                     first = base
@@ -213,7 +243,7 @@ class Partition:
         assert durable is not None
         # the last batch durable means every one before it is
         durable.add_done_callback(self._on_durable)
-        return PendingAppend(durable, first, self, append_time)
+        return PendingAppend(durable, first, self, append_time, listeners)
 
     async def append_marker(
         self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool
@@ -336,6 +366,14 @@ def _recompressed(
         compression_level=level,
     )
     return record_batch.parse_header(data), memoryview(data)
+
+
+def _fire(listeners: list[Callable[[], object]]) -> None:
+    """Call and forget the listeners of an append that just became durable."""
+    fired = listeners[:]
+    listeners.clear()
+    for listener in fired:
+        listener()
 
 
 def _timestamp_bounds(config: LogConfig, now_ms: int) -> tuple[int, int] | None:

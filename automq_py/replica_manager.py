@@ -608,6 +608,7 @@ class ReplicaManager:
         acks: int,
         internal_allowed: bool,
         timeout_ms: int = 0,
+        listeners: list[Callable[[], object]] | None = None,
     ) -> asyncio.Future[list[AppendResult]]:
         """Start the append of each entry, in order, and return the future of their results
         (in the same order), done once every started append is durable or failed. Only
@@ -616,7 +617,11 @@ class ReplicaManager:
         ``timeout_ms`` (a Produce request's, when positive) bounds the whole append: a
         partition whose append could not start in time (no room in the WAL cache), or is not
         durable in time, is answered REQUEST_TIMED_OUT; as in Kafka, its records may still
-        land in the log."""
+        land in the log.
+
+        ``listeners`` are called right after the future is set done by the last append's
+        durability, in the same pass of the event loop (a done callback of the future runs a
+        pass later): the Produce response goes out from there."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_ms / 1000 if timeout_ms > 0 else None
         started: list[AppendResult | PendingAppend] = []
@@ -639,6 +644,8 @@ class ReplicaManager:
                         for r in started
                     ]
                 )
+                for listener in listeners or ():
+                    listener()
 
         def one_done(i: int, entry: AppendEntry, append: PendingAppend) -> None:
             nonlocal remaining
@@ -656,8 +663,8 @@ class ReplicaManager:
                 finish()
 
         for i, append in pending:
-            append.durable.add_done_callback(
-                lambda _, i=i, e=entries[i], a=append: one_done(i, e, a)  # type: ignore[misc]
+            append.when_durable(
+                lambda i=i, e=entries[i], a=append: one_done(i, e, a)  # type: ignore[misc]
             )
         if deadline is not None and not results.done():
             timer = loop.call_at(deadline, finish)

@@ -118,12 +118,16 @@ def parse_records(batch: bytes | bytearray | memoryview, *, check_crc: bool = Tr
 MAX_DECOMPRESSED = 64 << 20
 
 
-def check_records(batch: bytes | bytearray | memoryview) -> None:
+def check_records(
+    batch: bytes | bytearray | memoryview, header: record_batch.RecordBatchHeader | None = None
+) -> None:
     """What Kafka's LogValidator finds reading every record of a batch it appends, as far as
     lengths go: the records section decompresses (to at most ``MAX_DECOMPRESSED`` bytes) and
     holds exactly the header's record count of length-prefixed records, filling it.
-    ``InvalidRecordsError`` otherwise. The batch's header and CRC are assumed checked."""
-    header = record_batch.parse_header(batch)
+    ``InvalidRecordsError`` otherwise. The batch's header (``header``, when already read) and
+    CRC are assumed checked."""
+    if header is None:
+        header = record_batch.parse_header(batch)
     codec_id = header.attributes & 0x07
     section = memoryview(batch)[record_batch.HEADER_SIZE : header.size]
     if codec_id == Compression.NONE:

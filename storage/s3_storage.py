@@ -87,6 +87,7 @@ class _Durable:
     wal_offset: int
     wal_next: int
     done: asyncio.Future[None]
+    on_done: Callable[[], object] | None = None
 
 
 @dataclass(slots=True)
@@ -527,10 +528,16 @@ class S3Storage:
         """
         await asyncio.shield(self.submit(batch))
 
-    def submit(self, batch: StreamRecordBatch) -> asyncio.Future[None]:
+    def submit(
+        self, batch: StreamRecordBatch, on_done: Callable[[], object] | None = None
+    ) -> asyncio.Future[None]:
         """Start the WAL write of ``batch`` now; the future is done once it and every earlier
         offset of its stream are durable. Submits made in offset order reach the WAL in that
-        order, and writes submitted together share a group commit (one fsync)."""
+        order, and writes submitted together share a group commit (one fsync).
+
+        ``on_done()`` is called right after the future is set done (not when it fails), in
+        the same pass of the event loop: a done callback runs a pass later, behind whatever
+        requests were read meanwhile. An acknowledgement that waits for it goes out sooner."""
         if self._failed is not None:
             raise StorageFailedError(f"storage failed: {self._failed}")
         if self._closing:
@@ -543,7 +550,8 @@ class S3Storage:
         header = stream_record_batch.encode_header(batch)
         try:
             self.wal.submit(
-                [header, batch.payload], lambda f: self._on_durable(state, batch, done, f)
+                [header, batch.payload],
+                lambda f: self._on_durable(state, batch, done, f, on_done),
             )
         except Exception as e:
             self._fail(e)
@@ -557,6 +565,7 @@ class S3Storage:
         batch: StreamRecordBatch,
         done: asyncio.Future[None],
         durable: asyncio.Future[WALAppendResult],
+        on_done: Callable[[], object] | None,
     ) -> None:
         """The WAL write of ``batch`` finished: confirm it, and every write it held back, in
         offset order; they enter the cache and their appends return."""
@@ -568,7 +577,9 @@ class S3Storage:
         # (a caller that cancelled its future gave up waiting; the write is confirmed anyway,
         # or every later offset of the stream would wait behind it forever)
         result = durable.result()
-        state.waiting[batch.base_offset] = _Durable(batch, result.offset, result.next_offset, done)
+        state.waiting[batch.base_offset] = _Durable(
+            batch, result.offset, result.next_offset, done, on_done
+        )
         while state.confirmed in state.waiting:
             record = state.waiting.pop(state.confirmed)
             self.cache.put(record.batch, record.wal_offset, record.wal_next)
@@ -576,6 +587,11 @@ class S3Storage:
             state.inflight.discard(record.done)
             if not record.done.done():
                 record.done.set_result(None)
+                if record.on_done is not None:
+                    try:
+                        record.on_done()
+                    except Exception:  # as the loop does for a failing callback
+                        log.exception("a durability listener of stream %d failed", batch.stream_id)
         active = self.cache.active
         if active.size >= self.config.wal_upload_threshold:
             # seal now, so objects stay near the threshold however busy the uploads are

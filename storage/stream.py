@@ -79,6 +79,7 @@ class S3Stream:
         *,
         room_timeout: float | None = None,
         backpressure: bool = True,
+        on_done: Callable[[], object] | None = None,
     ) -> tuple[int, asyncio.Future[None]]:
         """Take the batch's offsets and start its WAL write; return its base offset and the
         future of its durability (done once it and every earlier offset are durable; a
@@ -88,7 +89,8 @@ class S3Stream:
 
         Before taking offsets it waits for room in the WAL cache (``TimeoutError`` after
         ``room_timeout`` seconds, nothing taken); a small record that must follow another
-        (a time-index entry) passes ``backpressure=False`` and never waits."""
+        (a time-index entry) passes ``backpressure=False`` and never waits. ``on_done()``: as
+        :meth:`S3Storage.submit` calls it, right after the future is set done."""
         if count <= 0:
             raise ValueError(f"count must be positive, got {count}")
         self._check_writable()
@@ -100,7 +102,7 @@ class S3Stream:
         self.next_offset += count
         batch = StreamRecordBatch(self.stream_id, self.epoch, base, count, payload)
         try:
-            done = self.storage.submit(batch)
+            done = self.storage.submit(batch, on_done)
         except BaseException:
             self.closed = True  # offsets after a failed append can no longer be trusted
             raise

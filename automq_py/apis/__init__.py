@@ -144,7 +144,7 @@ class KafkaApis:
             except Exception as e:
                 return self.error_response(request, e)
 
-        return PendingResponse(deferred.future, make)
+        return PendingResponse(deferred.future, make, deferred.listeners)
 
     @staticmethod
     def _encode(request: Request, result: Any) -> list[wire.Buffer] | None:

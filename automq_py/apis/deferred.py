@@ -20,22 +20,38 @@ T = TypeVar("T")
 
 
 class Deferred(Generic[T]):
-    __slots__ = ("finish", "future")
+    """``listeners``: a list the maker of ``future`` calls, right after setting it done, in the
+    same pass of the event loop; the response's writer joins it (a done callback of the future
+    would run a pass later, behind the requests read meanwhile). None: it has none."""
 
-    def __init__(self, future: asyncio.Future[T], finish: Callable[[T], Any]) -> None:
+    __slots__ = ("finish", "future", "listeners")
+
+    def __init__(
+        self,
+        future: asyncio.Future[T],
+        finish: Callable[[T], Any],
+        listeners: list[Callable[[], object]] | None = None,
+    ) -> None:
         self.future = future
         self.finish = finish
+        self.listeners = listeners
 
 
 class PendingResponse:
     """A response to write once ``future`` is done: ``response()`` then encodes it (or the
     error response), or raises what no response can say (the connection closes)."""
 
-    __slots__ = ("_make", "future")
+    __slots__ = ("_make", "future", "listeners")
 
-    def __init__(self, future: asyncio.Future[Any], make: Callable[[], Any]) -> None:
+    def __init__(
+        self,
+        future: asyncio.Future[Any],
+        make: Callable[[], Any],
+        listeners: list[Callable[[], object]] | None = None,
+    ) -> None:
         self.future = future
         self._make = make
+        self.listeners = listeners  # see Deferred
 
     def response(self) -> Any:
         return self._make()

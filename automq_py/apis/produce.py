@@ -16,6 +16,7 @@ close.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from automq_py.apis.context import BrokerContext
@@ -57,14 +58,21 @@ async def handle_produce(ctx: BrokerContext, request: Request) -> Any:
     if body.transactional_id is not None and ctx.transactions is not None:
         entries = await _verify_transactional(ctx, request, str(body.transactional_id), entries)
     throttle = _throttle(ctx, request)
+    listeners: list[Callable[[], object]] = []  # the response's writer, once it is queued
     results = await ctx.replicas.append_records(
-        entries, acks=body.acks, internal_allowed=False, timeout_ms=body.timeout_ms
+        entries,
+        acks=body.acks,
+        internal_allowed=False,
+        timeout_ms=body.timeout_ms,
+        listeners=listeners,
     )
     if body.acks == 0:
         return None
     if results.done():
         return _response(request, names, entries, results.result(), throttle)
-    return Deferred(results, lambda done: _response(request, names, entries, done, throttle))
+    return Deferred(
+        results, lambda done: _response(request, names, entries, done, throttle), listeners
+    )
 
 
 def _throttle(ctx: BrokerContext, request: Request) -> int:

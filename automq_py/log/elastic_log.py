@@ -524,6 +524,7 @@ class ElasticLog:
         max_timestamp: int,
         first_timestamp: int,
         timeout: float | None = None,
+        on_done: Callable[[], object] | None = None,
     ) -> asyncio.Future[None]:
         """Start the append of one Kafka record batch whose header already says
         ``base_offset`` (which must be :attr:`log_end_offset`) and return the future of its
@@ -536,6 +537,8 @@ class ElasticLog:
         ``first_timestamp`` (the batch's base timestamp) is accepted for symmetry with
         Kafka's append info; rolling and indexing use ``max_timestamp``, as Kafka does.
         ``TimeoutError`` when the WAL cache has had no room for ``timeout`` seconds.
+        ``on_done()`` is called as the future is set done, in the same pass of the event loop
+        (see :meth:`S3Stream.start_append`).
         """
         if record_count <= 0:
             raise ValueError(f"record_count must be positive, got {record_count}")
@@ -554,7 +557,7 @@ class ElasticLog:
             ):
                 await self._roll(now)
             durable = await self._segments[-1].start_append(
-                batch, base_offset, record_count, max_timestamp, now, timeout
+                batch, base_offset, record_count, max_timestamp, now, timeout, on_done
             )
             self._track_producer(batch, base_offset, now)
             return durable

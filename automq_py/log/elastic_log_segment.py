@@ -11,7 +11,7 @@ batch that holds it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 
@@ -139,12 +139,13 @@ class ElasticLogSegment:
         max_timestamp: int,
         now: int,
         timeout: float | None = None,
+        on_done: Callable[[], object] | None = None,
     ) -> asyncio.Future[None]:
         """Start the append of one Kafka batch at ``base_offset`` (the segment's assigned end)
         and return the future of its durability, which is done once it and every batch before
         it are durable. The time-index entry, when one is due, goes right behind the batch,
         into the same group commit. ``TimeoutError`` when the WAL cache has had no room for
-        ``timeout`` seconds (nothing appended)."""
+        ``timeout`` seconds (nothing appended). ``on_done``: see :meth:`S3Stream.start_append`."""
         expected = self.to_stream(base_offset)
         if not self.is_active or self.log_stream.next_offset != expected:
             raise SegmentOffsetError(
@@ -152,7 +153,9 @@ class ElasticLogSegment:
                 f"{expected}, the log stream {self.log_stream.stream_id} is at "
                 f"{self.log_stream.next_offset}"
             )
-        _, durable = await self.log_stream.start_append(batch, record_count, room_timeout=timeout)
+        _, durable = await self.log_stream.start_append(
+            batch, record_count, room_timeout=timeout, on_done=on_done
+        )
         # the batch's offsets are taken from here on: the segment accounts for it whatever
         # happens to the index entry (a failed entry write fails the storage, and so the batch)
         if self.size == 0:

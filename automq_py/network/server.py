@@ -336,6 +336,7 @@ class _ResponseQueue:
         self._drained = asyncio.Event()  # set while nothing is queued
         self._drained.set()
         self._error: BaseException | None = None
+        self._write_scheduled = False
 
     async def put(self, response: Response, times: RequestTimes) -> None:
         """Queue ``response``; ``times``: its request's API key, version, and when it arrived,
@@ -349,6 +350,10 @@ class _ResponseQueue:
         self._queue.append((response, times))
         self._drained.clear()
         if isinstance(response, PendingResponse):
+            # written as soon as it is ready, from its maker's listeners; the done callback
+            # too, for the paths that do not call them (it then finds nothing left to write)
+            if response.listeners is not None:
+                response.listeners.append(self._write_soon)
             response.future.add_done_callback(self._write_ready)
         while len(self._queue) >= self._limit:
             self._room.clear()
@@ -380,6 +385,19 @@ class _ResponseQueue:
         record = self._metrics.record_request
         for api_key, version, arrived, started, handled in requests:
             record(api_key, version, arrived, started, handled, written, sent)
+
+    def _write_soon(self) -> None:
+        """A response became ready inside a WAL commit's completion: write it, with every
+        other response that commit made ready, at the start of the event loop's next pass,
+        before the requests read meanwhile are handled. (A done callback of its future would
+        run a pass later, after them; writing at once, one write per response.)"""
+        if not self._write_scheduled:
+            self._write_scheduled = True
+            asyncio.get_running_loop().call_soon(self._write_scheduled_now)
+
+    def _write_scheduled_now(self) -> None:
+        self._write_scheduled = False
+        self._write_ready()
 
     def _write_ready(self, _: object = None) -> None:
         """Write every response at the head of the queue that is ready, in order."""
