@@ -1,8 +1,8 @@
 """A segment's time index, kept in the partition's ``tim`` stream (AutoMQ's ``ElasticTimeIndex``).
 
-Each entry is one stream append of 12 bytes with count 12, so ``tim`` stream offsets are byte
-positions (entry ``n`` of a segment lies at ``slice.start + 12 * n``), in Kafka's ``.timeindex``
-layout:
+Entries are 12 bytes each, and a stream record of ``n`` entries has count ``12 * n``, so ``tim``
+stream offsets are byte positions (entry ``n`` of a segment lies at ``slice.start + 12 * n``), in
+Kafka's ``.timeindex`` layout:
 
 ======  ===============  =====  ==============================================
 offset  field            bytes  meaning
@@ -20,6 +20,13 @@ Kafka's rule decides when to add one: after a batch is appended, if more than
 the segment's max timestamp so far is indexed, if larger than the last entry's. A segment that
 stops being active indexes its max timestamp so far regardless of the interval, so a sealed
 segment's last entry holds its largest timestamp.
+
+An active segment's new entries are held in memory and appended ``FLUSH_ENTRIES`` at a time
+(and when the segment stops being active, or its log closes): an entry per batch was one more
+WAL append, cache entry and stream record for every Produce. The index serves lookups from
+memory meanwhile. Entries lost in a crash are rebuilt by recovery, which indexes the log's
+batches past the last entry the stream holds; an index short of some entries still finds the
+right offsets, from an earlier start.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ ENTRY = struct.Struct(">qi")
 ENTRY_SIZE = ENTRY.size  # 12
 INT32_MAX = (1 << 31) - 1
 FETCH_BYTES = 1 << 20
+FLUSH_ENTRIES = 64  # new entries appended to the stream together
 
 assert ENTRY_SIZE == 12
 
@@ -106,6 +114,7 @@ class SegmentTimeIndex:
         self._tail_start = -1
         self._tail_timestamps: array[int] = array("q")
         self._tail_offsets: array[int] = array("q")
+        self._unwritten = bytearray()  # entries not appended to the stream yet
 
     @property
     def is_active(self) -> bool:
@@ -117,7 +126,8 @@ class SegmentTimeIndex:
 
     @property
     def entries(self) -> int:
-        end = self.stream.next_offset if self.is_active else self.slice_end
+        active = self.is_active
+        end = self.stream.next_offset + len(self._unwritten) if active else self.slice_end
         return (end - self.slice_start) // ENTRY_SIZE
 
     @property
@@ -139,9 +149,10 @@ class SegmentTimeIndex:
         self, size: int, max_timestamp: int, base_offset: int, last_offset: int, *, after: int = -1
     ) -> asyncio.Future[None] | None:
         """:meth:`on_batch_appended` for a batch whose WAL write was just started: an entry
-        due is started behind it (the same group commit) and the future of its durability
-        returned. The index holds the entry from now on: lookups may find offsets the log has
-        not made durable yet, which readers bound by the high watermark."""
+        due is added, and when that makes ``FLUSH_ENTRIES`` unwritten, they are appended to the
+        stream (after the batch) and the future of their durability returned. The index holds
+        the entry from now on: lookups may find offsets the log has not made durable yet, which
+        readers bound by the high watermark."""
         if max_timestamp > self.max_so_far.timestamp:
             self.max_so_far = TimestampOffset(max_timestamp, last_offset)
         pending = None
@@ -152,10 +163,22 @@ class SegmentTimeIndex:
         return pending
 
     async def maybe_append(self, entry: TimestampOffset) -> None:
-        """Append ``entry`` if its timestamp is larger than the last entry's."""
-        pending = await self._start_entry(entry)
+        """Add ``entry`` if its timestamp is larger than the last entry's, and append every
+        entry not yet in the stream; returns once they are durable."""
+        await self._start_entry(entry)
+        pending = await self._flush()
         if pending is not None:
             await asyncio.shield(pending)
+
+    async def _flush(self) -> asyncio.Future[None] | None:
+        """Append the unwritten entries as one stream record; the future of its durability."""
+        if not self._unwritten:
+            return None
+        data = bytes(self._unwritten)
+        self._unwritten.clear()
+        # no waiting for WAL cache room: the entries follow batches that just got it
+        _, durable = await self.stream.start_append(data, len(data), backpressure=False)
+        return durable
 
     async def _start_entry(self, entry: TimestampOffset) -> asyncio.Future[None] | None:
         if entry.timestamp <= self.last_entry.timestamp:
@@ -172,12 +195,8 @@ class SegmentTimeIndex:
                 f"time index stream {self.stream.stream_id} is at {self.stream.next_offset}, "
                 f"not on an entry boundary of the slice starting at {self.slice_start}"
             )
-        # no waiting for WAL cache room: the entry follows a batch that just got it
-        position, durable = await self.stream.start_append(
-            encode_entry(entry.timestamp, entry.offset - self.base_offset),
-            ENTRY_SIZE,
-            backpressure=False,
-        )
+        position = self.stream.next_offset + len(self._unwritten)
+        self._unwritten += encode_entry(entry.timestamp, entry.offset - self.base_offset)
         if self._timestamps is not None and self._offsets is not None:
             self._timestamps.append(entry.timestamp)
             self._offsets.append(entry.offset)
@@ -187,10 +206,17 @@ class SegmentTimeIndex:
             self._tail_timestamps.append(entry.timestamp)
             self._tail_offsets.append(entry.offset)
         self.last_entry = entry
-        return durable
+        if len(self._unwritten) >= FLUSH_ENTRIES * ENTRY_SIZE:
+            return await self._flush()
+        return None
 
     def seal(self) -> SliceRange:
-        """End the slice at the stream's end: the segment stops being active."""
+        """End the slice at the stream's end: the segment stops being active (after
+        :meth:`maybe_append`, which leaves no entry unwritten)."""
+        if self._unwritten:
+            raise TimeIndexError(
+                f"time index of segment {self.base_offset}: sealed with entries unwritten"
+            )
         self.slice_end = self.stream.next_offset
         return self.slice_range
 
@@ -212,6 +238,7 @@ class SegmentTimeIndex:
             self.last_entry = TimestampOffset(NO_TIMESTAMP, self.base_offset)
         self.max_so_far = UNKNOWN
         self.bytes_since_last_entry = 0
+        self._unwritten.clear()
         self._timestamps = self._offsets = None
         self._forget_tail()
         return self.last_entry.offset

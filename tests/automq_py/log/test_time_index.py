@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from automq_py.log.elastic_log_meta import TimestampOffset
 from automq_py.log.time_index import (
     ENTRY_SIZE,
+    FLUSH_ENTRIES,
     TimeIndexError,
     decode_entries,
     encode_entry,
@@ -92,3 +93,41 @@ def test_offset_for_timestamp_matches_a_brute_force_scan(
 ) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(scenario(Path(tmp), timestamps, targets, interval))
+
+
+async def test_entries_are_appended_together_and_rebuilt_after_a_crash(tmp_path: Path) -> None:
+    """An active segment's entries reach the tim stream FLUSH_ENTRIES at a time; those not
+    appended when the broker dies are rebuilt from the log's batches on recovery, and every
+    lookup answers as before."""
+    n = FLUSH_ENTRIES * 2 + 10  # two records of entries, ten entries only in memory
+    timestamps = [T0 + 10 * i for i in range(n)]
+    storage = await start_storage(tmp_path)
+    log = await open_log(storage, segment_bytes=1 << 20, index_interval_bytes=0)
+    await append_batches(log, timestamps, count=2)
+    active = log._segments[-1].time_index  # the active segment's own index
+    # an entry per batch but the first (none is due before a batch is in): whole records in
+    # the stream, the rest in memory
+    assert active.entries == n - 1
+    assert active.stream.next_offset - active.slice_start == 2 * FLUSH_ENTRIES * ENTRY_SIZE
+    expected = [await log.offset_for_timestamp(T0 + t) for t in range(-5, 10 * n, 37)]
+    assert expected == [brute_force(timestamps, 2, T0 + t) for t in range(-5, 10 * n, 37)]
+    await storage.abort()  # no close(): the last entries were only in memory
+
+    storage = await start_storage(tmp_path)
+    try:
+        reopened = await open_log(storage, epoch=1, segment_bytes=1 << 20, index_interval_bytes=0)
+        storage.drop_cache()
+        assert [await reopened.offset_for_timestamp(T0 + t) for t in range(-5, 10 * n, 37)] == (
+            expected
+        )
+        assert reopened._segments[-1].time_index.entries >= n - 1
+        await reopened.close()  # appends what is unwritten: the stream holds every entry
+        again = await open_log(storage, epoch=2, segment_bytes=1 << 20, index_interval_bytes=0)
+        index = again._segments[-1].time_index
+        assert index.stream.next_offset - index.slice_start == index.entries * ENTRY_SIZE
+        assert [await again.offset_for_timestamp(T0 + t) for t in range(-5, 10 * n, 37)] == (
+            expected
+        )
+        await again.close()
+    finally:
+        await storage.close()
