@@ -20,9 +20,17 @@ queued up while its previous write ran and writes it with one ``pwritev``. The f
 ``O_DSYNC``, so the write returns once the data is durable (as ``fdatasync`` after it would
 make it, for one system call and one hand-back of the GIL less per commit); the thread then
 hands the results to the event loop, which acknowledges the records in offset order. The
-thread also serves the header writes, so it alone writes the file. Each write is followed by
+thread also serves the header writes. Each write is followed by
 zeros up to the next page boundary (never over a live byte): a write ending inside a page the
 kernel does not hold would first read that page from the disk, one more wait per commit.
+
+Inline commits: when the writer thread is idle, the appends submitted in one pass of the event
+loop (up to ``INLINE_COMMIT_MAX`` bytes) are written by the loop itself, at the start of its
+next pass, and acknowledged right after: a small durable write (~0.15 ms here) costs less than
+handing it over, since the thread must be woken, wait for a core and for the GIL after its
+write, and hand the results back through the loop (together ~0.5 ms of every acknowledgement
+at 20 MB/s on two cores). Whoever commits holds ``_commit_lock``: the thread takes larger
+batches, the ones queued while it or the loop writes, and the header writes.
 
 Torn tails: at most ``window`` bytes (kept in the header) are ever written past the last
 fsync. After a crash, recovery stops at the first invalid record and zeroes the next ``window``
@@ -61,6 +69,9 @@ DEFAULT_WINDOW = 8 * 1024 * 1024
 _WINDOW_GRANULE = 1024 * 1024
 _READ_CHUNK = 1024 * 1024
 _TIMINGS_KEPT = 100_000  # the latest group commits whose write times are kept
+# Most bytes the event loop writes itself in one commit; larger batches go to the writer thread
+# (a saturating producer's megabyte batches would hold the loop for milliseconds).
+INLINE_COMMIT_MAX = 256 * 1024
 _ZEROS_VIEW = memoryview(bytes(1024 * 1024))  # written as the zero fill: never copied
 _PAGE_SIZE = mmap.PAGESIZE  # the page cache's unit: a write ending inside a page reads it first
 try:
@@ -296,6 +307,12 @@ class FileWAL:
         self._queue: collections.deque[_Pending] = collections.deque()
         self._header_requests: collections.deque[_HeaderRequest] = collections.deque()
         self._writer_idle = False  # waiting for work: the next submit wakes it
+        # held while a batch is planned and written, or the header written: by the writer
+        # thread, or by the event loop for an inline commit
+        self._commit_lock = threading.Lock()
+        self._inline_max = INLINE_COMMIT_MAX  # 0: every commit by the writer thread
+        self._inline_scheduled = False  # an inline commit is due at the loop's next pass
+        self._inline_commits = 0
         self._writer_done = False  # it has taken its last request
         self._unwritten = 0  # bytes of records submitted and not yet written (or failed)
         self._thread: threading.Thread | None = None
@@ -318,14 +335,21 @@ class FileWAL:
 
     @classmethod
     async def open(
-        cls, path: str, capacity: int, *, node_id: int = 0, init_zero: bool = False
+        cls,
+        path: str,
+        capacity: int,
+        *,
+        node_id: int = 0,
+        init_zero: bool = False,
+        inline_commit_max: int = INLINE_COMMIT_MAX,
     ) -> FileWAL:
         """Open the WAL at ``path``, creating and preallocating it if it does not exist.
 
         ``capacity`` is the ring size in bytes (``s3.wal.capacity``); it must match an existing
         file's. A file owned by another node id, or open in another process, is refused.
         ``init_zero`` (``s3.wal.init.zero``): a new file's blocks are written with zeros, not
-        only allocated (see ``_write_zeros``).
+        only allocated (see ``_write_zeros``). ``inline_commit_max``: the most bytes the event
+        loop commits itself (0: the writer thread makes every commit).
         """
         if capacity < MIN_CAPACITY:
             raise WALError(f"s3.wal.capacity must be at least {MIN_CAPACITY} bytes, got {capacity}")
@@ -387,6 +411,7 @@ class FileWAL:
                 )
                 _preallocate(fd, HEADER_AREA_SIZE + capacity)
             wal = cls(path, fd, found, created=created)
+            wal._inline_max = inline_commit_max
             # Mark the log unclean before anything is written, so a crash from here on is
             # recognised as one on the next open.
             await asyncio.to_thread(
@@ -453,7 +478,8 @@ class FileWAL:
             return f"p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms, max {ordered[-1] * 1e3:.1f} ms"
 
         return (
-            f"{len(self._write_times)} group commits: O_DSYNC write {spread(self._write_times)};"
+            f"{len(self._write_times)} group commits ({self._inline_commits} on the event loop): "
+            f"O_DSYNC write {spread(self._write_times)};"
             f" {len(self._wait_times)} appends: queued {spread(self._queued_times)},"
             f" acknowledged {spread(self._wait_times)}"
         )
@@ -635,8 +661,46 @@ class FileWAL:
         with self._cond:
             self._queue.append(_Pending(parts, size, future, on_done, time.perf_counter()))
             if self._writer_idle:
-                self._cond.notify()
+                if self._inline_max > 0:
+                    if not self._inline_scheduled:
+                        # what else this pass submits joins the commit
+                        self._inline_scheduled = True
+                        self._loop.call_soon(self._commit_inline)
+                else:
+                    self._cond.notify()
         return future
+
+    def _commit_inline(self) -> None:
+        """On the event loop, a pass after the first append the idle writer did not take:
+        write what is queued here and acknowledge it, or hand it to the writer thread when
+        it is large, near the ring's end, or the thread has work of its own."""
+        self._inline_scheduled = False
+        if not self._queue:
+            return
+        size = sum(pending.size for pending in self._queue)
+        inline = (
+            size <= self._inline_max
+            and self._failed is None
+            and not self._closing
+            and self.free_space > size + self._inline_max
+            and self._commit_lock.acquire(blocking=False)
+        )
+        if not inline:
+            with self._cond:
+                self._cond.notify()
+            return
+        try:
+            with self._cond:
+                handed_over = not self._writer_idle or bool(self._header_requests)
+            planned = None if handed_over else self._plan_batch(blocking=False)
+            if planned is not None and planned[0]:
+                self._inline_commits += 1
+                self._commit(*planned, inline=True)
+        finally:
+            self._commit_lock.release()
+        if self._queue:
+            with self._cond:
+                self._cond.notify()
 
     # --- the writer thread ------------------------------------------------------------------
     #
@@ -658,17 +722,18 @@ class FileWAL:
                     finished = self._closing and not self._queue and not requests
                     if finished:
                         self._writer_done = True
-                for request in requests:
-                    self._serve_header(request)
-                if finished:
-                    self._shut_down()
-                    return
-                if self._failed is not None:
-                    self._fail_queued(self._failed)
-                    continue
-                planned = self._plan_batch()
-                if planned is not None and planned[0]:
-                    self._commit(*planned)
+                with self._commit_lock:
+                    for request in requests:
+                        self._serve_header(request)
+                    if finished:
+                        self._shut_down()
+                        return
+                    if self._failed is not None:
+                        self._fail_queued(self._failed)
+                        continue
+                    planned = self._plan_batch()
+                    if planned is not None and planned[0]:
+                        self._commit(*planned)
         except BaseException as exc:  # a bug, not an I/O error: fail everything, never hang
             failure = WALError(f"WAL writer stopped: {exc!r}")
             failure.__cause__ = exc
@@ -689,13 +754,14 @@ class FileWAL:
             self._loop.call_soon_threadsafe(callback, *args)
 
     def _plan_batch(
-        self,
+        self, *, blocking: bool = True
     ) -> tuple[list[tuple[_Pending, int, int]], list[_Write]] | None:
         """Take queued appends into one batch and give each its offset.
 
         The batch ends at the queue end, at the window, or at a record the ring has no room for
         yet; with an empty batch, that record waits (backpressure) until a header request (a
         ``trim()``) or the close arrives, and ``None`` is returned so the caller serves it.
+        Not ``blocking`` (the event loop's inline commit), the batch just ends there.
         """
         acked: list[tuple[_Pending, int, int]] = []
         writes: list[_Write] = []
@@ -711,7 +777,7 @@ class FileWAL:
             size = pending.size
             start, padding = _place(cursor, size, self._capacity)
             if start + size > self._trim + self._capacity:
-                if acked:
+                if acked or not blocking:
                     break
                 if self._trim == cursor:
                     # Nothing is live: the record is only blocked by the unused tail of the lap,
@@ -748,8 +814,11 @@ class FileWAL:
             self._post(self._complete, [], dropped, None)
         return (acked, writes) if acked else None
 
-    def _commit(self, acked: list[tuple[_Pending, int, int]], writes: list[_Write]) -> None:
-        """Write and fsync one batch, then hand its results to the event loop."""
+    def _commit(
+        self, acked: list[tuple[_Pending, int, int]], writes: list[_Write], *, inline: bool = False
+    ) -> None:
+        """Write and fsync one batch, then hand its results to the event loop (``inline``:
+        on it, acknowledged at once)."""
         first, end = acked[0][1], acked[-1][2]
         try:
             self._write_and_sync(writes)
@@ -772,7 +841,10 @@ class FileWAL:
         self._fsyncs += 1
         self._bytes += sum(write.size for write in writes)
         self._appends += len(acked)
-        self._post(self._complete, acked, 0, None)
+        if inline:
+            self._complete(acked, 0, None)
+        else:
+            self._post(self._complete, acked, 0, None)
 
     def _complete(
         self, acked: list[tuple[_Pending, int, int]], dropped: int, failure: WALError | None

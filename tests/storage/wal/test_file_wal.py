@@ -244,7 +244,8 @@ def hold_writes(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threa
 async def test_appends_arriving_during_a_durable_write_form_the_next_batch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    wal = await FileWAL.open(str(tmp_path / "wal"), CAPACITY)
+    # the writer thread's group commit (inline, the held write would hold the loop)
+    wal = await FileWAL.open(str(tmp_path / "wal"), CAPACITY, inline_commit_max=0)
     in_fsync, release = hold_writes(monkeypatch)
     first = asyncio.create_task(wal.append(b"first"))
     await asyncio.to_thread(in_fsync.wait, 5)
@@ -261,7 +262,7 @@ async def test_appends_arriving_during_a_durable_write_form_the_next_batch(
 async def test_the_timing_summary_counts_the_wait_behind_a_write_in_progress(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    wal = await FileWAL.open(str(tmp_path / "wal"), CAPACITY)
+    wal = await FileWAL.open(str(tmp_path / "wal"), CAPACITY, inline_commit_max=0)
     in_write, release = hold_writes(monkeypatch)  # the first write lasts until released
     first = asyncio.create_task(wal.append(b"first"))
     await asyncio.to_thread(in_write.wait, 5)
@@ -270,10 +271,10 @@ async def test_the_timing_summary_counts_the_wait_behind_a_write_in_progress(
     release.set()
     await asyncio.gather(first, *rest)
     summary = wal.timing_summary()
-    # "2 group commits: O_DSYNC write p50 .., p99 .., max 1xx ms; 4 appends: queued p50 ..,
-    # p99 .., max 1xx ms, acknowledged p50 .., p99 .., max 1xx ms"
+    # "2 group commits (0 on the event loop): O_DSYNC write p50 .., p99 .., max 1xx ms;
+    # 4 appends: queued p50 .., p99 .., max 1xx ms, acknowledged p50 .., p99 .., max 1xx ms"
     writes, appends = summary.split("; ")
-    assert writes.startswith("2 group commits: O_DSYNC write")
+    assert writes.startswith("2 group commits (0 on the event loop): O_DSYNC write")
     assert float(writes.rsplit("max ", 1)[1].removesuffix(" ms")) >= 100
     assert appends.startswith("4 appends: queued")
     queued, acknowledged = appends.split(", acknowledged ")
@@ -693,3 +694,27 @@ async def test_on_done_is_called_once_per_append_in_order(tmp_path: Path) -> Non
         assert seen == [(0, True, False), (1, True, False), (2, True, False)]
     finally:
         await wal.close()
+
+
+async def test_small_commits_are_made_by_the_event_loop_and_large_ones_by_the_thread(
+    tmp_path: Path,
+) -> None:
+    """Appends submitted in one pass of the loop share a commit, which the loop makes itself
+    while the writer thread is idle and the batch small; a larger batch goes to the thread.
+    Either way each is durable when acknowledged, in offset order."""
+    path = tmp_path / "wal"
+    wal = await FileWAL.open(str(path), CAPACITY, inline_commit_max=4096)
+    small = await asyncio.gather(*(wal.append(f"small {i}".encode()) for i in range(10)))
+    assert wal.stats.fsyncs == 1 and wal._inline_commits == 1  # one pass: one commit
+    assert "(1 on the event loop)" in wal.timing_summary()
+    large = await asyncio.gather(*(wal.append(bytes([i]) * 1000) for i in range(8)))
+    assert wal._inline_commits == 1  # 8,000 bytes: the thread's
+    assert wal.stats.appends == 18
+    offsets = [r.offset for r in small + large]
+    assert offsets == sorted(offsets)
+    await wal.close(clean=False)
+    wal, records = await reopen(path, CAPACITY)
+    await wal.close()
+    assert [body for _, body in records] == [f"small {i}".encode() for i in range(10)] + [
+        bytes([i]) * 1000 for i in range(8)
+    ]
