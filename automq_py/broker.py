@@ -32,7 +32,7 @@ from automq_py.metrics.collector import BrokerMetrics
 from automq_py.metrics.http import MetricsServer
 from automq_py.network.listeners import endpoints as listener_endpoints
 from automq_py.network.listeners import inter_broker_security
-from automq_py.network.server import AuthenticationSettings, SocketServer
+from automq_py.network.server import AuthenticationSettings, SocketServer, write_ready_responses
 from automq_py.replica_manager import ReplicaManager
 from automq_py.security import scram_credentials
 from automq_py.security.access import AccessControl
@@ -210,6 +210,8 @@ class Broker:
             ),
             request_phases=self.metrics_server is not None,
         )
+        # Produce responses go out as their WAL commit's acknowledgements end, together
+        self.storage.wal.after_acknowledgements.append(write_ready_responses)
         _settle_garbage_collector()  # startup's objects, before a client can wait behind them
         await self.server.start_listeners(endpoints)
         # brokers (and the maintenance jobs) reach this one on the inter-broker listener

@@ -320,6 +320,19 @@ async def _muted() -> None:
     await asyncio.sleep(throttle_ms / 1000)
 
 
+_ready_queues: set[_ResponseQueue] = set()  # with a response made ready, not yet written
+_flush_scheduled = False
+
+
+def write_ready_responses() -> None:
+    """Write the responses WAL acknowledgements made ready, a write per connection: the
+    broker calls it after each group of acknowledgements (``after_acknowledgements``)."""
+    global _flush_scheduled
+    _flush_scheduled = False
+    while _ready_queues:
+        _ready_queues.pop()._write_ready()
+
+
 class _ResponseQueue:
     """A connection's responses in request order: written at once when nothing is ahead of
     them, else queued behind the deferred ones and written, from their completion callbacks,
@@ -336,7 +349,6 @@ class _ResponseQueue:
         self._drained = asyncio.Event()  # set while nothing is queued
         self._drained.set()
         self._error: BaseException | None = None
-        self._write_scheduled = False
 
     async def put(self, response: Response, times: RequestTimes) -> None:
         """Queue ``response``; ``times``: its request's API key, version, and when it arrived,
@@ -387,17 +399,16 @@ class _ResponseQueue:
             record(api_key, version, arrived, started, handled, written, sent)
 
     def _write_soon(self) -> None:
-        """A response became ready inside a WAL commit's completion: write it, with every
-        other response that commit made ready, at the start of the event loop's next pass,
+        """A response became ready inside a WAL commit's completion: write it with every
+        other response that commit made ready, as the commit's acknowledgements end
+        (:func:`write_ready_responses`), or else at the start of the event loop's next pass,
         before the requests read meanwhile are handled. (A done callback of its future would
         run a pass later, after them; writing at once, one write per response.)"""
-        if not self._write_scheduled:
-            self._write_scheduled = True
-            asyncio.get_running_loop().call_soon(self._write_scheduled_now)
-
-    def _write_scheduled_now(self) -> None:
-        self._write_scheduled = False
-        self._write_ready()
+        global _flush_scheduled
+        _ready_queues.add(self)
+        if not _flush_scheduled:
+            _flush_scheduled = True
+            asyncio.get_running_loop().call_soon(write_ready_responses)
 
     def _write_ready(self, _: object = None) -> None:
         """Write every response at the head of the queue that is ready, in order."""

@@ -313,6 +313,8 @@ class FileWAL:
         self._inline_max = INLINE_COMMIT_MAX  # 0: every commit by the writer thread
         self._inline_scheduled = False  # an inline commit is due at the loop's next pass
         self._inline_commits = 0
+        # see WriteAheadLog.after_acknowledgements
+        self.after_acknowledgements: list[Callable[[], object]] = []
         self._writer_done = False  # it has taken its last request
         self._unwritten = 0  # bytes of records submitted and not yet written (or failed)
         self._thread: threading.Thread | None = None
@@ -866,6 +868,7 @@ class FileWAL:
                     pending.on_done(pending.future)
                 except Exception:  # as the loop does for a failing callback: log, go on
                     logger.exception("WAL %s: a completion callback failed", self._path)
+        _call_each(self.after_acknowledgements, self._path)
 
     def _write_and_sync(self, writes: list[_Write]) -> None:
         """Encode and durably write one batch: one vectored write per contiguous run of the
@@ -1058,6 +1061,14 @@ class FileWAL:
             if self._thread is not None:
                 await asyncio.to_thread(self._thread.join)
             os.close(self._fd)
+
+
+def _call_each(listeners: list[Callable[[], object]], where: str) -> None:
+    for listener in listeners:
+        try:
+            listener()
+        except Exception:
+            logger.exception("WAL %s: an acknowledgement listener failed", where)
 
 
 def _set_result(future: asyncio.Future[None], value: None) -> None:

@@ -44,6 +44,10 @@ class WriteAheadLog(Protocol):
     @property
     def stats(self) -> WALStats: ...
 
+    # called after each group of acknowledgements, once every ``on_done`` of it has run: what
+    # they started (responses to write) can be finished together
+    after_acknowledgements: list[Callable[[], object]]
+
     def latency_samples(self) -> dict[str, Sequence[float]]:
         """Recent latency samples (seconds) by kind: ``append``, ``sync`` (and others)."""
         ...

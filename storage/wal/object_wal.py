@@ -156,6 +156,8 @@ class ObjectWAL:
         self._recovered: list[ObjectRecord] | None = None
         self._open_batch: _Batch | None = None
         self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
+        # see WriteAheadLog.after_acknowledgements
+        self.after_acknowledgements: list[Callable[[], object]] = []
         self._sealed: collections.deque[_Batch] = collections.deque()  # waiting for a PUT slot
         self._writing: collections.deque[_Batch] = collections.deque()  # PUT issued, in order
         self._puts_in_flight = 0
@@ -533,6 +535,11 @@ class ObjectWAL:
             now = time.perf_counter()
             for pending in batch.pendings:
                 self._finish(pending, None, now)
+            for listener in self.after_acknowledgements:
+                try:
+                    listener()
+                except Exception:
+                    logger.exception("WAL %s: an acknowledgement listener failed", self._location)
 
     def _finish(self, pending: _Pending, failure: WALError | None, now: float) -> None:
         future = pending.future
