@@ -170,6 +170,11 @@ class FrameConnection(asyncio.BufferedProtocol):
     def get_extra_info(self, name: str) -> Any:
         return self._transport.get_extra_info(name) if self._transport is not None else None
 
+    @property
+    def frames_waiting(self) -> bool:
+        """Whether a frame read is waiting for the connection's task."""
+        return bool(self._frames)
+
     async def next_frame(self, timeout: float | None) -> memoryview | None:
         """The next frame's payload (a large one writable: its own buffer), None once the
         client closed its side;

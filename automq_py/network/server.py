@@ -98,6 +98,9 @@ class SocketServer:
         self._servers: list[tuple[Endpoint, asyncio.Server]] = []
         self._connections: set[asyncio.Task[None]] = set()
         self.metrics = RequestMetrics(phases=request_phases)
+        # called when a connection has handled every request it has read, before it waits for
+        # more: the broker commits the WAL appends they queued (WriteAheadLog.commit_now)
+        self.on_idle: Callable[[], object] | None = None
         # per listener: connections open now, and ever accepted (SocketServer's
         # connection-count and connection-creation-total)
         self.connection_count: dict[str, int] = {}
@@ -197,6 +200,8 @@ class SocketServer:
         responses = _ResponseQueue(conn, MAX_QUEUED_RESPONSES, self.metrics)
         try:
             while True:
+                if self.on_idle is not None and not conn.frames_waiting:
+                    self.on_idle()
                 frame = await conn.next_frame(self.idle_timeout_s)
                 if frame is None:
                     # the client may have shut down only its sending side: answer what it asked
@@ -244,6 +249,8 @@ class SocketServer:
         responses = _ResponseQueue(conn, MAX_QUEUED_RESPONSES, self.metrics)
         try:
             while True:
+                if self.on_idle is not None and not conn.frames_waiting:
+                    self.on_idle()
                 frame = await conn.next_frame(self.idle_timeout_s)
                 if frame is None:
                     await responses.flush()

@@ -672,6 +672,12 @@ class FileWAL:
                     self._cond.notify()
         return future
 
+    def commit_now(self) -> None:
+        """Make the inline commit due at the loop's next pass now: the caller (a connection
+        about to wait for its next request) has nothing more to add to it."""
+        if self._inline_scheduled:
+            self._commit_inline()
+
     def _commit_inline(self) -> None:
         """On the event loop, a pass after the first append the idle writer did not take:
         write what is queued here and acknowledge it, or hand it to the writer thread when

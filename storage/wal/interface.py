@@ -69,6 +69,12 @@ class WriteAheadLog(Protocol):
 
     async def append(self, body: Body) -> WALAppendResult: ...
 
+    def commit_now(self) -> None:
+        """The caller has no more appends to submit for now: commit what is queued, if this log
+        commits on the event loop, rather than at the loop's next pass (after whatever else
+        is ready), where the requests read meanwhile would wait behind the write."""
+        ...
+
     async def trim(self, offset: int) -> None:
         """Records before ``offset`` are in object storage: recovery need not replay them."""
         ...

@@ -541,6 +541,9 @@ class ObjectWAL:
                 except Exception:
                     logger.exception("WAL %s: an acknowledgement listener failed", self._location)
 
+    def commit_now(self) -> None:
+        """(Batches are sealed by their interval, not by the caller.)"""
+
     def _finish(self, pending: _Pending, failure: WALError | None, now: float) -> None:
         future = pending.future
         if future.done():  # cancelled by its caller
