@@ -5,7 +5,7 @@ the figures side by side with the automq-py/Kafka ratios (Kafka is the peer auto
 performance goals are stated against) and the automq-py/Tansu ratios.
 
     python bench/produce_consume.py [--mib 64] [--partitions 1 8] [--brokers ...] \
-        [--clients python java] [--suite]
+        [--clients python per-record java] [--suite | --fresh-and-warmed]
 
 ``--suite`` runs three cases per broker in one invocation, offered at 20 MB/s, saturated, and
 saturated with a cold consume, warming Kafka's JIT for each request shape first, and prints their
@@ -128,6 +128,17 @@ seconds of load, its compiler threads taking a good part of a core meanwhile (af
 Kafka's first fixed-load case had a produce p50 of 215 ms, against 5 ms after 512 MiB, in
 trials on this machine). The bench prints the rounds it took; the per-case cores line shows
 what the JIT still took (``JIT``, a part of the broker's CPU).
+
+``--fresh-and-warmed`` runs the cases twice per broker: on the fresh broker (after
+``--warmup-mib``), then again once every broker has taken what fills automq-py's LogCache past
+its size (``s3.wal.cache.size`` + 256 MiB, unpaced, to a topic of its own), as a broker that has
+run a while: its cache full, each upload evicting from it. ``--clients per-record`` is the
+producer loop an application writes: a ``produce()`` with a delivery callback and a
+``poll(0)`` per record, paced by sleeping until each record is due, latency from the
+``produce()`` call to the callback (the same settings as ``python``). For automq-py, each case
+also counts the broker's event-loop stalls over 20 ms and collector pauses over 10 ms inside the
+case's produce window: the broker logs each one as it happens at DEBUG on ``automq.loop``
+(``log.level.automq.loop=DEBUG``, which the bench sets).
 
 Beside the figures, per case: librdkafka's own round-trip times of its ProduceRequests (its
 statistics, per 1 s window: measured in its broker thread, so not delayed when this process's
@@ -1892,7 +1903,9 @@ def parse_args() -> argparse.Namespace:
         choices=CLIENTS,
         default=["python"],
         help="producers run per broker and partition count (python): python is confluent-kafka "
-        "(produce, then consume); java is Kafka 4.4's kafka-producer-perf-test with the same "
+        "(produce, then consume); per-record the same client as an application's loop "
+        "(produce() and poll(0) per record, a sleep until each is due; at --rate-mbps); "
+        "java is Kafka 4.4's kafka-producer-perf-test with the same "
         "record size, acks=all, linger.ms and batch.size (librdkafka's 1000000), at "
         "--rate-mbps or saturated, after --warmup-mib of its own warm-up records (produce "
         "only; not against Tansu 0.6.0, which drops its connections)",

@@ -328,14 +328,14 @@ async def _muted() -> None:
 
 
 _ready_queues: set[_ResponseQueue] = set()  # with a response made ready, not yet written
-_flush_scheduled = False
+_flush_scheduled: asyncio.AbstractEventLoop | None = None  # the loop a write is due on
 
 
 def write_ready_responses() -> None:
     """Write the responses WAL acknowledgements made ready, a write per connection: the
     broker calls it after each group of acknowledgements (``after_acknowledgements``)."""
     global _flush_scheduled
-    _flush_scheduled = False
+    _flush_scheduled = None
     while _ready_queues:
         _ready_queues.pop()._write_ready()
 
@@ -413,9 +413,10 @@ class _ResponseQueue:
         run a pass later, after them; writing at once, one write per response.)"""
         global _flush_scheduled
         _ready_queues.add(self)
-        if not _flush_scheduled:
-            _flush_scheduled = True
-            asyncio.get_running_loop().call_soon(write_ready_responses)
+        loop = asyncio.get_running_loop()
+        if _flush_scheduled is not loop:  # (not on a loop that closed before it ran)
+            _flush_scheduled = loop
+            loop.call_soon(write_ready_responses)
 
     def _write_ready(self, _: object = None) -> None:
         """Write every response at the head of the queue that is ready, in order."""
