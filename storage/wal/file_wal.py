@@ -30,7 +30,9 @@ next pass, and acknowledged right after: a small durable write (~0.15 ms here) c
 handing it over, since the thread must be woken, wait for a core and for the GIL after its
 write, and hand the results back through the loop (together ~0.5 ms of every acknowledgement
 at 20 MB/s on two cores). Whoever commits holds ``_commit_lock``: the thread takes larger
-batches, the ones queued while it or the loop writes, and the header writes.
+batches, the ones queued while it or the loop writes, and the header writes. A write on the
+loop that the disk held for ``INLINE_SLOW_S`` or more sends the commits of the next
+``INLINE_PAUSE_S`` to the thread: there a stalled disk delays acknowledgements, not the loop.
 
 Torn tails: at most ``window`` bytes (kept in the header) are ever written past the last
 fsync. After a crash, recovery stops at the first invalid record and zeroes the next ``window``
@@ -72,6 +74,10 @@ _TIMINGS_KEPT = 100_000  # the latest group commits whose write times are kept
 # Most bytes the event loop writes itself in one commit; larger batches go to the writer thread
 # (a saturating producer's megabyte batches would hold the loop for milliseconds).
 INLINE_COMMIT_MAX = 256 * 1024
+# An inline write that took this long (the disk stalled) held the event loop with it; the next
+# commits go to the writer thread for INLINE_PAUSE_S, as a slow disk's stalls come in runs.
+INLINE_SLOW_S = 0.005
+INLINE_PAUSE_S = 1.0
 _ZEROS_VIEW = memoryview(bytes(1024 * 1024))  # written as the zero fill: never copied
 _PAGE_SIZE = mmap.PAGESIZE  # the page cache's unit: a write ending inside a page reads it first
 try:
@@ -313,6 +319,7 @@ class FileWAL:
         self._inline_max = INLINE_COMMIT_MAX  # 0: every commit by the writer thread
         self._inline_scheduled = False  # an inline commit is due at the loop's next pass
         self._inline_commits = 0
+        self._inline_paused_until = 0.0  # time.monotonic(): commits go to the thread until
         # see WriteAheadLog.after_acknowledgements
         self.after_acknowledgements: list[Callable[[], object]] = []
         self._writer_done = False  # it has taken its last request
@@ -688,6 +695,7 @@ class FileWAL:
         size = sum(pending.size for pending in self._queue)
         inline = (
             size <= self._inline_max
+            and time.monotonic() >= self._inline_paused_until
             and self._failed is None
             and not self._closing
             and self.free_space > size + self._inline_max
@@ -703,7 +711,18 @@ class FileWAL:
             planned = None if handed_over else self._plan_batch(blocking=False)
             if planned is not None and planned[0]:
                 self._inline_commits += 1
+                writes = self._fsyncs
                 self._commit(*planned, inline=True)
+                held = self._write_times[-1] if self._fsyncs > writes else 0.0
+                if held >= INLINE_SLOW_S:
+                    self._inline_paused_until = time.monotonic() + INLINE_PAUSE_S
+                    logger.debug(
+                        "WAL %s: a commit held the event loop for %.1f ms; the writer thread "
+                        "makes the commits of the next %.0f s",
+                        self._path,
+                        held * 1000,
+                        INLINE_PAUSE_S,
+                    )
         finally:
             self._commit_lock.release()
         if self._queue:

@@ -11,12 +11,13 @@ import os
 import random
 import struct
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from storage.wal import CorruptWALError, FileWAL, WALAppendResult, WALError, WALRecord
+from storage.wal import CorruptWALError, FileWAL, WALAppendResult, WALError, WALRecord, file_wal
 from storage.wal import header as wal_header
 from storage.wal.header import HEADER_AREA_SIZE, SLOT_SIZE
 from storage.wal.record import HEADER_SIZE
@@ -718,3 +719,29 @@ async def test_small_commits_are_made_by_the_event_loop_and_large_ones_by_the_th
     assert [body for _, body in records] == [f"small {i}".encode() for i in range(10)] + [
         bytes([i]) * 1000 for i in range(8)
     ]
+
+
+async def test_a_commit_the_disk_held_sends_the_next_ones_to_the_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write on the event loop that the disk held holds the loop too: for a while after one,
+    the writer thread makes the commits, and a stalled disk then delays only acknowledgements."""
+    wal = await FileWAL.open(str(tmp_path / "wal"), CAPACITY, inline_commit_max=4096)
+    real_pwritev = os.pwritev
+    slow = [True]
+
+    def stalling_pwritev(fd: int, buffers: list[memoryview], offset: int) -> int:
+        if slow and slow.pop():
+            time.sleep(file_wal.INLINE_SLOW_S * 2)
+        return real_pwritev(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "pwritev", stalling_pwritev)
+    await wal.append(b"held by the disk")
+    assert wal._inline_commits == 1
+    for i in range(5):
+        await wal.append(f"after {i}".encode())
+    assert wal._inline_commits == 1 and wal.stats.fsyncs == 6  # the thread's
+    wal._inline_paused_until = 0.0  # the pause over
+    await wal.append(b"on the loop again")
+    assert wal._inline_commits == 2
+    await wal.close()
