@@ -1395,16 +1395,24 @@ def warm_up(broker: Broker, args: argparse.Namespace) -> None:
         # so the heap is at its running size and new requests reuse freed memory
         warmup_mib = max(warmup_mib, steady_warmup_mib(args))
         warm_args = argparse.Namespace(**{**vars(args), "rate_mbps": None})
-    warm = Result(broker.name, max(args.partitions), warmup_mib * MiB // args.record_size)
-    topic = f"bench-warmup-{time.monotonic_ns()}"
+    warm = produce_unmeasured(broker, warmup_mib, warm_args, "warm-up")
+    if warm is not None and broker.name.startswith("kafka"):
+        warm_up_jit(broker, args, warm.partitions)
+
+
+def produce_unmeasured(
+    broker: Broker, mib: int, args: argparse.Namespace, what: str
+) -> Result | None:
+    """Produce ``mib`` MiB to a fresh topic of its own, not measured; None if it failed."""
+    warm = Result(broker.name, max(args.partitions), mib * MiB // args.record_size)
+    topic = f"bench-{what}-{time.monotonic_ns()}"
     try:
         create_topic(broker.bootstrap, topic, warm.partitions)
-        produce(broker.bootstrap, topic, warm.partitions, warm_args, warm)
+        produce(broker.bootstrap, topic, warm.partitions, args, warm)
     except (KafkaException, RuntimeError) as e:
-        print(f"  {broker.name}: warm-up failed: {e}", flush=True)
-        return
-    if broker.name.startswith("kafka"):
-        warm_up_jit(broker, args, warm.partitions)
+        print(f"  {broker.name}: {what} failed: {e}", flush=True)
+        return None
+    return warm
 
 
 def warm_past_log_cache(broker: Broker, args: argparse.Namespace) -> None:
@@ -1414,14 +1422,9 @@ def warm_past_log_cache(broker: Broker, args: argparse.Namespace) -> None:
     mib = steady_warmup_mib(args)
     print(f"  {broker.name}: warming with {mib} MiB", file=sys.stderr, flush=True)
     warm_args = argparse.Namespace(**{**vars(args), "rate_mbps": None, "timeout": 600})
-    warm = Result(broker.name, max(args.partitions), mib * MiB // args.record_size)
-    topic = f"bench-warm-{time.monotonic_ns()}"
     started = time.monotonic()
-    try:
-        create_topic(broker.bootstrap, topic, warm.partitions)
-        produce(broker.bootstrap, topic, warm.partitions, warm_args, warm)
-    except (KafkaException, RuntimeError) as e:
-        print(f"  {broker.name}: warming failed: {e}", flush=True)
+    warm = produce_unmeasured(broker, mib, warm_args, "warming")
+    if warm is None:
         return
     print(
         f"  {broker.name}: warmed with {warm.produced} records in "

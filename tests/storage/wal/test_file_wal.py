@@ -745,3 +745,28 @@ async def test_a_commit_the_disk_held_sends_the_next_ones_to_the_thread(
     await wal.append(b"on the loop again")
     assert wal._inline_commits == 2
     await wal.close()
+
+
+async def test_a_failed_write_on_the_event_loop_fails_the_batch_and_every_later_append(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An inline commit's failed write is the thread's: nothing acknowledged, the WAL failed."""
+    wal = await FileWAL.open(str(tmp_path / "wal"), CAPACITY, inline_commit_max=4096)
+    await wal.append(b"durable")
+    assert wal._inline_commits == 1
+
+    def failing_pwritev(fd: int, buffers: object, offset: int) -> int:
+        raise OSError(errno.EIO, "injected I/O error")
+
+    monkeypatch.setattr(os, "pwritev", failing_pwritev)
+    batch = await asyncio.gather(*(wal.append(b"lost") for _ in range(5)), return_exceptions=True)
+    assert all(isinstance(r, WALError) and "injected" in str(r) for r in batch)
+    assert wal._inline_commits == 2  # the loop made the failed commit
+    monkeypatch.undo()
+    with pytest.raises(WALError, match="failed state"):
+        await wal.append(b"later")
+    assert wal.stats.appends == 1
+    await asyncio.wait_for(wal.close(), 5)
+    wal, records = await reopen(tmp_path / "wal")
+    await wal.close()
+    assert [body for _, body in records] == [b"durable"]
