@@ -744,7 +744,9 @@ async def test_a_commit_the_disk_held_sends_the_next_ones_to_the_thread(
 ) -> None:
     """A write on the event loop that the disk held holds the loop too: for a while after one,
     the writer thread makes the commits, and a stalled disk then delays only acknowledgements."""
-    wal = await FileWAL.open(str(tmp_path / "wal"), CAPACITY, inline_commit_max=4096, direct_io=False)
+    wal = await FileWAL.open(
+        str(tmp_path / "wal"), CAPACITY, inline_commit_max=4096, direct_io=False
+    )
     real_pwritev = os.pwritev
     slow = [True]
 
@@ -770,7 +772,9 @@ async def test_a_failed_write_on_the_event_loop_fails_the_batch_and_every_later_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An inline commit's failed write is the thread's: nothing acknowledged, the WAL failed."""
-    wal = await FileWAL.open(str(tmp_path / "wal"), CAPACITY, inline_commit_max=4096, direct_io=False)
+    wal = await FileWAL.open(
+        str(tmp_path / "wal"), CAPACITY, inline_commit_max=4096, direct_io=False
+    )
     await wal.append(b"durable")
     assert wal._inline_commits == 1
 
