@@ -103,14 +103,6 @@ class S3StreamConfig:
         "overwrite written blocks; into merely allocated ones, each durable write first "
         "waits for a file system journal commit (false: allocate only, a faster first start)",
     )
-    wal_direct_io: bool = config_field(
-        "s3.wal.direct.io",
-        True,
-        ConfigType.BOOLEAN,
-        "file WAL: the event loop's group commits go out through Linux AIO on an O_DIRECT "
-        "descriptor, and the loop goes on while the disk writes (false, or where the system "
-        "lacks either: the loop waits for its O_DSYNC write)",
-    )
     wal_cache_size: int = _count(
         "s3.wal.cache.size", 512 * MiB, "LogCache bytes; appends wait when unuploaded data fills it"
     )

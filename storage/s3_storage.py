@@ -211,7 +211,6 @@ class S3Storage:
                 config.wal_capacity,
                 node_id=config.node_id,
                 init_zero=config.wal_init_zero,
-                direct_io=config.wal_direct_io,
             )
         storage = cls(
             config,

@@ -58,7 +58,6 @@ from dataclasses import dataclass
 
 from storage.wal import header as wal_header
 from storage.wal import record
-from storage.wal.direct_writer import BLOCK, DirectWriter
 from storage.wal.errors import CorruptRecordError, WALError
 from storage.wal.header import HEADER_AREA_SIZE, SLOT_COUNT, SLOT_SIZE, WALHeader
 from storage.wal.record import HEADER_SIZE, Buffer
@@ -320,11 +319,6 @@ class FileWAL:
         self._inline_max = INLINE_COMMIT_MAX  # 0: every commit by the writer thread
         self._inline_scheduled = False  # an inline commit is due at the loop's next pass
         self._inline_commits = 0
-        # Linux AIO on an O_DIRECT descriptor: the loop's commits no longer wait for the disk
-        # (None: unavailable, or not asked for); the batch in flight, with its submit time
-        self._direct: DirectWriter | None = None
-        self._direct_batch: tuple[list[tuple[_Pending, int, int]], int, float] | None = None
-        self._direct_commits = 0
         self._inline_paused_until = 0.0  # time.monotonic(): commits go to the thread until
         # see WriteAheadLog.after_acknowledgements
         self.after_acknowledgements: list[Callable[[], object]] = []
@@ -357,7 +351,6 @@ class FileWAL:
         node_id: int = 0,
         init_zero: bool = False,
         inline_commit_max: int = INLINE_COMMIT_MAX,
-        direct_io: bool = True,
     ) -> FileWAL:
         """Open the WAL at ``path``, creating and preallocating it if it does not exist.
 
@@ -365,9 +358,7 @@ class FileWAL:
         file's. A file owned by another node id, or open in another process, is refused.
         ``init_zero`` (``s3.wal.init.zero``): a new file's blocks are written with zeros, not
         only allocated (see ``_write_zeros``). ``inline_commit_max``: the most bytes the event
-        loop commits itself (0: the writer thread makes every commit). ``direct_io``: the
-        loop's commits go out through Linux AIO on an ``O_DIRECT`` descriptor where the system
-        has both (``storage.wal.direct_writer``), so it does not wait for the disk.
+        loop commits itself (0: the writer thread makes every commit).
         """
         if capacity < MIN_CAPACITY:
             raise WALError(f"s3.wal.capacity must be at least {MIN_CAPACITY} bytes, got {capacity}")
@@ -440,10 +431,6 @@ class FileWAL:
         except BaseException:
             os.close(fd)
             raise
-        if direct_io and inline_commit_max > 0 and capacity % BLOCK == 0:
-            wal._direct = await asyncio.to_thread(DirectWriter.open, path, inline_commit_max)
-            if wal._direct is not None:
-                wal._loop.add_reader(wal._direct.eventfd, wal._direct_done)
         wal._thread = threading.Thread(
             target=wal._writer_main, name=f"wal-writer:{os.path.basename(path)}", daemon=True
         )
@@ -500,8 +487,7 @@ class FileWAL:
             return f"p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms, max {ordered[-1] * 1e3:.1f} ms"
 
         return (
-            f"{len(self._write_times)} group commits ({self._inline_commits} on the event loop"
-            f"{f', {self._direct_commits} through AIO' if self._direct_commits else ''}): "
+            f"{len(self._write_times)} group commits ({self._inline_commits} on the event loop): "
             f"O_DSYNC write {spread(self._write_times)};"
             f" {len(self._wait_times)} appends: queued {spread(self._queued_times)},"
             f" acknowledged {spread(self._wait_times)}"
@@ -702,11 +688,10 @@ class FileWAL:
     def _commit_inline(self) -> None:
         """On the event loop, a pass after the first append the idle writer did not take:
         write what is queued here and acknowledge it, or hand it to the writer thread when
-        it is large, near the ring's end, or the thread has work of its own. With direct I/O
-        the write is only started here; ``_direct_done`` acknowledges it."""
+        it is large, near the ring's end, or the thread has work of its own."""
         self._inline_scheduled = False
-        if not self._queue or self._direct_batch is not None:
-            return  # a direct write in flight commits what queued meanwhile when it is done
+        if not self._queue:
+            return
         size = sum(pending.size for pending in self._queue)
         inline = (
             size <= self._inline_max
@@ -720,21 +705,15 @@ class FileWAL:
             with self._cond:
                 self._cond.notify()
             return
-        in_flight = False
         try:
             with self._cond:
                 handed_over = not self._writer_idle or bool(self._header_requests)
             planned = None if handed_over else self._plan_batch(blocking=False)
             if planned is not None and planned[0]:
                 self._inline_commits += 1
-                started = time.perf_counter()
                 writes = self._fsyncs
-                if self._direct is not None and self._submit_direct(*planned):
-                    in_flight = True
-                    held = time.perf_counter() - started
-                else:
-                    self._commit(*planned, inline=True)
-                    held = self._write_times[-1] if self._fsyncs > writes else 0.0
+                self._commit(*planned, inline=True)
+                held = self._write_times[-1] if self._fsyncs > writes else 0.0
                 if held >= INLINE_SLOW_S:
                     self._inline_paused_until = time.monotonic() + INLINE_PAUSE_S
                     logger.debug(
@@ -745,78 +724,10 @@ class FileWAL:
                         INLINE_PAUSE_S,
                     )
         finally:
-            if not in_flight:
-                self._commit_lock.release()
-        if self._queue and not in_flight:
+            self._commit_lock.release()
+        if self._queue:
             with self._cond:
                 self._cond.notify()
-
-    def _submit_direct(self, acked: list[tuple[_Pending, int, int]], writes: list[_Write]) -> bool:
-        """Start the batch's write through AIO, holding ``_commit_lock`` until it is done;
-        ``False`` when it cannot go that way (a lap's end inside it, blocks past the oldest
-        live byte), and the caller writes it as before."""
-        assert self._direct is not None
-        runs = self._runs(writes)
-        if len(runs) != 1:
-            return False
-        position, buffers = runs[0]
-        first, end = writes[0].offset, writes[-1].offset + writes[-1].size
-        # file position = offset + base within this lap; no block may reach the lap's end or
-        # the oldest live byte (the next lap's)
-        base = HEADER_AREA_SIZE + first % self._capacity - first
-        limit = min(_lap_end(first, self._capacity), self._trim + self._capacity) + base
-        if not self._direct.fits(position, end - first, limit):
-            return False
-        try:
-            self._direct.submit(position, buffers, self._fd)
-        except OSError as exc:
-            logger.warning(
-                "WAL %s: a direct write could not start (%s); writes block their thread from now",
-                self._path,
-                exc,
-            )
-            self._close_direct()
-            return False
-        self._direct_batch = (acked, end, time.perf_counter())
-        return True
-
-    def _direct_done(self) -> None:
-        """On the event loop, when the direct write's eventfd turns readable: acknowledge its
-        batch, and start the next one with what queued meanwhile."""
-        batch, direct = self._direct_batch, self._direct
-        if direct is None:
-            return
-        try:
-            done = direct.reap()
-        except OSError as exc:
-            assert batch is not None
-            self._direct_batch = None
-            acked = batch[0]
-            self._fail_batch(acked, acked[0][1], batch[1], exc)
-            self._commit_lock.release()
-            return
-        if not done or batch is None:
-            return
-        self._direct_batch = None
-        acked, end, started = batch
-        self._write_times.append(time.perf_counter() - started)
-        self._next = end
-        self._fsyncs += 1
-        self._direct_commits += 1
-        self._bytes += end - acked[0][1]
-        self._appends += len(acked)
-        self._commit_lock.release()
-        # the appends that queued meanwhile go to the disk before these are acknowledged
-        if self._queue:
-            self._commit_inline()
-        self._complete(acked, 0, None)
-
-    def _close_direct(self) -> None:
-        if self._direct is not None:
-            with contextlib.suppress(Exception):
-                self._loop.remove_reader(self._direct.eventfd)
-            self._direct.close()
-            self._direct = None
 
     # --- the writer thread ------------------------------------------------------------------
     #
@@ -939,7 +850,17 @@ class FileWAL:
         try:
             self._write_and_sync(writes)
         except BaseException as exc:
-            self._fail_batch(acked, first, end, exc)
+            # Never retry after a failed fsync: the kernel may have dropped the dirty pages, so
+            # a later "successful" fsync would acknowledge lost data.
+            failure = WALError(
+                f"WAL {self._path}: writing offsets [{first}, {end}) failed; the WAL accepts no"
+                f" more appends: {exc!r}"
+            )
+            failure.__cause__ = exc
+            self._failed = failure
+            self._post(self._complete, acked, 0, failure)
+            self._fail_queued(failure)
+            self._post(self._enter_failed, failure)
             if not isinstance(exc, Exception):
                 raise
             return
@@ -951,22 +872,6 @@ class FileWAL:
             self._complete(acked, 0, None)
         else:
             self._post(self._complete, acked, 0, None)
-
-    def _fail_batch(
-        self, acked: list[tuple[_Pending, int, int]], first: int, end: int, exc: BaseException
-    ) -> None:
-        """A batch's write failed: fail it, every queued append and the WAL. Never retry after
-        a failed fsync: the kernel may have dropped the dirty pages, so a later "successful"
-        fsync would acknowledge lost data."""
-        failure = WALError(
-            f"WAL {self._path}: writing offsets [{first}, {end}) failed; the WAL accepts no"
-            f" more appends: {exc!r}"
-        )
-        failure.__cause__ = exc
-        self._failed = failure
-        self._post(self._complete, acked, 0, failure)
-        self._fail_queued(failure)
-        self._post(self._enter_failed, failure)
 
     def _complete(
         self, acked: list[tuple[_Pending, int, int]], dropped: int, failure: WALError | None
@@ -993,21 +898,6 @@ class FileWAL:
     def _write_and_sync(self, writes: list[_Write]) -> None:
         """Encode and durably write one batch: one vectored write per contiguous run of the
         ring (the file is open with O_DSYNC)."""
-        runs = self._runs(writes)
-        if writes[-1].parts is not None:
-            fill = self._page_fill(writes[-1].offset + writes[-1].size)
-            if fill:
-                runs[-1][1].append(_ZEROS_VIEW[:fill])
-        if self._direct is not None:
-            self._direct.forget_tail()
-        started = time.perf_counter()
-        for position, buffers in runs:
-            _pwrite_all(self._fd, buffers, position)
-        # the file is open with O_DSYNC: written is durable
-        self._write_times.append(time.perf_counter() - started)
-
-    def _runs(self, writes: list[_Write]) -> list[tuple[int, list[Buffer]]]:
-        """A batch's encoded buffers, as (file position, buffers) per contiguous run."""
         runs: list[tuple[int, list[Buffer]]] = []
         contiguous_at = -1
         for write in writes:
@@ -1022,7 +912,15 @@ class FileWAL:
                 runs.append((position, buffers))
             # Padding is followed by a jump to the ring start, never by contiguous bytes.
             contiguous_at = -1 if write.parts is None else position + write.size
-        return runs
+        if writes[-1].parts is not None:
+            fill = self._page_fill(writes[-1].offset + writes[-1].size)
+            if fill:
+                runs[-1][1].append(_ZEROS_VIEW[:fill])
+        started = time.perf_counter()
+        for position, buffers in runs:
+            _pwrite_all(self._fd, buffers, position)
+        # the file is open with O_DSYNC: written is durable
+        self._write_times.append(time.perf_counter() - started)
 
     def _page_fill(self, end: int) -> int:
         """How many zero bytes to write after a batch ending at offset ``end`` so that the write
@@ -1187,8 +1085,6 @@ class FileWAL:
             self._closed = True
             if self._thread is not None:
                 await asyncio.to_thread(self._thread.join)
-            if self._direct_batch is None:  # else the kernel may still write from its buffer
-                self._close_direct()
             os.close(self._fd)
 
 

@@ -17,15 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from storage.wal import (
-    CorruptWALError,
-    FileWAL,
-    WALAppendResult,
-    WALError,
-    WALRecord,
-    direct_writer,
-    file_wal,
-)
+from storage.wal import CorruptWALError, FileWAL, WALAppendResult, WALError, WALRecord, file_wal
 from storage.wal import header as wal_header
 from storage.wal.header import HEADER_AREA_SIZE, SLOT_SIZE
 from storage.wal.record import HEADER_SIZE
@@ -722,7 +714,7 @@ async def test_small_commits_are_made_by_the_event_loop_and_large_ones_by_the_th
     while the writer thread is idle and the batch small; a larger batch goes to the thread.
     Either way each is durable when acknowledged, in offset order."""
     path = tmp_path / "wal"
-    wal = await FileWAL.open(str(path), CAPACITY, inline_commit_max=4096, direct_io=False)
+    wal = await FileWAL.open(str(path), CAPACITY, inline_commit_max=4096)
     small = await asyncio.gather(*(wal.append(f"small {i}".encode()) for i in range(10)))
     assert wal.stats.fsyncs == 1 and wal._inline_commits == 1  # one pass: one commit
     assert "(1 on the event loop)" in wal.timing_summary()
@@ -744,9 +736,7 @@ async def test_a_commit_the_disk_held_sends_the_next_ones_to_the_thread(
 ) -> None:
     """A write on the event loop that the disk held holds the loop too: for a while after one,
     the writer thread makes the commits, and a stalled disk then delays only acknowledgements."""
-    wal = await FileWAL.open(
-        str(tmp_path / "wal"), CAPACITY, inline_commit_max=4096, direct_io=False
-    )
+    wal = await FileWAL.open(str(tmp_path / "wal"), CAPACITY, inline_commit_max=4096)
     real_pwritev = os.pwritev
     slow = [True]
 
@@ -772,9 +762,7 @@ async def test_a_failed_write_on_the_event_loop_fails_the_batch_and_every_later_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An inline commit's failed write is the thread's: nothing acknowledged, the WAL failed."""
-    wal = await FileWAL.open(
-        str(tmp_path / "wal"), CAPACITY, inline_commit_max=4096, direct_io=False
-    )
+    wal = await FileWAL.open(str(tmp_path / "wal"), CAPACITY, inline_commit_max=4096)
     await wal.append(b"durable")
     assert wal._inline_commits == 1
 
@@ -793,124 +781,3 @@ async def test_a_failed_write_on_the_event_loop_fails_the_batch_and_every_later_
     wal, records = await reopen(tmp_path / "wal")
     await wal.close()
     assert [body for _, body in records] == [b"durable"]
-
-
-async def test_the_loops_commits_go_through_aio_and_interleave_with_the_threads(
-    tmp_path: Path,
-) -> None:
-    """With direct I/O the loop only starts its commits (Linux AIO on an O_DIRECT descriptor):
-    small batches go that way, a large one through the thread's buffered write, and the
-    blocks each direct write rewrites keep the records before it in the same block."""
-    path = tmp_path / "wal"
-    wal = await FileWAL.open(str(path), CAPACITY, inline_commit_max=4096)
-    assert wal._direct is not None  # /tmp is ext4 here: O_DIRECT and AIO both work
-    bodies: list[bytes] = []
-    for round_ in range(3):
-        small = [f"small {round_}.{i}".encode() * (i + 1) for i in range(10)]
-        await asyncio.gather(*(wal.append(body) for body in small))
-        large = [bytes([round_ * 8 + i]) * 1000 for i in range(8)]
-        await asyncio.gather(*(wal.append(body) for body in large))
-        # one at a time: each direct write starts inside the block the last one ended in
-        for i in range(5):
-            body = f"single {round_}.{i}".encode()
-            await wal.append(body)
-            bodies.append(body)
-        bodies[len(bodies) - 5 : len(bodies) - 5] = small + large
-    # the singles right after a thread's commit may find it not yet idle, and go its way
-    assert wal._direct_commits >= 10 and wal.stats.fsyncs > wal._direct_commits
-    assert f", {wal._direct_commits} through AIO)" in wal.timing_summary()
-    raw = path.read_bytes()
-    end = ring_position(wal.next_offset)
-    boundary = -(-end // mmap.PAGESIZE) * mmap.PAGESIZE
-    assert raw[end:boundary] == bytes(boundary - end)  # zeros to the block's end
-    await wal.close(clean=False)
-    wal, records = await reopen(path)
-    await wal.close()
-    assert [body for _, body in records] == bodies
-
-
-async def test_direct_commits_wrap_the_ring_and_stop_short_of_live_bytes(tmp_path: Path) -> None:
-    """Over many laps, a direct write never crosses a lap's end nor widens into the oldest
-    live block: those commits are written the buffered way, and nothing stale comes back."""
-    capacity = 4 * mmap.PAGESIZE
-    path = tmp_path / "wal"
-    wal = await FileWAL.open(str(path), capacity, inline_commit_max=4096)
-    assert wal._direct is not None
-    rng = random.Random(7)
-    live: list[tuple[int, bytes]] = []
-    for i in range(300):
-        body = bytes([i % 251]) * rng.randrange(1, 900)
-        result = await wal.append(body)
-        live.append((result.offset, body))
-        if wal.free_space < 2048:
-            keep = live[-2:]
-            await wal.trim(keep[0][0])
-            live = keep
-    assert wal._direct_commits > 100 and wal.stats.fsyncs > wal._direct_commits
-    await wal.close(clean=False)
-    wal, records = await reopen(path, capacity)
-    await wal.close()
-    assert records == live
-
-
-async def test_a_failed_direct_write_fails_the_batch_and_every_later_append(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The kernel's error for an AIO write is the WAL's, as a blocking write's: nothing of the
-    batch acknowledged, no later append taken, recovery returns what was durable."""
-    wal = await FileWAL.open(str(tmp_path / "wal"), CAPACITY, inline_commit_max=4096)
-    assert wal._direct is not None
-    await wal.append(b"durable")
-    assert wal._direct_commits == 1
-
-    def failing_reap() -> bool:
-        raise OSError(errno.EIO, "injected I/O error")
-
-    monkeypatch.setattr(wal._direct, "reap", failing_reap)
-    batch = await asyncio.gather(*(wal.append(b"lost") for _ in range(5)), return_exceptions=True)
-    assert all(isinstance(r, WALError) and "injected" in str(r) for r in batch)
-    monkeypatch.undo()
-    with pytest.raises(WALError, match="failed state"):
-        await wal.append(b"later")
-    assert wal.stats.appends == 1
-    await asyncio.wait_for(wal.close(), 5)
-    wal, records = await reopen(tmp_path / "wal")
-    await wal.close()
-    assert [body for _, body in records[:1]] == [b"durable"]
-
-
-async def test_trim_and_close_wait_for_a_direct_write_in_flight(tmp_path: Path) -> None:
-    """A header write and the close take the commit lock the write in flight holds: they run
-    once it is acknowledged, and the close leaves a clean log."""
-    path = tmp_path / "wal"
-    wal = await FileWAL.open(str(path), CAPACITY, inline_commit_max=4096)
-    first = await wal.append(b"first")
-    pending = [asyncio.ensure_future(wal.append(f"in flight {i}".encode())) for i in range(3)]
-    await asyncio.sleep(0)  # the inline commit is started, not done
-    trimmed = asyncio.ensure_future(wal.trim(first.next_offset))
-    await asyncio.gather(*pending, trimmed)
-    closing = asyncio.ensure_future(wal.close())
-    await asyncio.wait_for(closing, 5)
-    assert read_header(path).shutdown_clean
-    wal, records = await reopen(path)
-    await wal.close()
-    assert [body for _, body in records] == [f"in flight {i}".encode() for i in range(3)]
-
-
-async def test_without_linux_aio_the_loop_writes_as_before(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Where AIO is missing (another architecture here), the WAL says so and its loop's
-    commits block as before."""
-    monkeypatch.setattr(direct_writer.platform, "machine", lambda: "riscv64")
-    path = tmp_path / "wal"
-    with caplog.at_level(logging.INFO, logger="storage.wal.direct_writer"):
-        wal = await FileWAL.open(str(path), CAPACITY, inline_commit_max=4096)
-    assert wal._direct is None
-    assert "no Linux AIO here; writes block their thread" in caplog.text
-    await asyncio.gather(*(wal.append(f"r{i}".encode()) for i in range(10)))
-    assert wal._inline_commits == 1 and wal._direct_commits == 0
-    await wal.close()
-    wal, records = await reopen(path)
-    await wal.close()
-    assert [body for _, body in records] == [f"r{i}".encode() for i in range(10)]
