@@ -59,7 +59,7 @@ def own_s3(tmp_path: Path) -> Iterator[SeaweedFS]:
     try:
         yield server
     finally:
-        server.stop()
+        server.stop(timeout_s=2)  # its data goes with the test's directory
 
 
 def fetch(conn: RawConnection, topic: str, offset: int) -> tuple[int, int]:

@@ -66,14 +66,14 @@ def default_base_port() -> int:
     return int(os.environ.get("AUTOMQ_TEST_S3_BASE_PORT", DEFAULT_BASE_PORT))
 
 
-def _kill(process: subprocess.Popen[bytes]) -> None:
-    """Stop a server process: SIGTERM, then SIGKILL after STOP_TIMEOUT_S."""
+def _kill(process: subprocess.Popen[bytes], timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """Stop a server process: SIGTERM, then SIGKILL after ``timeout_s``."""
     _live.discard(process)
     if process.poll() is not None:
         return
     process.send_signal(signal.SIGTERM)
     try:
-        process.wait(STOP_TIMEOUT_S)
+        process.wait(timeout_s)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
@@ -211,13 +211,15 @@ class SeaweedFS:
             raise
         self._started_once = True
 
-    def stop(self) -> None:
-        """SIGTERM the server, SIGKILL it after 15 s; a no-op when it is not running."""
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """SIGTERM the server, SIGKILL it after ``timeout_s`` (15 s); a no-op when it is not
+        running. A server whose data is thrown away next need not wait long: after a run of
+        failed uploads ``weed mini`` sometimes takes the whole 15 s to exit."""
         if self._finalizer is not None:
             self._finalizer.detach()
             self._finalizer = None
         if self._process is not None:
-            _kill(self._process)
+            _kill(self._process, timeout_s)
             self._process = None
         if self._log is not None:
             self._log.close()
