@@ -67,7 +67,7 @@ class Broker:
         self.transactions: TransactionCoordinator | None = None
         self.maintenance: Maintenance | None = None
         self.loop_lag = LoopLagMonitor()
-        self.collector_pauses = CollectorPauses()
+        self.collector_pauses = CollectorPauses(freeze_survivors=True)
         self._settling: asyncio.Task[None] | None = None
         self.lifecycle: BrokerLifecycle | None = None
         self.controller: ClusterController | None = None

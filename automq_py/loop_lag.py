@@ -23,6 +23,11 @@ SLOW_COLLECTION_S = 0.02  # a garbage collection this long is logged as it happe
 # benches count them inside the window they measure
 DEBUG_STALL_S = 0.01
 DEBUG_COLLECTION_S = 0.005
+# A full collection this long that freed at most this many objects walked objects that live as
+# long as the broker (an S3 client's service models, loaded at its first request; a partition's
+# state): CollectorPauses(freeze_survivors=True) then freezes them, as startup froze its own.
+FREEZE_AFTER_S = 0.02
+FREEZE_MAX_FREED = 1000
 
 
 def nearest_rank(ordered: list[float], p: float) -> float:
@@ -112,12 +117,18 @@ class CollectorPauses:
     runs nothing else does: not the event loop, not the WAL writer thread waiting for the GIL
     after its write. A collection's time grows with the tracked objects it walks."""
 
-    def __init__(self, window: int = WINDOW) -> None:
+    def __init__(self, window: int = WINDOW, *, freeze_survivors: bool = False) -> None:
         self.pauses: tuple[deque[float], ...] = tuple(deque(maxlen=window) for _ in range(3))
         self.counts = [0, 0, 0]
+        self.freeze_survivors = freeze_survivors
+        self.freezes = 0  # times a slow full collection's survivors were frozen
         self._started = 0.0
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> None:
+        """Count collections from now on (on the event loop: the freezes run there)."""
+        with contextlib.suppress(RuntimeError):
+            self._loop = asyncio.get_running_loop()
         if self._callback not in gc.callbacks:
             gc.callbacks.append(self._callback)
 
@@ -142,6 +153,28 @@ class CollectorPauses:
                 pause * 1000,
                 info["collected"],
             )
+        if (
+            self.freeze_survivors
+            and generation == 2
+            and pause >= FREEZE_AFTER_S
+            and info["collected"] <= FREEZE_MAX_FREED
+            and self._loop is not None
+        ):
+            # not from inside the collector's callback (any thread's): on the loop, next pass
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._freeze)
+
+    def _freeze(self) -> None:
+        """Move every tracked object out of the collector's reach: the next full collections
+        walk only what is made from now on. Cycles among frozen objects that later become
+        garbage are never collected; objects that live as long as the broker make few."""
+        before = gc.get_freeze_count()
+        gc.freeze()
+        self.freezes += 1
+        log.debug(
+            "a slow full collection freed little: the %d objects it walked frozen",
+            gc.get_freeze_count() - before,
+        )
 
     def summary(self) -> str:
         parts = []

@@ -115,3 +115,34 @@ def test_collector_paused_resumes_when_the_block_raises() -> None:
     with pytest.raises(RuntimeError), collector_paused():
         raise RuntimeError("boom")
     assert gc.isenabled()
+
+
+async def test_a_slow_full_collection_that_frees_little_freezes_what_it_walked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Objects that outlive a slow full collection are frozen once it is over (on the loop),
+    and the next full collection no longer walks them; one that freed much is left alone."""
+    monkeypatch.setattr(loop_lag, "FREEZE_AFTER_S", 0.0)
+    pauses = CollectorPauses(freeze_survivors=True)
+    pauses.start()
+    kept = [{"n": i} for i in range(50_000)]  # tracked, long-lived
+    try:
+        gc.collect(2)
+        await asyncio.sleep(0)  # the freeze runs on the loop's next pass
+        await asyncio.sleep(0)
+        assert pauses.freezes >= 1
+        assert gc.get_freeze_count() >= len(kept)
+        monkeypatch.setattr(loop_lag, "FREEZE_MAX_FREED", 10)
+        freezes = pauses.freezes
+        for _ in range(1000):  # garbage: cycles only a collection frees
+            cycle: list[object] = []
+            cycle.append(cycle)
+        del cycle
+        gc.collect(2)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert pauses.freezes == freezes
+    finally:
+        pauses.stop()
+        gc.unfreeze()  # the rest of the test session collects as before
+    assert kept
