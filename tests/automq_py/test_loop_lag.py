@@ -123,6 +123,7 @@ async def test_a_slow_full_collection_that_frees_little_freezes_what_it_walked(
     """Objects that outlive a slow full collection are frozen once it is over (on the loop),
     and the next full collection no longer walks them; one that freed much is left alone."""
     monkeypatch.setattr(loop_lag, "FREEZE_AFTER_S", 0.0)
+    gc.collect()  # the garbage the test session left, first
     pauses = CollectorPauses(freeze_survivors=True)
     pauses.start()
     kept = [{"n": i} for i in range(50_000)]  # tracked, long-lived
