@@ -161,6 +161,7 @@ MB = 10^6 bytes. Progress bars go to stderr, figures to stdout.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import json
 import os
@@ -698,6 +699,9 @@ class Result:
     # over STALL_GC_MS (ms each), from its log
     loop_stalls: list[float] | None = None
     gc_pauses: list[float] | None = None
+    # this process's own collector pauses over STALL_GC_MS while producing (ms each): a
+    # delivery callback waits them out, so they count in the client's latencies
+    client_gc_pauses: list[float] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # failures: the work directory is kept
     remarks: list[str] = field(default_factory=list)  # what to know when reading the figures
 
@@ -839,6 +843,16 @@ def produce(
             return i - len(latencies) - failed
         return len(producer)  # librdkafka's count: queued, in flight or not yet reported
 
+    collecting_since = 0.0
+
+    def collector(phase: str, _info: dict[str, int]) -> None:
+        nonlocal collecting_since
+        if phase == "start":
+            collecting_since = time.perf_counter()
+        elif (ms := (time.perf_counter() - collecting_since) * 1e3) > STALL_GC_MS:
+            result.client_gc_pauses.append(ms)
+
+    gc.callbacks.append(collector)
     deadline = time.monotonic() + args.timeout
     # --rate-mbps: record i is due at t0 + i * interval
     interval = args.record_size / (args.rate_mbps * 1e6) if args.rate_mbps else 0.0
@@ -941,6 +955,7 @@ def produce(
         # one more statistics window, for the requests the whole case took
         await_stats(producer, lambda: stats_seen, STATS_INTERVAL_S)
     finally:
+        gc.callbacks.remove(collector)
         bar.close()
         producer.purge()
         producer.flush(5)  # serve the purge reports; returns at once
@@ -1371,6 +1386,13 @@ def print_case(broker: Broker, result: Result) -> None:
             f"{STALL_LOOP_MS:g} ms{f' (max {max(stalls):.1f} ms)' if stalls else ''}, "
             f"{len(pauses)} collector pauses over {STALL_GC_MS:g} ms"
             f"{f' (max {max(pauses):.1f} ms)' if pauses else ''}",
+            flush=True,
+        )
+    if result.client != "java":
+        pauses = result.client_gc_pauses
+        print(
+            f"  {broker.name} client (this process) while producing: {len(pauses)} collector"
+            f" pauses over {STALL_GC_MS:g} ms{f' (max {max(pauses):.1f} ms)' if pauses else ''}",
             flush=True,
         )
     while_ = "the java client ran (its start too)" if result.client == "java" else "producing"

@@ -71,6 +71,7 @@ STREAMS_INLINE_MAX = 16 << 20
 _PACE_WINDOW_S = 5.0
 _PACE_FLOOR_S = 0.1
 _PACE_HISTORY = 2  # a block is paced at the fastest fill rate of this many latest blocks
+_LIFT_CHECK_S = 0.05  # a paced upload waiting for its next object's time re-checks this often
 CLOSE_FLUSH_TIMEOUT_S = 60.0
 # an object holding the data of several streams about to be read whole is fetched with one GET
 # when at most this big (a broker taking many partitions over replays their MetaStreams)
@@ -174,6 +175,8 @@ class S3Storage:
         self._fill_rates: collections.deque[float] = collections.deque(maxlen=_PACE_HISTORY)
         self._rated_through = -1  # the last block whose fill rate is in _fill_rates
         self._unpaced_through = -1  # blocks up to this id upload at full speed (forced)
+        # the objects the upload worker writes paced (forgotten once their pacing is lifted)
+        self._paced_puts: set[int] = set()
         self._closing = False
         self._failed: BaseException | None = None
 
@@ -626,6 +629,9 @@ class S3Storage:
         target = block.block_id if block is not None else (sealed[-1].block_id if sealed else -1)
         if target >= 0:
             self._unpaced_through = max(self._unpaced_through, target)
+            if self._paced_puts:  # (those of later blocks too: they commit after these)
+                self.upload_worker.lift_pacing()
+                self._paced_puts.clear()
             self._upload_wanted.set()
             await self._wait_until(
                 lambda: all(b.block_id > target for b in self.cache.sealed_blocks())
@@ -724,6 +730,7 @@ class S3Storage:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._upload_wanted.wait(), timeout=min(interval, 1.0))
             self._upload_wanted.clear()
+            self._lift_pacing_if_behind()
             active = self.cache.active
             if active.records and time.monotonic() - active.first_put_at >= interval:
                 self.cache.seal()
@@ -859,7 +866,12 @@ class S3Storage:
                 paced = rate if rate is not None and self._paced(block) else None
                 if paced is not None:
                     any_paced = True
-                    await asyncio.sleep(started + sent / paced - time.monotonic())
+                    # (re-checked as it waits: the appends may leave the uploads behind)
+                    due = started + sent / paced
+                    while (wait := due - time.monotonic()) > 0 and self._paced(block):
+                        await asyncio.sleep(min(wait, _LIFT_CHECK_S))
+                    if not self._paced(block):
+                        paced = None
                 sent += sum(block.stream_sizes[run[0].stream_id] for run in runs)
                 put = asyncio.create_task(
                     self._put(oid, block, runs, sizes, paced), name=f"put-object-{oid}"
@@ -914,12 +926,12 @@ class S3Storage:
             self._fill_rates.append(block.size / min(_PACE_WINDOW_S, elapsed))
         return max(self._fill_rates) if self._fill_rates else None
 
-    def _paced(self, block: LogCacheBlock) -> bool:
-        """Whether ``block`` may still be paced: not once it is forced (a force_upload, a
-        close), once the data waiting for upload fills half of ``s3.wal.cache.size``, or once
-        the WAL ring has less than an upload threshold free."""
+    def _paced(self, block: LogCacheBlock | None) -> bool:
+        """Whether ``block`` (None: any upload) may still be paced: not once it is forced (a
+        force_upload, a close), once the data waiting for upload fills half of
+        ``s3.wal.cache.size``, or once the WAL ring has less than an upload threshold free."""
         return (
-            block.block_id > self._unpaced_through
+            (block is None or block.block_id > self._unpaced_through)
             and not self._closing
             and self.cache.unuploaded_size < self.config.wal_cache_size // 2
             and self.wal.free_space > self.config.wal_upload_threshold
@@ -1013,9 +1025,29 @@ class S3Storage:
             )
             for run in runs
         ]
-        sizes[object_id] = await self.upload_worker.put(
-            key, specs, self.config.object_block_size, rate
-        )
+        if rate is not None:
+            self._paced_puts.add(object_id)
+        try:
+            sizes[object_id] = await self.upload_worker.put(
+                key, specs, self.config.object_block_size, rate
+            )
+        finally:
+            self._paced_puts.discard(object_id)
+
+    def _lift_pacing_if_behind(self) -> None:
+        """Paced puts in progress go on at full speed once the uploads fall behind (see
+        ``_paced``): a block of one large object, paced from its start at the rate the data
+        came at, would otherwise hold the uploads of the blocks after it, and the appends
+        once the LogCache fills (a burst after a calm stalled producers for 4 s)."""
+        if self._paced_puts and not self._paced(None):
+            log.info(
+                "uploads fell behind the appends (%d MiB waiting, %d MiB of WAL free): the "
+                "paced ones go on at full speed",
+                self.cache.unuploaded_size >> 20,
+                self.wal.free_space >> 20,
+            )
+            self.upload_worker.lift_pacing()
+            self._paced_puts.clear()
 
     # -- read path -------------------------------------------------------------------------------
 

@@ -198,6 +198,15 @@ class UploadWorker:
             raise UploadWorkerError(f"upload worker could not write {key}: {result['error']}")
         return int(result["size"])
 
+    def lift_pacing(self) -> None:
+        """The puts in progress go on at full speed (no answer: a put already sent may finish
+        first)."""
+        process = self._process
+        if process is None or process.returncode is not None or process.stdin is None:
+            return
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            process.stdin.write(_frame({"op": "lift"}))
+
     async def close(self) -> None:
         """Stop the worker: its stdin closes and it exits (killed if it does not in time)."""
         self._closed = True
@@ -470,6 +479,10 @@ class _Worker:
             self._bytes += len(built.data)
             self.answer({"id": request_id, "size": len(built.data)})
 
+    def lift_pacing(self) -> None:
+        if self._store is not None:
+            self._store.lift_pacing()
+
     def answer(self, message: dict[str, Any]) -> None:
         if self._store is not None:
             now = self._store.stats.full_snapshot()
@@ -514,6 +527,9 @@ async def _serve() -> None:
             return
         worker.answer({"id": 0})
         while (message := await _read_message(reader)) is not None:
+            if message.get("op") == "lift":
+                worker.lift_pacing()
+                continue
             if message.get("op") != "put":
                 log.error("upload worker: unknown request %r", message.get("op"))
                 continue

@@ -159,8 +159,14 @@ class ObjectStore(abc.ABC):
 
         Above ``part_size`` bytes this is a multipart upload of ``part_size`` parts; a failed
         upload is aborted. With ``rate`` (bytes/s), a large object's bytes are sent at about
-        that rate, in order, rather than all at once (its parts, or its writes to disk).
+        that rate, in order, rather than all at once (its parts, or its writes to disk), until
+        :meth:`lift_pacing`.
         """
+
+    def lift_pacing(self) -> None:
+        """The paced puts in progress go on at full speed (the uploads fell behind the appends,
+        or everything must be in object storage now); later puts are paced as they ask."""
+        return None
 
     def new_buffer(self, size: int) -> bytearray | memoryview:
         """A zeroed writable buffer of ``size`` bytes to build an object in, of the memory

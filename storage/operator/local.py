@@ -16,7 +16,8 @@ import mmap
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from storage.operator.base import (
@@ -53,6 +54,7 @@ class LocalObjectStore(ObjectStore):
         self.part_size = part_size
         self.stats = RequestStats()
         self._closed = False
+        self._lifts = 0  # lift_pacing() calls: a paced write started before one goes unpaced
 
     def __repr__(self) -> str:
         return f"LocalObjectStore({str(self.root)!r})"
@@ -62,7 +64,9 @@ class LocalObjectStore(ObjectStore):
         path = self._path(key)
         buffers = as_buffers(data)
         total = sum(len(b) for b in buffers)
-        await asyncio.to_thread(self._write, path, buffers, rate)
+        lifts = self._lifts
+        pace = _Pace(rate, lambda: self._lifts != lifts) if rate else None
+        await asyncio.to_thread(self._write, path, buffers, pace)
         if total > self.part_size:
             self.stats.multipart_create += 1
             self.stats.part += len(plan_put_parts(total, self.part_size))
@@ -151,7 +155,11 @@ class LocalObjectStore(ObjectStore):
             raise ValueError(f"object key {key!r} cannot be stored as a file")
         return self.root.joinpath(*parts)
 
-    def _write(self, path: Path, buffers: Sequence[memoryview], rate: float | None = None) -> None:
+    def lift_pacing(self) -> None:
+        """The paced writes in progress go on at full speed."""
+        self._lifts += 1
+
+    def _write(self, path: Path, buffers: Sequence[memoryview], rate: _Pace | None = None) -> None:
         self._make_dirs(path.parent)
         temp = path.with_name(f".{path.name}.{uuid.uuid4().hex}{_TEMP_SUFFIX}")
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -304,7 +312,7 @@ def _direct_io(fd: int) -> bool:
     return True
 
 
-def _write_direct(fd: int, buffers: Sequence[memoryview], rate: float | None) -> None:
+def _write_direct(fd: int, buffers: Sequence[memoryview], rate: _Pace | None) -> None:
     """Write the buffers with O_DIRECT. A buffer at a page-aligned address (see
     :meth:`LocalObjectStore.new_buffer`) met while the file offset is aligned is written from
     its own memory, its whole blocks at least; other bytes go through a page-aligned staging
@@ -360,13 +368,28 @@ def _page_aligned(buffer: memoryview) -> bool:
     return ctypes.addressof(ctypes.c_char.from_buffer(buffer)) % _DIRECT_ALIGN == 0
 
 
-def _pace(started: float, written: int, rate: float | None) -> None:
-    """At ``rate`` bytes/s, wait until ``written`` bytes are due since ``started``."""
-    if rate:
-        time.sleep(max(0.0, started + written / rate - time.monotonic()))
+@dataclass(slots=True, frozen=True)
+class _Pace:
+    """A paced write's rate (bytes/s), and whether its pacing was lifted since it started."""
+
+    rate: float
+    lifted: Callable[[], bool]
 
 
-def _write_buffered(fd: int, buffers: Sequence[memoryview], rate: float | None) -> None:
+_LIFT_CHECK_S = 0.05  # a paced write notices a lift within this long
+
+
+def _pace(started: float, written: int, pace: _Pace | None) -> None:
+    """At ``pace``'s rate, wait until ``written`` bytes are due since ``started`` (no longer
+    once the pacing is lifted)."""
+    if pace is None:
+        return
+    due = started + written / pace.rate
+    while (wait := due - time.monotonic()) > 0 and not pace.lifted():
+        time.sleep(min(wait, _LIFT_CHECK_S))
+
+
+def _write_buffered(fd: int, buffers: Sequence[memoryview], rate: _Pace | None) -> None:
     started = time.monotonic()
     total = 0
     unsynced = 0

@@ -84,6 +84,7 @@ _PACE_FLOOR_BPS = 8 << 20
 # paces what the socket sends at most this many bytes/s. ~0 lifts the cap.
 _SO_MAX_PACING_RATE = 47
 _UNPACED = 0xFFFFFFFF
+_LIFT_CHECK_S = 0.05  # a paced PUT's next part notices a lift of its pacing within this long
 
 # Error codes S3 uses for throttling and transient server trouble (some come with a 4xx).
 _RETRYABLE_CODES = frozenset(
@@ -157,6 +158,7 @@ class S3ObjectStore(ObjectStore):
         self._paced_client: S3Client | None = None
         self._paced_sockets: weakref.WeakSet[socket.socket] = weakref.WeakSet()
         self._pace_bps = _UNPACED
+        self._lifts = 0  # lift_pacing() calls: a paced PUT started before one goes unpaced
         self._closed = False
 
     def __repr__(self) -> str:
@@ -193,6 +195,7 @@ class S3ObjectStore(ObjectStore):
         total = sum(len(b) for b in buffers)
         if rate:
             self._set_pace(rate)
+        lifts = self._lifts
         if total <= self.part_size:
             await self._put_object(key, await _joined(buffers), paced=bool(rate))
             return
@@ -204,7 +207,7 @@ class S3ObjectStore(ObjectStore):
         ]
         if rate:
             parts = [
-                _paced(part, started + start / rate)
+                _paced(part, started + start / rate, lambda: self._lifts != lifts)
                 for part, (start, _) in zip(parts, ranges, strict=True)
             ]
         await self._multipart(
@@ -373,9 +376,17 @@ class S3ObjectStore(ObjectStore):
         self._paced_sockets.add(sock)
         return sock
 
+    def lift_pacing(self) -> None:
+        """The paced PUTs in progress go on at full speed: their sockets unpaced, their
+        remaining parts sent without waiting for their time."""
+        self._lifts += 1
+        self._set_pace_bps(_UNPACED)
+
     def _set_pace(self, rate: float) -> None:
         """Pace the paced client's sockets, open and future, for ``rate`` bytes/s."""
-        bps = min(max(int(rate * _PACE_HEADROOM), _PACE_FLOOR_BPS), _UNPACED)
+        self._set_pace_bps(min(max(int(rate * _PACE_HEADROOM), _PACE_FLOOR_BPS), _UNPACED))
+
+    def _set_pace_bps(self, bps: int) -> None:
         if bps == self._pace_bps:
             return
         self._pace_bps = bps
@@ -765,12 +776,15 @@ def _set_pacing(sock: socket.socket, bps: int) -> None:
 
 
 def _paced(
-    part: Callable[[str], Awaitable[CompletedPartTypeDef]], at: float
+    part: Callable[[str], Awaitable[CompletedPartTypeDef]], at: float, lifted: Callable[[], bool]
 ) -> Callable[[str], Awaitable[CompletedPartTypeDef]]:
-    """``part``, started no sooner than loop time ``at``."""
+    """``part``, started no sooner than loop time ``at``, unless the pacing is ``lifted``
+    meanwhile."""
 
     async def run(upload_id: str) -> CompletedPartTypeDef:
-        await asyncio.sleep(at - asyncio.get_running_loop().time())
+        loop = asyncio.get_running_loop()
+        while (wait := at - loop.time()) > 0 and not lifted():
+            await asyncio.sleep(min(wait, _LIFT_CHECK_S))
         return await part(upload_id)
 
     return run

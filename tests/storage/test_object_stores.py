@@ -185,6 +185,30 @@ async def test_a_paced_put_spreads_its_bytes_out(store_url: str) -> None:
     assert fast < paced
 
 
+async def test_lifting_the_pacing_speeds_up_the_puts_in_progress(store_url: str) -> None:
+    """A put paced to take 12 s finishes soon after ``lift_pacing()``, and whole; a put that
+    starts after the lift is paced again."""
+    data = random_bytes(12 * MiB, seed=4)
+    key = f"test-{uuid.uuid4().hex[:12]}/lifted"
+    async with open_object_store(store_url, part_size=5 * MiB) as objects:
+        started = time.monotonic()
+        put = asyncio.create_task(objects.put(key, data, rate=1 * MiB))
+        await asyncio.sleep(0.5)
+        assert not put.done()
+        objects.lift_pacing()
+        await put
+        lifted = time.monotonic() - started
+        assert await objects.get(key) == data
+        started = time.monotonic()
+        await objects.put(key + "-after", data, rate=4 * MiB)
+        after = time.monotonic() - started
+    # at 1 MiB/s it would take 12 s (S3: its first part, on a socket paced at 2 MiB/s, 2.5 s);
+    # unpaced the rest takes ~0.1 s, ~1 s with the suite beside it
+    assert lifted < 4.0
+    # 12 MiB at 4 MiB/s: the last part (or MiB) starts no sooner than 2.5 s (or 2.75 s) in
+    assert after >= 2.5
+
+
 async def test_a_paced_object_of_one_put_is_sent_at_the_rate(store_url: str) -> None:
     """An object below the part size is paced too (S3: the kernel paces the socket), and an
     unpaced PUT beside it is not held back."""

@@ -220,6 +220,51 @@ async def test_uploads_are_paced_at_the_rate_their_block_filled(
     assert times[-1] - times[0] < 0.4
 
 
+async def _slow_block_uploading(storage: S3Storage, stream: S3Stream) -> float:
+    """Fill one block of ~3 MiB over ~3 s (one object, which the upload worker writes paced
+    at ~1 MB/s, ~3 s); returns once its upload started, with the time it was sealed."""
+    for _ in range(12):
+        await stream.append(payload_for(stream.stream_id, stream.next_offset, 256 << 10), 1)
+        await asyncio.sleep(0.25)
+    async with asyncio.timeout(10):
+        while not storage._paced_puts:
+            await asyncio.sleep(0.01)
+    return time.monotonic()
+
+
+async def test_a_paced_upload_speeds_up_once_the_appends_leave_it_behind(
+    make_storage: StorageFactory,
+) -> None:
+    """A block of one large object, paced at the slow rate its data came at, goes on at full
+    speed when a burst of appends fills half the LogCache: paced to the end, it would hold the
+    blocks after it, and then the appends, once the cache is full."""
+    storage = await make_storage(
+        **{"s3.wal.upload.threshold": 3 << 20, "s3.wal.cache.size": 16 << 20}
+    )
+    stream = await StreamClient(storage).create_and_open()
+    sealed = await _slow_block_uploading(storage, stream)
+    for _ in range(24):  # 6 MiB at once: half the cache waits for upload
+        await stream.append(payload_for(stream.stream_id, stream.next_offset, 256 << 10), 1)
+    async with asyncio.timeout(10):
+        while storage.uploads == 0:
+            await asyncio.sleep(0.01)
+    # paced to the end it takes ~3 s; lifted, the rest goes in ~0.1 s
+    assert time.monotonic() - sealed < 1.5
+
+
+async def test_a_forced_upload_lifts_the_pacing_of_the_one_in_progress(
+    make_storage: StorageFactory,
+) -> None:
+    """``force_upload`` (a close, a partition handed over) does not wait for a paced upload
+    already in progress to go at its pace."""
+    storage = await make_storage(**{"s3.wal.upload.threshold": 3 << 20})
+    stream = await StreamClient(storage).create_and_open()
+    sealed = await _slow_block_uploading(storage, stream)
+    await storage.force_upload()
+    assert storage.uploads >= 1
+    assert time.monotonic() - sealed < 1.5
+
+
 async def test_a_burst_does_not_set_the_pace_for_good(make_storage: StorageFactory) -> None:
     """A block is paced at the faster of its own fill rate and the previous block's: after a
     burst the pace falls back to the rate data arrives at (AutoMQ keeps its fastest ever)."""
