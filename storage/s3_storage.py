@@ -45,6 +45,7 @@ from storage.object_format import object_key
 from storage.object_reader import ObjectReader
 from storage.operator import open_object_store
 from storage.operator.base import ObjectStore
+from storage.operator.local import LocalObjectStore
 from storage.stream_reader import StreamReaders
 from storage.stream_record_batch import StreamRecordBatch
 from storage.upload import build_object, plan_upload
@@ -60,7 +61,10 @@ UPLOADS_IN_FLIGHT = 2  # blocks being written to object storage at once (commits
 _PUTS_IN_FLIGHT = 2  # objects one upload sends at once while it builds the next
 # Objects smaller than this are built here, not by the upload worker: a copy this small costs
 # the event loop less than a message to the worker, and a broker that only ever uploads small
-# objects (a test's, an idle one's at its interval or its stop) never starts a worker
+# objects (a test's, an idle one's at its interval or its stop) never starts a worker. Not to a
+# remote store once the worker runs: an S3 PUT costs the loop far more than its copy (the
+# client's signing, parsing and the garbage they leave: a busy broker's every upload has one
+# small object, its partitions' time indexes and MetaStreams)
 INLINE_OBJECT_MAX = 1 << 20
 # A stream's own upload (a partition handed over, upload_streams) builds its objects here up to
 # this many bytes (about 1 ms of the loop per MiB): the worker may have to be started first,
@@ -1011,7 +1015,10 @@ class S3Storage:
         key = object_key(self.config.namespace, object_id)
         size = sum(block.stream_sizes[run[0].stream_id] for run in runs)
         streams_own = block.block_id < 0 and block.size <= STREAMS_INLINE_MAX
-        if size < INLINE_OBJECT_MAX or streams_own or not isinstance(self.wal, FileWAL):
+        small = size < INLINE_OBJECT_MAX and (
+            isinstance(self.store, LocalObjectStore) or not self.upload_worker.running
+        )
+        if small or streams_own or not isinstance(self.wal, FileWAL):
             built = build_object(runs, self.config.object_block_size)
             await self.store.put(key, built.parts)
             sizes[object_id] = built.size

@@ -151,6 +151,13 @@ class UploadWorker:
             self._starting = asyncio.create_task(self._spawn(), name="upload-worker-start")
             self._starting.add_done_callback(_log_start_failure)
 
+    @property
+    def running(self) -> bool:
+        """Whether the process is up (or being started)."""
+        if self._process is not None and self._process.returncode is None:
+            return True
+        return self._starting is not None and not self._starting.done()
+
     def prepare(self) -> None:
         """Start the process ahead of the puts that will need it, unless it runs or is being
         started."""

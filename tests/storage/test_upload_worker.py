@@ -12,6 +12,7 @@ import sys
 import time
 from array import array
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +26,7 @@ from storage.wal.errors import CorruptWALError
 from tests.storage.conftest import StorageFactory, storage_properties
 from tests.storage.crash_writer import payload_for
 from tests.storage.test_s3_storage import read_all
+from tests.support.seaweedfs import SeaweedFS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -144,6 +146,42 @@ async def test_small_objects_are_written_without_a_worker(make_storage: StorageF
     assert storage.upload_worker._process is None
     storage.drop_cache()
     assert await read_all(s) == payloads
+
+
+@pytest.mark.integration
+async def test_small_objects_go_to_a_running_worker_with_a_remote_store(
+    make_storage: StorageFactory, s3_server: SeaweedFS
+) -> None:
+    """To S3, once the worker runs, it writes the small objects too: the broker's event loop
+    does not run an S3 client's PUT for them (to a local store, a small object costs the loop
+    less than the message would)."""
+    storage = await make_storage(s3_server.url())
+    big, small = (
+        await StreamClient(storage).create_and_open(),
+        await StreamClient(storage).create_and_open(),
+    )
+    payloads = [payload_for(big.stream_id, i, 200_000) for i in range(10)]  # 2 MB: the worker's
+    for p in payloads:
+        await big.append(p, 1)
+    await storage.force_upload()
+    assert storage.upload_worker.running
+    here: list[str] = []  # the broker's own PUTs (the worker's requests count in its stats)
+    real_put = storage.store.put
+
+    async def put(key: str, *args: Any, **kwargs: Any) -> None:
+        here.append(key)
+        await real_put(key, *args, **kwargs)
+
+    storage.store.put = put  # type: ignore[method-assign]
+    few = [payload_for(small.stream_id, i, 3000) for i in range(20)]
+    for p in few:
+        await small.append(p, 1)
+    await storage.force_upload()
+    assert storage.uploads == 2
+    assert here == []
+    storage.drop_cache()
+    assert await read_all(small) == few
+    assert await read_all(big) == payloads
 
 
 async def test_the_worker_starts_before_the_upload_that_needs_it(
