@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import socket
 import struct
 import time
 from collections.abc import Callable, Coroutine, Iterable
@@ -31,6 +32,7 @@ from protocol.framing import SIZE, SIZE_BYTES, check_frame_size
 API_KEY = struct.Struct(">h")  # a request's first field
 STAGE_SIZE = 64 * 1024  # frames up to this size (prefix included) are read into the stage
 MAX_QUEUED = 8  # frames read ahead of the connection's task before reading pauses
+_QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)  # Linux only
 
 Serve = Callable[["FrameConnection"], Coroutine[Any, Any, None]]
 
@@ -42,6 +44,7 @@ class FrameConnection(asyncio.BufferedProtocol):
         self.max_frame_size = max_frame_size
         self._max_queued = max_queued
         self._transport: asyncio.Transport | None = None
+        self._sock: Any = None  # the TCP socket asked for quick ACKs (None: not asked)
         self._tls = False
         self.task: asyncio.Task[None] | None = None
         # reading
@@ -68,6 +71,9 @@ class FrameConnection(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # (uvloop's transports are not asyncio.Transport subclasses; they have its methods)
         self._transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")
+        self._sock = sock if _QUICKACK is not None and sock is not None else None
+        self._quickack()
         # TLS has no half-closed connections: its transport closes at the client's EOF
         self._tls = transport.get_extra_info("sslcontext") is not None
         self.task = self._loop.create_task(self._serve(self))
@@ -78,6 +84,7 @@ class FrameConnection(asyncio.BufferedProtocol):
         return self._stage_view[self._staged :]
 
     def buffer_updated(self, nbytes: int) -> None:
+        self._quickack()
         if self._frame is not None:
             self._filled += nbytes
             if self._filled == len(self._frame):
@@ -94,6 +101,19 @@ class FrameConnection(asyncio.BufferedProtocol):
             self._error = e
             self._pause_reading()
             self._wake()
+
+    def _quickack(self) -> None:
+        """Acknowledge what was read at once, not with the response (Linux's quick-ack mode
+        ends by itself, so it is asked for again after every read). A client with Nagle's
+        algorithm on (librdkafka's default, ``socket.nagle.disable=false``) holds each request
+        smaller than a segment until the one before it is acknowledged: with the ACK delayed
+        to ride on a response that waits for the WAL, each of a burst of requests (librdkafka
+        sends one per partition) waited for the previous one's fsync before it was sent."""
+        if self._sock is not None:
+            try:
+                self._sock.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)
+            except OSError:  # not TCP after all (a unix socket): stop asking
+                self._sock = None
 
     def eof_received(self) -> bool:
         self._ended = True

@@ -5,6 +5,7 @@ after the frames before it, without allocating the announced size."""
 
 from __future__ import annotations
 
+import socket
 import struct
 from typing import Any
 
@@ -117,3 +118,35 @@ async def test_an_idle_connection_times_out() -> None:
     conn, _ = connect()
     with pytest.raises(TimeoutError):
         await conn.next_frame(0.05)
+
+
+class SocketTransport(FakeTransport):
+    """A transport over a real connected TCP socket (only its options are used)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__()
+        self.sock = sock
+
+    def get_extra_info(self, name: str) -> Any:
+        return self.sock if name == "socket" else None
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_QUICKACK"), reason="TCP_QUICKACK is Linux's")
+async def test_every_read_asks_for_an_immediate_ack() -> None:
+    """A client with Nagle's algorithm on (librdkafka's default) sends a request smaller than a
+    segment only once the one before it is acknowledged: the connection asks the kernel for
+    quick ACKs after every read (the mode ends by itself), so the ACK does not wait to ride on
+    a response that waits for the WAL."""
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    accepted, _ = server.accept()
+    try:
+        conn = FrameConnection(_ignore, MAX)
+        conn.connection_made(SocketTransport(accepted))  # type: ignore[arg-type]
+        for _ in range(3):
+            accepted.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 0)
+            feed(conn, framed([b"request"]), [100])
+            assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK) == 1
+    finally:
+        for s in (client, accepted, server):
+            s.close()
