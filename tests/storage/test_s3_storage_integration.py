@@ -169,7 +169,7 @@ async def test_s3_outage_stalls_uploads_then_they_complete(tmp_path: Path) -> No
             server.stop()
             during = await fill(s, 10)  # acknowledged from the WAL while S3 is down
             upload = asyncio.create_task(storage.force_upload())
-            await asyncio.sleep(10)
+            await asyncio.sleep(4)  # several attempts (retried from 0.5 s, the delay doubling)
             assert not upload.done()
             server.restart()
             await asyncio.wait_for(upload, timeout=90)
