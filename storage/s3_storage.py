@@ -629,9 +629,7 @@ class S3Storage:
         target = block.block_id if block is not None else (sealed[-1].block_id if sealed else -1)
         if target >= 0:
             self._unpaced_through = max(self._unpaced_through, target)
-            if self._paced_puts:  # (those of later blocks too: they commit after these)
-                self.upload_worker.lift_pacing()
-                self._paced_puts.clear()
+            self._lift_pacing()  # (that of later blocks too: they commit after these)
             self._upload_wanted.set()
             await self._wait_until(
                 lambda: all(b.block_id > target for b in self.cache.sealed_blocks())
@@ -1049,6 +1047,11 @@ class S3Storage:
                 self.cache.unuploaded_size >> 20,
                 self.wal.free_space >> 20,
             )
+            self._lift_pacing()
+
+    def _lift_pacing(self) -> None:
+        """The paced puts in progress go on at full speed."""
+        if self._paced_puts:
             self.upload_worker.lift_pacing()
             self._paced_puts.clear()
 

@@ -159,17 +159,17 @@ class LocalObjectStore(ObjectStore):
         """The paced writes in progress go on at full speed."""
         self._lifts += 1
 
-    def _write(self, path: Path, buffers: Sequence[memoryview], rate: _Pace | None = None) -> None:
+    def _write(self, path: Path, buffers: Sequence[memoryview], pace: _Pace | None = None) -> None:
         self._make_dirs(path.parent)
         temp = path.with_name(f".{path.name}.{uuid.uuid4().hex}{_TEMP_SUFFIX}")
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             try:
                 if not _direct_io(fd):
-                    _write_buffered(fd, buffers, rate)
+                    _write_buffered(fd, buffers, pace)
                 else:
                     try:
-                        _write_direct(fd, buffers, rate)
+                        _write_direct(fd, buffers, pace)
                     except OSError as e:
                         if e.errno != errno.EINVAL:
                             raise
@@ -178,7 +178,7 @@ class LocalObjectStore(ObjectStore):
                         fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_DIRECT)
                         os.ftruncate(fd, 0)
                         os.lseek(fd, 0, os.SEEK_SET)
-                        _write_buffered(fd, buffers, rate)
+                        _write_buffered(fd, buffers, pace)
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -312,7 +312,7 @@ def _direct_io(fd: int) -> bool:
     return True
 
 
-def _write_direct(fd: int, buffers: Sequence[memoryview], rate: _Pace | None) -> None:
+def _write_direct(fd: int, buffers: Sequence[memoryview], pace: _Pace | None) -> None:
     """Write the buffers with O_DIRECT. A buffer at a page-aligned address (see
     :meth:`LocalObjectStore.new_buffer`) met while the file offset is aligned is written from
     its own memory, its whole blocks at least; other bytes go through a page-aligned staging
@@ -333,7 +333,7 @@ def _write_direct(fd: int, buffers: Sequence[memoryview], rate: _Pace | None) ->
                         _write_all(fd, buffer[taken : taken + n])
                         taken += n
                         total += n
-                        _pace(started, total, rate)
+                        _pace(started, total, pace)
                 while taken < len(buffer):
                     n = min(_CHUNK - filled, len(buffer) - taken)
                     stage[filled : filled + n] = buffer[taken : taken + n]
@@ -343,7 +343,7 @@ def _write_direct(fd: int, buffers: Sequence[memoryview], rate: _Pace | None) ->
                         _write_all(fd, stage_view)
                         total += _CHUNK
                         filled = 0
-                        _pace(started, total, rate)
+                        _pace(started, total, pace)
             if filled:
                 padded = -(-filled // _DIRECT_ALIGN) * _DIRECT_ALIGN
                 stage[filled:padded] = bytes(padded - filled)
@@ -389,7 +389,7 @@ def _pace(started: float, written: int, pace: _Pace | None) -> None:
         time.sleep(min(wait, _LIFT_CHECK_S))
 
 
-def _write_buffered(fd: int, buffers: Sequence[memoryview], rate: _Pace | None) -> None:
+def _write_buffered(fd: int, buffers: Sequence[memoryview], pace: _Pace | None) -> None:
     started = time.monotonic()
     total = 0
     unsynced = 0
@@ -405,4 +405,4 @@ def _write_buffered(fd: int, buffers: Sequence[memoryview], rate: _Pace | None) 
                 # behind the whole object's writeback
                 os.fdatasync(fd)
                 unsynced = 0
-                _pace(started, total, rate)
+                _pace(started, total, pace)

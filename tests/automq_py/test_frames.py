@@ -131,7 +131,6 @@ class SocketTransport(FakeTransport):
         return self.sock if name == "socket" else None
 
 
-@pytest.mark.skipif(not hasattr(socket, "TCP_QUICKACK"), reason="TCP_QUICKACK is Linux's")
 async def test_every_read_asks_for_an_immediate_ack() -> None:
     """A client with Nagle's algorithm on (librdkafka's default) sends a request smaller than a
     segment only once the one before it is acknowledged: the connection asks the kernel for
