@@ -147,7 +147,9 @@ case's produce window: the broker logs each one as it happens at DEBUG on ``auto
 
 Beside the figures, per case: librdkafka's own round-trip times of its ProduceRequests (its
 statistics, per 1 s window: measured in its broker thread, so not delayed when this process's
-Python thread waits for a core) and the cores each process kept busy while producing and
+Python thread waits for a core), the longest of its round trips, of its waits before a batch is
+made and before a made request is written, and of its throttling, the requests it retried or
+failed, and the cores each process kept busy while producing and
 consuming (client, broker, automq-py's upload worker, SeaweedFS). ``--s3-dir /dev/shm`` keeps
 SeaweedFS's data off the disk the WAL is on, as a remote S3 would be.
 
@@ -681,6 +683,14 @@ class Result:
     # delivery latency, not delayed by this process's Python thread): per 1 s stats window
     rtt_p50_ms: list[float] = field(default_factory=list)
     rtt_p99_ms: list[float] = field(default_factory=list)
+    # the longest per window: round trip, the wait in its queues before a batch is made
+    # (int_latency), and before a made request is written to the socket (outbuf_latency)
+    rtt_max_ms: list[float] = field(default_factory=list)
+    queued_max_ms: list[float] = field(default_factory=list)
+    unsent_max_ms: list[float] = field(default_factory=list)
+    throttle_max_ms: list[float] = field(default_factory=list)
+    client_retries: int = 0  # requests librdkafka sent again, and the ones that failed
+    client_errors: int = 0
     # requests librdkafka sent to the broker (ProduceRequests, a few metadata) and their bytes
     client_requests: int = 0
     client_tx_bytes: int = 0
@@ -765,17 +775,29 @@ def produce(
     def stats(raw: str) -> None:
         nonlocal stats_seen
         stats_seen += 1
-        requests = tx_bytes = 0
+        requests = tx_bytes = retries = failed = 0
         for broker in json.loads(raw).get("brokers", {}).values():
             if broker.get("nodeid", -1) < 0:
                 continue
             requests += broker.get("tx", 0)
+            retries += broker.get("txretries", 0)
+            failed += broker.get("txerrs", 0)
             tx_bytes += broker.get("txbytes", 0)
             rtt = broker.get("rtt", {})
             if rtt.get("cnt", 0) > 0:
                 result.rtt_p50_ms.append(rtt["p50"] / 1e3)
                 result.rtt_p99_ms.append(rtt["p99"] / 1e3)
+                result.rtt_max_ms.append(rtt["max"] / 1e3)
+            for key, maxima in (
+                ("int_latency", result.queued_max_ms),
+                ("outbuf_latency", result.unsent_max_ms),
+                ("throttle", result.throttle_max_ms),
+            ):
+                latency = broker.get(key, {})
+                if latency.get("cnt", 0) > 0:
+                    maxima.append(latency["max"] / 1e3)
         result.client_requests, result.client_tx_bytes = requests, tx_bytes
+        result.client_retries, result.client_errors = retries, failed
 
     producer = Producer(
         {
@@ -1371,6 +1393,21 @@ def print_case(broker: Broker, result: Result) -> None:
             f"  {broker.name} librdkafka request round trip over {len(p99s)} 1 s windows:"
             f" p50 {statistics.median(p50s):.2f} ms (median of windows), p99 median "
             f"{statistics.median(p99s):.2f} ms, worst window {max(p99s):.2f} ms",
+            flush=True,
+        )
+        longest = [
+            f"{what} {max(maxima):.1f} ms"
+            for what, maxima in (
+                ("round trip", result.rtt_max_ms),
+                ("queued before a batch", result.queued_max_ms),
+                ("made but unsent", result.unsent_max_ms),
+                ("throttled", result.throttle_max_ms),
+            )
+            if maxima
+        ]
+        print(
+            f"  {broker.name} librdkafka longest: {', '.join(longest)};"
+            f" {result.client_retries} requests retried, {result.client_errors} failed",
             flush=True,
         )
     if result.client_requests:
