@@ -76,10 +76,7 @@ _TIMINGS_KEPT = 100_000  # the latest group commits whose write times are kept
 INLINE_COMMIT_MAX = 256 * 1024
 # An inline write that took this long (the disk stalled) held the event loop with it; the next
 # commits go to the writer thread for INLINE_PAUSE_S, as a slow disk's stalls come in runs.
-# Not less: writes of 5-20 ms come a few times a second beside a busy neighbour (an S3 server
-# on the same two cores), and at 5 ms a fifth to a third of the commits went to the thread,
-# whose hand-backs doubled the acknowledgement p99 (5.4-7.6 ms against 3.1-3.9 at 20 ms).
-INLINE_SLOW_S = 0.02
+INLINE_SLOW_S = 0.005
 INLINE_PAUSE_S = 1.0
 _ZEROS_VIEW = memoryview(bytes(1024 * 1024))  # written as the zero fill: never copied
 _PAGE_SIZE = mmap.PAGESIZE  # the page cache's unit: a write ending inside a page reads it first
