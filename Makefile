@@ -71,8 +71,12 @@ lint: $(STAMP)  ## ruff and mypy
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# pytest-xdist workers: most tests wait on brokers, clients and servers rather than compute, so
+# two workers on a two-core machine take about 60% of one worker's time.
+TEST_WORKERS ?= 2
+
 test: lint deps  ## lint, then every test (unit, integration against a real S3 server, fuzz)
-	$(BIN)/pytest -q --durations=25
+	$(BIN)/pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadgroup
 
 unit: $(STAMP)  ## only the tests that need no server
 	$(BIN)/pytest -q -m "not integration"

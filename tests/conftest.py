@@ -21,6 +21,22 @@ settings.register_profile(
 )
 settings.load_profile("automq")
 
+# Under pytest-xdist each worker is its own session with its own SeaweedFS: give each worker a
+# block of 1,000 ports (a test starts extra servers up to 300 above the base).
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _WORKER.startswith("gw"):
+    os.environ["AUTOMQ_TEST_S3_BASE_PORT"] = str(
+        int(os.environ.get("AUTOMQ_TEST_S3_BASE_PORT", "18300")) + 1000 * int(_WORKER[2:])
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The image and compose tests share podman's store and images: under pytest-xdist's
+    ``--dist loadgroup`` they all run on one worker, one after another."""
+    for item in items:
+        if "tests/docker/" in item.nodeid:
+            item.add_marker(pytest.mark.xdist_group("podman"))
+
 
 @pytest.fixture(scope="session", autouse=True)
 def bytecode_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
