@@ -31,8 +31,11 @@ handing it over, since the thread must be woken, wait for a core and for the GIL
 write, and hand the results back through the loop (together ~0.5 ms of every acknowledgement
 at 20 MB/s on two cores). Whoever commits holds ``_commit_lock``: the thread takes larger
 batches, the ones queued while it or the loop writes, and the header writes. A write on the
-loop that the disk held for ``INLINE_SLOW_S`` or more sends the commits of the next
-``INLINE_PAUSE_S`` to the thread: there a stalled disk delays acknowledgements, not the loop.
+loop that the disk held for ``INLINE_STALL_S`` or more, or ``INLINE_SLOW_RUN`` writes in a row
+of ``INLINE_SLOW_S`` or more, send the commits of the next ``INLINE_PAUSE_S`` to the thread:
+there a stalled or busy disk delays acknowledgements, not the loop. A lone slow write does not:
+beside a busy neighbour (an S3 server on the same cores) they come a few times a second, and
+the thread's hand-backs under that contention cost more than the write.
 
 Torn tails: at most ``window`` bytes (kept in the header) are ever written past the last
 fsync. After a crash, recovery stops at the first invalid record and zeroes the next ``window``
@@ -74,9 +77,12 @@ _TIMINGS_KEPT = 100_000  # the latest group commits whose write times are kept
 # Most bytes the event loop writes itself in one commit; larger batches go to the writer thread
 # (a saturating producer's megabyte batches would hold the loop for milliseconds).
 INLINE_COMMIT_MAX = 256 * 1024
-# An inline write that took this long (the disk stalled) held the event loop with it; the next
-# commits go to the writer thread for INLINE_PAUSE_S, as a slow disk's stalls come in runs.
+# An inline write that took INLINE_STALL_S (the disk stalled), or INLINE_SLOW_RUN in a row that
+# took INLINE_SLOW_S (the disk is busy), held the event loop with them; the next commits go to
+# the writer thread for INLINE_PAUSE_S, as a slow disk's stalls come in runs.
+INLINE_STALL_S = 0.02
 INLINE_SLOW_S = 0.005
+INLINE_SLOW_RUN = 2
 INLINE_PAUSE_S = 1.0
 _ZEROS_VIEW = memoryview(bytes(1024 * 1024))  # written as the zero fill: never copied
 _PAGE_SIZE = mmap.PAGESIZE  # the page cache's unit: a write ending inside a page reads it first
@@ -320,6 +326,7 @@ class FileWAL:
         self._inline_scheduled = False  # an inline commit is due at the loop's next pass
         self._inline_commits = 0
         self._inline_paused_until = 0.0  # time.monotonic(): commits go to the thread until
+        self._inline_slow_run = 0  # inline writes in a row that took INLINE_SLOW_S or more
         # see WriteAheadLog.after_acknowledgements
         self.after_acknowledgements: list[Callable[[], object]] = []
         self._writer_done = False  # it has taken its last request
@@ -714,7 +721,9 @@ class FileWAL:
                 writes = self._fsyncs
                 self._commit(*planned, inline=True)
                 held = self._write_times[-1] if self._fsyncs > writes else 0.0
-                if held >= INLINE_SLOW_S:
+                self._inline_slow_run = self._inline_slow_run + 1 if held >= INLINE_SLOW_S else 0
+                if held >= INLINE_STALL_S or self._inline_slow_run >= INLINE_SLOW_RUN:
+                    self._inline_slow_run = 0
                     self._inline_paused_until = time.monotonic() + INLINE_PAUSE_S
                     logger.debug(
                         "WAL %s: a commit held the event loop for %.1f ms; the writer thread "

@@ -738,11 +738,11 @@ async def test_a_commit_the_disk_held_sends_the_next_ones_to_the_thread(
     the writer thread makes the commits, and a stalled disk then delays only acknowledgements."""
     wal = await FileWAL.open(str(tmp_path / "wal"), CAPACITY, inline_commit_max=4096)
     real_pwritev = os.pwritev
-    slow = [True]
+    delays = [file_wal.INLINE_STALL_S * 1.5]
 
     def stalling_pwritev(fd: int, buffers: list[memoryview], offset: int) -> int:
-        if slow and slow.pop():
-            time.sleep(file_wal.INLINE_SLOW_S * 2)
+        if delays:
+            time.sleep(delays.pop())
         return real_pwritev(fd, buffers, offset)
 
     monkeypatch.setattr(os, "pwritev", stalling_pwritev)
@@ -755,6 +755,35 @@ async def test_a_commit_the_disk_held_sends_the_next_ones_to_the_thread(
     await wait_until_the_writer_idles(wal)
     await wal.append(b"on the loop again")
     assert wal._inline_commits == 2
+    await wal.close()
+
+
+async def test_slow_commits_in_a_row_send_the_next_ones_to_the_thread_a_lone_one_does_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A busy disk's slow writes (under a stall) pause the loop's commits only when they come
+    in a row: a lone one, between fast writes, leaves them on the loop."""
+    wal = await FileWAL.open(str(tmp_path / "wal"), CAPACITY, inline_commit_max=4096)
+    real_pwritev = os.pwritev
+    slow = file_wal.INLINE_SLOW_S * 1.5
+    assert slow < file_wal.INLINE_STALL_S and file_wal.INLINE_SLOW_RUN == 2
+    delays = [slow, slow, 0.0, slow]  # popped from the end: slow, fast, slow, slow
+
+    def slow_pwritev(fd: int, buffers: list[memoryview], offset: int) -> int:
+        delay = delays.pop() if delays else 0.0
+        if delay:
+            time.sleep(delay)
+        return real_pwritev(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "pwritev", slow_pwritev)
+    for i in range(3):  # slow, fast, slow: never two in a row
+        await wal.append(f"lone {i}".encode())
+    assert wal._inline_commits == 3
+    await wal.append(b"the second slow one in a row")
+    assert wal._inline_commits == 4
+    for i in range(3):
+        await wal.append(f"after {i}".encode())
+    assert wal._inline_commits == 4 and wal.stats.fsyncs == 7  # the thread's
     await wal.close()
 
 
