@@ -269,7 +269,7 @@ class ObjectReader:
     ) -> dict[int, Block]:
         first, last = run[0].start_position, run[-1].end_position
         key = self.key(object_id)
-        data = await self.store.get(key, first, last)
+        data = await self.store.get_view(key, first, last)
         if len(data) != last - first:
             raise CorruptObjectError(
                 f"object {key} is truncated: blocks {first}-{last} returned {len(data)} bytes"

@@ -181,6 +181,12 @@ class ObjectStore(abc.ABC):
         Raises ObjectNotFoundError if the object does not exist.
         """
 
+    async def get_view(self, key: str, start: int, end: int) -> bytes | memoryview:
+        """The bytes ``[start, end)`` of ``key``, as :meth:`get`, for data kept a while (the
+        block cache): a store may hand out a read-only view of memory it reuses once no view of
+        it is left, rather than new bytes. The default is :meth:`get`."""
+        return await self.get(key, start, end)
+
     @abc.abstractmethod
     async def size(self, key: str) -> int:
         """Return the object's size in bytes; ObjectNotFoundError if it does not exist."""

@@ -120,6 +120,19 @@ async def test_ranged_get(store: tuple[ObjectStore, str]) -> None:
         await objects.get(key, 10, 5)
 
 
+async def test_ranged_view(store: tuple[ObjectStore, str]) -> None:
+    """``get_view`` gives what ``get`` gives, for any alignment of the range."""
+    objects, prefix = store
+    key = prefix + "view"
+    data = random_bytes(3 * 4096 + 100)
+    await objects.put(key, data)
+    for start, end in [(0, 10), (5, 4096), (4095, 8193), (4096, 8192), (100, 1 << 20)]:
+        assert bytes(await objects.get_view(key, start, end)) == data[start:end]
+    assert bytes(await objects.get_view(key, len(data), len(data) + 10)) == b""
+    with pytest.raises(ObjectNotFoundError):
+        await objects.get_view(prefix + "missing", 0, 10)
+
+
 async def test_missing_key(store: tuple[ObjectStore, str]) -> None:
     objects, prefix = store
     key = prefix + "missing"
@@ -504,6 +517,58 @@ async def test_local_direct_write_refused_midway_starts_over_buffered(
     data = random.Random(7).randbytes(MiB + 3)
     await local_store.put("r", data)
     assert await local_store.get("r") == data
+
+
+async def test_local_views_reuse_their_memory_once_no_view_is_left(
+    local_store: LocalObjectStore,
+) -> None:
+    """A view's mapping is not reused while any slice of it lives (a cached block, a response
+    being written); once none is left the next read of its size lands in it, with no new
+    memory."""
+    data = random_bytes(2 * MiB)
+    await local_store.put("v", data)
+    pool = local_store._read_buffers
+    first = await local_store.get_view("v", 0, MiB)
+    assert first.readonly
+    block = memoryview(first)[4096:8192]  # as the reader cuts blocks
+    del first
+    second = await local_store.get_view("v", MiB, 2 * MiB)
+    assert pool.made == 2  # the first mapping is still in use, through `block`
+    assert bytes(block) == data[4096:8192] and bytes(second) == data[MiB:]
+    del block
+    third = await local_store.get_view("v", 100, MiB - 100)  # same size class as the first
+    assert pool.made == 2
+    assert bytes(third) == data[100 : MiB - 100]
+    assert bytes(second) == data[MiB:]  # untouched by the read into the freed one
+
+
+def test_read_buffers_unmap_idle_mappings_over_their_bound() -> None:
+    pool = local_module.ReadBuffers(idle_bytes=4 * MiB)
+    held = [pool.take(MiB) for _ in range(3)]
+    assert pool.mapped == 3 * MiB
+    del held
+    kept = pool.take(8 * MiB)  # 3 MiB idle and 8 MiB new pass the 4 MiB bound: unmapped
+    assert pool.mapped == 8 * MiB and pool.made == 4
+    assert pool.take(8 * MiB) is not kept  # `kept` is in use
+    assert pool.size_class(1) == 4096 and pool.size_class(MiB + 1) == MiB + 256 * 1024
+
+
+async def test_local_views_without_direct_io(tmp_path: Path) -> None:
+    """Where the file system refuses O_DIRECT (tmpfs), views are read through the page cache."""
+    shm = Path("/dev/shm")
+    root = shm / f"automq-test-{uuid.uuid4().hex[:8]}" if shm.is_dir() else tmp_path
+    store = LocalObjectStore(root)
+    try:
+        data = random_bytes(10_000)
+        await store.put("t", data)
+        assert bytes(await store.get_view("t", 3, 9_000)) == data[3:9_000]
+        assert bytes(await store.get_view("t", 5000, 20_000)) == data[5000:]
+    finally:
+        await store.close()
+        if root != tmp_path:
+            import shutil
+
+            shutil.rmtree(root)
 
 
 # -- open_object_store --------------------------------------------------------------------

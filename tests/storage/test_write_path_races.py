@@ -77,6 +77,10 @@ class SlowStore(LocalObjectStore):
         await asyncio.sleep(0.2)
         return await super().get(key, start, end)
 
+    async def get_view(self, key: str, start: int, end: int) -> bytes | memoryview:
+        await asyncio.sleep(0.2)
+        return await super().get_view(key, start, end)
+
 
 async def test_a_cancelled_reader_does_not_break_a_shared_read(tmp_path: Path) -> None:
     store = SlowStore(tmp_path)
