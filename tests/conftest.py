@@ -30,6 +30,7 @@ if _WORKER.startswith("gw"):
     )
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The image and compose tests share podman's store and images: under pytest-xdist's
     ``--dist loadgroup`` they all run on one worker, one after another."""
