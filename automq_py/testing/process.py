@@ -50,8 +50,33 @@ class AutoMQError(RuntimeError):
     """The broker did not start, or did not stop cleanly; the message ends with its log."""
 
 
+# Under pytest-xdist, worker gwN takes its ports from its own block below the kernel's
+# ephemeral range (32768 on): a port the kernel hands to bind(0) in one worker can be handed to
+# another worker before the first binds it, or be a client connection's own port, and a broker
+# that then found its port taken left its test talking to another test's broker.
+_WORKER_PORTS = (10000, 1000, 8)  # first port, ports per worker, workers with a block
+_next_port: int | None = None
+
+
 def free_port() -> int:
     """A TCP port nothing listens on now (the broker binds it a moment later)."""
+    global _next_port
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    first, size, blocks = _WORKER_PORTS
+    if worker.startswith("gw") and worker[2:].isdigit() and int(worker[2:]) < blocks:
+        start = first + size * int(worker[2:])
+        if _next_port is None:
+            _next_port = start + os.getpid() % size  # a restarted worker starts elsewhere
+        for _ in range(size):
+            port = start + (_next_port - start) % size
+            _next_port = port + 1
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a listener binds
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

@@ -203,6 +203,12 @@ def test_every_query_of_the_dashboard_has_data_over_a_loaded_broker(
             produce(broker.bootstrap, topic, MORE)
             # maintenance runs in two scrapes (increase() needs two), then two more scrapes
             prometheus.wait_for("sum(increase(automq_maintenance_runs_total[1h])) > 0")
+            # the group's committed offsets in two scrapes of the panels' 10 s window: rate()
+            # needs two, and on a busy machine a scrape can come late
+            prometheus.wait_for(
+                f'count_over_time(kafka_consumergroup_current_offset{{consumergroup="{group}",'
+                'partition="0"}[10s]) >= 2'
+            )
             time.sleep(2 * prometheus.interval_s)
 
             # the variables' own queries list the broker and the group

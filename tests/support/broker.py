@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from automq_py.testing import process
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -25,9 +27,7 @@ def terminate(process: subprocess.Popen[bytes], timeout: float) -> int:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return process.free_port()
 
 
 class BrokerProcess:

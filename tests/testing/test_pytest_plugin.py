@@ -32,6 +32,25 @@ def test_the_plugin_is_registered_as_a_pytest11_entry_point() -> None:
     assert plugins.get("automq_py") == "automq_py.testing.pytest_plugin"
 
 
+def test_an_xdist_worker_takes_ports_from_its_own_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two workers never get the same port, nor one the kernel gives out for connections."""
+    first, size, blocks = process._WORKER_PORTS
+    assert first + size * blocks <= 18_300  # below the test S3 servers' ports
+    start = first + size * 3
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw3")
+    monkeypatch.setattr(process, "_next_port", start + size - 2)
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taken.bind(("127.0.0.1", start + size - 1))
+        taken.listen()
+        ports = [free_port() for _ in range(4)]
+    assert start + size - 1 not in ports and len(set(ports)) == 4
+    assert all(start <= port < start + size for port in ports)
+    assert ports[1] < ports[0]  # round the block
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", f"gw{blocks}")  # past the blocks: any free port
+    assert not first <= free_port() < first + size * blocks
+
+
 def test_test_defaults_keep_the_broker_small_and_quiet() -> None:
     defaults = with_test_defaults()
     assert defaults["s3.wal.capacity"] == str(64 * MiB)
