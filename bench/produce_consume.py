@@ -808,6 +808,7 @@ def produce(
             "compression.type": "none",
             "statistics.interval.ms": int(STATS_INTERVAL_S * 1000),
             "stats_cb": stats,
+            **key_values(args.client_property, "--client-property"),
         }
     )
     latencies: list[float] = []
@@ -2049,6 +2050,14 @@ def parse_args() -> argparse.Namespace:
         metavar="KEY=VALUE",
         help="a producer property for --clients java (repeatable), over the bench's, e.g. "
         "batch.size=16384 (Java's default) or buffer.memory=...",
+    )
+    parser.add_argument(
+        "--client-property",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a producer property for --clients python and per-record (repeatable), over the "
+        "bench's, e.g. debug=msg,broker (librdkafka's log goes to stderr)",
     )
     parser.add_argument(
         "--timeline",
