@@ -71,12 +71,15 @@ lint: $(STAMP)  ## ruff and mypy
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# pytest-xdist workers: most tests wait on brokers, clients and servers rather than compute, so
-# two workers on a two-core machine take about 60% of one worker's time.
-TEST_WORKERS ?= 2
+# pytest-xdist workers (1: none). Most tests wait on brokers, clients and servers rather than
+# compute: two workers on a two-core machine take about 55% of the time of one. Not the
+# default yet: test_a_batch_with_keyless_records_fails_them_by_name failed in two of four
+# full runs on two workers (some records of its one batch were taken), never alone.
+TEST_WORKERS ?= 1
+XDIST = $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
 
 test: lint deps  ## lint, then every test (unit, integration against a real S3 server, fuzz)
-	$(BIN)/pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/pytest -q --durations=25 $(XDIST)
 
 unit: $(STAMP)  ## only the tests that need no server
 	$(BIN)/pytest -q -m "not integration"
