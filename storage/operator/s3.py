@@ -860,10 +860,12 @@ class _Getter:
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
         )
 
-    async def get_into(self, key: str, byte_range: str, buffer: mmap.mmap) -> int:
-        """GET ``byte_range`` (``bytes=a-b``) into ``buffer``; the number of bytes read."""
+    @contextlib.asynccontextmanager
+    async def _open(self, key: str, byte_range: str) -> AsyncIterator[aiohttp.ClientResponse]:
+        """A signed GET of ``key`` (``byte_range`` as ``bytes=a-b``, or "" for all of it),
+        opened: the response, once its status is 200 or 206; otherwise S3's ClientError."""
         path = self._path_prefix + urllib.parse.quote(key, safe="/~")
-        headers = {"range": byte_range}
+        headers = {"range": byte_range} if byte_range else {}
         amz_date = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         signed = sigv4.sign(
             "GET", self._host, path, headers, await self._credentials(), self._region, amz_date
@@ -877,6 +879,11 @@ class _Getter:
             if response.status not in (200, 206):
                 body = await response.read()
                 raise ClientError(_error_response(response.status, body), "GetObject")
+            yield response
+
+    async def get_into(self, key: str, byte_range: str, buffer: mmap.mmap) -> int:
+        """GET ``byte_range`` (``bytes=a-b``) into ``buffer``; the number of bytes read."""
+        async with self._open(key, byte_range) as response:
             view = memoryview(buffer)
             got = 0
             # a short body raises aiohttp.ClientPayloadError, as in get
@@ -888,22 +895,8 @@ class _Getter:
             return got
 
     async def get(self, key: str, byte_range: str) -> bytes:
-        path = self._path_prefix + urllib.parse.quote(key, safe="/~")
-        headers = {"range": byte_range} if byte_range else {}
-        amz_date = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        signed = sigv4.sign(
-            "GET", self._host, path, headers, await self._credentials(), self._region, amz_date
-        )
-        async with self._session.get(
-            yarl.URL(self._origin + path, encoded=True),
-            headers=signed,
-            allow_redirects=False,
-            proxy=self._proxy,
-        ) as response:
-            body = await response.read()  # a short body raises aiohttp.ClientPayloadError
-            if response.status in (200, 206):
-                return body
-            raise ClientError(_error_response(response.status, body), "GetObject")
+        async with self._open(key, byte_range) as response:
+            return await response.read()  # a short body raises aiohttp.ClientPayloadError
 
     async def close(self) -> None:
         await self._session.close()
