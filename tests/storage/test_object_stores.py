@@ -425,6 +425,25 @@ async def test_put_waits_out_an_outage(tmp_path: Path, caplog: pytest.LogCapture
         server.stop()
 
 
+@pytest.mark.integration
+async def test_a_niced_server_yields_as_a_group(tmp_path: Path) -> None:
+    # the benches' S3 server: its session's scheduling group (autogroup) and its own threads
+    # at the nice value given, and still serving
+    server = SeaweedFS(tmp_path / "niced", base_port=default_base_port() + 200, cpu_nice=7)
+    await asyncio.to_thread(server.start)
+    try:
+        assert server.pid is not None
+        autogroup = Path(f"/proc/{server.pid}/autogroup")
+        if autogroup.exists():
+            assert autogroup.read_text().split()[-1] == "7"
+        assert os.getpriority(os.PRIO_PROCESS, server.pid) == 7
+        async with open_object_store(server.url()) as objects:
+            await objects.put("niced/object", b"data")
+            assert await objects.get("niced/object") == b"data"
+    finally:
+        server.stop()
+
+
 # -- the local store ----------------------------------------------------------------------
 
 

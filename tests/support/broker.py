@@ -33,8 +33,19 @@ def free_port() -> int:
 class BrokerProcess:
     """One broker on loopback with its own data directory; restartable on the same data."""
 
-    def __init__(self, data_dir: Path, overrides: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        overrides: dict[str, str] | None = None,
+        *,
+        own_session: bool = False,
+    ) -> None:
+        """``own_session``: the process leads a session of its own, as a service a supervisor
+        starts does; on Linux that is also a scheduling group of its own (autogroup), so the
+        broker and the processes beside it share the cores as separate programs, not as
+        threads of one."""
         self.data_dir = data_dir
+        self.own_session = own_session
         self.port = free_port()
         self.overrides = {
             "log.dirs": str(data_dir),
@@ -91,7 +102,14 @@ class BrokerProcess:
         for key, value in self.overrides.items():
             args += ["--override", f"{key}={value}"]
         log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's lifetime
-        self._process = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=log, env=os.environ)
+        self._process = subprocess.Popen(
+            args,
+            cwd=REPO,
+            stdout=log,
+            stderr=log,
+            env=os.environ,
+            start_new_session=self.own_session,
+        )
 
     def stop(self, timeout: float = 60) -> int:
         """SIGTERM and wait for the graceful shutdown; returns the exit code."""

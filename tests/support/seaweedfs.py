@@ -23,6 +23,7 @@ whichever comes first.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import signal
@@ -79,6 +80,14 @@ def _kill(process: subprocess.Popen[bytes], timeout_s: float = STOP_TIMEOUT_S) -
         process.wait()
 
 
+def _set_autogroup_nice(pid: int, nice: int) -> None:
+    """Give ``pid``'s autogroup (its session's scheduling group, Linux) the nice value
+    ``nice``; a kernel without autogroups has no such file, and the process's own nice value
+    (see ``_command``) is what counts there."""
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")
+
+
 @atexit.register
 def _kill_all() -> None:
     for process in list(_live):
@@ -94,8 +103,16 @@ class SeaweedFS:
         base_port: int | None = None,
         bucket: str = "automq",
         volume_size_limit_mb: int = VOLUME_SIZE_LIMIT_MB,
+        *,
+        cpu_nice: int = 0,
     ) -> None:
+        """``cpu_nice``: on Linux, the nice value of the server's scheduling group (it leads a
+        session of its own, and so an autogroup; a nice value inside one does not weigh against
+        other sessions). A server on the broker's cores stands in for a remote S3, whose CPU
+        is not the broker's machine's: with a positive value it yields to the broker and its
+        clients, as a remote one would not compete with them at all."""
         self.root = Path(root).absolute()
+        self.cpu_nice = cpu_nice
         self.volume_size_limit_mb = volume_size_limit_mb
         if self.root.exists() and any(self.root.iterdir()):
             # weed mini reloads the flags it saved in <dir>/mini.options: start fresh.
@@ -202,6 +219,8 @@ class SeaweedFS:
             start_new_session=True,
         )
         _live.add(self._process)
+        if self.cpu_nice:
+            _set_autogroup_nice(self._process.pid, self.cpu_nice)
         self._finalizer = weakref.finalize(self, _kill, self._process)
         try:
             self._wait_ready()
@@ -280,6 +299,7 @@ class SeaweedFS:
         }
         # -logdir: its glog files go under root, not into /tmp where nothing removes them
         return [
+            *(["nice", "-n", str(self.cpu_nice)] if self.cpu_nice else []),
             str(WEED),
             f"-logdir={self.root}",
             "mini",
