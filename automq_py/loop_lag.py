@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -35,6 +36,32 @@ def nearest_rank(ordered: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
 
 
+class ThreadCpu:
+    """The calling thread's time on a core and time waiting for one (runnable, another
+    thread or process on every core), in nanoseconds since it started: Linux's
+    ``/proc/thread-self/schedstat``, opened by the thread it describes. Elsewhere, or where
+    the kernel keeps no such statistics, :meth:`read` gives None."""
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+        with contextlib.suppress(OSError):
+            self._fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+
+    def read(self) -> tuple[int, int] | None:
+        if self._fd is None:
+            return None
+        try:
+            on_core, waiting, _ = os.pread(self._fd, 128, 0).split()
+            return int(on_core), int(waiting)
+        except (OSError, ValueError):
+            return None
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 class LoopLagMonitor:
     def __init__(self, interval_s: float = INTERVAL_S, window: int = WINDOW) -> None:
         self.interval_s = interval_s
@@ -43,6 +70,7 @@ class LoopLagMonitor:
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
+        """Sample from now on (on the event loop's thread)."""
         self._task = asyncio.create_task(self._run(), name="loop-lag")
 
     async def stop(self) -> None:
@@ -54,17 +82,29 @@ class LoopLagMonitor:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        while True:
-            before = loop.time()
-            await asyncio.sleep(self.interval_s)
-            self.last_tick = loop.time()
-            lag = max(self.last_tick - before - self.interval_s, 0.0)
-            self.samples.append(lag)
-            if lag >= DEBUG_STALL_S:
-                if lag >= SLOW_S:
-                    log.warning("the event loop stalled for %.0f ms", lag * 1000)
-                else:
-                    log.debug("the event loop ran %.1f ms late", lag * 1000)
+        # At DEBUG, each stall logged says how much of it the loop's thread spent waiting
+        # for a core: a machine whose cores are busy with other work, not the broker's own.
+        cpu = ThreadCpu() if log.isEnabledFor(logging.DEBUG) else None
+        try:
+            while True:
+                before = loop.time()
+                times = cpu.read() if cpu is not None else None
+                await asyncio.sleep(self.interval_s)
+                self.last_tick = loop.time()
+                lag = max(self.last_tick - before - self.interval_s, 0.0)
+                self.samples.append(lag)
+                if lag >= DEBUG_STALL_S:
+                    if lag >= SLOW_S:
+                        log.warning("the event loop stalled for %.0f ms", lag * 1000)
+                    else:
+                        log.debug(
+                            "the event loop ran %.1f ms late%s",
+                            lag * 1000,
+                            _waited(times, cpu.read() if cpu is not None else None),
+                        )
+        finally:
+            if cpu is not None:
+                cpu.close()
 
     def percentiles(self) -> dict[str, float]:
         """p50, p99 and max lag in milliseconds over the samples kept (zeros if none)."""
@@ -83,6 +123,12 @@ class LoopLagMonitor:
             f"event loop lag over {len(self.samples)} samples: p50 {p['p50']:.1f} ms, "
             f"p99 {p['p99']:.1f} ms, max {p['max']:.1f} ms"
         )
+
+
+def _waited(before: tuple[int, int] | None, after: tuple[int, int] | None) -> str:
+    if before is None or after is None:
+        return ""
+    return f" (its thread waited {(after[1] - before[1]) / 1e6:.1f} ms for a core)"
 
 
 _pausing = 0  # collector_paused blocks in progress

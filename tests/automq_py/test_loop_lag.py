@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -41,6 +44,44 @@ async def test_a_stall_is_logged_at_debug_as_it_happens(caplog: pytest.LogCaptur
     late = [r.getMessage() for r in caplog.records if "ran" in r.getMessage()]
     assert late and all(m.startswith("the event loop ran ") for m in late)
     assert max(float(m.split()[4]) for m in late) >= 25
+    if Path("/proc/thread-self/schedstat").exists():
+        assert all(" ms for a core)" in m for m in late)
+
+
+@pytest.mark.skipif(
+    not Path("/proc/thread-self/schedstat").exists(), reason="Linux's scheduler statistics"
+)
+async def test_a_stall_on_a_busy_core_says_how_long_it_waited_for_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # the loop's thread and a busy process share one core: work of 60 ms on the loop's
+    # thread takes about twice that, half of it waiting for the core
+    core = min(os.sched_getaffinity(0))
+    allowed = os.sched_getaffinity(0)
+    busy = subprocess.Popen(
+        [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile 1: pass"]
+    )
+    monitor = LoopLagMonitor(interval_s=0.005)
+    try:
+        os.sched_setaffinity(0, {core})
+        with caplog.at_level(logging.DEBUG, logger="automq.loop"):
+            monitor.start()
+            await asyncio.sleep(0.3)
+            started = time.thread_time()
+            while time.thread_time() - started < 0.06:
+                pass
+            await asyncio.sleep(0.05)
+            await monitor.stop()
+    finally:
+        os.sched_setaffinity(0, allowed)
+        busy.kill()
+        busy.wait()
+    waited = [
+        float(m.split("waited ")[1].split()[0])
+        for m in (r.getMessage() for r in caplog.records)
+        if "waited" in m
+    ]
+    assert max(waited) >= 20
 
 
 def test_no_samples_reads_as_zero() -> None:
