@@ -126,9 +126,14 @@ class LoopLagMonitor:
 
 
 def _waited(before: tuple[int, int] | None, after: tuple[int, int] | None) -> str:
+    """Where the loop's thread spent a stall: on a core (running the broker's code), waiting
+    for one, and the rest blocked (a system call, a page fault, the GIL)."""
     if before is None or after is None:
         return ""
-    return f" (its thread waited {(after[1] - before[1]) / 1e6:.1f} ms for a core)"
+    return (
+        f" (its thread waited {(after[1] - before[1]) / 1e6:.1f} ms for a core,"
+        f" ran {(after[0] - before[0]) / 1e6:.1f} ms)"
+    )
 
 
 _pausing = 0  # collector_paused blocks in progress

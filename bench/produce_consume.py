@@ -144,7 +144,9 @@ producer loop an application writes: a ``produce()`` with a delivery callback an
 also counts the broker's event-loop stalls over 20 ms and collector pauses over 10 ms inside the
 case's produce window: the broker logs each one as it happens at DEBUG on ``automq.loop``
 (``log.level.automq.loop=DEBUG``, which the bench sets), on Linux with how long its loop's
-thread waited for a core in it (busy with other processes' work, not the broker's).
+thread waited for a core in it (busy with other processes' work, not the broker's) and ran on
+one; the rest it was blocked (a system call such as an inline WAL write, a page fault, the
+GIL).
 
 Beside the figures, per case: librdkafka's own round-trip times of its ProduceRequests (its
 statistics, per 1 s window: measured in its broker thread, so not delayed when this process's
@@ -726,6 +728,7 @@ class Result:
     # over STALL_GC_MS (ms each), from its log
     loop_stalls: list[float] | None = None
     loop_stall_waits: list[float] = field(default_factory=list)  # ms each waited for a core
+    loop_stall_runs: list[float] = field(default_factory=list)  # ms each ran on one
     gc_pauses: list[float] | None = None
     # this process's own collector pauses over STALL_GC_MS while producing (ms each): a
     # delivery callback waits them out, so they count in the client's latencies
@@ -1154,20 +1157,21 @@ def object_store_requests(broker: Broker) -> dict[str, int] | None:
 
 LOOP_LATE = re.compile(
     r"the event loop (?:ran ([0-9.]+) ms late|stalled for ([0-9.]+) ms)"
-    r"(?: \(its thread waited ([0-9.]+) ms for a core\))?"
+    r"(?: \(its thread waited ([0-9.]+) ms for a core(?:, ran ([0-9.]+) ms)?\))?"
 )
 GC_PAUSE = re.compile(r"garbage collection held the interpreter for ([0-9.]+) ms")
 
 
 def logged_stalls(
     broker: Broker, window: tuple[float, float]
-) -> tuple[list[float], list[float], list[float]]:
+) -> tuple[list[float], list[float], list[float], list[float]]:
     """An automq-py broker's event-loop stalls over STALL_LOOP_MS and collector pauses over
     STALL_GC_MS (ms each) logged inside ``window`` (wall clock; it logs those it sees at DEBUG
     on automq.loop), and how long its loop's thread waited for a core in each stall (where
-    its kernel tells)."""
+    its kernel tells) and ran on one."""
     stalls: list[float] = []
     waits: list[float] = []
+    ran: list[float] = []
     pauses: list[float] = []
     start, end = window
     with open(broker.log_path, errors="replace") as f:
@@ -1184,9 +1188,11 @@ def logged_stalls(
                 stalls.append(float(m[1] or m[2]))
                 if m[3] is not None:
                     waits.append(float(m[3]))
+                if m[4] is not None:
+                    ran.append(float(m[4]))
             elif (m := GC_PAUSE.search(text)) and float(m[1]) > STALL_GC_MS:
                 pauses.append(float(m[1]))
-    return stalls, waits, pauses
+    return stalls, waits, ran, pauses
 
 
 def logged_loop_lag(broker: Broker) -> str | None:
@@ -1306,9 +1312,12 @@ def run_case(broker: Broker, partitions: int, args: argparse.Namespace, result: 
     if result.produce_cpu is not None:
         result.produce_cpu.nbytes = result.produced * args.record_size
     if broker.name.startswith("automq") and result.produce_window is not None:
-        result.loop_stalls, result.loop_stall_waits, result.gc_pauses = logged_stalls(
-            broker, result.produce_window
-        )
+        (
+            result.loop_stalls,
+            result.loop_stall_waits,
+            result.loop_stall_runs,
+            result.gc_pauses,
+        ) = logged_stalls(broker, result.produce_window)
     if args.cold:
         restart(broker)
     # CPU time the broker (and the S3 server) spent serving the consume: unlike MB/s it does not
@@ -1449,11 +1458,14 @@ def print_case(broker: Broker, result: Result) -> None:
     if result.loop_stalls is not None and result.gc_pauses is not None:
         stalls, pauses = result.loop_stalls, result.gc_pauses
         waits = result.loop_stall_waits
+        runs = result.loop_stall_runs
         waited = (
-            f", {sum(waits):.0f} of their {sum(stalls):.0f} ms waiting for a core"
+            f"; {sum(stalls):.0f} ms in all: {sum(waits):.0f} waiting for a core"
             if stalls and len(waits) == len(stalls)
             else ""
         )
+        if waited and len(runs) == len(stalls):
+            waited += f", {sum(runs):.0f} on one"
         print(
             f"  {broker.name} while producing: {len(stalls)} event-loop stalls over "
             f"{STALL_LOOP_MS:g} ms{f' (max {max(stalls):.1f} ms{waited})' if stalls else ''}, "
