@@ -5,6 +5,7 @@ with INVALID_RECORD and the others with its local _INVALID_DIFFERENT_RECORD, as 
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
@@ -65,6 +66,17 @@ def produce_hundred(bootstrap: str, topic: str, **config: object) -> dict[int, K
     producer = Producer(
         {"bootstrap.servers": bootstrap, "retries": 0, "enable.idempotence": False, **config}
     )
+    # The partition's leader is known before the first produce(). Records produced earlier
+    # wait in the topic's unassigned queue, and librdkafka moves them to the partition one at
+    # a time once it learns the leader; a flush() under way lets its broker thread make a
+    # batch of whatever has arrived by then, and the records split into two batches.
+    deadline = time.monotonic() + 15
+    while True:
+        meta = producer.list_topics(topic, timeout=5).topics[topic]
+        if meta.error is None and 0 in meta.partitions and meta.partitions[0].leader >= 0:
+            break
+        assert time.monotonic() < deadline, f"no leader for {topic} partition 0: {meta.error}"
+        time.sleep(0.1)
     for i in range(100):
         key = None if i % 10 == 0 else b"k%d" % i
         producer.produce(
