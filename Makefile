@@ -72,10 +72,8 @@ lint: $(STAMP)  ## ruff and mypy
 	$(BIN)/mypy
 
 # pytest-xdist workers (1: none). Most tests wait on brokers, clients and servers rather than
-# compute: two workers on a two-core machine take about 55% of the time of one. Not the
-# default yet: test_a_batch_with_keyless_records_fails_them_by_name failed in two of four
-# full runs on two workers (some records of its one batch were taken), never alone.
-TEST_WORKERS ?= 1
+# compute: two workers on a two-core machine take about 55% of the time of one.
+TEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
 
 test: lint deps  ## lint, then every test (unit, integration against a real S3 server, fuzz)
