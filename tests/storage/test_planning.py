@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import sys
 
 import pytest
 
+from storage import log_cache
 from storage.log_cache import CachedRun, LogCache
 from storage.stream_record_batch import StreamRecordBatch
 from storage.upload import plan_upload
@@ -62,6 +65,43 @@ def test_log_cache_evicts_only_uploaded_blocks() -> None:
     assert first is not None
     cache.mark_uploaded(first)
     assert cache.size == 400 and cache.unuploaded_size == 400
+
+
+async def test_an_evicted_block_is_freed_a_slice_at_a_time_on_the_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(log_cache, "RELEASE_STEP", 10)
+    cache = LogCache(max_size=100)
+    records = run(1, 30, 100) + run(2, 5, 100)
+    for b in records:
+        cache.put(b, 0, 1)
+    block = cache.seal()
+    assert block is not None
+    # the payloads the cache holds: bytes of their own, no one else's
+    first, last = block.records[1].payloads[0], block.records[2].payloads[-1]
+    refs = sys.getrefcount(first)
+    assert sys.getrefcount(last) == refs
+    cache.mark_uploaded(block)
+    assert cache.get(1, 0, 100, 10_000) == [] and not block.records  # gone at once
+    await asyncio.sleep(0)  # one slice: the last ten
+    assert sys.getrefcount(first) == refs and sys.getrefcount(last) == refs - 1
+    steps = 1
+    while sys.getrefcount(first) == refs:
+        await asyncio.sleep(0)
+        steps += 1
+    assert steps == 4  # 35 payloads, 10 per loop iteration, the first of them last
+
+
+def test_an_evicted_block_is_freed_at_once_without_a_loop() -> None:
+    cache = LogCache(max_size=100)
+    for b in run(1, 3, 100):
+        cache.put(b, 0, 1)
+    block = cache.seal()
+    assert block is not None
+    first = next(iter(block.records.values())).payloads[0]
+    refs = sys.getrefcount(first)
+    cache.mark_uploaded(block)
+    assert sys.getrefcount(first) == refs - 1
 
 
 def test_a_cached_run_reads_back_what_was_put_and_refuses_a_gap() -> None:
