@@ -211,6 +211,9 @@ class SparkRunner:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        # the JVM that builds the driver's command line (the driver's own options are below):
+        # no hsperfdata directory left in /tmp
+        os.environ.setdefault("SPARK_LAUNCHER_OPTS", "-XX:-UsePerfData")
         # py4j logs every closed gateway connection at INFO.
         logging.getLogger("py4j").setLevel(logging.WARNING)
         started = time.monotonic()
@@ -224,7 +227,11 @@ class SparkRunner:
         launch = (
             SparkConf()
             .set("spark.driver.memory", self.driver_memory)
-            .set("spark.driver.extraJavaOptions", f"-Djava.io.tmpdir={scratch}")
+            # no hsperfdata directory left in /tmp (the JVM writes it there whatever the tmpdir)
+            .set(
+                "spark.driver.extraJavaOptions",
+                f"-Djava.io.tmpdir={scratch} -XX:-UsePerfData",
+            )
         )
         SparkContext._ensure_initialized(conf=launch)
         conf = SparkConf()
@@ -344,7 +351,12 @@ def java_major_version(java: str) -> int | None:
     """The major version ``java -version`` reports (8 for ``1.8.0``), None when it fails."""
     try:
         done = subprocess.run(
-            [java, "-version"], capture_output=True, text=True, timeout=30, check=False
+            # -XX:-UsePerfData: no hsperfdata directory left in /tmp
+            [java, "-XX:-UsePerfData", "-version"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
         )
     except (OSError, subprocess.TimeoutExpired):
         return None

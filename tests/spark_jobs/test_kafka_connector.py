@@ -87,6 +87,8 @@ def spark(
         # and starts its Python workers with the system python.
         mp.setenv("SPARK_LOCAL_IP", "127.0.0.1")
         mp.setenv("PYSPARK_PYTHON", sys.executable)
+        # no hsperfdata directory left in /tmp by the launcher's JVM nor the driver's
+        mp.setenv("SPARK_LAUNCHER_OPTS", "-XX:-UsePerfData")
         session = (
             SparkSession.builder.master("local[2]")
             .appName("automq-py-kafka-connector")
@@ -96,7 +98,10 @@ def spark(
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
             .config("spark.local.dir", str(scratch))
-            .config("spark.driver.extraJavaOptions", f"-Djava.io.tmpdir={scratch}")
+            .config(
+                "spark.driver.extraJavaOptions",
+                f"-Djava.io.tmpdir={scratch} -XX:-UsePerfData",
+            )
             .getOrCreate()
         )
     session.sparkContext.setLogLevel("WARN")
