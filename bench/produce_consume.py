@@ -666,6 +666,9 @@ class CpuUse:
     wall_s: float
     seconds: dict[str, float]
     nbytes: int = 0
+    # major page faults each process took meanwhile: a page read back from the disk, the
+    # faulting thread blocked until it came (code or data the kernel had evicted)
+    major_faults: dict[str, int] = field(default_factory=dict)
 
     def cores(self) -> dict[str, float]:
         """The cores each process kept busy."""
@@ -1201,16 +1204,29 @@ def logged_loop_lag(broker: Broker) -> str | None:
     return lag[-1].split(": ", 1)[-1] if lag else None
 
 
-def cpu_seconds(pid: int | None) -> float | None:
-    """User + system CPU seconds of a process so far (Linux /proc), None if unknown."""
+def _stat_fields(pid: int | str | None) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (the first is the state)."""
     if pid is None:
         return None
     try:
         with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+            return f.read().rsplit(")", 1)[1].split()
     except OSError:
         return None
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds of a process so far (Linux /proc), None if unknown."""
+    fields = _stat_fields(pid)
+    if fields is None:
+        return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def major_faults(pid: int | str | None) -> int | None:
+    """Major page faults of a process so far (``majflt``), None if unknown."""
+    fields = _stat_fields(pid)
+    return None if fields is None else int(fields[9])
 
 
 def child_pids(pid: int | None) -> list[int]:
@@ -1239,6 +1255,20 @@ def cpu_snapshot(broker: Broker) -> dict[str, float]:
         if used is not None:
             snapshot[name] = used
     workers = [cpu_seconds(child) for child in child_pids(broker.pid)]
+    if any(w is not None for w in workers):
+        snapshot["worker"] = sum(w for w in workers if w is not None)
+    return snapshot
+
+
+def fault_snapshot(broker: Broker) -> dict[str, int]:
+    """Major page faults so far of this process, the broker, its children and the S3 server."""
+    snapshot: dict[str, int] = {}
+    pids = (("client", "self"), ("broker", broker.pid))
+    for name, pid in (*pids, ("S3", broker.s3.pid if broker.s3 else None)):
+        faults = major_faults(pid)
+        if faults is not None:
+            snapshot[name] = faults
+    workers = [major_faults(child) for child in child_pids(broker.pid)]
     if any(w is not None for w in workers):
         snapshot["worker"] = sum(w for w in workers if w is not None)
     return snapshot
@@ -1286,6 +1316,7 @@ def cpu_use(broker: Broker) -> Callable[[], CpuUse]:
     thread the JVM retires meanwhile is not counted)."""
     jvm = broker.pid if broker.name.startswith("kafka") else None
     before, started = cpu_snapshot(broker), time.perf_counter()
+    faults_before = fault_snapshot(broker)
     jit_before = jit_ticks(jvm)
 
     def since() -> CpuUse:
@@ -1295,7 +1326,8 @@ def cpu_use(broker: Broker) -> Callable[[], CpuUse]:
         if jvm is not None:
             jit = sum(t - jit_before.get(tid, 0) for tid, t in jit_ticks(jvm).items())
             used["JIT"] = max(0, jit) / os.sysconf("SC_CLK_TCK")
-        return CpuUse(elapsed, used)
+        faults = {k: v - faults_before.get(k, 0) for k, v in fault_snapshot(broker).items()}
+        return CpuUse(elapsed, used, major_faults=faults)
 
     return since
 
@@ -1420,7 +1452,11 @@ def run_java_case(
 def print_cores(name: str, while_: str, cpu: CpuUse | None) -> None:
     if cpu is not None and cpu.cores():
         busy = ", ".join(f"{k} {v:.2f}" for k, v in cpu.cores().items())
-        print(f"  {name} cores busy while {while_}: {busy}", flush=True)
+        faults = ", ".join(f"{k} {v}" for k, v in cpu.major_faults.items())
+        print(
+            f"  {name} cores busy while {while_}: {busy}; major page faults: {faults}",
+            flush=True,
+        )
 
 
 def print_case(broker: Broker, result: Result) -> None:
