@@ -10,6 +10,7 @@ import contextlib
 import gc
 import logging
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -60,6 +61,15 @@ class ThreadCpu:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def _this_thread_times() -> tuple[int, int] | None:
+    """:meth:`ThreadCpu.read` once, for whichever thread calls it."""
+    cpu = ThreadCpu()
+    try:
+        return cpu.read()
+    finally:
+        cpu.close()
 
 
 class LoopLagMonitor:
@@ -128,11 +138,17 @@ class LoopLagMonitor:
 def _waited(before: tuple[int, int] | None, after: tuple[int, int] | None) -> str:
     """Where the loop's thread spent a stall: on a core (running the broker's code), waiting
     for one, and the rest blocked (a system call, a page fault, the GIL)."""
+    split = _split(before, after)
+    return f" (its thread {split})" if split else ""
+
+
+def _split(before: tuple[int, int] | None, after: tuple[int, int] | None) -> str:
+    """How long a thread waited for a core and ran on one between two of its readings."""
     if before is None or after is None:
         return ""
     return (
-        f" (its thread waited {(after[1] - before[1]) / 1e6:.1f} ms for a core,"
-        f" ran {(after[0] - before[0]) / 1e6:.1f} ms)"
+        f"waited {(after[1] - before[1]) / 1e6:.1f} ms for a core,"
+        f" ran {(after[0] - before[0]) / 1e6:.1f} ms"
     )
 
 
@@ -174,6 +190,8 @@ class CollectorPauses:
         self.freeze_survivors = freeze_survivors
         self.freezes = 0  # times a slow full collection's survivors were frozen
         self._started = 0.0
+        # at DEBUG: the collecting thread's scheduler counters when the collection started
+        self._times: tuple[int, int] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> None:
@@ -189,6 +207,7 @@ class CollectorPauses:
 
     def _callback(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
+            self._times = _this_thread_times() if log.isEnabledFor(logging.DEBUG) else None
             self._started = time.perf_counter()
             return
         generation = info["generation"]
@@ -196,13 +215,18 @@ class CollectorPauses:
         self.pauses[generation].append(pause)
         self.counts[generation] += 1
         if pause >= DEBUG_COLLECTION_S:
+            # at DEBUG, where the time went (a collection that frees cycles holding large
+            # buffers spends it handing memory back, off the CPU and not waiting for it)
+            split = _split(self._times, _this_thread_times())
+            where = f"; thread {threading.current_thread().name} {split}" if split else ""
             log.log(
                 logging.INFO if pause >= SLOW_COLLECTION_S else logging.DEBUG,
                 "a generation-%d garbage collection held the interpreter for %.1f ms "
-                "(%d objects freed)",
+                "(%d objects freed%s)",
                 generation,
                 pause * 1000,
                 info["collected"],
+                where,
             )
         if (
             self.freeze_survivors

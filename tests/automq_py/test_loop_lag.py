@@ -7,6 +7,7 @@ import asyncio
 import gc
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -98,6 +99,8 @@ def test_collections_are_counted_per_generation_and_slow_ones_logged(
         monkeypatch.setattr(loop_lag, "DEBUG_COLLECTION_S", 0.0)
         with caplog.at_level(logging.INFO, logger="automq.loop"):
             gc.collect(1)
+        with caplog.at_level(logging.DEBUG, logger="automq.loop"):
+            gc.collect(0)
     finally:
         pauses.stop()
     counted = list(pauses.counts)
@@ -105,6 +108,9 @@ def test_collections_are_counted_per_generation_and_slow_ones_logged(
     assert pauses.counts == counted and min(counted) >= 1  # (automatic ones may add to it)
     assert "gen2 1 (p99 " in pauses.summary()
     assert "a generation-1 garbage collection held the interpreter" in caplog.text
+    # at DEBUG the line says which thread collected and where its time went
+    [debug] = [r.getMessage() for r in caplog.records if "generation-0" in r.getMessage()]
+    assert re.search(r"objects freed; thread MainThread waited [0-9.]+ ms for a core, ran ", debug)
 
 
 async def test_a_broker_that_fails_to_start_takes_its_monitors_back(tmp_path: Path) -> None:
