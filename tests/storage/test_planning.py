@@ -78,7 +78,7 @@ async def test_an_evicted_block_is_freed_a_slice_at_a_time_on_the_loop(
     block = cache.seal()
     assert block is not None
     # the payloads the cache holds: bytes of their own, no one else's
-    first, last = block.records[1].payloads[0], block.records[2].payloads[-1]
+    first, last = block.records[1].payloads[0], block.records[2].payloads[4]
     refs = sys.getrefcount(first)
     assert sys.getrefcount(last) == refs
     cache.mark_uploaded(block)
@@ -116,6 +116,8 @@ def test_a_cached_run_reads_back_what_was_put_and_refuses_a_gap() -> None:
     assert len(cached) == 3
     assert cached[-1] == records[-1] and cached[0] == records[0]
     assert cached[1].payload == b"d" and type(cached[1].payload) is bytes
+    # nothing the collector would walk: the payloads' dict is untracked
+    assert not gc.is_tracked(cached.payloads)
     assert list(cached) == [cached[0], cached[1], cached[2]] and cached[1:] == [
         cached[1],
         cached[2],
