@@ -36,7 +36,8 @@ $(JS_STAMP): tests/js/package.json tests/js/package-lock.json
 JAVA_DIR := .java
 JAVA_STAMP := $(JAVA_DIR)/.installed
 JAVA_SRC := $(shell find tests/java/src -type f 2>/dev/null)
-MVN := mvn -q -B -Dstyle.color=never -f tests/java/pom.xml
+# -XX:-UsePerfData: Maven's JVM leaves no hsperfdata directory in /tmp
+MVN := MAVEN_OPTS="$${MAVEN_OPTS:-} -XX:-UsePerfData" mvn -q -B -Dstyle.color=never -f tests/java/pom.xml
 
 $(JAVA_STAMP): tests/java/pom.xml $(JAVA_SRC)
 	@{ command -v javac && command -v mvn; } >/dev/null 2>&1 || { $(SUDO) apt-get update && \
