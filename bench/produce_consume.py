@@ -186,7 +186,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -1215,7 +1215,7 @@ def _stat_fields(pid: int | str | None) -> list[str] | None:
         return None
 
 
-def cpu_seconds(pid: int | None) -> float | None:
+def cpu_seconds(pid: int | str | None) -> float | None:
     """User + system CPU seconds of a process so far (Linux /proc), None if unknown."""
     fields = _stat_fields(pid)
     if fields is None:
@@ -1245,33 +1245,28 @@ def child_pids(pid: int | None) -> list[int]:
     return children
 
 
-def cpu_snapshot(broker: Broker) -> dict[str, float]:
-    """CPU seconds so far of this process (the client), the broker, its children and the S3
-    server: what each took of the machine's cores during a case."""
-    times = os.times()
-    snapshot = {"client": times.user + times.system}
-    for name, pid in (("broker", broker.pid), ("S3", broker.s3.pid if broker.s3 else None)):
-        used = cpu_seconds(pid)
-        if used is not None:
-            snapshot[name] = used
-    workers = [cpu_seconds(child) for child in child_pids(broker.pid)]
-    if any(w is not None for w in workers):
-        snapshot["worker"] = sum(w for w in workers if w is not None)
+T = TypeVar("T", int, float)  # a per-process counter: CPU seconds, page faults
+
+
+def _per_process(broker: Broker, read: Callable[[int | str | None], T | None]) -> dict[str, T]:
+    """``read`` of this process (the client), the broker, its children (the upload worker,
+    summed) and the S3 server, for those it knows."""
+    pids = {"client": "self", "broker": broker.pid, "S3": broker.s3.pid if broker.s3 else None}
+    snapshot = {name: value for name, pid in pids.items() if (value := read(pid)) is not None}
+    workers = [value for child in child_pids(broker.pid) if (value := read(child)) is not None]
+    if workers:
+        snapshot["worker"] = sum(workers)
     return snapshot
+
+
+def cpu_snapshot(broker: Broker) -> dict[str, float]:
+    """CPU seconds so far of each process: what each took of the machine's cores in a case."""
+    return _per_process(broker, cpu_seconds)
 
 
 def fault_snapshot(broker: Broker) -> dict[str, int]:
-    """Major page faults so far of this process, the broker, its children and the S3 server."""
-    snapshot: dict[str, int] = {}
-    pids = (("client", "self"), ("broker", broker.pid))
-    for name, pid in (*pids, ("S3", broker.s3.pid if broker.s3 else None)):
-        faults = major_faults(pid)
-        if faults is not None:
-            snapshot[name] = faults
-    workers = [major_faults(child) for child in child_pids(broker.pid)]
-    if any(w is not None for w in workers):
-        snapshot["worker"] = sum(w for w in workers if w is not None)
-    return snapshot
+    """Major page faults so far of each process."""
+    return _per_process(broker, major_faults)
 
 
 JIT_THREADS = ("C1 CompilerThre", "C2 CompilerThre")  # HotSpot's, as /proc shows their names
