@@ -669,6 +669,8 @@ class CpuUse:
     # major page faults each process took meanwhile: a page read back from the disk, the
     # faulting thread blocked until it came (code or data the kernel had evicted)
     major_faults: dict[str, int] = field(default_factory=dict)
+    # CPU seconds the hypervisor took from the machine's cores meanwhile (None: not counted)
+    steal_s: float | None = None
 
     def cores(self) -> dict[str, float]:
         """The cores each process kept busy."""
@@ -1229,6 +1231,18 @@ def major_faults(pid: int | str | None) -> int | None:
     return None if fields is None else int(fields[9])
 
 
+def steal_seconds() -> float | None:
+    """CPU seconds the hypervisor has taken from this virtual machine's cores so far (the
+    ``steal`` column of /proc/stat), None where it is not counted. While it runs something
+    else, every process here stands still: a client, a broker, a disk write's completion."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def child_pids(pid: int | None) -> list[int]:
     """The processes whose parent is ``pid`` (automq-py's upload worker), from /proc."""
     if pid is None:
@@ -1312,6 +1326,7 @@ def cpu_use(broker: Broker) -> Callable[[], CpuUse]:
     jvm = broker.pid if broker.name.startswith("kafka") else None
     before, started = cpu_snapshot(broker), time.perf_counter()
     faults_before = fault_snapshot(broker)
+    steal_before = steal_seconds()
     jit_before = jit_ticks(jvm)
 
     def since() -> CpuUse:
@@ -1322,7 +1337,9 @@ def cpu_use(broker: Broker) -> Callable[[], CpuUse]:
             jit = sum(t - jit_before.get(tid, 0) for tid, t in jit_ticks(jvm).items())
             used["JIT"] = max(0, jit) / os.sysconf("SC_CLK_TCK")
         faults = {k: v - faults_before.get(k, 0) for k, v in fault_snapshot(broker).items()}
-        return CpuUse(elapsed, used, major_faults=faults)
+        steal_after = steal_seconds()
+        steal = None if steal_before is None or steal_after is None else steal_after - steal_before
+        return CpuUse(elapsed, used, major_faults=faults, steal_s=steal)
 
     return since
 
@@ -1448,8 +1465,10 @@ def print_cores(name: str, while_: str, cpu: CpuUse | None) -> None:
     if cpu is not None and cpu.cores():
         busy = ", ".join(f"{k} {v:.2f}" for k, v in cpu.cores().items())
         faults = ", ".join(f"{k} {v}" for k, v in cpu.major_faults.items())
+        stolen = steal_cores(cpu)
+        steal = "" if stolen is None else f"; taken by the hypervisor (steal): {stolen:.2f} cores"
         print(
-            f"  {name} cores busy while {while_}: {busy}; major page faults: {faults}",
+            f"  {name} cores busy while {while_}: {busy}; major page faults: {faults}{steal}",
             flush=True,
         )
 
@@ -1759,6 +1778,16 @@ def cpu_per_gb(use: CpuUse | None, *who: str) -> float | None:
     return use.per_gb(*who) if use is not None else None
 
 
+STEAL_METRIC = "VM steal cores, producing"  # the machine's, not a broker's: no ratio of it
+
+
+def steal_cores(use: CpuUse | None) -> float | None:
+    """The cores the hypervisor took, on average, over the window (the VM's noise)."""
+    if use is None or use.steal_s is None or use.wall_s <= 0:
+        return None
+    return use.steal_s / use.wall_s
+
+
 def python_metrics(cold: bool) -> list[Metric]:
     metrics: list[Metric] = [
         ("produce MB/s", lambda r: r.produce_mbs, 1),
@@ -1776,6 +1805,7 @@ def python_metrics(cold: bool) -> list[Metric]:
             0,
         ),
         ("broker CPU s/GB produced", lambda r: cpu_per_gb(r.produce_cpu, *BROKER_PROCESSES), 1),
+        (STEAL_METRIC, lambda r: steal_cores(r.produce_cpu), 2),
         ("cold consume MB/s" if cold else "consume MB/s", lambda r: r.consume_mbs, 1),
         ("broker CPU s/GB consumed", lambda r: cpu_per_gb(r.consume_cpu, *BROKER_PROCESSES), 1),
     ]
@@ -1854,6 +1884,8 @@ def client_tables(
         rows = []
         for p in partitions:
             for metric, get, _ in metrics:
+                if metric == STEAL_METRIC:
+                    continue
                 cells = [ratio(value(o, p, get), value(t, p, get)) for o, t in pairs]
                 if any(c.strip() != "-" for c in cells):  # not automq-py's GETs against Kafka
                     rows.append((p, metric, cells))
