@@ -39,6 +39,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group("podman"))
 
 
+LARGE_FILE = 16 << 20  # a broker's preallocated WAL (256 MiB in tests), SeaweedFS's volumes
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_large_files_left(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """At the session's end, delete the large files under its temporary directory. pytest
+    removes that directory after a passing session but keeps all of it after a failure
+    (``tmp_path_retention_policy = failed``): the logs a failure is read from, and beside them
+    every broker's preallocated WAL, 12 GB of them after one failed test."""
+    yield
+    for root, _, files in os.walk(tmp_path_factory.getbasetemp()):
+        for name in files:
+            path = os.path.join(root, name)
+            try:
+                if not os.path.islink(path) and os.path.getsize(path) >= LARGE_FILE:
+                    os.unlink(path)
+            except OSError:
+                continue
+
+
 @pytest.fixture(scope="session", autouse=True)
 def bytecode_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Where the environment says not to write bytecode (PYTHONDONTWRITEBYTECODE), the Python
