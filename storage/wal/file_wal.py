@@ -37,6 +37,15 @@ there a stalled or busy disk delays acknowledgements, not the loop. A lone slow 
 beside a busy neighbour (an S3 server on the same cores) they come a few times a second, and
 the thread's hand-backs under that contention cost more than the write.
 
+Asynchronous commits: where the kernel offers io_uring (``storage.wal.uring``), the loop does
+not wait for its commits at all. It copies the batch, and the zeros up to its page's end, into a
+staging buffer, submits it as one write of the same ``O_DSYNC`` descriptor, and goes on serving;
+when the write completes (the kernel's worker made it, durable) the loop acknowledges the batch
+and commits at once what queued meanwhile (up to ``ASYNC_COMMIT_MAX`` bytes). A disk that holds a
+write then delays acknowledgements, never the loop, and no Python thread hands results back.
+One such write is in flight at a time, under ``_commit_lock`` like any commit; the writer thread
+still takes larger batches, those with padding in them, and the header writes.
+
 Torn tails: at most ``window`` bytes (kept in the header) are ever written past the last
 fsync. After a crash, recovery stops at the first invalid record and zeroes the next ``window``
 bytes of free ring, so records that a crashed run wrote past the cut can never line up with the
@@ -64,6 +73,7 @@ from storage.wal import record
 from storage.wal.errors import CorruptRecordError, WALError
 from storage.wal.header import HEADER_AREA_SIZE, SLOT_COUNT, SLOT_SIZE, WALHeader
 from storage.wal.record import HEADER_SIZE, Buffer
+from storage.wal.uring import RingWriter, open_ring
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +94,9 @@ INLINE_STALL_S = 0.02
 INLINE_SLOW_S = 0.005
 INLINE_SLOW_RUN = 2
 INLINE_PAUSE_S = 1.0
+# Most bytes one asynchronous commit writes (see "Asynchronous commits" above); larger batches
+# go to the writer thread.
+ASYNC_COMMIT_MAX = 4 * 1024 * 1024
 _ZEROS_VIEW = memoryview(bytes(1024 * 1024))  # written as the zero fill: never copied
 _PAGE_SIZE = mmap.PAGESIZE  # the page cache's unit: a write ending inside a page reads it first
 try:
@@ -327,6 +340,10 @@ class FileWAL:
         self._inline_commits = 0
         self._inline_paused_until = 0.0  # time.monotonic(): commits go to the thread until
         self._inline_slow_run = 0  # inline writes in a row that took INLINE_SLOW_S or more
+        # the event loop's asynchronous commits (None: no io_uring here)
+        self._ring: RingWriter | None = None
+        self._ring_batch: tuple[list[tuple[_Pending, int, int]], int, float] | None = None
+        self._ring_commits = 0  # (the one in flight: its appends, bytes to write, start time)
         # see WriteAheadLog.after_acknowledgements
         self.after_acknowledgements: list[Callable[[], object]] = []
         self._writer_done = False  # it has taken its last request
@@ -358,6 +375,7 @@ class FileWAL:
         node_id: int = 0,
         init_zero: bool = False,
         inline_commit_max: int = INLINE_COMMIT_MAX,
+        use_io_uring: bool = True,
     ) -> FileWAL:
         """Open the WAL at ``path``, creating and preallocating it if it does not exist.
 
@@ -365,7 +383,9 @@ class FileWAL:
         file's. A file owned by another node id, or open in another process, is refused.
         ``init_zero`` (``s3.wal.init.zero``): a new file's blocks are written with zeros, not
         only allocated (see ``_write_zeros``). ``inline_commit_max``: the most bytes the event
-        loop commits itself (0: the writer thread makes every commit).
+        loop commits itself (0: the writer thread makes every commit). ``use_io_uring``: the
+        event loop submits its commits to an io_uring where the kernel allows (else, or False,
+        it writes them itself).
         """
         if capacity < MIN_CAPACITY:
             raise WALError(f"s3.wal.capacity must be at least {MIN_CAPACITY} bytes, got {capacity}")
@@ -438,6 +458,8 @@ class FileWAL:
         except BaseException:
             os.close(fd)
             raise
+        if use_io_uring and inline_commit_max > 0:
+            wal._start_ring()
         wal._thread = threading.Thread(
             target=wal._writer_main, name=f"wal-writer:{os.path.basename(path)}", daemon=True
         )
@@ -494,7 +516,8 @@ class FileWAL:
             return f"p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms, max {ordered[-1] * 1e3:.1f} ms"
 
         return (
-            f"{len(self._write_times)} group commits ({self._inline_commits} on the event loop): "
+            f"{len(self._write_times)} group commits ({self._inline_commits} on the event loop"
+            f"{f', {self._ring_commits} of them asynchronous' if self._ring_commits else ''}): "
             f"O_DSYNC write {spread(self._write_times)};"
             f" {len(self._wait_times)} appends: queued {spread(self._queued_times)},"
             f" acknowledged {spread(self._wait_times)}"
@@ -697,12 +720,13 @@ class FileWAL:
         write what is queued here and acknowledge it, or hand it to the writer thread when
         it is large, near the ring's end, or the thread has work of its own."""
         self._inline_scheduled = False
-        if not self._queue:
-            return
+        if not self._queue or self._ring_batch is not None:
+            return  # the commit in flight commits what queued meanwhile once it is done
         size = sum(pending.size for pending in self._queue)
+        ring = self._ring is not None
         inline = (
-            size <= self._inline_max
-            and time.monotonic() >= self._inline_paused_until
+            size <= (ASYNC_COMMIT_MAX if ring else self._inline_max)
+            and (ring or time.monotonic() >= self._inline_paused_until)
             and self._failed is None
             and not self._closing
             and self.free_space > size + self._inline_max
@@ -712,10 +736,15 @@ class FileWAL:
             with self._cond:
                 self._cond.notify()
             return
+        in_flight = False
         try:
             with self._cond:
                 handed_over = not self._writer_idle or bool(self._header_requests)
             planned = None if handed_over else self._plan_batch(blocking=False)
+            if planned is not None and planned[0] and ring:
+                in_flight = self._submit_to_ring(*planned)
+                if in_flight:
+                    return  # the lock stays held until _ring_done
             if planned is not None and planned[0]:
                 self._inline_commits += 1
                 writes = self._fsyncs
@@ -733,10 +762,99 @@ class FileWAL:
                         INLINE_PAUSE_S,
                     )
         finally:
-            self._commit_lock.release()
+            if not in_flight:
+                self._commit_lock.release()
         if self._queue:
             with self._cond:
                 self._cond.notify()
+
+    # --- asynchronous commits -------------------------------------------------------------
+
+    def _start_ring(self) -> None:
+        """Have the event loop submit its commits to an io_uring, where the kernel allows."""
+        writer, why = open_ring(self._fd, ASYNC_COMMIT_MAX + _PAGE_SIZE)
+        if writer is None:
+            logger.info("WAL %s: commits are written on the event loop: %s", self._path, why)
+            return
+        self._ring = writer
+        self._loop.add_reader(writer.eventfd, self._ring_done)
+        logger.debug("WAL %s: the event loop's commits are written by an io_uring", self._path)
+
+    def _stop_ring(self) -> None:
+        writer, self._ring = self._ring, None
+        if writer is not None:
+            self._loop.remove_reader(writer.eventfd)
+            writer.close()
+
+    def _submit_to_ring(self, acked: list[tuple[_Pending, int, int]], writes: list[_Write]) -> bool:
+        """Under the commit lock, on the event loop: copy one batch, and the zeros up to its
+        page's end, into the staging buffer and submit it as one write. False: not so
+        (padding in it, or the kernel refused it); the caller writes it on the loop."""
+        writer = self._ring
+        if writer is None or any(write.parts is None for write in writes):
+            return False
+        end = acked[-1][2]
+        fill = self._page_fill(end)
+        length = end - writes[0].offset + fill
+        if length > len(writer.staging):
+            return False
+        staging = writer.staging
+        at = 0
+        for write in writes:
+            for buffer in record.encode(write.offset, write.parts or ()):
+                view = memoryview(buffer).cast("B")
+                staging[at : at + len(view)] = view
+                at += len(view)
+        staging[at : at + fill] = _ZEROS_VIEW[:fill]
+        started = time.perf_counter()
+        try:
+            writer.submit(HEADER_AREA_SIZE + writes[0].offset % self._capacity, length)
+        except OSError as exc:
+            logger.warning(
+                "WAL %s: the io_uring refused a write (%s); commits are written on the event "
+                "loop from now on",
+                self._path,
+                exc,
+            )
+            self._stop_ring()
+            return False
+        self._ring_batch = (acked, length, started)
+        return True
+
+    def _ring_done(self) -> None:
+        """On the event loop, when the eventfd says the write in flight has completed:
+        acknowledge its batch, then commit what queued meanwhile."""
+        writer, batch = self._ring, self._ring_batch
+        if writer is None:
+            return
+        result = writer.reap()
+        if result is None or batch is None:
+            return
+        acked, length, started = batch
+        self._ring_batch = None
+        if result != length:
+            reason = os.strerror(-result) if result < 0 else f"{result} of {length} bytes written"
+            failure = WALError(
+                f"WAL {self._path}: writing offsets [{acked[0][1]}, {acked[-1][2]}) failed; the WAL"
+                f" accepts no more appends: {reason}"
+            )
+            self._failed = failure
+            self._commit_lock.release()
+            self._complete(acked, 0, failure)
+            self._fail_queued(failure)
+            self._enter_failed(failure)
+            return
+        self._write_times.append(time.perf_counter() - started)
+        self._next = acked[-1][2]
+        self._fsyncs += 1
+        self._bytes += acked[-1][2] - acked[0][1]
+        self._appends += len(acked)
+        self._inline_commits += 1
+        self._ring_commits += 1
+        self._commit_lock.release()
+        self._complete(acked, 0, None)
+        if self._queue:
+            self._commit_inline()
 
     # --- the writer thread ------------------------------------------------------------------
     #
@@ -1094,6 +1212,7 @@ class FileWAL:
             self._closed = True
             if self._thread is not None:
                 await asyncio.to_thread(self._thread.join)
+            self._stop_ring()
             os.close(self._fd)
 
 

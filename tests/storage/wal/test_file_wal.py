@@ -714,7 +714,7 @@ async def test_small_commits_are_made_by_the_event_loop_and_large_ones_by_the_th
     while the writer thread is idle and the batch small; a larger batch goes to the thread.
     Either way each is durable when acknowledged, in offset order."""
     path = tmp_path / "wal"
-    wal = await FileWAL.open(str(path), CAPACITY, inline_commit_max=4096)
+    wal = await FileWAL.open(str(path), CAPACITY, inline_commit_max=4096, use_io_uring=False)
     small = await asyncio.gather(*(wal.append(f"small {i}".encode()) for i in range(10)))
     assert wal.stats.fsyncs == 1 and wal._inline_commits == 1  # one pass: one commit
     assert "(1 on the event loop)" in wal.timing_summary()
@@ -736,7 +736,9 @@ async def test_a_commit_the_disk_held_sends_the_next_ones_to_the_thread(
 ) -> None:
     """A write on the event loop that the disk held holds the loop too: for a while after one,
     the writer thread makes the commits, and a stalled disk then delays only acknowledgements."""
-    wal = await FileWAL.open(str(tmp_path / "wal"), CAPACITY, inline_commit_max=4096)
+    wal = await FileWAL.open(
+        str(tmp_path / "wal"), CAPACITY, inline_commit_max=4096, use_io_uring=False
+    )
     real_pwritev = os.pwritev
     delays = [file_wal.INLINE_STALL_S * 1.5]
 
@@ -763,7 +765,9 @@ async def test_slow_commits_in_a_row_send_the_next_ones_to_the_thread_a_lone_one
 ) -> None:
     """A busy disk's slow writes (under a stall) pause the loop's commits only when they come
     in a row: a lone one, between fast writes, leaves them on the loop."""
-    wal = await FileWAL.open(str(tmp_path / "wal"), CAPACITY, inline_commit_max=4096)
+    wal = await FileWAL.open(
+        str(tmp_path / "wal"), CAPACITY, inline_commit_max=4096, use_io_uring=False
+    )
     real_pwritev = os.pwritev
     slow = file_wal.INLINE_SLOW_S * 1.5
     assert slow < file_wal.INLINE_STALL_S and file_wal.INLINE_SLOW_RUN == 2
@@ -791,7 +795,9 @@ async def test_a_failed_write_on_the_event_loop_fails_the_batch_and_every_later_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An inline commit's failed write is the thread's: nothing acknowledged, the WAL failed."""
-    wal = await FileWAL.open(str(tmp_path / "wal"), CAPACITY, inline_commit_max=4096)
+    wal = await FileWAL.open(
+        str(tmp_path / "wal"), CAPACITY, inline_commit_max=4096, use_io_uring=False
+    )
     await wal.append(b"durable")
     assert wal._inline_commits == 1
 

@@ -1,0 +1,137 @@
+"""FileWAL's asynchronous commits: the event loop submits its commits to an io_uring and
+acknowledges them when the eventfd says they are durable."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import mmap
+import random
+from pathlib import Path
+
+import pytest
+
+from storage.wal import FileWAL, WALError, file_wal
+from storage.wal.header import HEADER_AREA_SIZE
+from storage.wal.uring import RingWriter
+
+CAPACITY = 64 * 1024
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def open_ring_wal(path: Path, capacity: int = CAPACITY, inline: int = 4096) -> FileWAL:
+    wal = await FileWAL.open(str(path), capacity, inline_commit_max=inline)
+    assert wal._ring is not None, "this machine's kernel offers io_uring"
+    return wal
+
+
+async def reopen(path: Path, capacity: int = CAPACITY) -> tuple[FileWAL, list[tuple[int, bytes]]]:
+    wal = await FileWAL.open(str(path), capacity)
+    return wal, [(r.offset, bytes(r.body)) for r in wal.recover()]
+
+
+def file_bytes(path: Path, position: int, length: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(position)
+        return f.read(length)
+
+
+async def test_the_loops_commits_go_through_the_ring_and_are_durable(tmp_path: Path) -> None:
+    path = tmp_path / "wal"
+    wal = await open_ring_wal(path)
+    await asyncio.gather(*(wal.append(f"first {i}".encode()) for i in range(10)))
+    assert wal._ring_commits == 1 and wal.stats.fsyncs == 1  # one pass, one write
+    assert "(1 on the event loop, 1 of them asynchronous)" in wal.timing_summary()
+    second = await asyncio.gather(*(wal.append(bytes([i]) * 700) for i in range(3)))
+    assert wal._ring_commits == 2
+    end = second[-1].next_offset  # the write was zero-filled to its page's end
+    page_end = -(-(HEADER_AREA_SIZE + end) // mmap.PAGESIZE) * mmap.PAGESIZE
+    assert file_bytes(path, HEADER_AREA_SIZE + end, page_end - HEADER_AREA_SIZE - end) == bytes(
+        page_end - HEADER_AREA_SIZE - end
+    )
+    await wal.close(clean=False)
+    wal, records = await reopen(path)
+    await wal.close()
+    assert [body for _, body in records] == [f"first {i}".encode() for i in range(10)] + [
+        bytes([i]) * 700 for i in range(3)
+    ]
+
+
+async def test_appends_while_a_write_is_in_flight_form_the_next_one(
+    tmp_path: Path,
+) -> None:
+    wal = await open_ring_wal(tmp_path / "wal")
+    try:
+        first = wal.submit(b"alone")
+        await asyncio.sleep(0)  # the commit is made at the loop's next pass: now in flight
+        assert wal._ring_batch is not None and not first.done()
+        rest = [wal.submit(f"queued {i}".encode()) for i in range(5)]
+        await asyncio.gather(first, *rest)
+        assert wal.stats.fsyncs == 2 and wal._ring_commits == 2
+        offsets = [f.result().offset for f in (first, *rest)]
+        assert offsets == sorted(offsets)
+    finally:
+        await wal.close()
+
+
+async def test_ring_and_thread_commits_over_many_laps_never_lose_a_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ring's commits beside the thread's (batches over ASYNC_COMMIT_MAX) and the loop's
+    own (padding at a lap end), the zeros after each stopping at the oldest live byte, with the
+    WAL closed and recovered every few rounds."""
+    monkeypatch.setattr(file_wal, "ASYNC_COMMIT_MAX", 3000)
+    capacity = 16 * 1024
+    path = tmp_path / "wal"
+    rng = random.Random(7)
+    wal = await open_ring_wal(path, capacity, inline=256)
+    ring = thread = 0
+    live: list[tuple[int, int, bytes]] = []
+    for round_ in range(300):
+        bodies = [rng.randbytes(rng.randint(0, 1500)) for _ in range(rng.randint(1, 4))]
+        results = await asyncio.gather(*(wal.append(b) for b in bodies))
+        for body, result in zip(bodies, results, strict=True):
+            live.append((result.offset, result.next_offset, body))
+        while live[-1][1] - live[0][0] > capacity // 2:
+            live.pop(0)
+        await wal.trim(live[0][0])
+        if round_ % 6 == 5:
+            ring += wal._ring_commits
+            thread += wal.stats.fsyncs - wal._inline_commits
+            await wal.close(clean=rng.random() < 0.5)
+            wal, records = await reopen(path, capacity)
+            assert records == [(offset, body) for offset, _, body in live]
+            await wal.close()
+            wal = await open_ring_wal(path, capacity, inline=256)
+            assert [(r.offset, bytes(r.body)) for r in wal.recover()] == records
+    await wal.close()
+    assert wal.next_offset > 20 * capacity
+    assert ring > 100 and thread > 10
+
+
+async def test_a_failed_ring_write_fails_the_batch_and_every_later_append(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wal = await open_ring_wal(tmp_path / "wal")
+    await wal.append(b"durable")
+    assert wal._ring_commits == 1
+    real_reap = RingWriter.reap
+
+    def failing_reap(self: RingWriter) -> int | None:
+        result = real_reap(self)
+        return None if result is None else -errno.EIO
+
+    monkeypatch.setattr(RingWriter, "reap", failing_reap)
+    batch = await asyncio.gather(*(wal.append(b"lost") for _ in range(5)), return_exceptions=True)
+    assert all(isinstance(r, WALError) and "Input/output error" in str(r) for r in batch)
+    monkeypatch.undo()
+    with pytest.raises(WALError, match="failed state"):
+        await wal.append(b"later")
+    assert wal.stats.appends == 1
+    await asyncio.wait_for(wal.close(), 5)
+    wal, records = await reopen(tmp_path / "wal")
+    await wal.close()
+    # the failed batch was never acknowledged; its bytes may have reached the disk (as a
+    # write that failed after the device took it)
+    assert [body for _, body in records][:1] == [b"durable"]
