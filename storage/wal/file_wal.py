@@ -745,6 +745,10 @@ class FileWAL:
                 in_flight = self._submit_to_ring(*planned)
                 if in_flight:
                     return  # the lock stays held until _ring_done
+                if size > self._inline_max:  # too large to write on the loop: the thread's
+                    with self._cond:
+                        self._queue.extendleft(pending for pending, _, _ in reversed(planned[0]))
+                    planned = None
             if planned is not None and planned[0]:
                 self._inline_commits += 1
                 writes = self._fsyncs
