@@ -419,7 +419,16 @@ async def test_a_failed_wal_write_is_a_storage_error_and_the_connection_stays(
         def disk_failed(writes: object) -> None:
             raise OSError(errno.EIO, "injected: the disk failed")
 
-        monkeypatch.setattr(broker.storage.wal, "_write_and_sync", disk_failed)
+        wal = broker.storage.wal
+        monkeypatch.setattr(wal, "_write_and_sync", disk_failed)  # the writer thread's writes
+        ring = getattr(wal, "_ring", None)
+        assert ring is not None  # the event loop's: through an io_uring, on this machine
+        real_reap = ring.reap
+
+        def failed_reap() -> int | None:  # each completed write reports the disk's error
+            return None if real_reap() is None else -errno.EIO
+
+        monkeypatch.setattr(ring, "reap", failed_reap)
         for n in (1, 2):
             code, _ = await asyncio.to_thread(produce, conn, "disk", numbered_batch(n), 10_000)
             assert code == ErrorCode.KAFKA_STORAGE_ERROR, ErrorCode(code)
