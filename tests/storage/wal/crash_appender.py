@@ -1,8 +1,10 @@
 """Child process for the WAL crash test: appends until killed, printing what is durable.
 
-Run as ``python crash_appender.py PATH CAPACITY FIRST_SEQ``. Eight appenders share one
-``FileWAL``; after each acknowledged append it prints ``A <offset> <seq>``, after each
-completed trim ``T <offset>``. Bodies come from ``body_for(seq)`` so the parent can rebuild them.
+Run as ``python crash_appender.py PATH CAPACITY FIRST_SEQ [INLINE_MAX]``. Eight appenders share
+one ``FileWAL`` (``inline_commit_max`` INLINE_MAX); it first prints ``M ring`` when the event
+loop's commits go through an io_uring (else ``M loop``), then after each acknowledged append
+``A <offset> <seq>``, after each completed trim ``T <offset>``. Bodies come from
+``body_for(seq)`` so the parent can rebuild them.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import itertools
 import random
 import sys
 
-from storage.wal import FileWAL
+from storage.wal import FileWAL, file_wal
 
 
 def body_for(seq: int) -> bytes:
@@ -21,8 +23,9 @@ def body_for(seq: int) -> bytes:
     return rng.randbytes(rng.randint(0, 3000))
 
 
-async def main(path: str, capacity: int, first_seq: int) -> None:
-    wal = await FileWAL.open(path, capacity)
+async def main(path: str, capacity: int, first_seq: int, inline_max: int) -> None:
+    wal = await FileWAL.open(path, capacity, inline_commit_max=inline_max)
+    print(f"M {'ring' if wal._ring is not None else 'loop'}", flush=True)
     for _ in wal.recover():
         pass
     seqs = itertools.count(first_seq)
@@ -46,4 +49,5 @@ async def main(path: str, capacity: int, first_seq: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
+    inline_max = int(sys.argv[4]) if len(sys.argv) > 4 else file_wal.INLINE_COMMIT_MAX
+    asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), inline_max))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from storage.wal import FileWAL
+from storage.wal import FileWAL, file_wal
 from tests.storage.wal.crash_appender import body_for
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -22,12 +22,19 @@ CAPACITY = 256 * 1024
 pytestmark = pytest.mark.timeout(60)
 
 
-def run_and_kill(path: Path, first_seq: int, kill_after_lines: int) -> list[str]:
+def run_and_kill(path: Path, first_seq: int, kill_after_lines: int, inline_max: int) -> list[str]:
     """Run the appender until it has printed ``kill_after_lines`` lines, SIGKILL it, and return
     every complete line it printed."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, str(APPENDER), str(path), str(CAPACITY), str(first_seq)],
+        [
+            sys.executable,
+            str(APPENDER),
+            str(path),
+            str(CAPACITY),
+            str(first_seq),
+            str(inline_max),
+        ],
         stdout=subprocess.PIPE,
         env=env,
     )
@@ -51,11 +58,24 @@ def run_and_kill(path: Path, first_seq: int, kill_after_lines: int) -> list[str]
     return [line.decode() for line in lines if line.endswith(b"\n")]
 
 
-async def test_every_acknowledged_record_survives_sigkill(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("commits", "inline_max"),
+    [
+        # the ring's room left after a commit must exceed the loop's largest: with 256 KiB of
+        # ring, every commit is the writer thread's
+        ("thread", file_wal.INLINE_COMMIT_MAX),
+        ("ring", 4096),  # the event loop's, through an io_uring
+    ],
+)
+async def test_every_acknowledged_record_survives_sigkill(
+    tmp_path: Path, commits: str, inline_max: int
+) -> None:
     path = tmp_path / "wal"
     rng = random.Random()
     for round_ in range(3):
-        lines = run_and_kill(path, round_ * 1_000_000, rng.randint(300, 3000))
+        lines = run_and_kill(path, round_ * 1_000_000, rng.randint(300, 3000), inline_max)
+        if commits == "ring":
+            assert lines[0] == "M ring\n"
         acked = [(int(f[1]), int(f[2])) for f in (ln.split() for ln in lines) if f[0] == "A"]
         trims = [int(f[1]) for f in (ln.split() for ln in lines) if f[0] == "T"]
         assert acked, "the appender acknowledged nothing"
