@@ -94,6 +94,8 @@ INLINE_STALL_S = 0.02
 INLINE_SLOW_S = 0.005
 INLINE_SLOW_RUN = 2
 INLINE_PAUSE_S = 1.0
+# How long open() waits for another process's lock on the file (see _lock)
+LOCK_WAIT_S = 5.0
 # Most bytes one asynchronous commit writes (see "Asynchronous commits" above); larger batches
 # go to the writer thread.
 ASYNC_COMMIT_MAX = 4 * 1024 * 1024
@@ -198,17 +200,31 @@ def _pwrite_all(fd: int, buffers: Sequence[Buffer], position: int) -> None:
                 written = 0
 
 
-def _lock(fd: int, path: str) -> None:
+async def _lock(fd: int, path: str) -> None:
     """Take the WAL for this process alone, for as long as ``fd`` is open: a second writer
     (another broker started on the same data) would interleave records and trim the ring
-    under the first."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise WALError(
-            f"WAL file {path} is in use by another process: is another broker running on the "
-            f"same s3.wal.path?"
-        ) from None
+    under the first.
+
+    A process killed with a write in its io_uring keeps the file open after it has exited,
+    until the kernel has finished that write: its lock goes with it, so this waits up to
+    ``LOCK_WAIT_S`` for it (recovering before that write lands could append where it then
+    lands)."""
+    deadline = time.monotonic() + LOCK_WAIT_S
+    waited = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise WALError(
+                    f"WAL file {path} is in use by another process: is another broker running "
+                    f"on the same s3.wal.path?"
+                ) from None
+        if not waited:
+            waited = True
+            logger.info("WAL %s: waiting for the process that held it to let go", path)
+        await asyncio.sleep(0.02)
 
 
 def _fsync_dir(path: str) -> None:
@@ -416,7 +432,7 @@ class FileWAL:
         # pwritev, not a pwritev and an fdatasync (one less hand-back of the GIL per commit)
         fd = os.open(path, os.O_RDWR | os.O_DSYNC)
         try:
-            _lock(fd, path)
+            await _lock(fd, path)
             copies = [os.pread(fd, wal_header.ENCODED_SIZE, slot * SLOT_SIZE) for slot in (0, 1)]
             found, problems = wal_header.choose(copies)
             for problem in problems:

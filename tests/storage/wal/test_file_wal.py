@@ -593,11 +593,16 @@ async def test_another_nodes_wal_is_refused(tmp_path: Path) -> None:
         await FileWAL.open(str(path), CAPACITY, node_id=2)
 
 
-async def test_a_wal_open_elsewhere_is_refused(tmp_path: Path) -> None:
+async def test_a_wal_open_elsewhere_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(file_wal, "LOCK_WAIT_S", 0.3)
     path = tmp_path / "wal"
     wal = await FileWAL.open(str(path), CAPACITY)
+    started = time.monotonic()
     with pytest.raises(WALError, match="in use by another process"):
         await FileWAL.open(str(path), CAPACITY)
+    assert time.monotonic() - started >= 0.3  # it waited for the holder to let go first
     await wal.close()
     wal, records = await reopen(path)  # closing released it
     assert records == []
