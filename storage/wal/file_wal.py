@@ -854,21 +854,11 @@ class FileWAL:
         self._ring_batch = None
         if result != length:
             reason = os.strerror(-result) if result < 0 else f"{result} of {length} bytes written"
-            failure = WALError(
-                f"WAL {self._path}: writing offsets [{acked[0][1]}, {acked[-1][2]}) failed; the WAL"
-                f" accepts no more appends: {reason}"
-            )
-            self._failed = failure
             self._commit_lock.release()
-            self._complete(acked, 0, failure)
-            self._fail_queued(failure)
-            self._enter_failed(failure)
+            self._fail_batch(acked, reason, None, on_loop=True)
             return
         self._write_times.append(time.perf_counter() - started)
-        self._next = acked[-1][2]
-        self._fsyncs += 1
-        self._bytes += acked[-1][2] - acked[0][1]
-        self._appends += len(acked)
+        self._count_commit(acked, acked[-1][2] - acked[0][1])
         self._inline_commits += 1
         self._ring_commits += 1
         self._commit_lock.release()
@@ -993,32 +983,53 @@ class FileWAL:
     ) -> None:
         """Write and fsync one batch, then hand its results to the event loop (``inline``:
         on it, acknowledged at once)."""
-        first, end = acked[0][1], acked[-1][2]
         try:
             self._write_and_sync(writes)
         except BaseException as exc:
             # Never retry after a failed fsync: the kernel may have dropped the dirty pages, so
             # a later "successful" fsync would acknowledge lost data.
-            failure = WALError(
-                f"WAL {self._path}: writing offsets [{first}, {end}) failed; the WAL accepts no"
-                f" more appends: {exc!r}"
-            )
-            failure.__cause__ = exc
-            self._failed = failure
-            self._post(self._complete, acked, 0, failure)
-            self._fail_queued(failure)
-            self._post(self._enter_failed, failure)
+            self._fail_batch(acked, repr(exc), exc, on_loop=False)
             if not isinstance(exc, Exception):
                 raise
             return
-        self._next = end
-        self._fsyncs += 1
-        self._bytes += sum(write.size for write in writes)
-        self._appends += len(acked)
+        self._count_commit(acked, sum(write.size for write in writes))
         if inline:
             self._complete(acked, 0, None)
         else:
             self._post(self._complete, acked, 0, None)
+
+    def _count_commit(self, acked: list[tuple[_Pending, int, int]], written: int) -> None:
+        """A batch is durable: the file's next offset moves past it."""
+        self._next = acked[-1][2]
+        self._fsyncs += 1
+        self._bytes += written
+        self._appends += len(acked)
+
+    def _fail_batch(
+        self,
+        acked: list[tuple[_Pending, int, int]],
+        reason: str,
+        cause: BaseException | None,
+        *,
+        on_loop: bool,
+    ) -> None:
+        """A batch's write or fsync failed: fail it, everything queued and every later append
+        (``on_loop``: called on the event loop, which is told at once rather than posted to)."""
+        failure = WALError(
+            f"WAL {self._path}: writing offsets [{acked[0][1]}, {acked[-1][2]}) failed; the WAL"
+            f" accepts no more appends: {reason}"
+        )
+        failure.__cause__ = cause
+        self._failed = failure
+        if on_loop:
+            self._complete(acked, 0, failure)
+        else:
+            self._post(self._complete, acked, 0, failure)
+        self._fail_queued(failure)
+        if on_loop:
+            self._enter_failed(failure)
+        else:
+            self._post(self._enter_failed, failure)
 
     def _complete(
         self, acked: list[tuple[_Pending, int, int]], dropped: int, failure: WALError | None
