@@ -129,6 +129,8 @@ class ClusterController:
         except Exception as e:
             held = False
             log.debug("controller lease: %s", e)
+            # (the heartbeats went unread meanwhile: their silence is the outage's, not theirs)
+            self._monitor.database_unreachable()
         if not held:
             if self._me is not None:
                 log.info("broker %d is no longer the controller", self.node_id)

@@ -138,6 +138,9 @@ class HeartbeatMonitor:
         # ... or, for a new controller, from what the table says (see poll)
         self._carry_silence = False
         self._recent_s = recent_s
+        # when this process last failed to reach the database (None: not since it started):
+        # silence older than that may be the outage's, never carried over
+        self._unreachable_at: float | None = None
 
     async def poll(self) -> None:
         """Read every broker's count; a failed read makes the next one start sessions anew."""
@@ -148,18 +151,22 @@ class HeartbeatMonitor:
                 "EXTRACT(EPOCH FROM now() - seen_at)::float8 AS silent FROM broker_heartbeats"
             )
         except MetadataUnavailableError:
-            self._fresh, self._carry_silence = True, False
+            self.database_unreachable()
             raise
         except UNAVAILABLE as e:
-            self._fresh, self._carry_silence = True, False
+            self.database_unreachable()
             raise self._conn.unavailable(e) from e
         now = self._clock()
         # A new controller takes over how long each broker has been silent from the table
         # (PostgreSQL's clock on both sides), so a broker that died with the old controller is
         # fenced a session after its last heartbeat, not a session after the takeover; but only
         # while some broker's heartbeats are recent: after an outage of the database itself
-        # every session starts afresh, as nobody could beat meanwhile.
+        # every session starts afresh, as nobody could beat meanwhile. Nor is silence carried
+        # from before this process last failed to reach the database: some brokers may have
+        # beaten since the outage ended and others not yet (their next beat is due), and all
+        # were silent through it.
         carry = self._carry_silence and any(r["silent"] <= self._recent_s for r in rows)
+        carry_max = float("inf") if self._unreachable_at is None else now - self._unreachable_at
         for row in rows:
             node, incarnation, beats = row["node_id"], row["incarnation"], row["beats"]
             seen = self._seen.get(node)
@@ -169,7 +176,9 @@ class HeartbeatMonitor:
                 or seen.incarnation != incarnation
                 or seen.beats != beats
             ):
-                silent = max(0.0, float(row["silent"])) if carry and self._fresh else 0.0
+                silent = 0.0
+                if carry and self._fresh:
+                    silent = min(max(0.0, float(row["silent"])), carry_max)
                 self._seen[node] = _Seen(incarnation, beats, now - silent)
         self._fresh = False
         self._carry_silence = False
@@ -182,6 +191,13 @@ class HeartbeatMonitor:
     def incarnation(self, node_id: int) -> int | None:
         seen = self._seen.get(node_id)
         return None if seen is None else seen.incarnation
+
+    def database_unreachable(self) -> None:
+        """This process could not reach the database (a failed poll, or the lease's renewal):
+        the next poll starts every session afresh, and no later one carries silence over from
+        before now."""
+        self._unreachable_at = self._clock()
+        self._fresh, self._carry_silence = True, False
 
     def restart_sessions(self) -> None:
         """Take every broker's session up at the next poll from the table (a new controller

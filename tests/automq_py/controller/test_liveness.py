@@ -154,3 +154,33 @@ async def test_a_new_controller_takes_up_how_long_brokers_have_been_silent(
             await m.close()
         await one.close()
         await two.close()
+
+
+async def test_silence_from_before_the_database_was_away_is_not_taken_up(
+    postgres_url: str,
+) -> None:
+    """A controller that took the lease after an outage of the database (its renewals failed)
+    finds one broker whose first heartbeat since has landed and another whose next one is still
+    due: the second was silent through the outage, as everyone was, and is not fenced for it."""
+    clock = FakeClock()
+    one = HeartbeatSender(postgres_url, 21)
+    two = HeartbeatSender(postgres_url, 22)
+    monitor = HeartbeatMonitor(postgres_url, clock, recent_s=1.0)
+    try:
+        await one.beat(incarnation=1)
+        await two.beat(incarnation=1)
+        await asyncio.sleep(1.5)
+        monitor.database_unreachable()  # the lease's renewal failed while it was away
+        clock.now += 0.3
+        await one.beat(incarnation=1)  # back: twenty-one beat, twenty-two's beat is due
+        monitor.restart_sessions()  # the lease taken again, at a new epoch
+        await monitor.poll()
+        assert monitor.silent_for(22) == pytest.approx(0.3)
+        assert (monitor.silent_for(21) or 0) <= 0.3
+        clock.now += 2.0
+        await monitor.poll()
+        assert monitor.silent_for(22) == pytest.approx(2.3)  # from then on its silence counts
+    finally:
+        await monitor.close()
+        await one.close()
+        await two.close()
