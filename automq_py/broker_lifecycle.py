@@ -88,7 +88,14 @@ class BrokerLifecycle:
 
     async def _beat(self) -> None:
         started = time.monotonic()
+        lapsed = not self.in_session()
         await self._sender.beat(self.registration.incarnation)
+        if lapsed:
+            # Out of session until now (frozen, or cut off): the controller may have fenced this
+            # incarnation meanwhile, and this broker's image may not show it yet. The session
+            # counts again only once the image holds what was committed up to this beat, so
+            # acknowledgements held meanwhile are answered by ``fenced`` as it really is.
+            await self._metadata.catch_up()
         self._last_beat = started
 
     async def _heartbeats(self) -> None:
