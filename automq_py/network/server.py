@@ -121,8 +121,13 @@ class SocketServer:
                 endpoint.port,
                 ssl=endpoint.ssl,
                 ssl_handshake_timeout=SSL_HANDSHAKE_TIMEOUT_S if endpoint.ssl else None,
+                start_serving=False,
             )
             self._servers.append((endpoint, server))
+        # every port is bound before any accepts, and the first listener (where clients
+        # bootstrap and supervisors look for readiness) accepts last: once it answers, all do
+        for endpoint, server in reversed(self._servers):
+            await server.start_serving()
             log.info("listening on %s:%d (%s)", endpoint.host, endpoint.port, endpoint.name)
 
     def _first_frame_limit(self, endpoint: Endpoint) -> int:
