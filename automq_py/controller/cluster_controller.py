@@ -31,6 +31,7 @@ from automq_py.metadata_cache import ClusterMetadataCache
 from storage.metadata.image import MetadataImage
 from storage.metadata.manager import MetadataManager
 from storage.metadata.records import Record
+from storage.metadata.store import ConditionFailedError
 
 log = logging.getLogger("automq.controller")
 
@@ -178,7 +179,12 @@ class ClusterController:
         def plan(image: MetadataImage) -> tuple[list[Record], None]:
             return membership.fence_broker(image, me, broker.node_id, broker.incarnation), None
 
-        await self._metadata.change(plan)
+        try:
+            # only while its heartbeats still stand where this controller judged them silent:
+            # one that beat meanwhile is back in its session, and may have caught up already
+            await self._metadata.change(plan, self._monitor.unchanged(broker.node_id))
+        except ConditionFailedError:
+            log.info("broker %d beat just now: not fenced", broker.node_id)
 
     def _recover_fenced(self) -> None:
         """Have the WAL of every fenced broker that still has streams open recovered (its

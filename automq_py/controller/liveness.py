@@ -17,7 +17,10 @@ last saw each broker's ``beats`` change, by its monotonic clock, and fences a br
 stood still for ``broker.session.timeout.ms``. A new controller takes up each broker's silence
 from ``now() - seen_at`` (PostgreSQL's clock on both sides) while some broker's heartbeats are
 recent; a controller that could not read the table starts everyone's session afresh, so brokers
-are not fenced for an outage of the database itself.
+are not fenced for an outage of the database itself. A fence is committed on the condition that
+the broker's row is still as the controller last read it (:meth:`HeartbeatMonitor.unchanged`),
+with the row locked until the commit: a heartbeat racing the fence either lands first and the
+fence is dropped, or waits for it, and the broker's catch-up after that heartbeat sees it.
 
 **The lease.** A broker holds the controller role while its lease row says so and has not expired
 by PostgreSQL's clock; it renews every heartbeat interval. It acts only while its own monotonic
@@ -127,6 +130,34 @@ class _Seen:
     at: float  # the monotonic time the count was last seen to move
 
 
+@dataclass(frozen=True, slots=True)
+class RowUnchanged:
+    """A :class:`~storage.metadata.store.Condition`: ``node_id``'s heartbeat row still holds
+    ``(incarnation, beats)``, locked (``FOR SHARE``) so that no heartbeat commits before the
+    change persisted on it does; or, with ``beats`` None, there is still no row (a broker that
+    never beat; no row to lock, so its very first heartbeat is not held back)."""
+
+    node_id: int
+    incarnation: int | None
+    beats: int | None
+
+    def select(self, first_param: int) -> tuple[str, list[object]]:
+        node = f"${first_param}"
+        if self.beats is None:
+            absent = f"NOT EXISTS (SELECT 1 FROM broker_heartbeats WHERE node_id = {node})"
+            return f"SELECT 1 WHERE {absent}", [self.node_id]
+        return (
+            f"SELECT 1 FROM broker_heartbeats WHERE node_id = {node} "
+            f"AND incarnation = ${first_param + 1} AND beats = ${first_param + 2} FOR SHARE",
+            [self.node_id, self.incarnation, self.beats],
+        )
+
+    def __str__(self) -> str:
+        if self.beats is None:
+            return f"broker {self.node_id} has no heartbeat row"
+        return f"broker {self.node_id}'s heartbeats stand at {self.beats} ({self.incarnation})"
+
+
 class HeartbeatMonitor:
     """The controller's side: how long each broker's heartbeats have stood still."""
 
@@ -191,6 +222,13 @@ class HeartbeatMonitor:
     def incarnation(self, node_id: int) -> int | None:
         seen = self._seen.get(node_id)
         return None if seen is None else seen.incarnation
+
+    def unchanged(self, node_id: int) -> RowUnchanged:
+        """The condition that ``node_id``'s heartbeat row is as the last poll read it."""
+        seen = self._seen.get(node_id)
+        if seen is None:
+            return RowUnchanged(node_id, None, None)
+        return RowUnchanged(node_id, seen.incarnation, seen.beats)
 
     def database_unreachable(self) -> None:
         """This process could not reach the database (a failed poll, or the lease's renewal):

@@ -33,6 +33,7 @@ from storage.metadata.model import (
 )
 from storage.metadata.records import KVRecord, Record, RemoveKV
 from storage.metadata.store import (
+    Condition,
     MetadataStore,
     SnapshotNeededError,
     StaleImageError,
@@ -158,13 +159,23 @@ class MetadataManager:
         async with self._lock:
             await self._catch_up_locked()
 
-    async def change(self, plan: Callable[[MetadataImage], tuple[Records, T]]) -> T:
+    async def change(
+        self,
+        plan: Callable[[MetadataImage], tuple[Records, T]],
+        condition: Condition | None = None,
+    ) -> T:
         """Make the change ``plan`` describes (a pure function of the image returning records
         and a result, raising to refuse), checked as every change here is: against the latest
-        image, again after catching up if another broker committed first."""
-        return await self._change(plan)
+        image, again after catching up if another broker committed first. With ``condition``
+        (a shared store only) the records are persisted only while it holds, else
+        ``ConditionFailedError``."""
+        return await self._change(plan, condition)
 
-    async def _change(self, plan: Callable[[MetadataImage], tuple[Records, T]]) -> T:
+    async def _change(
+        self,
+        plan: Callable[[MetadataImage], tuple[Records, T]],
+        condition: Condition | None = None,
+    ) -> T:
         """Check ``plan`` against the image, persist its records, apply them; when another
         broker committed first, catch up and check again."""
         async with self._lock:
@@ -173,7 +184,7 @@ class MetadataManager:
                 if not records:
                     return result
                 try:
-                    await self._store.persist(records)
+                    await self._store.persist(records, condition)
                 except StaleImageError:
                     await self._catch_up_locked()
                     continue

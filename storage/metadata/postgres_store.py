@@ -4,7 +4,9 @@ As KRaft brokers replay ``__cluster_metadata``, each broker keeps its own image 
 log. A change is checked against the writer's image (``control``) and appended at the head that
 image has seen; if another broker appended first, the primary key refuses the row, and the
 writer catches up, checks again and retries. The append and a ``NOTIFY`` go in one transaction,
-so the other brokers hear of it once it is committed and read it within milliseconds.
+so the other brokers hear of it once it is committed and read it within milliseconds. An append
+on a condition (``persist(records, condition)``) selects the condition's rows in the same
+statement, with the locks it takes: nothing that would falsify it commits in between.
 
 =======================  ==========================================================================
 table                    rows
@@ -37,6 +39,8 @@ from storage.metadata import record_codec
 from storage.metadata.image import MetadataImage
 from storage.metadata.records import Record
 from storage.metadata.store import (
+    Condition,
+    ConditionFailedError,
     MetadataUnavailableError,
     SnapshotNeededError,
     StaleImageError,
@@ -143,26 +147,35 @@ class PostgresStore:
             except UNAVAILABLE as e:
                 raise self._unavailable(e) from e
 
-    async def persist(self, records: Sequence[Record]) -> None:
+    async def persist(self, records: Sequence[Record], condition: Condition | None = None) -> None:
         data = record_codec.encode(records)
+        held_sql: str = "SELECT 1"
+        held_args: list[object] = []
+        if condition is not None:
+            held_sql, held_args = condition.select(4)
         async with self._lock:
             conn = await self._connection()
             offset = self._offset + 1
             try:
-                # one statement, so one round trip and atomic by itself: the entry, and the
-                # NOTIFY that goes out with its commit. The head is past this entry when a later
-                # one exists: the entry itself may be gone, dropped behind a snapshot, and must
-                # not be written again
-                appended = await conn.fetchval(
-                    "WITH appended AS (INSERT INTO metadata_log (log_offset, records) "
-                    "SELECT $1, $2 WHERE NOT EXISTS "
+                # one statement, so one round trip and atomic by itself: the condition's rows
+                # (locked until the commit), the entry, and the NOTIFY that goes out with its
+                # commit. The head is past this entry when a later one exists: the entry itself
+                # may be gone, dropped behind a snapshot, and must not be written again
+                row = await conn.fetchrow(
+                    f"WITH held AS MATERIALIZED ({held_sql}), "
+                    "appended AS (INSERT INTO metadata_log (log_offset, records) "
+                    "SELECT $1, $2 WHERE EXISTS (SELECT 1 FROM held) AND NOT EXISTS "
                     "(SELECT 1 FROM metadata_log WHERE log_offset > $1) RETURNING log_offset) "
-                    "SELECT count(pg_notify($3, log_offset::text)) FROM appended",
+                    "SELECT (SELECT count(pg_notify($3, log_offset::text)) FROM appended) "
+                    "AS appended, EXISTS (SELECT 1 FROM held) AS held",
                     offset,
                     data,
                     CHANNEL,
+                    *held_args,
                 )
-                if appended != 1:
+                if not row["held"]:
+                    raise ConditionFailedError(f"not persisted: {condition} no longer holds")
+                if row["appended"] != 1:
                     raise asyncpg.UniqueViolationError("a later entry exists")
             except asyncpg.UniqueViolationError:
                 raise StaleImageError(f"metadata log entry {offset} is taken") from None

@@ -22,6 +22,7 @@ from typing import Any, Self
 from storage.metadata import sql
 from storage.metadata.image import MetadataImage
 from storage.metadata.records import Record
+from storage.metadata.store import Condition
 
 
 class StoreInUseError(RuntimeError):
@@ -45,7 +46,9 @@ class SQLiteStore:
     async def load(self) -> MetadataImage:
         return await asyncio.to_thread(self._load)
 
-    async def persist(self, records: Sequence[Record]) -> None:
+    async def persist(self, records: Sequence[Record], condition: Condition | None = None) -> None:
+        if condition is not None:
+            raise ValueError("a condition on other rows needs the shared (PostgreSQL) store")
         await asyncio.to_thread(self._persist, list(records))
 
     async def catch_up(self) -> list[list[Record]]:

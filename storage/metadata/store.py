@@ -8,6 +8,10 @@ appends only at the head the caller's image has seen, and refuses with
 :class:`StaleImageError` when another broker appended first; ``catch_up`` hands over what the
 others appended, and ``wait_for_change`` returns when there may be some. A store one broker
 owns (SQLite) never refuses, never has anything to catch up on, and never wakes its waiter.
+
+A shared store also persists on a :class:`Condition` about other rows of its database, checked
+in the same statement and held (locked) until the commit: the controller fences a broker only
+while that broker's heartbeat count is still the one it judged silent.
 """
 
 from __future__ import annotations
@@ -32,18 +36,33 @@ class MetadataUnavailableError(StorageError):
     """The metadata store cannot be reached now; reads from the image still work."""
 
 
+class ConditionFailedError(Exception):
+    """The change was not persisted: its condition did not hold."""
+
+
+class Condition(Protocol):
+    """A condition a change is persisted on, in a store shared through PostgreSQL."""
+
+    def select(self, first_param: int) -> tuple[str, list[object]]:
+        """A ``SELECT`` that returns a row while the condition holds, taking the row locks
+        that keep it holding until the transaction commits; its parameters are numbered from
+        ``$first_param`` and given in the list."""
+        ...
+
+
 class MetadataStore(Protocol):
     async def load(self) -> MetadataImage:
         """The state of the last committed transaction."""
         ...
 
-    async def persist(self, records: Sequence[Record]) -> None:
+    async def persist(self, records: Sequence[Record], condition: Condition | None = None) -> None:
         """Write ``records`` in one durable transaction, or raise and write nothing.
 
         Raises :class:`StaleImageError` when the store moved past the caller's image (the
-        records were checked against stale state) and :class:`MetadataUnavailableError` when
-        the store cannot be reached (the outcome of the transaction may then be unknown: a
-        later ``catch_up`` shows it).
+        records were checked against stale state), :class:`ConditionFailedError` when
+        ``condition`` did not hold, and :class:`MetadataUnavailableError` when the store
+        cannot be reached (the outcome of the transaction may then be unknown: a later
+        ``catch_up`` shows it). A store of one broker takes no condition (ValueError).
         """
         ...
 

@@ -5,10 +5,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import asyncpg
 import pytest
 
-from automq_py.controller.liveness import ControllerLease, HeartbeatMonitor, HeartbeatSender
-from storage.metadata.store import MetadataUnavailableError
+from automq_py.controller.liveness import (
+    ControllerLease,
+    HeartbeatMonitor,
+    HeartbeatSender,
+    RowUnchanged,
+)
+from storage.metadata import control
+from storage.metadata.manager import MetadataManager
+from storage.metadata.store import ConditionFailedError, MetadataUnavailableError
 from tests.support.postgres import PostgresServer
 
 
@@ -184,3 +192,101 @@ async def test_silence_from_before_the_database_was_away_is_not_taken_up(
         await monitor.close()
         await one.close()
         await two.close()
+
+
+async def _fence_on(manager: MetadataManager, condition: RowUnchanged) -> None:
+    """A change persisted on ``condition`` (what the controller's fence is)."""
+    await manager.change(lambda _image: (control.put_kv("fenced", b"31"), None), condition)
+
+
+async def test_a_fence_is_persisted_only_while_the_heartbeats_stand_where_they_were_seen(
+    postgres_url: str,
+) -> None:
+    sender = HeartbeatSender(postgres_url, 31)
+    monitor = HeartbeatMonitor(postgres_url, FakeClock())
+    manager = await MetadataManager.open(postgres_url)
+    try:
+        await monitor.poll()
+        never_beat = monitor.unchanged(31)
+        await sender.beat(incarnation=4)
+        with pytest.raises(ConditionFailedError):
+            await _fence_on(manager, never_beat)
+        await monitor.poll()
+        seen = monitor.unchanged(31)
+        await sender.beat(incarnation=4)  # the broker beat after the controller's last poll
+        with pytest.raises(ConditionFailedError):
+            await _fence_on(manager, seen)
+        assert "fenced" not in manager.image.kv
+        await monitor.poll()
+        await _fence_on(manager, monitor.unchanged(31))
+        assert manager.image.kv["fenced"] == b"31"
+    finally:
+        await manager.close()
+        await monitor.close()
+        await sender.close()
+
+
+async def test_a_heartbeat_committed_while_the_fence_waits_for_its_row_drops_the_fence(
+    postgres_url: str,
+) -> None:
+    """The broker's heartbeat holds its row (uncommitted) when the fence's statement reaches
+    it: the statement waits, then finds the count moved on, and persists nothing."""
+    sender = HeartbeatSender(postgres_url, 32)
+    monitor = HeartbeatMonitor(postgres_url, FakeClock())
+    manager = await MetadataManager.open(postgres_url)
+    beating = await asyncpg.connect(postgres_url)
+    try:
+        await sender.beat(incarnation=1)
+        await monitor.poll()
+        seen = monitor.unchanged(32)
+        beat = beating.transaction()
+        await beat.start()
+        await beating.execute(
+            "UPDATE broker_heartbeats SET beats = beats + 1, seen_at = now() WHERE node_id = 32"
+        )
+        fence = asyncio.create_task(_fence_on(manager, seen))
+        await asyncio.sleep(0.3)
+        assert not fence.done()  # waiting for the row
+        await beat.commit()
+        with pytest.raises(ConditionFailedError):
+            await fence
+        await manager.catch_up()
+        assert "fenced" not in manager.image.kv
+    finally:
+        await beating.close()
+        await manager.close()
+        await monitor.close()
+        await sender.close()
+
+
+async def test_a_heartbeat_racing_a_committed_fence_lands_after_it(postgres_url: str) -> None:
+    """Once the fence's statement holds the broker's row, the broker's heartbeat waits for the
+    fence to commit: the catch-up that follows the heartbeat sees it."""
+    sender = HeartbeatSender(postgres_url, 33)
+    monitor = HeartbeatMonitor(postgres_url, FakeClock())
+    fencing = await asyncpg.connect(postgres_url)
+    try:
+        await sender.beat(incarnation=1)
+        await monitor.poll()
+        held_sql, args = monitor.unchanged(33).select(1)
+        fence = fencing.transaction()
+        await fence.start()
+        assert await fencing.fetch(held_sql, *args)  # the fence's hold on the row
+        beat = asyncio.create_task(sender.beat(incarnation=1))
+        await asyncio.sleep(0.3)
+        assert not beat.done()
+        await fence.commit()
+        await asyncio.wait_for(beat, 5)
+    finally:
+        await fencing.close()
+        await monitor.close()
+        await sender.close()
+
+
+async def test_a_store_of_one_broker_takes_no_condition() -> None:
+    manager = await MetadataManager.open("sqlite://:memory:")
+    try:
+        with pytest.raises(ValueError, match="PostgreSQL"):
+            await _fence_on(manager, RowUnchanged(1, 1, 1))
+    finally:
+        await manager.close()

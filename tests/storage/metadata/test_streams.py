@@ -70,10 +70,10 @@ async def test_opens_requested_together_share_one_change(manager: MetadataManage
     persisted = 0
     persist = manager._store.persist
 
-    async def counting(records):  # type: ignore[no-untyped-def]
+    async def counting(records, condition=None):  # type: ignore[no-untyped-def]
         nonlocal persisted
         persisted += 1
-        return await persist(records)
+        return await persist(records, condition)
 
     manager._store.persist = counting  # type: ignore[method-assign]
     results = await asyncio.gather(
