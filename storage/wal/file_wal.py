@@ -58,8 +58,6 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
-import errno
-import fcntl
 import logging
 import mmap
 import os
@@ -69,10 +67,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from storage.wal import header as wal_header
-from storage.wal import record
-from storage.wal.errors import CorruptRecordError, WALError
-from storage.wal.header import HEADER_AREA_SIZE, SLOT_COUNT, SLOT_SIZE, WALHeader
+from storage.wal import record, ring_file
+from storage.wal.errors import WALError
+from storage.wal.header import HEADER_AREA_SIZE, SLOT_SIZE, WALHeader
+from storage.wal.interface import WALAppendResult, WALRecord, WALStats
 from storage.wal.record import HEADER_SIZE, Buffer
+from storage.wal.ring_file import ZEROS_VIEW, lap_end, pwrite_all
 from storage.wal.uring import RingWriter, open_ring
 
 logger = logging.getLogger(__name__)
@@ -82,7 +82,6 @@ MIN_CAPACITY = 4096
 # the cost is that recovery after a crash zeroes this much of the free ring.
 DEFAULT_WINDOW = 8 * 1024 * 1024
 _WINDOW_GRANULE = 1024 * 1024
-_READ_CHUNK = 1024 * 1024
 _TIMINGS_KEPT = 100_000  # the latest group commits whose write times are kept
 # Most bytes the event loop writes itself in one commit; larger batches go to the writer thread
 # (a saturating producer's megabyte batches would hold the loop for milliseconds).
@@ -94,45 +93,10 @@ INLINE_STALL_S = 0.02
 INLINE_SLOW_S = 0.005
 INLINE_SLOW_RUN = 2
 INLINE_PAUSE_S = 1.0
-# How long open() waits for another process's lock on the file (see _lock)
-LOCK_WAIT_S = 5.0
 # Most bytes one asynchronous commit writes (see "Asynchronous commits" above); larger batches
 # go to the writer thread.
 ASYNC_COMMIT_MAX = 4 * 1024 * 1024
-_ZEROS_VIEW = memoryview(bytes(1024 * 1024))  # written as the zero fill: never copied
 _PAGE_SIZE = mmap.PAGESIZE  # the page cache's unit: a write ending inside a page reads it first
-try:
-    _IOV_MAX = os.sysconf("SC_IOV_MAX")
-except (AttributeError, ValueError, OSError):  # pragma: no cover - not Linux
-    _IOV_MAX = 1024
-
-
-@dataclass(slots=True, frozen=True)
-class WALRecord:
-    """A record returned by recovery: its logical offset, the offset after it, and its body."""
-
-    offset: int
-    next_offset: int
-    body: memoryview | bytes
-
-
-@dataclass(slots=True, frozen=True)
-class WALAppendResult:
-    """Where an acknowledged (fsynced) record lies: ``[offset, next_offset)``."""
-
-    offset: int
-    next_offset: int
-
-
-@dataclass(slots=True, frozen=True)
-class WALStats:
-    """Counters since open: acknowledged appends, data fsyncs (one per batch), record bytes
-    written (headers and padding included) and header writes (each with its own fsync)."""
-
-    appends: int
-    fsyncs: int
-    bytes: int
-    header_writes: int
 
 
 @dataclass(slots=True)
@@ -161,162 +125,6 @@ class _Write:
     size: int
     parts: list[Buffer] | None  # None: padding
     lap_end: int = 0
-
-
-def _lap_end(offset: int, capacity: int) -> int:
-    return (offset // capacity + 1) * capacity
-
-
-def _place(cursor: int, size: int, capacity: int) -> tuple[int, int | None]:
-    """Where a record of ``size`` bytes goes when the log ends at ``cursor``.
-
-    Returns ``(start, padding_offset)``: ``start`` is ``cursor`` if the record fits before the
-    end of the lap, else the next lap start; ``padding_offset`` is where a padding header must
-    go (``None`` when nothing is skipped or fewer than 24 bytes are).
-    """
-    lap_end = _lap_end(cursor, capacity)
-    if cursor + size <= lap_end:
-        return cursor, None
-    return lap_end, (cursor if lap_end - cursor >= HEADER_SIZE else None)
-
-
-def _pwrite_all(fd: int, buffers: Sequence[Buffer], position: int) -> None:
-    """Write ``buffers`` contiguously at ``position``, across IOV_MAX limits and short writes."""
-    views = [memoryview(b).cast("B") for b in buffers]
-    views = [v for v in views if len(v)]
-    i = 0
-    while i < len(views):
-        written = os.pwritev(fd, views[i : i + _IOV_MAX], position)
-        if written <= 0:
-            raise OSError(errno.EIO, f"pwritev wrote nothing at position {position}")
-        position += written
-        while written:
-            n = len(views[i])
-            if written >= n:
-                written -= n
-                i += 1
-            else:
-                views[i] = views[i][written:]
-                written = 0
-
-
-async def _lock(fd: int, path: str) -> None:
-    """Take the WAL for this process alone, for as long as ``fd`` is open: a second writer
-    (another broker started on the same data) would interleave records and trim the ring
-    under the first.
-
-    A process killed with a write in its io_uring keeps the file open after it has exited,
-    until the kernel has finished that write: its lock goes with it, so this waits up to
-    ``LOCK_WAIT_S`` for it (recovering before that write lands could append where it then
-    lands)."""
-    deadline = time.monotonic() + LOCK_WAIT_S
-    waited = False
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                raise WALError(
-                    f"WAL file {path} is in use by another process: is another broker running "
-                    f"on the same s3.wal.path?"
-                ) from None
-        if not waited:
-            waited = True
-            logger.info("WAL %s: waiting for the process that held it to let go", path)
-        await asyncio.sleep(0.02)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _preallocate(fd: int, size: int) -> None:
-    # fallocate reserves the blocks so a full disk shows up now, not as a failed append later;
-    # some filesystems do not support it, where a sparse file is the best we can do.
-    try:
-        os.posix_fallocate(fd, 0, size)
-    except OSError as exc:
-        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-            raise
-        os.ftruncate(fd, size)
-
-
-def _pwrite_zeros(fd: int, position: int, length: int) -> None:
-    """Write ``length`` zero bytes at file ``position``, a MiB at a time."""
-    end = position + length
-    while position < end:
-        n = min(len(_ZEROS_VIEW), end - position)
-        _pwrite_all(fd, [_ZEROS_VIEW[:n]], position)
-        position += n
-
-
-def _write_zeros(fd: int, size: int) -> None:
-    """Write zeros over ``[0, size)`` of ``fd`` and make them durable.
-
-    fallocate only reserves blocks (ext4 and XFS mark them unwritten): the first write into one
-    changes the file's extent map, so an O_DSYNC write there returns only after a journal
-    commit. Measured (bench/README.md), saturated produce into a fresh ring: WAL write p50
-    1.0 ms and p99 21-23 ms into allocated blocks, 0.6 ms and 7-8 ms into written ones.
-    PostgreSQL zero-fills new WAL segments for the same reason (wal_init_zero).
-    """
-    _pwrite_zeros(fd, 0, size)
-    os.fdatasync(fd)
-    # The zeroed pages stay in the page cache (the kernel reclaims them under pressure): each
-    # commit then writes into a cached page instead of allocating one, which on this VM meant
-    # a fault to the host per 4 KiB (its freed memory is handed back). Dropping them here made
-    # the first lap's commits cost the broker 0.63-0.67 cores at 288 MB/s of saturated
-    # produce, against 0.52-0.53 at 291-335 MB/s kept; WAL write p99 25 -> 7 ms. A ring
-    # rewritten lap after lap is cached in steady state anyway.
-
-
-def _create_file(path: str, capacity: int, node_id: int, init_zero: bool = False) -> None:
-    """Create the WAL file fully formed: built under a temporary name, then renamed, so a crash
-    during creation never leaves a file without a valid header."""
-    tmp = path + ".creating"
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        _preallocate(fd, HEADER_AREA_SIZE + capacity)
-        if init_zero:
-            _write_zeros(fd, HEADER_AREA_SIZE + capacity)
-        for generation in range(SLOT_COUNT):
-            empty = WALHeader(
-                generation=generation,
-                capacity=capacity,
-                trim_offset=0,
-                flushed_offset=0,
-                window=DEFAULT_WINDOW,
-                node_id=node_id,
-                shutdown_clean=True,
-            )
-            os.pwrite(fd, wal_header.encode(empty), empty.position)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    _fsync_dir(path)
-
-
-class _RingReader:
-    """Reads the ring for recovery in 1 MiB chunks rather than two syscalls per record."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-        self._start = 0
-        self._chunk = b""
-
-    def read(self, position: int, n: int) -> memoryview:
-        """Up to ``n`` bytes at ``position`` (fewer only if the file is shorter)."""
-        if self._start <= position and position + n <= self._start + len(self._chunk):
-            begin = position - self._start
-            return memoryview(self._chunk)[begin : begin + n]
-        self._chunk = os.pread(self._fd, max(n, _READ_CHUNK), position)
-        self._start = position
-        return memoryview(self._chunk)[:n]
 
 
 class FileWAL:
@@ -398,10 +206,10 @@ class FileWAL:
         ``capacity`` is the ring size in bytes (``s3.wal.capacity``); it must match an existing
         file's. A file owned by another node id, or open in another process, is refused.
         ``init_zero`` (``s3.wal.init.zero``): a new file's blocks are written with zeros, not
-        only allocated (see ``_write_zeros``). ``inline_commit_max``: the most bytes the event
-        loop commits itself (0: the writer thread makes every commit). ``use_io_uring``: the
-        event loop submits its commits to an io_uring where the kernel allows (else, or False,
-        it writes them itself).
+        only allocated (see ``ring_file.write_zeros``). ``inline_commit_max``: the most bytes
+        the event loop commits itself (0: the writer thread makes every commit).
+        ``use_io_uring``: the event loop submits its commits to an io_uring where the kernel
+        allows (else, or False, it writes them itself).
         """
         if capacity < MIN_CAPACITY:
             raise WALError(f"s3.wal.capacity must be at least {MIN_CAPACITY} bytes, got {capacity}")
@@ -418,7 +226,9 @@ class FileWAL:
                 " and writing zeros through them (s3.wal.init.zero)" if init_zero else "",
             )
             started = time.monotonic()
-            await asyncio.to_thread(_create_file, path, capacity, node_id, init_zero)
+            await asyncio.to_thread(
+                ring_file.create_file, path, capacity, node_id, DEFAULT_WINDOW, init_zero
+            )
             if init_zero:
                 elapsed = time.monotonic() - started
                 logger.info(
@@ -432,7 +242,7 @@ class FileWAL:
         # pwritev, not a pwritev and an fdatasync (one less hand-back of the GIL per commit)
         fd = os.open(path, os.O_RDWR | os.O_DSYNC)
         try:
-            await _lock(fd, path)
+            await ring_file.lock(fd, path)
             copies = [os.pread(fd, wal_header.ENCODED_SIZE, slot * SLOT_SIZE) for slot in (0, 1)]
             found, problems = wal_header.choose(copies)
             for problem in problems:
@@ -461,7 +271,7 @@ class FileWAL:
                     size,
                     HEADER_AREA_SIZE + capacity,
                 )
-                _preallocate(fd, HEADER_AREA_SIZE + capacity)
+                ring_file.preallocate(fd, HEADER_AREA_SIZE + capacity)
             wal = cls(path, fd, found, created=created)
             wal._inline_max = inline_commit_max
             # Mark the log unclean before anything is written, so a crash from here on is
@@ -542,73 +352,18 @@ class FileWAL:
     # --- recovery -----------------------------------------------------------------------
 
     def recover(self) -> Iterator[WALRecord]:
-        """Yield every valid record from the trim offset on, in order.
-
-        Stops at the first invalid record (bad magic, CRC or offset mismatch, length past the
-        ring): that is where the log ends and where appends continue. Must be consumed fully
+        """Yield every valid record from the trim offset on, in order (``ring_file.scan``):
+        the log ends, and appends continue, at the first invalid one. Must be consumed fully
         before the first ``append``. Reads synchronously; bodies are views into read chunks.
         """
         self._check_open()
         if self._started:
             raise WALError("recover() must run before the first append")
-        reader = _RingReader(self._fd)
-        capacity = self._capacity
-        # A valid record never reaches past trim + capacity: it would have overwritten live data.
-        limit = self._trim + capacity
-        offset = self._trim
-        count = 0
-        normal_end = True
-        cut: CorruptRecordError | None = None
-        while True:
-            lap_end = _lap_end(offset, capacity)
-            if lap_end - offset < HEADER_SIZE:
-                if lap_end > limit:
-                    break
-                offset = lap_end  # the writer skips a lap tail too short for any header
-                continue
-            if offset + HEADER_SIZE > limit:
-                break
-            position = HEADER_AREA_SIZE + offset % capacity
-            raw = reader.read(position, HEADER_SIZE)
-            try:
-                head = record.decode_header(
-                    raw, offset, max_body_length=min(lap_end, limit) - offset - HEADER_SIZE
-                )
-                if head.is_padding:
-                    if head.next_offset != lap_end:
-                        raise CorruptRecordError(
-                            record.BAD_PADDING,
-                            f"padding at {offset} ends at {head.next_offset}, the lap at {lap_end}",
-                        )
-                    offset = lap_end
-                    continue
-                body = reader.read(position + HEADER_SIZE, head.body_length)
-                record.verify_body(head, body)
-            except CorruptRecordError as exc:
-                cut = exc
-                normal_end = self._is_normal_end(exc, raw, offset)
-                break
-            count += 1
-            yield WALRecord(offset, head.next_offset, body)
-            offset = head.next_offset
-        self._finish_recovery(offset, cut, normal_end, count)
+        end = yield from ring_file.scan(self._fd, self._trim, self._capacity)
+        self._finish_recovery(end)
 
-    def _is_normal_end(self, exc: CorruptRecordError, raw: memoryview, offset: int) -> bool:
-        """Whether recovery stopped where a log simply ends: never-written (zero) space, or a
-        record from an earlier lap. Anything else is a torn or corrupted record."""
-        if exc.reason == record.BAD_MAGIC and not any(raw):
-            return True
-        found = exc.found_offset
-        return (
-            exc.reason == record.OFFSET_MISMATCH
-            and found is not None
-            and found < offset
-            and (offset - found) % self._capacity == 0
-        )
-
-    def _finish_recovery(
-        self, end: int, cut: CorruptRecordError | None, normal_end: bool, count: int
-    ) -> None:
+    def _finish_recovery(self, scanned: ring_file.ScanEnd) -> None:
+        end, cut, count = scanned.offset, scanned.cut, scanned.records
         self._next = end
         self._recovered = True
         if self._previous_clean and end == self._previous_flushed:
@@ -631,7 +386,7 @@ class FileWAL:
             failure = WALError(f"WAL {self._path}: zeroing the tail after recovery failed: {exc}")
             self._enter_failed(failure)
             raise failure from exc
-        if cut is not None and not normal_end:
+        if cut is not None and not scanned.normal_end:
             why = f"{cut.reason} ({cut})"
         elif self._previous_clean:
             why = f"the clean shutdown recorded the end at {self._previous_flushed}"
@@ -664,8 +419,10 @@ class FileWAL:
         so it is done inline rather than in a thread."""
         offset = start
         while offset < end:
-            stop = min(end, _lap_end(offset, self._capacity))
-            _pwrite_zeros(self._fd, HEADER_AREA_SIZE + offset % self._capacity, stop - offset)
+            stop = min(end, lap_end(offset, self._capacity))
+            ring_file.pwrite_zeros(
+                self._fd, HEADER_AREA_SIZE + offset % self._capacity, stop - offset
+            )
             offset = stop
         if end > start:
             os.fdatasync(self._fd)
@@ -825,7 +582,7 @@ class FileWAL:
                 view = memoryview(buffer).cast("B")
                 staging[at : at + len(view)] = view
                 at += len(view)
-        staging[at : at + fill] = _ZEROS_VIEW[:fill]
+        staging[at : at + fill] = ZEROS_VIEW[:fill]
         started = time.perf_counter()
         try:
             writer.submit(HEADER_AREA_SIZE + writes[0].offset % self._capacity, length)
@@ -939,7 +696,7 @@ class FileWAL:
                 dropped += pending.size
                 continue
             size = pending.size
-            start, padding = _place(cursor, size, self._capacity)
+            start, padding = ring_file.place(cursor, size, self._capacity)
             if start + size > self._trim + self._capacity:
                 if acked or not blocking:
                     break
@@ -1073,10 +830,10 @@ class FileWAL:
         if writes[-1].parts is not None:
             fill = self._page_fill(writes[-1].offset + writes[-1].size)
             if fill:
-                runs[-1][1].append(_ZEROS_VIEW[:fill])
+                runs[-1][1].append(ZEROS_VIEW[:fill])
         started = time.perf_counter()
         for position, buffers in runs:
-            _pwrite_all(self._fd, buffers, position)
+            pwrite_all(self._fd, buffers, position)
         # the file is open with O_DSYNC: written is durable
         self._write_times.append(time.perf_counter() - started)
 
@@ -1087,7 +844,7 @@ class FileWAL:
         starts in this page, which the write left cached. Never past the lap end, nor over the
         oldest live byte; zeros past the log end read as its end, as the free ring does."""
         fill = -(HEADER_AREA_SIZE + end % self._capacity) % _PAGE_SIZE
-        stop = min(end + fill, _lap_end(end, self._capacity), self._trim + self._capacity)
+        stop = min(end + fill, lap_end(end, self._capacity), self._trim + self._capacity)
         return max(0, stop - end)
 
     def _fail_queued(self, failure: WALError) -> None:

@@ -1,14 +1,42 @@
-"""What S3Storage needs of a write-ahead log: ``FileWAL`` and ``ObjectWAL`` both provide it."""
+"""What S3Storage needs of a write-ahead log (``FileWAL`` and ``ObjectWAL`` both provide it), and
+the records, results and counters they hand back."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
-from storage.wal.file_wal import WALAppendResult, WALRecord, WALStats
-
 Body = bytes | bytearray | memoryview | Sequence[bytes | bytearray | memoryview]
+
+
+@dataclass(slots=True, frozen=True)
+class WALRecord:
+    """A record returned by recovery: its logical offset, the offset after it, and its body."""
+
+    offset: int
+    next_offset: int
+    body: memoryview | bytes
+
+
+@dataclass(slots=True, frozen=True)
+class WALAppendResult:
+    """Where an acknowledged (fsynced) record lies: ``[offset, next_offset)``."""
+
+    offset: int
+    next_offset: int
+
+
+@dataclass(slots=True, frozen=True)
+class WALStats:
+    """Counters since open: acknowledged appends, data fsyncs (one per batch), record bytes
+    written (headers and padding included) and header writes (each with its own fsync)."""
+
+    appends: int
+    fsyncs: int
+    bytes: int
+    header_writes: int
 
 
 class WriteAheadLog(Protocol):

@@ -48,7 +48,7 @@ from storage.operator import open_object_store
 from storage.operator.base import ObjectNotFoundError, ObjectStore
 from storage.wal import record
 from storage.wal.errors import CorruptWALError, WALError
-from storage.wal.file_wal import WALAppendResult, WALRecord, WALStats
+from storage.wal.interface import WALAppendResult, WALRecord, WALStats
 from storage.wal.object_chain import ChainWalk, ListedObject, RecoveryPlan, plan_recovery
 from storage.wal.record import Buffer
 from storage.wal.wal_object import (

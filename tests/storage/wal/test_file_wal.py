@@ -17,7 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from storage.wal import CorruptWALError, FileWAL, WALAppendResult, WALError, WALRecord, file_wal
+from storage.wal import (
+    CorruptWALError,
+    FileWAL,
+    WALAppendResult,
+    WALError,
+    WALRecord,
+    file_wal,
+    ring_file,
+)
 from storage.wal import header as wal_header
 from storage.wal.header import HEADER_AREA_SIZE, SLOT_SIZE
 from storage.wal.record import HEADER_SIZE
@@ -596,7 +604,7 @@ async def test_another_nodes_wal_is_refused(tmp_path: Path) -> None:
 async def test_a_wal_open_elsewhere_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(file_wal, "LOCK_WAIT_S", 0.3)
+    monkeypatch.setattr(ring_file, "LOCK_WAIT_S", 0.3)
     path = tmp_path / "wal"
     wal = await FileWAL.open(str(path), CAPACITY)
     started = time.monotonic()
