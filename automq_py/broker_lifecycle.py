@@ -58,6 +58,9 @@ class BrokerLifecycle:
     async def register(self) -> None:
         """Register this incarnation and send its first heartbeat."""
         registration = self.registration
+        # a heartbeat row before the registration: the controller's fence of this broker is
+        # then always conditional on a row it can lock (see ``liveness.RowUnchanged``)
+        await self._sender.beat(registration.incarnation)
         await self._metadata.change(
             lambda image: (membership.register_broker(image, registration), None)
         )
@@ -88,13 +91,13 @@ class BrokerLifecycle:
 
     async def _beat(self) -> None:
         started = time.monotonic()
-        lapsed = not self.in_session()
         await self._sender.beat(self.registration.incarnation)
-        if lapsed:
-            # Out of session until now (frozen, or cut off): the controller may have fenced this
-            # incarnation meanwhile, and this broker's image may not show it yet. The session
-            # counts again only once the image holds what was committed up to this beat, so
-            # acknowledgements held meanwhile are answered by ``fenced`` as it really is.
+        if not self.in_session():
+            # Out of session before this heartbeat landed (frozen, cut off, or the heartbeat
+            # itself held up): the controller may have fenced this incarnation meanwhile, and
+            # this broker's image may not show it yet. The session counts again only once the
+            # image holds what was committed up to this beat, so acknowledgements held
+            # meanwhile are answered by ``fenced`` as it really is.
             await self._metadata.catch_up()
         self._last_beat = started
 

@@ -66,6 +66,30 @@ async def test_a_broker_back_from_a_freeze_sees_its_fence_before_its_session_cou
         await broker._sender.close()
 
 
+async def test_a_heartbeat_that_lands_after_the_session_ran_out_catches_up_first(
+    postgres_url: str,
+) -> None:
+    """The heartbeat was sent in session but took until after it ran out to land (the
+    connection to the database held up): the controller may have fenced this broker before it
+    landed, so the session counts again only once that is seen."""
+    image = LaggingImage()
+    broker = lifecycle(postgres_url, image)
+    try:
+        await broker._beat()
+        beat = broker._sender.beat
+
+        async def held_up(incarnation: int) -> None:
+            broker._last_beat = time.monotonic() - 5  # the session ran out meanwhile
+            image.committed_fenced = True  # and the controller fenced this incarnation
+            await beat(incarnation)
+
+        broker._sender.beat = held_up  # type: ignore[method-assign]
+        await broker._beat()
+        assert broker.fenced, "the session counts again while the fence is not seen"
+    finally:
+        await broker._sender.close()
+
+
 async def test_a_broker_in_session_beats_without_reading_the_metadata(postgres_url: str) -> None:
     """The catch-up is for a broker back from a lapse only: a heartbeat in session costs one
     statement."""
