@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import abc
 import bisect
+import ctypes
 import dataclasses
 import mmap
-import sys
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
@@ -424,69 +424,80 @@ def check_range(start: int, end: int | None) -> None:
 
 
 _PAGE = mmap.PAGESIZE
-# A new mapping's pages are made in one call (MAP_POPULATE), not by a fault per 4 KiB as the
-# first read lands in them: cold reads of 32 MiB into new mappings, 0.52-0.72 s of CPU per GB
-# against 0.96-1.05.
-_MAP_FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+_MADV_POPULATE_WRITE = 23  # Linux 5.14: fault a range's pages in, writable, in one call
 
 
-class ReadBuffers:
-    """Page-aligned anonymous mappings for the reads whose data stays a while (the block
-    cache's), each reused once no view of it is left: memory the process has not used before
-    costs a page fault per 4 KiB (0.5-0.9 s of CPU per GB on a virtual machine, more than
-    the read), and ``O_DIRECT`` wants page-aligned memory. Sizes are rounded up to an eighth of
-    their power of two, so a mapping is at most an eighth larger than asked and a reader's
-    same-sized read-aheads share one size. Mappings held idle above ``idle_bytes`` are
-    unmapped when a new one is made.
+def _libc_allocator() -> tuple[Callable[[int], int | None], Callable[[int], None]] | None:
+    try:
+        libc = ctypes.CDLL(None)
+        malloc, free = libc.malloc, libc.free
+    except (OSError, AttributeError):
+        return None
+    malloc.restype = ctypes.c_void_p
+    malloc.argtypes = [ctypes.c_size_t]
+    free.restype = None
+    free.argtypes = [ctypes.c_void_p]
+    return malloc, free
 
-    Taken on the event loop only. A mapping is free when this pool holds the only reference to
-    it: every view of it (memoryview slices, whoever holds them: the block cache, a response
-    being written) keeps a reference to the mapping it exports. What "only" counts to is
-    measured once, on a mapping no one else has, by the same call that checks the others."""
 
-    def __init__(self, idle_bytes: int = 256 << 20) -> None:
-        self.idle_bytes = idle_bytes
-        self.mapped = 0  # bytes of the mappings held
-        self.made = 0  # mappings made (each one's pages faulted in as first read into)
-        self._by_size: dict[int, list[mmap.mmap]] = {}
-        probe = [mmap.mmap(-1, _PAGE)]
-        self._free_refs = 0
-        self._free_refs = self._refs(probe, 0)
-        probe[0].close()
+def _libc_madvise() -> Callable[[int, int, int], int] | None:
+    try:
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    madvise.restype = ctypes.c_int
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return madvise
 
-    @staticmethod
-    def size_class(size: int) -> int:
-        step = max(_PAGE, (1 << max(0, size - 1).bit_length()) // 8)
-        return -(-size // step) * step
 
-    @staticmethod
-    def _refs(maps: list[mmap.mmap], i: int) -> int:
-        return sys.getrefcount(maps[i])
+_ALLOCATOR = _libc_allocator()
+_MADVISE = _libc_madvise()
 
-    def take(self, size: int) -> mmap.mmap:
-        """A mapping of at least ``size`` bytes no one else refers to."""
-        size = self.size_class(size)
-        maps = self._by_size.setdefault(size, [])
-        for i in range(len(maps)):
-            if self._refs(maps, i) <= self._free_refs:
-                return maps[i]
-        self._unmap_idle(self.idle_bytes - size)
-        maps.append(mmap.mmap(-1, size, flags=_MAP_FLAGS))
-        self.mapped += size
-        self.made += 1
-        return maps[-1]
 
-    def _unmap_idle(self, keep: int) -> None:
-        idle = [
-            (size, i)
-            for size, maps in self._by_size.items()
-            for i in range(len(maps))
-            if self._refs(maps, i) <= self._free_refs
-        ]
-        held = sum(size for size, _ in idle)
-        for size, i in reversed(idle):  # from the end of each list: the indexes stay valid
-            if held <= keep:
-                break
-            self._by_size[size].pop(i).close()
-            self.mapped -= size
-            held -= size
+class _Freed:
+    """Frees a malloc'd address when the buffer that owns it goes."""
+
+    __slots__ = ("address",)
+
+    def __init__(self, address: int) -> None:
+        self.address = address
+
+    def __del__(self) -> None:
+        if _ALLOCATOR is not None:
+            _ALLOCATOR[1](self.address)
+
+
+def size_class(size: int) -> int:
+    """``size`` rounded up to an eighth of its power of two (whole pages)."""
+    step = max(_PAGE, (1 << max(0, size - 1).bit_length()) // 8)
+    return -(-size // step) * step
+
+
+def heap_buffer(size: int, *, populate: bool = False) -> memoryview:
+    """``size`` bytes of page-aligned (as ``O_DIRECT`` wants), uninitialised memory from the C
+    heap, freed once no view of it is left: for the reads whose data stays a while (the block
+    cache's). Memory the process freed (the LogCache's evicted payloads, reads the block cache
+    let go) is reused as it is, where a new mapping costs the kernel's zeroing of every page
+    and a fault per 4 KiB: cold reads of 2 GiB through mappings reused only at their own size
+    spent 18% of the broker's CPU in that zeroing. The heap keeps buffers up to 32 MiB (see
+    ``storage.heap``). Sizes are rounded by :func:`size_class`, so the few buffer types made
+    are cached.
+
+    ``populate``: fault in the pages not yet used in one call (``MADV_POPULATE_WRITE``), for a
+    buffer filled by copies on the event loop rather than by a direct read, which faults them
+    in from its worker thread: a fault per 4 KiB cost 0.96-1.05 s of CPU per GB against
+    0.52-0.72 made at once."""
+    padded = size_class(size + _PAGE)
+    if _ALLOCATOR is None:
+        raw = bytearray(padded)
+        start = -ctypes.addressof(ctypes.c_char.from_buffer(raw)) % _PAGE
+        return memoryview(raw)[start : start + size]
+    address = _ALLOCATOR[0](padded)
+    if not address:
+        raise MemoryError(f"malloc({padded}) failed")
+    owner = (ctypes.c_char * padded).from_address(address)
+    owner._freed = _Freed(address)  # type: ignore[attr-defined]
+    start = -address % _PAGE
+    if populate and _MADVISE is not None and size:
+        _MADVISE(address + start, -(-size // _PAGE) * _PAGE, _MADV_POPULATE_WRITE)  # best effort
+    return memoryview(owner).cast("B")[start : start + size]

@@ -30,11 +30,11 @@ from storage.operator.base import (
     ObjectNotFoundError,
     ObjectStore,
     ObjectStoreError,
-    ReadBuffers,
     RequestStats,
     SourceRange,
     as_buffers,
     check_range,
+    heap_buffer,
     plan_compose,
     plan_put_parts,
 )
@@ -56,7 +56,6 @@ class LocalObjectStore(ObjectStore):
         self.stats = RequestStats()
         self._closed = False
         self._lifts = 0  # lift_pacing() calls: a paced write started before one goes unpaced
-        self._read_buffers = ReadBuffers()
         self._read_direct = True  # O_DIRECT reads, until the file system refuses them
 
     def __repr__(self) -> str:
@@ -98,24 +97,26 @@ class LocalObjectStore(ObjectStore):
 
     async def get_view(self, key: str, start: int, end: int) -> bytes | memoryview:
         """Read ``[start, end)`` with ``O_DIRECT`` (where the file system takes it) into a
-        mapping of :class:`ReadBuffers`, and return a read-only view of it. Objects are
-        written with ``O_DIRECT``, so a read through the page cache fills it from the disk and
-        copies out of it; and memory the process has not used before costs a page fault per
-        4 KiB. Measured here, cold reads of 32 MiB: 1.5-2.7 s of CPU per GB into new bytes,
-        0.06-0.12 s per GB direct into memory already mapped."""
+        :func:`heap_buffer`, and return a read-only view of it. Objects are written with
+        ``O_DIRECT``, so a read through the page cache fills it from the disk and copies out
+        of it, and the first touch of each page it filled is slow on this virtual machine.
+        Measured here, cold reads of 32 MiB: 1.5-2.7 s of CPU per GB into new bytes, 0.06-0.12
+        s per GB direct into memory already used; a shared mapping of the file, its pages read
+        in as it is made, cost the event loop's socket writes 2.4 s per GB as they first
+        touched those pages."""
         check_range(start, end)
         if end <= start:
             return await self.get(key, start, end)
         path = self._path(key)
         first = start - start % _DIRECT_ALIGN
-        buffer = self._read_buffers.take(-(-end // _DIRECT_ALIGN) * _DIRECT_ALIGN - first)
+        buffer = heap_buffer(-(-end // _DIRECT_ALIGN) * _DIRECT_ALIGN - first)
         data = await asyncio.to_thread(self._read_into, key, path, start, end, first, buffer)
         self.stats.get += 1
         self.stats.bytes_get += len(data)
         return data
 
     def _read_into(
-        self, key: str, path: Path, start: int, end: int, first: int, buffer: mmap.mmap
+        self, key: str, path: Path, start: int, end: int, first: int, buffer: memoryview
     ) -> memoryview:
         direct = getattr(os, "O_DIRECT", 0) if self._read_direct else 0
         try:

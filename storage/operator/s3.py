@@ -14,7 +14,6 @@ import asyncio
 import builtins
 import contextlib
 import logging
-import mmap
 import os
 import random
 import socket
@@ -50,13 +49,13 @@ from storage.operator.base import (
     ObjectStore,
     ObjectStoreError,
     ObjectUpload,
-    ReadBuffers,
     RequestStats,
     SourceRange,
     UploadPart,
     as_buffers,
     check_range,
     check_sources,
+    heap_buffer,
     join,
     plan_compose,
     plan_put_parts,
@@ -161,7 +160,6 @@ class S3ObjectStore(ObjectStore):
         self._paced_sockets: weakref.WeakSet[socket.socket] = weakref.WeakSet()
         self._pace_bps = _UNPACED
         self._lifts = 0  # lift_pacing() calls: a paced PUT started before one goes unpaced
-        self._read_buffers = ReadBuffers()
         self._closed = False
 
     def __repr__(self) -> str:
@@ -246,14 +244,14 @@ class S3ObjectStore(ObjectStore):
         return await self._call("GetObject", key, attempt)
 
     async def get_view(self, key: str, start: int, end: int) -> bytes | memoryview:
-        """Ranged GetObject, the body's chunks copied as they come into a mapping of
-        :class:`ReadBuffers` (see :meth:`ObjectStore.get_view`), not joined into new bytes:
-        memory the process has not used before costs a page fault per 4 KiB."""
+        """Ranged GetObject, the body's chunks copied as they come into a :func:`heap_buffer`
+        (see :meth:`ObjectStore.get_view`), not joined into new bytes: memory the process has
+        not used before costs the kernel's zeroing and a page fault per 4 KiB."""
         check_range(start, end)
         if end <= start:
             return await self.get(key, start, end)
         getter = await self._get_getter()
-        buffer = self._read_buffers.take(end - start)
+        buffer = heap_buffer(end - start, populate=True)
         byte_range = f"bytes={start}-{end - 1}"
 
         async def attempt() -> memoryview:
@@ -881,10 +879,10 @@ class _Getter:
                 raise ClientError(_error_response(response.status, body), "GetObject")
             yield response
 
-    async def get_into(self, key: str, byte_range: str, buffer: mmap.mmap) -> int:
+    async def get_into(self, key: str, byte_range: str, buffer: memoryview) -> int:
         """GET ``byte_range`` (``bytes=a-b``) into ``buffer``; the number of bytes read."""
         async with self._open(key, byte_range) as response:
-            view = memoryview(buffer)
+            view = buffer
             got = 0
             # a short body raises aiohttp.ClientPayloadError, as in get
             async for chunk in response.content.iter_any():

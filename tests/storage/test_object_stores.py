@@ -29,13 +29,16 @@ from storage.operator import (
     S3ObjectStore,
     open_object_store,
 )
+from storage.operator import base as base_module
 from storage.operator import local as local_module
 from storage.operator.base import (
     MIN_PART_SIZE,
     CopyPart,
     UploadPart,
+    heap_buffer,
     plan_compose,
     plan_put_parts,
+    size_class,
 )
 from tests.support.seaweedfs import SeaweedFS, default_base_port
 
@@ -538,38 +541,49 @@ async def test_local_direct_write_refused_midway_starts_over_buffered(
     assert await local_store.get("r") == data
 
 
-async def test_local_views_reuse_their_memory_once_no_view_is_left(
+async def test_local_views_keep_their_memory_while_any_slice_lives(
     local_store: LocalObjectStore,
 ) -> None:
-    """A view's mapping is not reused while any slice of it lives (a cached block, a response
-    being written); once none is left the next read of its size lands in it, with no new
-    memory."""
+    """A view is read-only, and the memory it was read into stays its own while any slice of
+    it lives (a cached block, a response being written), whatever is read after it."""
     data = random_bytes(2 * MiB)
     await local_store.put("v", data)
-    pool = local_store._read_buffers
     first = await local_store.get_view("v", 0, MiB)
-    assert first.readonly
+    assert memoryview(first).readonly
     block = memoryview(first)[4096:8192]  # as the reader cuts blocks
     del first
     second = await local_store.get_view("v", MiB, 2 * MiB)
-    assert pool.made == 2  # the first mapping is still in use, through `block`
-    assert bytes(block) == data[4096:8192] and bytes(second) == data[MiB:]
+    third = await local_store.get_view("v", 100, MiB - 100)
+    assert bytes(block) == data[4096:8192]
+    assert bytes(second) == data[MiB:] and bytes(third) == data[100 : MiB - 100]
+
+
+def test_heap_buffers_are_page_aligned_and_freed_once_no_view_is_left(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert base_module._ALLOCATOR is not None, "no malloc here: the test would not test it"
+    malloc, free = base_module._ALLOCATOR
+    freed: list[int] = []
+
+    def recording_free(address: int) -> None:
+        freed.append(address)
+        free(address)
+
+    monkeypatch.setattr(base_module, "_ALLOCATOR", (malloc, recording_free))
+    buffer = heap_buffer(MiB + 1)
+    assert len(buffer) == MiB + 1 and not buffer.readonly
+    assert ctypes.addressof(ctypes.c_char.from_buffer(buffer)) % 4096 == 0
+    buffer[-1] = 7
+    block = buffer[MiB:].toreadonly()
+    del buffer
+    assert not freed and block[0] == 7
     del block
-    third = await local_store.get_view("v", 100, MiB - 100)  # same size class as the first
-    assert pool.made == 2
-    assert bytes(third) == data[100 : MiB - 100]
-    assert bytes(second) == data[MiB:]  # untouched by the read into the freed one
+    assert len(freed) == 1
 
 
-def test_read_buffers_unmap_idle_mappings_over_their_bound() -> None:
-    pool = local_module.ReadBuffers(idle_bytes=4 * MiB)
-    held = [pool.take(MiB) for _ in range(3)]
-    assert pool.mapped == 3 * MiB
-    del held
-    kept = pool.take(8 * MiB)  # 3 MiB idle and 8 MiB new pass the 4 MiB bound: unmapped
-    assert pool.mapped == 8 * MiB and pool.made == 4
-    assert pool.take(8 * MiB) is not kept  # `kept` is in use
-    assert pool.size_class(1) == 4096 and pool.size_class(MiB + 1) == MiB + 256 * 1024
+def test_size_classes_round_up_by_an_eighth_of_a_power_of_two() -> None:
+    assert size_class(1) == 4096 and size_class(MiB + 1) == MiB + 256 * 1024
+    assert all(n <= size_class(n) <= n + max(4096, n // 4) for n in range(1, 5 * MiB, 9_999))
 
 
 async def test_local_views_without_direct_io(tmp_path: Path) -> None:
