@@ -24,6 +24,7 @@ from storage.wal.header import HEADER_AREA_SIZE, SLOT_COUNT, WALHeader
 from storage.wal.interface import WALRecord
 from storage.wal.record import HEADER_SIZE, Buffer
 
+# the WAL's messages under one name, whichever of its modules logs them
 logger = logging.getLogger("storage.wal.file_wal")
 
 # How long open() waits for another process's lock on the file (see lock)
