@@ -68,15 +68,16 @@ def describe(broker: BrokerProcess) -> MetadataImage:
     return asyncio.run(go())
 
 
-def settled(broker: BrokerProcess) -> MetadataImage:
+def settled(broker: BrokerProcess, bucket_bytes: int = 0) -> MetadataImage:
     """The metadata once the broker has uploaded what its WAL held: nothing new committed for a
-    second (five upload intervals), so what changes next is the job's doing."""
+    second (five upload intervals), so what changes next is the job's doing; and at least
+    ``bucket_bytes`` in the bucket (on a busy machine an upload can start later than that)."""
     image = describe(broker)
     deadline = time.monotonic() + 60
     while True:
         time.sleep(1.0)
         again = describe(broker)
-        if again == image:
+        if again == image and sum(i.size for i in bucket(broker)) >= bucket_bytes:
             return image
         assert time.monotonic() < deadline, "the broker never stopped uploading"
         image = again
@@ -325,7 +326,7 @@ def test_retention_by_time_and_by_size(pipeline_broker: BrokerProcess) -> None:
     new = produce(
         broker.bootstrap, "timed", rounds=1, partitions=1, per_partition=50, size=3000, pause=0.5
     )
-    settled(broker)  # everything produced is in the bucket
+    settled(broker, bucket_bytes=1_250_000)  # everything produced (1.25 MB) is in the bucket
     bytes_before = sum(i.size for i in bucket(broker))
 
     out = run_job(broker, "retention")
