@@ -484,7 +484,11 @@ class FileWAL:
 
     def commit_now(self) -> None:
         """Make the inline commit due at the loop's next pass now: the caller (a connection
-        about to wait for its next request) has nothing more to add to it."""
+        about to wait for its next request) has nothing more to add to it. A write in flight
+        that has completed meanwhile is acknowledged first, not a pass later when the loop
+        reads its eventfd: what queued behind it then goes out in this commit."""
+        if self._ring_batch is not None and self._ring is not None and self._ring.completed():
+            self._ring_done()
         if self._inline_scheduled:
             self._commit_inline()
 

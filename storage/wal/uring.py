@@ -123,6 +123,12 @@ class RingWriter:
             _U32.pack_into(self._ring, self._sq.tail, tail)
             raise OSError(code or 5, f"io_uring_enter: {os.strerror(code or 5)}")
 
+    def completed(self) -> bool:
+        """Whether a completion waits to be reaped (two loads from the shared ring, no
+        system call)."""
+        head = _U32.unpack_from(self._ring, self._cq.head)[0]
+        return head != _U32.unpack_from(self._ring, self._cq.tail)[0]
+
     def reap(self) -> int | None:
         """The result of the write in flight once it has completed (bytes written, or a
         negative errno), else None. Call when ``eventfd`` is readable."""

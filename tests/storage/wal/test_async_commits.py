@@ -7,6 +7,7 @@ import asyncio
 import errno
 import mmap
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,37 @@ async def test_appends_while_a_write_is_in_flight_form_the_next_one(
         assert wal.stats.fsyncs == 2 and wal._ring_commits == 2
         offsets = [f.result().offset for f in (first, *rest)]
         assert offsets == sorted(offsets)
+    finally:
+        await wal.close()
+
+
+async def test_commit_now_acknowledges_a_completed_write_and_sends_what_queued_behind_it(
+    tmp_path: Path,
+) -> None:
+    """A connection about to wait calls commit_now: a write that completed meanwhile is
+    acknowledged there, without the loop's pass that reads the eventfd, and the appends
+    queued behind it go out at once as the next write."""
+    wal = await open_ring_wal(tmp_path / "wal")
+    try:
+        first = wal.submit(b"alone")
+        await asyncio.sleep(0)
+        assert wal._ring is not None and wal._ring_batch is not None
+        queued = [wal.submit(f"queued {i}".encode()) for i in range(3)]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while not wal._ring.completed():  # no pass of the loop: its eventfd stays unread
+            assert loop.time() < deadline
+            time.sleep(0.001)
+        assert not first.done()
+        wal.commit_now()
+        assert first.done() and first.result().offset == 0
+        assert wal._ring_commits == 1 and wal._ring_batch is not None  # the queued ones
+        assert not any(f.done() for f in queued)
+        results = await asyncio.gather(*queued)
+        assert wal._ring_commits == 2
+        assert [r.offset for r in results] == sorted(r.offset for r in results)
+        wal.commit_now()  # nothing in flight, nothing queued: nothing happens
+        assert wal._ring_batch is None
     finally:
         await wal.close()
 
