@@ -1,5 +1,13 @@
 # automq-py: `make run` starts the embedded broker, `make test` sets up and runs the whole suite.
-PY ?= python3
+# The interpreter .venv is made with: the distribution's /usr/bin/python3 where it is 3.11 or
+# later and can make a venv, else the first python3 on PATH; `make PY=python3.12 ...` picks
+# another. Distributions build CPython with profile-guided and link-time optimisation, which a
+# plain source build (pyenv's default) lacks: the broker under Debian's 3.11 took 27 s of CPU
+# per GB produced at 20 MB/s against 30 s under pyenv's 3.11 (three pairs alternated), and a
+# pure-Python loop ran 25% faster.
+PY ?= $(shell for p in /usr/bin/python3 python3; do \
+	"$$p" -c 'import sys, ensurepip; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1 \
+	&& { echo "$$p"; break; }; done)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -10,7 +18,12 @@ help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
 # The spark extra is pyspark, a 456 MB sdist: --no-cache-dir keeps a second copy off the disk.
+# A .venv made by another interpreter than $(PY) is made again: venv cannot switch it in place.
 $(STAMP): setup.cfg pyproject.toml Makefile
+	@test -n "$(PY)" || { echo "no Python 3.11+ with venv found: make PY=/path/to/python3.11" >&2; exit 1; }
+	@if [ -x $(BIN)/python ] && [ "$$($(BIN)/python -c 'import os, sys; print(os.path.realpath(sys._base_executable))')" \
+		!= "$$("$(PY)" -c 'import os, sys; print(os.path.realpath(sys.executable))')" ]; then \
+		echo "$(VENV) was made with another interpreter: making it again with $(PY)"; rm -rf $(VENV); fi
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet --no-cache-dir -e '.[test,dev,spark]'
