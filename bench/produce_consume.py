@@ -155,7 +155,13 @@ statistics, per 1 s window: measured in its broker thread, so not delayed when t
 Python thread waits for a core), the longest of its round trips, of its waits before a batch is
 made and before a made request is written, and of its throttling, the requests it retried or
 failed, and the cores each process kept busy while producing and
-consuming (client, broker, automq-py's upload worker, SeaweedFS). ``--s3-dir /dev/shm`` keeps
+consuming (client, broker, automq-py's upload worker, SeaweedFS), the cores the hypervisor
+took meanwhile (steal), and the host's speed: a process of the bench times a fixed loop in CPU
+seconds four times a second (``SpeedProbe``, ~0.4% of a core), and each case gives the median
+over the quickest the run saw (1.00: full speed). Steal does not count a host that slows each
+instruction (its other tenants on a sibling hyperthread and the shared caches): on this VM the
+same loop took 0.33 to 0.65 s of CPU a few seconds apart, with nothing else running and no
+steal. ``--s3-dir /dev/shm`` keeps
 SeaweedFS's data off the disk the WAL is on, as a remote S3 would be; its CPU yields to the
 brokers' and clients' (see ``S3_NICE``).
 
@@ -169,6 +175,7 @@ MB = 10^6 bytes. Progress bars go to stderr, figures to stdout.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib.util
 import json
@@ -182,6 +189,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -491,6 +499,73 @@ else:
 """
 
 
+# The host's speed: a fixed pure-Python loop, timed in the CPU time it took (not waits for a
+# core), every SPEED_PROBE_INTERVAL_S until stdin closes. On this VM the same loop took 0.33 to
+# 0.65 s of CPU a few seconds apart with nothing else running and no steal counted: the host's
+# other tenants (a sibling hyperthread, shared caches) slow every instruction, the brokers' too.
+_SPEED_PROBE = """
+import select, sys, time
+n, interval = int(sys.argv[1]), float(sys.argv[2])
+while not select.select([sys.stdin], [], [], interval)[0]:
+    started = time.process_time()
+    x = 0
+    for i in range(n):
+        x += i * i
+    print(f"{time.time():.3f} {time.process_time() - started:.6f}", flush=True)
+"""
+SPEED_PROBE_LOOP = 20_000  # ~1 ms of CPU at full speed: 0.4% of a core at the interval below
+SPEED_PROBE_INTERVAL_S = 0.25
+
+
+class SpeedProbe:
+    """Times :data:`_SPEED_PROBE`'s loop from a process of its own (a thread of the bench would
+    hold the GIL the client waits for) and gives, for a window, the median of its times over
+    the quickest the run has seen: 1.0 is the host at full speed, 2.0 every instruction taking
+    twice as long."""
+
+    def __init__(self) -> None:
+        self._samples: list[tuple[float, float]] = []  # (wall time, CPU seconds)
+        self._process = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                _SPEED_PROBE,
+                str(SPEED_PROBE_LOOP),
+                str(SPEED_PROBE_INTERVAL_S),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self._reader = threading.Thread(target=self._read, name="speed-probe", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self._process.stdout is not None
+        for out in self._process.stdout:
+            at, took = out.split()
+            self._samples.append((float(at), float(took)))
+
+    def slowdown(self, start: float, end: float) -> float | None:
+        """The median slowdown over ``[start, end]`` (``time.time()``), None without samples."""
+        samples = list(self._samples)
+        inside = [took for at, took in samples if start <= at <= end]
+        if not inside:
+            return None
+        return statistics.median(inside) / min(took for _, took in samples)
+
+    def stop(self) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._process.communicate(timeout=10)  # (closes its stdin: it ends)
+        if self._process.poll() is None:
+            self._process.kill()
+            self._process.wait()
+        self._reader.join(timeout=5)
+
+
+SPEED: SpeedProbe | None = None  # main() runs one for the whole bench
+
+
 class Scraper:
     """Fetches a broker's ``/metrics`` every ``interval_s`` from a process of its own, as
     Prometheus would."""
@@ -673,6 +748,8 @@ class CpuUse:
     major_faults: dict[str, int] = field(default_factory=dict)
     # CPU seconds the hypervisor took from the machine's cores meanwhile (None: not counted)
     steal_s: float | None = None
+    # how much slower than its quickest the host ran a fixed loop meanwhile (SpeedProbe)
+    slowdown: float | None = None
 
     def cores(self) -> dict[str, float]:
         """The cores each process kept busy."""
@@ -1337,6 +1414,7 @@ def cpu_use(broker: Broker) -> Callable[[], CpuUse]:
     thread the JVM retires meanwhile is not counted)."""
     jvm = broker.pid if broker.name.startswith("kafka") else None
     before, started = cpu_snapshot(broker), time.perf_counter()
+    wall_started = time.time()
     faults_before = fault_snapshot(broker)
     steal_before = steal_seconds()
     jit_before = jit_ticks(jvm)
@@ -1351,7 +1429,8 @@ def cpu_use(broker: Broker) -> Callable[[], CpuUse]:
         faults = {k: v - faults_before.get(k, 0) for k, v in fault_snapshot(broker).items()}
         steal_after = steal_seconds()
         steal = None if steal_before is None or steal_after is None else steal_after - steal_before
-        return CpuUse(elapsed, used, major_faults=faults, steal_s=steal)
+        slowdown = SPEED.slowdown(wall_started, time.time()) if SPEED is not None else None
+        return CpuUse(elapsed, used, major_faults=faults, steal_s=steal, slowdown=slowdown)
 
     return since
 
@@ -1479,6 +1558,8 @@ def print_cores(name: str, while_: str, cpu: CpuUse | None) -> None:
         faults = ", ".join(f"{k} {v}" for k, v in cpu.major_faults.items())
         stolen = steal_cores(cpu)
         steal = "" if stolen is None else f"; taken by the hypervisor (steal): {stolen:.2f} cores"
+        if cpu.slowdown is not None:
+            steal += f"; host speed: a fixed loop took {cpu.slowdown:.2f}x its quickest"
         print(
             f"  {name} cores busy while {while_}: {busy}; major page faults: {faults}{steal}",
             flush=True,
@@ -1791,6 +1872,7 @@ def cpu_per_gb(use: CpuUse | None, *who: str) -> float | None:
 
 
 STEAL_METRIC = "VM steal cores, producing"  # the machine's, not a broker's: no ratio of it
+SLOWDOWN_METRIC = "host slowdown, producing"  # the machine's too (SpeedProbe)
 
 
 def steal_cores(use: CpuUse | None) -> float | None:
@@ -1818,6 +1900,7 @@ def python_metrics(cold: bool) -> list[Metric]:
         ),
         ("broker CPU s/GB produced", lambda r: cpu_per_gb(r.produce_cpu, *BROKER_PROCESSES), 1),
         (STEAL_METRIC, lambda r: steal_cores(r.produce_cpu), 2),
+        (SLOWDOWN_METRIC, lambda r: r.produce_cpu.slowdown if r.produce_cpu else None, 2),
         ("cold consume MB/s" if cold else "consume MB/s", lambda r: r.consume_mbs, 1),
         ("broker CPU s/GB consumed", lambda r: cpu_per_gb(r.consume_cpu, *BROKER_PROCESSES), 1),
     ]
@@ -1896,7 +1979,7 @@ def client_tables(
         rows = []
         for p in partitions:
             for metric, get, _ in metrics:
-                if metric == STEAL_METRIC:
+                if metric in (STEAL_METRIC, SLOWDOWN_METRIC):
                     continue
                 cells = [ratio(value(o, p, get), value(t, p, get)) for o, t in pairs]
                 if any(c.strip() != "-" for c in cells):  # not automq-py's GETs against Kafka
@@ -2231,6 +2314,8 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     root = Path(tempfile.mkdtemp(prefix="automq-pc-bench-"))
     results: list[Result] = []
+    global SPEED
+    SPEED = SpeedProbe()
     try:
         with seaweedfs(root, any(b.endswith("-s3") for b in brokers), args.s3_dir) as s3:
             if s3 is not None and "tansu-s3" in brokers:
@@ -2266,6 +2351,7 @@ def main() -> None:
                 run_broker(broker, args, results)
         table(results, brokers, args.partitions, args.cold, args.suite)
     finally:
+        SPEED.stop()
         if args.keep or any(r.notes for r in results):
             print(f"# work directory kept: {root}", file=sys.stderr)
         else:
