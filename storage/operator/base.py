@@ -16,7 +16,7 @@ import mmap
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 # S3's limits on multipart uploads: every part but the last must be at least 5 MiB, a part
 # (also an UploadPartCopy range) at most 5 GiB, and an upload has at most 10,000 parts.
@@ -427,11 +427,19 @@ _PAGE = mmap.PAGESIZE
 _MADV_POPULATE_WRITE = 23  # Linux 5.14: fault a range's pages in, writable, in one call
 
 
-def _libc_allocator() -> tuple[Callable[[int], int | None], Callable[[int], None]] | None:
+def _libc() -> ctypes.CDLL | None:
     try:
-        libc = ctypes.CDLL(None)
-        malloc, free = libc.malloc, libc.free
-    except (OSError, AttributeError):
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+def _libc_allocator(
+    libc: Any,
+) -> tuple[Callable[[int], int | None], Callable[[int], None]] | None:
+    try:
+        malloc, free = libc.malloc, libc.free  # (None: AttributeError too)
+    except AttributeError:
         return None
     malloc.restype = ctypes.c_void_p
     malloc.argtypes = [ctypes.c_size_t]
@@ -440,18 +448,26 @@ def _libc_allocator() -> tuple[Callable[[int], int | None], Callable[[int], None
     return malloc, free
 
 
-def _libc_madvise() -> Callable[[int, int, int], int] | None:
+def _libc_madvise(libc: Any) -> Callable[[int, int, int], int] | None:
     try:
-        madvise = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
+        madvise = libc.madvise
+    except AttributeError:
         return None
     madvise.restype = ctypes.c_int
     madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     return madvise
 
 
-_ALLOCATOR = _libc_allocator()
-_MADVISE = _libc_madvise()
+_LIBC = _libc()
+_ALLOCATOR = _libc_allocator(_LIBC)
+_MADVISE = _libc_madvise(_LIBC)
+
+
+def aligned_bytearray(size: int, align: int = _PAGE) -> memoryview:
+    """``size`` bytes of a bytearray, starting at an ``align``-aligned address."""
+    raw = bytearray(size + align - 1)
+    start = -ctypes.addressof(ctypes.c_char.from_buffer(raw)) % align
+    return memoryview(raw)[start : start + size]
 
 
 class _Freed:
@@ -489,9 +505,7 @@ def heap_buffer(size: int, *, populate: bool = False) -> memoryview:
     0.52-0.72 made at once."""
     padded = size_class(size + _PAGE)
     if _ALLOCATOR is None:
-        raw = bytearray(padded)
-        start = -ctypes.addressof(ctypes.c_char.from_buffer(raw)) % _PAGE
-        return memoryview(raw)[start : start + size]
+        return aligned_bytearray(size)
     address = _ALLOCATOR[0](padded)
     if not address:
         raise MemoryError(f"malloc({padded}) failed")

@@ -32,6 +32,7 @@ from storage.operator.base import (
     ObjectStoreError,
     RequestStats,
     SourceRange,
+    aligned_bytearray,
     as_buffers,
     check_range,
     heap_buffer,
@@ -82,9 +83,7 @@ class LocalObjectStore(ObjectStore):
         the staging chunk. (A slice of a bytearray: the heap's memory is reused from object to
         object, where a fresh mapping per object cost a page fault per 4 KiB, more CPU than the
         copy it saves.)"""
-        raw = bytearray(size + _DIRECT_ALIGN - 1)
-        start = -ctypes.addressof(ctypes.c_char.from_buffer(raw)) % _DIRECT_ALIGN
-        return memoryview(raw)[start : start + size]
+        return aligned_bytearray(size, _DIRECT_ALIGN)
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         """Read bytes ``[start, end)``; short or empty past the end of the file."""
