@@ -499,10 +499,8 @@ else:
 """
 
 
-# The host's speed: a fixed pure-Python loop, timed in the CPU time it took (not waits for a
-# core), every SPEED_PROBE_INTERVAL_S until stdin closes. On this VM the same loop took 0.33 to
-# 0.65 s of CPU a few seconds apart with nothing else running and no steal counted: the host's
-# other tenants (a sibling hyperthread, shared caches) slow every instruction, the brokers' too.
+# The host's speed (see the module's docstring): a fixed pure-Python loop, timed in the CPU time
+# it took (not waits for a core), every SPEED_PROBE_INTERVAL_S until stdin closes.
 _SPEED_PROBE = """
 import select, sys, time
 n, interval = int(sys.argv[1]), float(sys.argv[2])

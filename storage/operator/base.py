@@ -16,7 +16,7 @@ import mmap
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self
+from typing import Self
 
 # S3's limits on multipart uploads: every part but the last must be at least 5 MiB, a part
 # (also an UploadPartCopy range) at most 5 GiB, and an upload has at most 10,000 parts.
@@ -435,12 +435,11 @@ def _libc() -> ctypes.CDLL | None:
 
 
 def _libc_allocator(
-    libc: Any,
+    libc: ctypes.CDLL | None,
 ) -> tuple[Callable[[int], int | None], Callable[[int], None]] | None:
-    try:
-        malloc, free = libc.malloc, libc.free  # (None: AttributeError too)
-    except AttributeError:
+    if libc is None or not hasattr(libc, "malloc") or not hasattr(libc, "free"):
         return None
+    malloc, free = libc.malloc, libc.free
     malloc.restype = ctypes.c_void_p
     malloc.argtypes = [ctypes.c_size_t]
     free.restype = None
@@ -448,11 +447,10 @@ def _libc_allocator(
     return malloc, free
 
 
-def _libc_madvise(libc: Any) -> Callable[[int, int, int], int] | None:
-    try:
-        madvise = libc.madvise
-    except AttributeError:
+def _libc_madvise(libc: ctypes.CDLL | None) -> Callable[[int, int, int], int] | None:
+    if libc is None or not hasattr(libc, "madvise"):
         return None
+    madvise = libc.madvise
     madvise.restype = ctypes.c_int
     madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     return madvise
