@@ -36,6 +36,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from automq_py.config import BrokerConfig
+from storage import child_process
 
 log = logging.getLogger("automq.maintenance")
 
@@ -217,11 +218,12 @@ class Maintenance:
             "--runner",
             "spark",
         ]
-        child = await asyncio.create_subprocess_exec(
-            *args,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
+        # (not asyncio's: under uvloop it forks the broker, see storage.child_process)
+        child = await child_process.spawn(
+            args,
+            stdin=child_process.DEVNULL,
+            stdout=child_process.PIPE,
+            stderr=child_process.STDOUT,
         )
         try:
             output, _ = await asyncio.wait_for(child.communicate(), JOB_TIMEOUT_S)

@@ -50,7 +50,7 @@ from typing import Any
 
 import msgpack
 
-from storage import object_format, stream_record_batch
+from storage import child_process, object_format, stream_record_batch
 from storage.heap import keep_large_buffers_in_heap
 from storage.object_format import DataBlockIndex
 from storage.operator import ObjectStore, open_object_store
@@ -138,7 +138,7 @@ class UploadWorker:
     ) -> None:
         self._settings = settings
         self._on_requests = on_requests
-        self._process: asyncio.subprocess.Process | None = None
+        self._process: child_process.ChildProcess | None = None
         self._reader: asyncio.Task[None] | None = None
         self._starting: asyncio.Task[None] | None = None
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
@@ -236,15 +236,17 @@ class UploadWorker:
 
     async def _spawn(self) -> None:
         await self._stop_process()
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "storage.upload_worker",
-            self._settings.log_format,
-            str(self._settings.node_id),
-            self._settings.cluster_id,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
+        process = await child_process.spawn(
+            [
+                sys.executable,
+                "-m",
+                "storage.upload_worker",
+                self._settings.log_format,
+                str(self._settings.node_id),
+                self._settings.cluster_id,
+            ],
+            stdin=child_process.PIPE,
+            stdout=child_process.PIPE,
             limit=1 << 20,
         )
         assert process.stdin is not None and process.stdout is not None
@@ -279,7 +281,7 @@ class UploadWorker:
         self._reader = asyncio.create_task(self._read_answers(process), name="upload-worker-read")
         log.info("upload worker started (pid %d)", process.pid)
 
-    async def _read_answers(self, process: asyncio.subprocess.Process) -> None:
+    async def _read_answers(self, process: child_process.ChildProcess) -> None:
         assert process.stdout is not None
         failure: BaseException | None = None
         try:
@@ -310,7 +312,7 @@ class UploadWorker:
             self._reader = None
 
 
-async def _end(process: asyncio.subprocess.Process) -> int | None:
+async def _end(process: child_process.ChildProcess) -> int | None:
     """Close the worker's stdin and wait for it to exit; kill it if it does not in time."""
     if process.stdin is not None and not process.stdin.is_closing():
         process.stdin.close()
