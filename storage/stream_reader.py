@@ -192,7 +192,7 @@ class StreamReader:
         self.last_start = start
         self.next_offset = out[-1].last_offset if out else start
         self._pass()
-        self._maybe_read_ahead()
+        self._maybe_read_ahead(end)
         return out
 
     async def _read(self, start: int, end: int, max_bytes: int) -> list[StreamRecordBatch]:
@@ -329,11 +329,15 @@ class StreamReader:
 
     # -- read-ahead ------------------------------------------------------------------------------
 
-    def _maybe_read_ahead(self) -> None:
+    def _maybe_read_ahead(self, limit: int) -> None:
+        """Start a read-ahead if the reader needs one, of data before ``limit`` (-1: no bound):
+        what a read's caller gets elsewhere (the LogCache's) is not read ahead."""
         if self._closed:
             return  # dropped while its last read ran
         if self._readahead_task is not None and not self._readahead_task.done():
             return  # AutoMQ's rule too: one read-ahead being planned at a time
+        if 0 <= limit <= self.next_offset:
+            return
         cap = self._readahead_cap(self)
         if cap < MIN_READAHEAD:
             return  # the cache holds as much unread read-ahead as it may: try after a later read
@@ -346,14 +350,15 @@ class StreamReader:
         if plan is not None:
             self._sharing.add(self)
             self._readahead_task = asyncio.create_task(
-                self._read_ahead(*plan), name=f"readahead-{self.stream_id}"
+                self._read_ahead(*plan, limit), name=f"readahead-{self.stream_id}"
             )
 
-    async def _read_ahead(self, start: int, max_bytes: int) -> None:
-        """Locate ``max_bytes`` of blocks from ``start`` and start loading them as unread."""
+    async def _read_ahead(self, start: int, max_bytes: int, limit: int) -> None:
+        """Locate ``max_bytes`` of blocks from ``start`` (those before ``limit``, -1: no
+        bound) and start loading them as unread."""
         generation = self._generation
         try:
-            blocks = await self._blocks_for(start, -1, max_bytes)
+            blocks = await self._blocks_for(start, limit, max_bytes)
             if generation != self._generation or not blocks:
                 return
             self.readahead.advanced(blocks[-1].index.end_offset)

@@ -279,6 +279,29 @@ async def test_read_ahead_reaches_into_the_next_object(make_storage: StorageFact
     assert any(oid == second.object_id for oid, _ in storage.block_cache._unread)
 
 
+async def test_read_ahead_stops_where_the_log_cache_takes_over(
+    make_storage: StorageFactory,
+) -> None:
+    storage = await make_storage(**SMALL_OBJECTS)
+    s = await StreamClient(storage).create_and_open()
+    for _ in range(3):
+        await fill(s, 60, size=3000)
+        await storage.force_upload()
+    objects = storage.metadata.get_objects(s.stream_id, 0, -1, 100)
+    storage.cache.evict(keep=storage.cache.size - 1)  # the oldest uploaded block only
+    hot = storage.cache.get(s.stream_id, 0, s.confirmed_offset, 1)
+    assert hot and hot[0].base_offset > 0
+    hot_start = hot[0].base_offset
+    assert any(o.start_offset >= hot_start for o in objects)
+    pos = 0
+    while pos < hot_start:  # the cold part, in fetches that read ahead
+        pos = (await s.fetch(pos, -1, 32_768)).batches[-1].last_offset
+    await asyncio.sleep(0.1)  # let any read-ahead land
+    hot_objects = {o.object_id for o in objects if o.start_offset >= hot_start}
+    cached = [*storage.block_cache._read, *storage.block_cache._unread]
+    assert cached and not [key for key in cached if key[0] in hot_objects]
+
+
 async def test_a_read_that_repeats_the_tail_of_the_last_one_continues_its_reader(
     make_storage: StorageFactory,
 ) -> None:
