@@ -421,6 +421,8 @@ class AutomqBroker(Broker):
             # blocks each durable write waits for a journal commit. A setup no one runs.
             "s3.wal.capacity": str(DEFAULTS.wal_capacity),
             "s3.wal.init.zero": str(DEFAULTS.wal_init_zero).lower(),
+            # and its caches' memory faulted in at start, as the broker does by default
+            "s3.cache.pretouch": str(DEFAULTS.cache_pretouch).lower(),
             # its event-loop stalls and collector pauses, each as it happens: a case counts
             # those inside its window
             "log.level.automq.loop": "DEBUG",

@@ -122,6 +122,15 @@ class S3StreamConfig:
         256 * MiB,
         "bytes of data blocks read from object storage kept in memory (read-ahead included)",
     )
+    cache_pretouch: bool = config_field(
+        "s3.cache.pretouch",
+        True,
+        ConfigType.BOOLEAN,
+        "fault in, at start, the memory s3.wal.cache.size and s3.block.cache.size fill (at most "
+        "half the memory available), as the JVM's AlwaysPreTouch: the broker is resident at "
+        "that size from the start and its first GBs take no page faults (false: memory is "
+        "faulted in as the caches fill)",
+    )
     readahead_size: int = _count(
         "s3.block.cache.readahead.size",
         32 * MiB,

@@ -1,11 +1,14 @@
-"""glibc malloc settings for the processes that move large buffers: the broker and its
-upload worker."""
+"""glibc malloc settings for the processes that move large buffers (the broker and its upload
+worker), and the broker's pre-touch of the heap its caches fill."""
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import sys
+import time
+from pathlib import Path
 
 log = logging.getLogger("automq.heap")
 
@@ -36,3 +39,95 @@ def keep_large_buffers_in_heap() -> None:
         mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) and mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
     ):
         log.warning("mallopt refused the heap settings; large buffers stay in their own mappings")
+
+
+# Pre-touch (see pretouch_heap): chunks below the mmap threshold, so that they come from the
+# heap, which keeps them once freed
+_PRETOUCH_CHUNK = 16 << 20
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_MADV_POPULATE_WRITE = 23  # Linux 5.14+
+
+
+def pretouch_heap(wanted: int) -> int:
+    """Fault in ``wanted`` bytes of heap (at most half the memory available to the process)
+    and free them, kept by the heap: the buffers the LogCache and the block cache fill later
+    reuse pages already mapped. The JVM's ``AlwaysPreTouch`` does this for its heap.
+
+    A new page costs a fault the first time it is written, and on a virtual machine whose
+    host backs guest memory lazily (or takes back what the guest freed) far more than the
+    kernel's zeroing: 0.26-0.37 s of CPU per 256 MiB here, against 0.02 s to write it again.
+    A new broker pays that for the first GB it is sent or reads back, on the event loop: at 20
+    MB/s, 105,000 faults in 20 s, and 15.2-15.4 s of CPU per GB produced against 13.2-14.0 once
+    its caches had filled. Returns the bytes touched (0 where glibc's malloc is not there)."""
+    budget = min(wanted, _available_memory() // 2)
+    if budget < _PRETOUCH_CHUNK or not sys.platform.startswith("linux"):
+        return 0
+    try:
+        libc = ctypes.CDLL(None)
+        malloc, free, madvise, mallopt = libc.malloc, libc.free, libc.madvise, libc.mallopt
+    except (OSError, AttributeError):
+        return 0
+    malloc.restype, malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    free.restype, free.argtypes = None, [ctypes.c_void_p]
+    madvise.restype = ctypes.c_int
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    # the heap keeps what is freed at its top up to the trim threshold: all of it, and the
+    # usual room above
+    if not mallopt(_M_TRIM_THRESHOLD, min(budget + _TRIM_THRESHOLD, 2**31 - 1)):
+        return 0
+    started = time.process_time()
+    chunks: list[int] = []
+    try:
+        for _ in range(budget // _PRETOUCH_CHUNK):
+            address = malloc(_PRETOUCH_CHUNK)
+            if not address:
+                break
+            chunks.append(address)
+            start = -address % _PAGE
+            length = (_PRETOUCH_CHUNK - start) // _PAGE * _PAGE
+            if madvise(address + start, length, _MADV_POPULATE_WRITE) != 0:
+                ctypes.memset(address + start, 0, length)  # a kernel before 5.14
+    finally:
+        for address in reversed(chunks):  # from the top down: they merge into its free space
+            free(address)
+    touched = len(chunks) * _PRETOUCH_CHUNK
+    log.info(
+        "pre-touched %d MiB of heap for the caches in %.2f s of CPU",
+        touched >> 20,
+        time.process_time() - started,
+    )
+    return touched
+
+
+def _available_memory() -> int:
+    """Bytes the process may still take: the smaller of the system's MemAvailable and the
+    room left under its memory cgroup's limit (v2's memory.max, v1's memory.limit_in_bytes)."""
+    available = 0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+        groups = Path("/proc/self/cgroup").read_text().splitlines()
+    except (OSError, ValueError, IndexError):
+        return available
+    for line in groups:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            files = Path("/sys/fs/cgroup", path.lstrip("/")), "memory.max", "memory.current"
+        elif "memory" in controllers.split(","):
+            files = (
+                Path("/sys/fs/cgroup/memory", path.lstrip("/")),
+                "memory.limit_in_bytes",
+                "memory.usage_in_bytes",
+            )
+        else:
+            continue
+        try:
+            limit = (files[0] / files[1]).read_text().strip()
+            if limit != "max" and int(limit) < 1 << 60:  # (v1 says "no limit" with 2**63)
+                used = int((files[0] / files[2]).read_text())
+                available = min(available, int(limit) - used)
+        except (OSError, ValueError):
+            continue  # not mounted here, or not readable: nothing to honour
+    return max(0, available)

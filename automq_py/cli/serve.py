@@ -123,11 +123,13 @@ def run(args: argparse.Namespace) -> int:
         "broker configuration:\n%s",
         "\n".join(f"\t{k} = {v}" for k, v in config.all_properties().items()),
     )
-    from storage.heap import keep_large_buffers_in_heap
+    from storage.heap import keep_large_buffers_in_heap, pretouch_heap
     from storage.metadata.sqlite_store import StoreInUseError
     from storage.wal.errors import WALError
 
     keep_large_buffers_in_heap()
+    if config.storage.cache_pretouch:
+        pretouch_heap(config.storage.wal_cache_size + config.storage.block_cache_size)
     try:
         _run_event_loop(_serve(config))
     except KeyboardInterrupt:  # a second Ctrl-C while shutting down

@@ -33,6 +33,8 @@ TEST_PROPERTIES: Mapping[str, str] = {
     "s3.wal.capacity": str(64 * MiB),
     # ... and allocated only, not written with zeros: a quicker start
     "s3.wal.init.zero": "false",
+    # the caches' memory faulted in as they fill, not all at start (resident from the start)
+    "s3.cache.pretouch": "false",
     # compaction, retention and GC run on timers (a Spark JVM each time when pyspark is there)
     "s3.maintenance.runner": "none",
     # a new consumer group starts at once, as in Kafka's own test containers
