@@ -107,6 +107,8 @@ async def spawn(
             reader = asyncio.StreamReader(limit=limit, loop=loop)
             await loop.connect_read_pipe(lambda: _ReadProtocol(reader, loop=loop), popen.stdout)
     except BaseException:
+        if writer is not None:
+            writer.close()
         popen.kill()
         popen.wait()
         raise
