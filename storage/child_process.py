@@ -59,13 +59,10 @@ class ChildProcess:
     async def wait(self) -> int:
         """Wait for the child to exit; its exit code."""
         code = self._popen.poll()
-        if code is not None:
-            if self.stdin is not None:
-                self.stdin.close()
-            return code
-        if self._exited is None:
-            self._exited = _watch_exit(self._popen)
-        code = await asyncio.shield(self._exited)
+        if code is None:
+            if self._exited is None:
+                self._exited = _watch_exit(self._popen)
+            code = await asyncio.shield(self._exited)
         if self.stdin is not None:
             self.stdin.close()  # nothing reads it any more
         return code
@@ -127,14 +124,9 @@ class _ReadProtocol(asyncio.StreamReaderProtocol):
 def _watch_exit(popen: subprocess.Popen[bytes]) -> asyncio.Future[int]:
     """A future of the child's exit code, set when the event loop sees its pidfd readable."""
     loop = asyncio.get_running_loop()
-    pidfd_open = getattr(os, "pidfd_open", None)
-    if pidfd_open is None:
-        return asyncio.ensure_future(asyncio.to_thread(popen.wait))
     try:
-        pidfd = pidfd_open(popen.pid)
-    except ProcessLookupError:  # exited and reaped meanwhile
-        return asyncio.ensure_future(asyncio.to_thread(popen.wait))
-    except OSError:  # a kernel without pidfds
+        pidfd = os.pidfd_open(popen.pid)
+    except (AttributeError, OSError):  # no pidfds here, or the child is already reaped
         return asyncio.ensure_future(asyncio.to_thread(popen.wait))
     exited: asyncio.Future[int] = loop.create_future()
 

@@ -5,12 +5,59 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
+import mmap
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger("automq.heap")
+
+PAGE = mmap.PAGESIZE
+MADV_POPULATE_WRITE = 23  # Linux 5.14: fault a range's pages in, writable, in one call
+
+
+def _load_libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+def _libc_allocator(
+    libc: ctypes.CDLL | None,
+) -> tuple[Callable[[int], int | None], Callable[[int], None]] | None:
+    if libc is None or not hasattr(libc, "malloc") or not hasattr(libc, "free"):
+        return None
+    malloc, free = libc.malloc, libc.free
+    malloc.restype = ctypes.c_void_p
+    malloc.argtypes = [ctypes.c_size_t]
+    free.restype = None
+    free.argtypes = [ctypes.c_void_p]
+    return malloc, free
+
+
+def _libc_madvise(libc: ctypes.CDLL | None) -> Callable[[int, int, int], int] | None:
+    if libc is None or not hasattr(libc, "madvise"):
+        return None
+    madvise = libc.madvise
+    madvise.restype = ctypes.c_int
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return madvise
+
+
+def _libc_mallopt(libc: ctypes.CDLL | None) -> Callable[[int, int], int] | None:
+    if libc is None or not hasattr(libc, "mallopt"):  # not glibc (musl has no mallopt)
+        return None
+    mallopt = libc.mallopt
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    return mallopt
+
+
+_LIBC = _load_libc()
+ALLOCATOR = _libc_allocator(_LIBC)  # (malloc, free), None without a C library to load
+MADVISE = _libc_madvise(_LIBC)
+_MALLOPT = _libc_mallopt(_LIBC) if sys.platform.startswith("linux") else None
 
 # glibc gives each allocation above its mmap threshold its own mapping and unmaps it when freed.
 # Cold reads allocate a buffer of MiBs per ranged GET and keep it in the block cache for a
@@ -27,16 +74,11 @@ _TRIM_THRESHOLD = 256 << 20
 
 def keep_large_buffers_in_heap() -> None:
     """Tune glibc's malloc for large, short-lived buffers (no-op elsewhere)."""
-    if not sys.platform.startswith("linux"):
+    if _MALLOPT is None:
         return
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
-        return
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     if not (
-        mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD) and mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
+        _MALLOPT(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
+        and _MALLOPT(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
     ):
         log.warning("mallopt refused the heap settings; large buffers stay in their own mappings")
 
@@ -44,8 +86,6 @@ def keep_large_buffers_in_heap() -> None:
 # Pre-touch (see pretouch_heap): chunks below the mmap threshold, so that they come from the
 # heap, which keeps them once freed
 _PRETOUCH_CHUNK = 16 << 20
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-_MADV_POPULATE_WRITE = 23  # Linux 5.14+
 
 
 def pretouch_heap(wanted: int) -> int:
@@ -60,21 +100,12 @@ def pretouch_heap(wanted: int) -> int:
     MB/s, 105,000 faults in 20 s, and 15.2-15.4 s of CPU per GB produced against 13.2-14.0 once
     its caches had filled. Returns the bytes touched (0 where glibc's malloc is not there)."""
     budget = min(wanted, _available_memory() // 2)
-    if budget < _PRETOUCH_CHUNK or not sys.platform.startswith("linux"):
+    if budget < _PRETOUCH_CHUNK or _MALLOPT is None or ALLOCATOR is None:
         return 0
-    try:
-        libc = ctypes.CDLL(None)
-        malloc, free, madvise, mallopt = libc.malloc, libc.free, libc.madvise, libc.mallopt
-    except (OSError, AttributeError):
-        return 0
-    malloc.restype, malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-    free.restype, free.argtypes = None, [ctypes.c_void_p]
-    madvise.restype = ctypes.c_int
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    malloc, free = ALLOCATOR
     # the heap keeps what is freed at its top up to the trim threshold: all of it, and the
     # usual room above
-    if not mallopt(_M_TRIM_THRESHOLD, min(budget + _TRIM_THRESHOLD, 2**31 - 1)):
+    if not _MALLOPT(_M_TRIM_THRESHOLD, min(budget + _TRIM_THRESHOLD, 2**31 - 1)):
         return 0
     started = time.process_time()
     chunks: list[int] = []
@@ -84,9 +115,9 @@ def pretouch_heap(wanted: int) -> int:
             if not address:
                 break
             chunks.append(address)
-            start = -address % _PAGE
-            length = (_PRETOUCH_CHUNK - start) // _PAGE * _PAGE
-            if madvise(address + start, length, _MADV_POPULATE_WRITE) != 0:
+            start = -address % PAGE
+            length = (_PRETOUCH_CHUNK - start) // PAGE * PAGE
+            if MADVISE is None or MADVISE(address + start, length, MADV_POPULATE_WRITE) != 0:
                 ctypes.memset(address + start, 0, length)  # a kernel before 5.14
     finally:
         for address in reversed(chunks):  # from the top down: they merge into its free space

@@ -12,11 +12,12 @@ import abc
 import bisect
 import ctypes
 import dataclasses
-import mmap
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
+
+from storage.heap import ALLOCATOR, MADV_POPULATE_WRITE, MADVISE, PAGE
 
 # S3's limits on multipart uploads: every part but the last must be at least 5 MiB, a part
 # (also an UploadPartCopy range) at most 5 GiB, and an upload has at most 10,000 parts.
@@ -423,42 +424,10 @@ def check_range(start: int, end: int | None) -> None:
         raise ValueError(f"bad range [{start}, {end})")
 
 
-_PAGE = mmap.PAGESIZE
-_MADV_POPULATE_WRITE = 23  # Linux 5.14: fault a range's pages in, writable, in one call
-
-
-def _libc() -> ctypes.CDLL | None:
-    try:
-        return ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return None
-
-
-def _libc_allocator(
-    libc: ctypes.CDLL | None,
-) -> tuple[Callable[[int], int | None], Callable[[int], None]] | None:
-    if libc is None or not hasattr(libc, "malloc") or not hasattr(libc, "free"):
-        return None
-    malloc, free = libc.malloc, libc.free
-    malloc.restype = ctypes.c_void_p
-    malloc.argtypes = [ctypes.c_size_t]
-    free.restype = None
-    free.argtypes = [ctypes.c_void_p]
-    return malloc, free
-
-
-def _libc_madvise(libc: ctypes.CDLL | None) -> Callable[[int, int, int], int] | None:
-    if libc is None or not hasattr(libc, "madvise"):
-        return None
-    madvise = libc.madvise
-    madvise.restype = ctypes.c_int
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return madvise
-
-
-_LIBC = _libc()
-_ALLOCATOR = _libc_allocator(_LIBC)
-_MADVISE = _libc_madvise(_LIBC)
+_PAGE = PAGE
+# looked up at each call, not bound at import: a test replaces the allocator's free
+_ALLOCATOR = ALLOCATOR
+_MADVISE = MADVISE
 
 
 def aligned_bytearray(size: int, align: int = _PAGE) -> memoryview:
@@ -511,5 +480,5 @@ def heap_buffer(size: int, *, populate: bool = False) -> memoryview:
     owner._freed = _Freed(address)  # type: ignore[attr-defined]
     start = -address % _PAGE
     if populate and _MADVISE is not None and size:
-        _MADVISE(address + start, -(-size // _PAGE) * _PAGE, _MADV_POPULATE_WRITE)  # best effort
+        _MADVISE(address + start, -(-size // _PAGE) * _PAGE, MADV_POPULATE_WRITE)  # best effort
     return memoryview(owner).cast("B")[start : start + size]
