@@ -516,6 +516,39 @@ async def test_local_direct_writes_from_the_stores_own_buffers(
     assert len(direct) == -(-whole_blocks // MiB)  # one write per MiB of its whole blocks
 
 
+@pytest.mark.parametrize("direct", [True, False])
+async def test_local_paced_writes_go_in_small_chunks(
+    local_store: LocalObjectStore, direct: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A paced put writes (and, without O_DIRECT, syncs) at most ``_PACED_CHUNK`` at a time, so
+    a WAL write on the same disk never waits behind a large one; every byte still lands."""
+    if not direct:
+        monkeypatch.setattr(local_module, "_direct_io", lambda fd: False)
+    rng = random.Random(11)
+    size = 3 * MiB + 17
+    aligned = local_store.new_buffer(size)
+    aligned[:] = rng.randbytes(size)
+    parts = [rng.randbytes(5000), aligned, rng.randbytes(MiB + 3), aligned]
+    sizes: list[int] = []
+    real_all, real_write = local_module._write_all, os.write
+
+    def spy_all(fd: int, view: memoryview) -> None:
+        sizes.append(len(view))
+        real_all(fd, view)
+
+    def spy_write(fd: int, data: memoryview) -> int:
+        sizes.append(len(data))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(local_module, "_write_all", spy_all)
+    monkeypatch.setattr(local_module.os, "write", spy_write)
+    await local_store.put("paced", parts, rate=1e9)
+    monkeypatch.undo()
+    assert await local_store.get("paced") == b"".join(bytes(p) for p in parts)
+    assert max(sizes) <= local_module._PACED_CHUNK < local_module._CHUNK
+    assert sum(sizes) >= sum(len(p) for p in parts)
+
+
 async def test_local_writes_without_direct_io(
     local_store: LocalObjectStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
