@@ -346,8 +346,8 @@ def _fsync_dir(directory: Path) -> None:
 _CHUNK = 1 << 20
 # A paced write's chunks are smaller: a WAL write that reaches the disk while one is in flight
 # waits for it. Beside 20 MB/s of paced 1 MiB direct writes this VM's 16 KiB O_DSYNC writes had
-# a p99 of 4.7 ms; beside 128 KiB ones, 1.3 ms; alone, 1.0 ms (bench/README.md). Unpaced (a
-# backlog, a lifted pace) the larger chunks keep the disk's throughput.
+# a p99 of 4.7 ms; beside 256 KiB ones 1.6 ms, 64 KiB ones 1.0 ms, as alone (bench/README.md).
+# Unpaced (a backlog, a lifted pace) the larger chunks keep the disk's throughput.
 _PACED_CHUNK = 128 << 10
 _DIRECT_ALIGN = 4096  # O_DIRECT wants offsets, lengths and memory aligned to the block size
 
