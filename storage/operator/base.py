@@ -424,13 +424,11 @@ def check_range(start: int, end: int | None) -> None:
         raise ValueError(f"bad range [{start}, {end})")
 
 
-_PAGE = PAGE
 # looked up at each call, not bound at import: a test replaces the allocator's free
 _ALLOCATOR = ALLOCATOR
-_MADVISE = MADVISE
 
 
-def aligned_bytearray(size: int, align: int = _PAGE) -> memoryview:
+def aligned_bytearray(size: int, align: int = PAGE) -> memoryview:
     """``size`` bytes of a bytearray, starting at an ``align``-aligned address."""
     raw = bytearray(size + align - 1)
     start = -ctypes.addressof(ctypes.c_char.from_buffer(raw)) % align
@@ -452,7 +450,7 @@ class _Freed:
 
 def size_class(size: int) -> int:
     """``size`` rounded up to an eighth of its power of two (whole pages)."""
-    step = max(_PAGE, (1 << max(0, size - 1).bit_length()) // 8)
+    step = max(PAGE, (1 << max(0, size - 1).bit_length()) // 8)
     return -(-size // step) * step
 
 
@@ -470,7 +468,7 @@ def heap_buffer(size: int, *, populate: bool = False) -> memoryview:
     buffer filled by copies on the event loop rather than by a direct read, which faults them
     in from its worker thread: a fault per 4 KiB cost 0.96-1.05 s of CPU per GB against
     0.52-0.72 made at once."""
-    padded = size_class(size + _PAGE)
+    padded = size_class(size + PAGE)
     if _ALLOCATOR is None:
         return aligned_bytearray(size)
     address = _ALLOCATOR[0](padded)
@@ -478,7 +476,7 @@ def heap_buffer(size: int, *, populate: bool = False) -> memoryview:
         raise MemoryError(f"malloc({padded}) failed")
     owner = (ctypes.c_char * padded).from_address(address)
     owner._freed = _Freed(address)  # type: ignore[attr-defined]
-    start = -address % _PAGE
-    if populate and _MADVISE is not None and size:
-        _MADVISE(address + start, -(-size // _PAGE) * _PAGE, MADV_POPULATE_WRITE)  # best effort
+    start = -address % PAGE
+    if populate and MADVISE is not None and size:
+        MADVISE(address + start, -(-size // PAGE) * PAGE, MADV_POPULATE_WRITE)  # best effort
     return memoryview(owner).cast("B")[start : start + size]
