@@ -3,7 +3,11 @@ object stores and metadata databases on them."""
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
+import sys
+import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -37,6 +41,63 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/docker/" in item.nodeid:
             item.add_marker(pytest.mark.xdist_group("podman"))
+
+
+# pytest-timeout's signal fails a test that runs past ``timeout`` (300 s), but only once the main
+# thread is back in Python: a client's C library blocking in a close, or a fixture's teardown
+# hanging after the timeout has fired, would hold the whole run to CI's limit with nothing said.
+HUNG_TEST_S = 600
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    """A test whose setup, call and teardown together pass ``HUNG_TEST_S`` gets every thread's
+    stack written to the real standard error and its process ended: pytest-xdist reports the
+    test as crashed, starts a new worker and the run goes on."""
+    watchdog = threading.Timer(HUNG_TEST_S, _hung, args=(item,))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        yield
+    finally:
+        watchdog.cancel()
+
+
+def _hung(item: pytest.Item) -> None:
+    capture = item.config.pluginmanager.getplugin("capturemanager")
+    if capture is not None:
+        capture.suspend_global_capture(in_=False)
+    sys.stderr.write(f"\n{item.nodeid} still running after {HUNG_TEST_S} s; its threads:\n")
+    sys.stderr.flush()
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    sys.stderr.flush()
+    for pid in reversed(_descendants(os.getpid())):  # its brokers and servers go with it
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            continue
+    os._exit(70)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process under ``pid``, parents before their children (from /proc)."""
+    found: list[int] = []
+    pending = [pid]
+    while pending:
+        parent = pending.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{task}/children") as children:
+                    kids = [int(child) for child in children.read().split()]
+            except OSError:
+                continue
+            found.extend(kids)
+            pending.extend(kids)
+    return found
 
 
 LARGE_FILE = 16 << 20  # a broker's preallocated WAL (256 MiB in tests), SeaweedFS's volumes
