@@ -47,6 +47,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # thread is back in Python: a client's C library blocking in a close, or a fixture's teardown
 # hanging after the timeout has fired, would hold the whole run to CI's limit with nothing said.
 HUNG_TEST_S = 600
+EXIT_GRACE_S = 120  # and a process that does not exit once its session has finished
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -61,6 +62,24 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
         yield
     finally:
         watchdog.cancel()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(exitstatus: int) -> None:
+    """A process that has not exited ``EXIT_GRACE_S`` after its session finished (a thread a
+    test left behind that the interpreter waits for) writes its threads' stacks and exits with
+    the session's status."""
+    watchdog = threading.Timer(EXIT_GRACE_S, _stuck_at_exit, args=(int(exitstatus),))
+    watchdog.daemon = True
+    watchdog.start()
+
+
+def _stuck_at_exit(exitstatus: int) -> None:
+    sys.stderr.write(f"\nstill running {EXIT_GRACE_S} s after the session finished; threads:\n")
+    sys.stderr.flush()
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    sys.stderr.flush()
+    os._exit(exitstatus)
 
 
 def _hung(item: pytest.Item) -> None:
