@@ -95,6 +95,9 @@ def _hung(item: pytest.Item) -> None:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             continue
+    temporary = getattr(item.config, "_tmp_path_factory", None)  # (set by pytest's tmp_path)
+    if temporary is not None:  # the session's fixture that would remove them will not run
+        _remove_large_files(temporary.getbasetemp())
     os._exit(70)
 
 
@@ -129,7 +132,11 @@ def no_large_files_left(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
     (``tmp_path_retention_policy = failed``): the logs a failure is read from, and beside them
     every broker's preallocated WAL, 12 GB of them after one failed test."""
     yield
-    for root, _, files in os.walk(tmp_path_factory.getbasetemp()):
+    _remove_large_files(tmp_path_factory.getbasetemp())
+
+
+def _remove_large_files(directory: str | os.PathLike[str]) -> None:
+    for root, _, files in os.walk(directory):
         for name in files:
             path = os.path.join(root, name)
             try:
