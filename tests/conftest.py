@@ -11,6 +11,7 @@ import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TextIO
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -50,11 +51,20 @@ HUNG_TEST_S = 600
 EXIT_GRACE_S = 120  # and a process that does not exit once its session has finished
 
 
+# The same, from faulthandler's own thread, which needs no GIL: a thread stuck in C with the GIL
+# held (a client library's callback) keeps every Python thread from running, the watchdog's too.
+GIL_HELD_S = HUNG_TEST_S + 60
+_REAL_STDERR: list[TextIO] = []  # fd 2 as it is between tests, outside pytest's capture
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     """A test whose setup, call and teardown together pass ``HUNG_TEST_S`` gets every thread's
     stack written to the real standard error and its process ended: pytest-xdist reports the
     test as crashed, starts a new worker and the run goes on."""
+    if not _REAL_STDERR:  # (capture is suspended between tests: fd 2 is the real one here)
+        _REAL_STDERR.append(os.fdopen(os.dup(2), "w"))
+    faulthandler.dump_traceback_later(GIL_HELD_S, exit=True, file=_REAL_STDERR[0])
     watchdog = threading.Timer(HUNG_TEST_S, _hung, args=(item,))
     watchdog.daemon = True
     watchdog.start()
@@ -62,6 +72,7 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
         yield
     finally:
         watchdog.cancel()
+        faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.hookimpl(trylast=True)
