@@ -48,12 +48,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # thread is back in Python: a client's C library blocking in a close, or a fixture's teardown
 # hanging after the timeout has fired, would hold the whole run to CI's limit with nothing said.
 HUNG_TEST_S = 600
-EXIT_GRACE_S = 120  # and a process that does not exit once its session has finished
-
-
-# The same, from faulthandler's own thread, which needs no GIL: a thread stuck in C with the GIL
-# held (a client library's callback) keeps every Python thread from running, the watchdog's too.
+# The same a minute later from faulthandler's own thread, which needs no GIL: a thread stuck in C
+# with the GIL held (a client library's callback) keeps every Python thread from running.
 GIL_HELD_S = HUNG_TEST_S + 60
+EXIT_GRACE_S = 120  # a process that has not exited this long after its session finished
 _REAL_STDERR: list[TextIO] = []  # fd 2 as it is between tests, outside pytest's capture
 
 
