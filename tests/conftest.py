@@ -84,21 +84,22 @@ def pytest_sessionfinish(exitstatus: int) -> None:
 
 
 def _stuck_at_exit(exitstatus: int) -> None:
-    sys.stderr.write(f"\nstill running {EXIT_GRACE_S} s after the session finished; threads:\n")
+    _dump_threads(f"still running {EXIT_GRACE_S} s after the session finished")
+    os._exit(exitstatus)
+
+
+def _dump_threads(why: str) -> None:
+    sys.stderr.write(f"\n{why}; its threads:\n")
     sys.stderr.flush()
     faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
     sys.stderr.flush()
-    os._exit(exitstatus)
 
 
 def _hung(item: pytest.Item) -> None:
     capture = item.config.pluginmanager.getplugin("capturemanager")
     if capture is not None:
         capture.suspend_global_capture(in_=False)
-    sys.stderr.write(f"\n{item.nodeid} still running after {HUNG_TEST_S} s; its threads:\n")
-    sys.stderr.flush()
-    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-    sys.stderr.flush()
+    _dump_threads(f"{item.nodeid} still running after {HUNG_TEST_S} s")
     for pid in reversed(_descendants(os.getpid())):  # its brokers and servers go with it
         try:
             os.kill(pid, signal.SIGKILL)
