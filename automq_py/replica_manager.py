@@ -32,6 +32,7 @@ from automq_py.loop_lag import collector_paused
 from automq_py.metadata_cache import ClusterMetadataCache
 from automq_py.metrics.topic_stats import BrokerTopicStats
 from automq_py.partition import AppendResult, Partition, PendingAppend
+from automq_py.refused_batches import RETRIED, RefusedBatches
 from automq_py.topic_config import effective_topic_config
 from automq_py.topics import TopicError, TopicInfo
 from protocol import record_batch
@@ -75,6 +76,11 @@ class AppendEntry:
     index: int
     records: memoryview | None
     error: ErrorCode = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    name: str | None = None  # the topic's name as the request gave it, when ``topic`` is None
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.topic.name if self.topic is not None else self.name or "", self.index)
 
 
 @dataclass(slots=True, frozen=True)
@@ -157,6 +163,9 @@ class ReplicaManager:
         # a cluster broker's membership: acknowledgements wait while it may be fenced
         self.session: BrokerSession | None = None
         self.topic_stats = BrokerTopicStats()
+        # idempotent batches refused before they were appended: a later batch of the same
+        # producer waits for them (see automq_py.refused_batches)
+        self.refusals = RefusedBatches()
         self._opening: dict[tuple[str, int], asyncio.Task[Partition]] = {}
         # reassignments this broker is to carry out as the partitions' leader: key -> target
         self._handovers: dict[tuple[str, int], int] = {}
@@ -713,6 +722,18 @@ class ReplicaManager:
     async def _start_append(
         self, entry: AppendEntry, acks: int, internal_allowed: bool, deadline: float | None
     ) -> AppendResult | PendingAppend:
+        started = await self._try_append(entry, acks, internal_allowed, deadline)
+        if (
+            isinstance(started, AppendResult)
+            and started.error in RETRIED
+            and entry.records is not None
+        ):
+            self.refusals.refused(entry.key, entry.records, started.error)
+        return started
+
+    async def _try_append(
+        self, entry: AppendEntry, acks: int, internal_allowed: bool, deadline: float | None
+    ) -> AppendResult | PendingAppend:
         if acks not in (-1, 0, 1):
             return AppendResult(ErrorCode.INVALID_REQUIRED_ACKS, message=f"acks={acks}")
         topic = entry.topic
@@ -740,6 +761,15 @@ class ReplicaManager:
         assert entry.records is not None
         try:
             partition = await self.partition(topic, entry.index)
+            if self.refusals:
+                owed = self.refusals.held_back(
+                    entry.key, entry.records, partition.log.producer_state.knows
+                )
+                if owed is not None:
+                    return AppendResult(
+                        owed,
+                        message="an earlier batch of this producer was refused and is owed first",
+                    )
             min_isr = partition.log.config.min_insync_replicas
             if acks == -1 and min_isr > 1:
                 # one replica in sync, as Kafka's Partition.appendRecordsToLeader checks it

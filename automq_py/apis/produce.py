@@ -54,7 +54,7 @@ async def handle_produce(ctx: BrokerContext, request: Request) -> Any:
             topic, error = await ctx.topic_for_write(name, auto_create=False)
         for p in t.partitions:
             names.append(str(name))
-            entries.append(AppendEntry(topic, p.index, p.records, error))
+            entries.append(AppendEntry(topic, p.index, p.records, error, str(name)))
     if body.transactional_id is not None and ctx.transactions is not None:
         entries = await _verify_transactional(ctx, request, str(body.transactional_id), entries)
     throttle = _throttle(ctx, request)
@@ -129,7 +129,7 @@ async def _verify_transactional(
             if error != ErrorCode.NONE:
                 i = wanted[tp]
                 code = tm.verification_error_for_client(ApiKey.PRODUCE, request.api_version, error)
-                out[i] = AppendEntry(None, out[i].index, out[i].records, code)
+                out[i] = AppendEntry(None, out[i].index, out[i].records, code, tp[0])
     return out
 
 

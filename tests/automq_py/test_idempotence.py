@@ -145,6 +145,32 @@ def test_a_retried_produce_is_answered_with_the_original_offset(broker: BrokerPr
         conn.close()
 
 
+def test_a_batch_refused_before_it_was_appended_is_owed_before_the_next(
+    broker: BrokerProcess,
+) -> None:
+    """A new producer's first batch is refused with an error the client retries (here: the
+    topic is not there yet, as for a broker whose metadata lags its creation); its next batch,
+    sent before the refusal came back, arrives once the partition can take it. Taking that one
+    would leave the first out (a partition takes any sequence from a producer it does not know)
+    and librdkafka would report the first delivered when the second is: it is refused the same
+    way until the first comes again."""
+    conn = RawConnection(broker.bootstrap)
+    try:
+        pid = init_producer_id(conn).producer_id
+        early = produce(conn, "owed", pid, 0, 0)
+        assert early[0] == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        create_topic(broker.bootstrap, "owed", 1)
+        assert produce(conn, "owed", pid, 0, 3)[0] == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        assert produce(conn, "owed", pid, 0, 0) == (ErrorCode.NONE, 0)  # the retry
+        assert produce(conn, "owed", pid, 0, 3) == (ErrorCode.NONE, 3)
+        # another producer, never refused, starts where it likes (KIP-360)
+        other = init_producer_id(conn).producer_id
+        assert produce(conn, "owed", other, 0, 12) == (ErrorCode.NONE, 6)
+        assert log_end(broker.bootstrap, "owed") == 9
+    finally:
+        conn.close()
+
+
 def test_duplicates_are_recognised_after_kill_9_and_restart(make_broker: MakeBroker) -> None:
     broker = make_broker()
     create_topic(broker.bootstrap, "dedup-crash", 1)

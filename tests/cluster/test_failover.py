@@ -34,6 +34,9 @@ class Load:
     def __init__(self, bootstrap: str, *topics: str) -> None:
         self.topics = topics  # written in turn
         self.acked: list[bytes] = []
+        # value -> (partition, offset, wall-clock time) it was acknowledged at: where a record
+        # reported lost should be
+        self.acked_at: dict[bytes, tuple[int, int, float]] = {}
         # (topic, partition) -> when it last acknowledged a record
         self.last_ack: dict[tuple[str, int], float] = {}
         self.errors: list[str] = []
@@ -53,6 +56,7 @@ class Load:
     def _delivered(self, err, msg) -> None:  # type: ignore[no-untyped-def]
         if err is None:
             self.acked.append(msg.value())
+            self.acked_at[msg.value()] = (msg.partition(), msg.offset(), time.time())
             self.last_ack[(msg.topic(), msg.partition())] = time.monotonic()
         else:
             self.errors.append(str(err))
@@ -209,18 +213,30 @@ def _create(cluster: Cluster, topic: str, partitions: int, via: int = 0) -> None
     admin.create_topics([NewTopic(topic, partitions)])[topic].result(timeout=30)
 
 
-def _exactly_once(acked: list[bytes], stored: list[bytes]) -> None:
+def _exactly_once(load: Load, stored: list[bytes]) -> None:
     counts = Counter(stored)
     doubled = [v for v, n in counts.items() if n > 1]
-    lost = [v for v in acked if v not in counts]
+    lost = [v for v in load.acked if v not in counts]
     layout = {
         tp: f"{len(held)} records, offsets {held[0][0]}..{held[-1][0]}, first {held[:3]}"
         for tp, held in _LAYOUT.items()
         if held
     }
+    # each lost record: where it was acknowledged, when, and what that offset holds now
+    held_at = {(tp, offset): v for tp, held in _LAYOUT.items() for offset, v in held}
     _LAYOUT.clear()
-    assert not lost, f"{len(lost)} acknowledged records lost, e.g. {lost[:5]}; read {layout}"
-    assert not doubled, f"{len(doubled)} records stored twice, e.g. {doubled[:5]}"
+    where = []
+    for v in lost[:5]:
+        p, offset, at = load.acked_at[v]
+        topic = v.split(b":")[0].decode()
+        stamp = time.strftime("%H:%M:%S", time.localtime(at)) + f".{int(at % 1 * 1000):03d}"
+        now = held_at.get(((topic, p), offset))
+        where.append(f"{v!r} at {topic}-{p}@{offset} {stamp}, now {now!r}")
+    assert not lost, f"{len(lost)} acknowledged records lost: {'; '.join(where)}; read {layout}"
+    copies = {
+        v: [f"{t}-{p}@{o}" for ((t, p), o), w in held_at.items() if w == v] for v in doubled[:5]
+    }
+    assert not doubled, f"{len(doubled)} records stored twice, e.g. {copies}"
 
 
 def test_the_controller_dies_and_another_takes_over(cluster_factory: ClusterFactory) -> None:
@@ -258,7 +274,7 @@ def test_a_frozen_broker_is_fenced_and_loses_nothing(cluster_factory: ClusterFac
     cluster.wait_for_brokers(3, via=0)
     assert len(load.acked) > 1000
     assert not load.errors, load.errors[:5]
-    _exactly_once(load.acked, _read_all(cluster, "frozen", 6))
+    _exactly_once(load, _read_all(cluster, "frozen", 6))
     log = victim.log_path.read_text()
     assert "was fenced by the controller" in log
 
@@ -283,7 +299,7 @@ def test_a_killed_broker_on_the_file_wal_loses_nothing(cluster_factory: ClusterF
     load.stop()
     cluster.wait_for_brokers(3, via=0)
     assert not load.errors, load.errors[:5]
-    _exactly_once(load.acked, _read_all(cluster, "killed", 6))
+    _exactly_once(load, _read_all(cluster, "killed", 6))
 
 
 @pytest.mark.parametrize("victim_role", ["broker", "controller"])
@@ -336,7 +352,7 @@ def test_a_killed_broker_on_the_object_wal_fails_over_within_its_session(
     reader.stop()
     assert not load.errors, load.errors[:5]
     stored = [v for topic in topics for v in _read_all(cluster, topic, 6)]
-    _exactly_once(load.acked, stored)
+    _exactly_once(load, stored)
     # what the group had committed is still committed, and its later commits too
     check = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": reader.group})
     try:
@@ -370,7 +386,7 @@ def test_postgresql_away_for_a_while(tmp_path: Path, s3_server: SeaweedFS) -> No
             load.stop()
             assert len(load.acked) > 1000
             assert not load.errors, load.errors[:5]
-            _exactly_once(load.acked, _read_all(cluster, "outage", 6))
+            _exactly_once(load, _read_all(cluster, "outage", 6))
             cluster.wait_for_brokers(3)
         finally:
             codes = cluster.stop()
