@@ -20,8 +20,11 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import NewTopic
 
+from protocol.errors import ErrorCode
+from tests.automq_py.test_idempotence import init_producer_id, produce
 from tests.cluster.conftest import SESSION_MS, Cluster, ClusterFactory
 from tests.support.postgres import PostgresServer
+from tests.support.raw_connection import RawConnection
 from tests.support.seaweedfs import SeaweedFS
 
 
@@ -233,8 +236,9 @@ def _exactly_once(load: Load, stored: list[bytes]) -> None:
         now = held_at.get(((topic, p), offset))
         where.append(f"{v!r} at {topic}-{p}@{offset} {stamp}, now {now!r}")
     assert not lost, f"{len(lost)} acknowledged records lost: {'; '.join(where)}; read {layout}"
-    copies = {
-        v: [f"{t}-{p}@{o}" for ((t, p), o), w in held_at.items() if w == v] for v in doubled[:5]
+    copies = {  # where each copy is, and where the client was told it is
+        v: ([f"{t}-{p}@{o}" for ((t, p), o), w in held_at.items() if w == v], load.acked_at.get(v))
+        for v in doubled[:5]
     }
     assert not doubled, f"{len(doubled)} records stored twice, e.g. {copies}"
 
@@ -391,3 +395,38 @@ def test_postgresql_away_for_a_while(tmp_path: Path, s3_server: SeaweedFS) -> No
         finally:
             codes = cluster.stop()
         assert codes == [0, 0, 0], "\n\n".join(b.log_tail() for b in cluster.brokers)
+
+
+def test_a_batch_written_before_a_kill_is_a_duplicate_at_the_next_leader(
+    cluster_factory: ClusterFactory,
+) -> None:
+    """An idempotent batch the killed leader wrote to its WAL but (as far as the client
+    knows) never acknowledged, sent again to the partition's next leader, is answered with
+    its original offset and not appended again."""
+    cluster = cluster_factory(brokers=2)
+    _create(cluster, "retried", 1)
+    leader = cluster.leaders("retried")[0]
+    victim = cluster.brokers[leader]
+    conn = RawConnection(victim.bootstrap)
+    try:
+        pid = init_producer_id(conn).producer_id
+        for seq in range(0, 30, 3):
+            assert produce(conn, "retried", pid, 0, seq) == (ErrorCode.NONE, seq)
+    finally:
+        conn.close()
+    victim.kill()
+    time.sleep(SESSION_MS / 1000 + 1)
+    victim.start()  # recovers its WAL and closes its streams: the other broker opens them
+    deadline = time.monotonic() + 30
+    answers = []
+    while time.monotonic() < deadline:  # to whichever broker leads it by then
+        conn = RawConnection(cluster.brokers[len(answers) % 2].bootstrap)
+        try:
+            answers.append(produce(conn, "retried", pid, 0, 27))
+        finally:
+            conn.close()
+        if answers[-1][0] == ErrorCode.NONE:
+            break
+        time.sleep(0.25)
+    assert answers[-1] == (ErrorCode.NONE, 27), answers
+    assert len(_read_all(cluster, "retried", 1)) == 30
