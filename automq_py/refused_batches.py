@@ -12,8 +12,9 @@ Kafka's sequence check refuses such a batch once the partition knows the produce
 producer it does not know, this memory does: a later batch of the same producer epoch gets the
 answer the refused one got, until the refused one comes again (its retry), the producer moves
 to a newer epoch, or the partition knows the producer (its batch landed through another
-broker). Entries are forgotten after :data:`MEMORY_S` (a client retries within its delivery
-timeout, Kafka's default 120 s, or gives the batch up and bumps its epoch) and beyond
+broker). Entries are forgotten after :data:`MEMORY_S` (a client retries a batch within its
+delivery timeout, librdkafka's ``message.timeout.ms`` 300 s by default and the Java client's
+``delivery.timeout.ms`` 120 s, or gives it up and bumps its epoch) and beyond
 :data:`MAX_ENTRIES`, oldest first.
 """
 
