@@ -194,9 +194,6 @@ class ProducerStateManager:
     def entry(self, producer_id: int) -> ProducerStateEntry | None:
         return self._producers.get(producer_id)
 
-    def knows(self, producer_id: int) -> bool:
-        return producer_id in self._producers
-
     def entries(self) -> list[ProducerStateEntry]:
         """Every producer's entry, by producer id."""
         return [self._producers[pid] for pid in sorted(self._producers)]

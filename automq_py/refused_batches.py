@@ -1,19 +1,26 @@
 """Idempotent batches a broker refused before appending them, remembered until they come again.
 
-A partition that knows nothing of a producer takes any sequence from it (KIP-360: its state may
-have expired). That opens a hole when a producer's batch at sequence ``s`` is refused with an
-error the client retries (this broker does not lead the partition yet, has not opened it yet,
-does not know the topic yet, had no room in time) and its next batch, already on its way,
-arrives once the partition is ready: appended, it leaves ``s`` out, and a client that sees a
-later batch acknowledged takes the earlier ones as written (librdkafka acknowledges them
-implicitly, with no offset): acknowledged records lost.
+A producer's batch at sequence ``s`` refused with an error the client retries (this broker does
+not lead the partition yet, has not opened it yet, does not know the topic yet, had no room in
+time) is not in the log, while the producer's next batch, already on its way, may arrive once
+the partition is ready. Two things then go wrong:
 
-Kafka's sequence check refuses such a batch once the partition knows the producer. For a
-producer it does not know, this memory does: a later batch of the same producer epoch gets the
-answer the refused one got, until the refused one comes again (its retry), the producer moves
-to a newer epoch, or the partition knows the producer (its batch landed through another
-broker). Entries are forgotten after :data:`MEMORY_S` (a client retries a batch within its
-delivery timeout, librdkafka's ``message.timeout.ms`` 300 s by default and the Java client's
+* a partition that knows nothing of the producer takes any sequence from it (KIP-360: its state
+  may have expired): appended, the later batch leaves ``s`` out, and a client that sees a later
+  batch acknowledged takes the earlier ones as written (librdkafka acknowledges them
+  implicitly, with no offset): acknowledged records lost;
+* a partition that knows the producer answers the later batch OUT_OF_ORDER_SEQUENCE_NUMBER
+  (Kafka's sequence check), which librdkafka takes for lost sequence numbers: it bumps the
+  producer's epoch and sends every partition's unacknowledged batches again from sequence 0 of
+  the new epoch, so a batch some partition had written, whose acknowledgement the client had
+  not got, is written twice.
+
+So a later batch of the same producer epoch gets the answer the refused one got, a retriable
+one, until the refused one comes again (its retry), the producer moves to a newer epoch, or the
+partition's state shows the refused batch landed (its last sequence there at or past ``s``: it
+was written through the broker that led the partition then). A batch before ``s`` goes ahead.
+Entries are forgotten after :data:`MEMORY_S` (a client retries a batch within its delivery
+timeout, librdkafka's ``message.timeout.ms`` 300 s by default and the Java client's
 ``delivery.timeout.ms`` 120 s, or gives it up and bumps its epoch) and beyond
 :data:`MAX_ENTRIES`, oldest first.
 """
@@ -25,6 +32,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from automq_py.producer_state import ProducerStateEntry
 from protocol.errors import ErrorCode
 from protocol.record_batch import InvalidRecordBatchError, RecordBatchHeader, parse_header
 
@@ -115,11 +123,11 @@ class RefusedBatches:
         self,
         partition: PartitionKey,
         records: memoryview | bytes,
-        knows_producer: Callable[[int], bool],
+        producer_at: Callable[[int], ProducerStateEntry | None],
     ) -> ErrorCode | None:
         """The answer for ``records`` about to be appended to ``partition``: the refusal an
         earlier batch of theirs got, while that one is owed; else None (go ahead).
-        ``knows_producer(producer_id)``: whether the partition holds state for it."""
+        ``producer_at(producer_id)``: the partition's state for that producer, if any."""
         if partition not in self._partitions:
             return None
         header = _idempotent_header(records)
@@ -129,11 +137,17 @@ class RefusedBatches:
         found = self._entries.get(key)
         if found is None:
             return None
+        if header.producer_epoch == found.epoch and header.base_sequence < found.sequence:
+            return None  # a batch before the refused one
+        state = producer_at(header.producer_id)
         owed = (
             self._clock() - found.at < self._memory_s
             and header.producer_epoch == found.epoch
             and header.base_sequence > found.sequence
-            and not knows_producer(header.producer_id)
+            and (
+                state is None
+                or (state.producer_epoch == found.epoch and state.last_seq < found.sequence)
+            )
         )
         if owed:
             return found.code

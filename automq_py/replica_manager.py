@@ -635,7 +635,14 @@ class ReplicaManager:
         deadline = loop.time() + timeout_ms / 1000 if timeout_ms > 0 else None
         started: list[AppendResult | PendingAppend] = []
         for entry in entries:
-            started.append(await self._start_append(entry, acks, internal_allowed, deadline))
+            start = await self._start_append(entry, acks, internal_allowed, deadline)
+            if (
+                isinstance(start, AppendResult)
+                and start.error in RETRIED
+                and entry.records is not None
+            ):
+                self.refusals.refused(entry.key, entry.records, start.error)
+            started.append(start)
         results: asyncio.Future[list[AppendResult]] = loop.create_future()
         pending = [(i, a) for i, a in enumerate(started) if isinstance(a, PendingAppend)]
         if not pending:
@@ -722,18 +729,6 @@ class ReplicaManager:
     async def _start_append(
         self, entry: AppendEntry, acks: int, internal_allowed: bool, deadline: float | None
     ) -> AppendResult | PendingAppend:
-        started = await self._try_append(entry, acks, internal_allowed, deadline)
-        if (
-            isinstance(started, AppendResult)
-            and started.error in RETRIED
-            and entry.records is not None
-        ):
-            self.refusals.refused(entry.key, entry.records, started.error)
-        return started
-
-    async def _try_append(
-        self, entry: AppendEntry, acks: int, internal_allowed: bool, deadline: float | None
-    ) -> AppendResult | PendingAppend:
         if acks not in (-1, 0, 1):
             return AppendResult(ErrorCode.INVALID_REQUIRED_ACKS, message=f"acks={acks}")
         topic = entry.topic
@@ -763,7 +758,7 @@ class ReplicaManager:
             partition = await self.partition(topic, entry.index)
             if self.refusals:
                 owed = self.refusals.held_back(
-                    entry.key, entry.records, partition.log.producer_state.knows
+                    entry.key, entry.records, partition.log.producer_state.entry
                 )
                 if owed is not None:
                     return AppendResult(

@@ -3,6 +3,9 @@ producer is held back until the refused one comes again (pure logic)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from automq_py.producer_state import BatchMetadata, ProducerStateEntry
 from automq_py.refused_batches import MEMORY_S, RefusedBatches
 from protocol.errors import ErrorCode
 from protocol.records import RecordInput, build_batch
@@ -17,8 +20,15 @@ def batch(seq: int, *, pid: int = PID, epoch: int = 0, count: int = 3) -> bytes:
     return bytes(build_batch(records, producer_id=pid, producer_epoch=epoch, base_sequence=seq))
 
 
-def unknown(_pid: int) -> bool:
-    return False
+def unknown(_pid: int) -> ProducerStateEntry | None:
+    return None
+
+
+def known(epoch: int, last_seq: int) -> Callable[[int], ProducerStateEntry | None]:
+    """A partition whose state has PID at ``epoch``, its last batch ending at ``last_seq``."""
+    entry = ProducerStateEntry(PID)
+    entry.add_batch(epoch, BatchMetadata(last_seq - 2, last_seq, 10, 12, 0), 0)
+    return lambda pid: entry if pid == PID else None
 
 
 class Clock:
@@ -59,11 +69,38 @@ def test_a_refused_retry_is_owed_again() -> None:
     assert refused.held_back(TP, batch(3), unknown) == NOT_LEADER
 
 
-def test_nothing_is_held_back_once_the_partition_knows_the_producer() -> None:
-    """Its refused batch was written through the broker that led the partition then."""
+def test_nothing_is_held_back_once_the_refused_batch_landed() -> None:
+    """It was written through the broker that led the partition then."""
     refused = RefusedBatches()
-    refused.refused(TP, batch(0), NOT_LEADER)
-    assert refused.held_back(TP, batch(90), lambda pid: pid == PID) is None
+    refused.refused(TP, batch(3), NOT_LEADER)
+    assert refused.held_back(TP, batch(90), known(0, 5)) is None
+    assert len(refused) == 0
+    refused.refused(TP, batch(3), NOT_LEADER)
+    assert refused.held_back(TP, batch(90), known(0, 3)) is None  # its first record landed
+
+
+def test_a_known_producer_s_later_batch_is_held_back_while_the_refused_one_is_owed() -> None:
+    """Not answered OUT_OF_ORDER_SEQUENCE_NUMBER, which makes librdkafka bump the producer's
+    epoch and send every partition's unacknowledged batches again."""
+    refused = RefusedBatches()
+    refused.refused(TP, batch(75), NOT_LEADER)
+    assert refused.held_back(TP, batch(78), known(0, 74)) == NOT_LEADER
+    assert refused.held_back(TP, batch(75), known(0, 74)) is None  # the retry goes ahead
+    assert refused.held_back(TP, batch(78), known(0, 77)) is None
+    assert len(refused) == 0
+
+
+def test_a_batch_before_the_refused_one_goes_ahead_and_the_refused_one_is_still_owed() -> None:
+    refused = RefusedBatches()
+    refused.refused(TP, batch(6), NOT_LEADER)
+    assert refused.held_back(TP, batch(3), known(0, 2)) is None
+    assert refused.held_back(TP, batch(9), known(0, 5)) == NOT_LEADER
+
+
+def test_a_producer_the_partition_knows_at_another_epoch_is_not_held_back() -> None:
+    refused = RefusedBatches()
+    refused.refused(TP, batch(6), NOT_LEADER)
+    assert refused.held_back(TP, batch(9), known(1, 0)) is None
     assert len(refused) == 0
 
 
