@@ -17,8 +17,10 @@ the partition is ready. Two things then go wrong:
 
 So a later batch of the same producer epoch gets the answer the refused one got, a retriable
 one, until the refused one comes again (its retry), the producer moves to a newer epoch, or the
-partition's state shows the refused batch landed (its last sequence there at or past ``s``: it
-was written through the broker that led the partition then). A batch before ``s`` goes ahead.
+partition's state shows the refused batch landed (its last sequence there at or past ``s`` in
+that epoch: it was written through the broker that led the partition then; a state of an older
+epoch shows nothing of the new one). A batch before ``s``, or of an older epoch, goes ahead to
+Kafka's own checks, and leaves the refusal as it was.
 Entries are forgotten after :data:`MEMORY_S` (a client retries a batch within its delivery
 timeout, librdkafka's ``message.timeout.ms`` 300 s by default and the Java client's
 ``delivery.timeout.ms`` 120 s, or gives it up and bumps its epoch) and beyond
@@ -108,10 +110,9 @@ class RefusedBatches:
         if (
             found is not None
             and now - found.at < self._memory_s
-            and found.epoch == header.producer_epoch
-            and found.sequence < header.base_sequence
+            and (found.epoch, -found.sequence) > (header.producer_epoch, -header.base_sequence)
         ):
-            return  # an earlier batch of this epoch is still owed
+            return  # an earlier batch of this epoch, or one of a newer epoch, is still owed
         if found is None:
             self._partitions[partition] += 1
         else:
@@ -137,8 +138,8 @@ class RefusedBatches:
         found = self._entries.get(key)
         if found is None:
             return None
-        if header.producer_epoch == found.epoch and header.base_sequence < found.sequence:
-            return None  # a batch before the refused one
+        if (header.producer_epoch, header.base_sequence) < (found.epoch, found.sequence):
+            return None  # a batch before the refused one (or a stale epoch's: Kafka's check)
         state = producer_at(header.producer_id)
         owed = (
             self._clock() - found.at < self._memory_s
@@ -146,6 +147,7 @@ class RefusedBatches:
             and header.base_sequence > found.sequence
             and (
                 state is None
+                or state.producer_epoch < found.epoch  # its new epoch has nothing here yet
                 or (state.producer_epoch == found.epoch and state.last_seq < found.sequence)
             )
         )

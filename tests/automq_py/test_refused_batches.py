@@ -97,11 +97,28 @@ def test_a_batch_before_the_refused_one_goes_ahead_and_the_refused_one_is_still_
     assert refused.held_back(TP, batch(9), known(0, 5)) == NOT_LEADER
 
 
-def test_a_producer_the_partition_knows_at_another_epoch_is_not_held_back() -> None:
+def test_a_producer_the_partition_knows_at_a_newer_epoch_is_not_held_back() -> None:
     refused = RefusedBatches()
     refused.refused(TP, batch(6), NOT_LEADER)
     assert refused.held_back(TP, batch(9), known(1, 0)) is None
     assert len(refused) == 0
+
+
+def test_a_refused_first_batch_of_a_new_epoch_is_owed_where_the_old_epoch_is_known() -> None:
+    """The partition's state still has the epoch before: it would answer the new epoch's
+    second batch OUT_OF_ORDER_SEQUENCE_NUMBER (a new epoch starts at sequence 0)."""
+    refused = RefusedBatches()
+    refused.refused(TP, batch(0, epoch=1), NOT_LEADER)
+    assert refused.held_back(TP, batch(3, epoch=1), known(0, 40)) == NOT_LEADER
+    assert refused.held_back(TP, batch(0, epoch=1), known(0, 40)) is None
+
+
+def test_a_stale_epoch_neither_replaces_nor_clears_a_newer_refusal() -> None:
+    refused = RefusedBatches()
+    refused.refused(TP, batch(6, epoch=2), NOT_LEADER)
+    refused.refused(TP, batch(30, epoch=1), ErrorCode.REQUEST_TIMED_OUT)  # a zombie's retry
+    assert refused.held_back(TP, batch(33, epoch=1), unknown) is None  # Kafka's check answers
+    assert refused.held_back(TP, batch(9, epoch=2), unknown) == NOT_LEADER
 
 
 def test_a_newer_epoch_starts_afresh() -> None:
