@@ -50,6 +50,7 @@ from dataclasses import dataclass
 
 from protocol import headers, wire
 from protocol.framing import SIZE
+from protocol.values import value_class
 
 MIN_VERSION = 4
 MAX_VERSION = 17
@@ -70,7 +71,7 @@ _LEADER = struct.Struct(">ii")
 _NULL_UUID = bytes(16)
 
 
-@dataclass(slots=True, frozen=True)
+@value_class
 class AbortedTransaction:
     """A transaction aborted inside the returned records (read_committed consumers)."""
 
@@ -78,7 +79,7 @@ class AbortedTransaction:
     first_offset: int
 
 
-@dataclass(slots=True, frozen=True)
+@value_class
 class FetchPartitionResult:
     """One partition of a Fetch response; ``records`` are the batches' bytes, in order."""
 
@@ -94,7 +95,7 @@ class FetchPartitionResult:
     current_leader: tuple[int, int] | None = None  # (leader_id, leader_epoch)
 
 
-@dataclass(slots=True, frozen=True)
+@value_class
 class FetchTopicResult:
     """One topic of a Fetch response: named (v4-12) or by id (v13+)."""
 

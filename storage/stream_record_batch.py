@@ -18,7 +18,8 @@ All integers are big-endian. A batch covers stream offsets ``[baseOffset, baseOf
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+
+from protocol.values import value_class
 
 MAGIC = 0x22
 HEADER = struct.Struct(">bqqqii")
@@ -31,7 +32,7 @@ class CorruptRecordError(ValueError):
     """Raised when bytes do not hold a well-formed StreamRecordBatch."""
 
 
-@dataclass(slots=True, frozen=True)
+@value_class
 class StreamRecordBatch:
     stream_id: int
     epoch: int

@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from protocol.values import value_class
+
 Body = bytes | bytearray | memoryview | Sequence[bytes | bytearray | memoryview]
 
 
@@ -20,7 +22,7 @@ class WALRecord:
     body: memoryview | bytes
 
 
-@dataclass(slots=True, frozen=True)
+@value_class
 class WALAppendResult:
     """Where an acknowledged (fsynced) record lies: ``[offset, next_offset)``."""
 
