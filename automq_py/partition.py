@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 
 from automq_py.log.elastic_log import ElasticLog
@@ -42,11 +43,10 @@ from protocol.record_batch import (
     LegacyMessageSetError,
 )
 from protocol.records import check_records, encode_batch, parse_records
-from protocol.values import value_class
 from storage.config_def import LONG_MAX
 
 
-@value_class
+@dataclass(slots=True, frozen=True)
 class AppendResult:
     error: ErrorCode
     base_offset: int = -1
@@ -58,7 +58,7 @@ class AppendResult:
     record_errors: tuple[RecordError, ...] = ()
 
 
-@value_class
+@dataclass(slots=True, frozen=True)
 class PendingAppend:
     """An append under way: ``durable`` is done once its batches are (or failed with the
     log's error). Callers chain on ``durable`` itself: one more future in between would cost

@@ -69,7 +69,6 @@ import crc32c
 
 from protocol.errors import ErrorCode
 from protocol.record_batch import RecordBatchHeader
-from protocol.values import value_class
 
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
@@ -93,7 +92,7 @@ class InvalidProducerSnapshotError(ValueError):
     """Bytes that are not a ``PRODUCER_SNAPSHOTS`` value this code can read."""
 
 
-@value_class
+@dataclass(slots=True, frozen=True)
 class BatchMetadata:
     """What the broker remembers of an appended batch (Kafka's ``BatchMetadata``)."""
 
@@ -152,7 +151,7 @@ class CompletedTxn:
     is_aborted: bool
 
 
-@value_class
+@dataclass(slots=True, frozen=True)
 class AppendCheck:
     """The verdict on a partition's batches: append them, answer a duplicate, or an error."""
 

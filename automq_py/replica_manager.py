@@ -37,7 +37,6 @@ from automq_py.topic_config import effective_topic_config
 from automq_py.topics import TopicError, TopicInfo
 from protocol import record_batch
 from protocol.errors import ErrorCode
-from protocol.values import value_class
 from storage.metadata.image import MetadataImage
 from storage.metadata.model import StreamState
 from storage.metadata.records import Record
@@ -68,7 +67,7 @@ OPEN_CONCURRENCY = 1000
 BULK_OPEN = 500
 
 
-@value_class
+@dataclass(slots=True, frozen=True)
 class AppendEntry:
     """One partition's records in an append: ``topic`` None when the name did not resolve
     (``error`` says why)."""
@@ -84,7 +83,7 @@ class AppendEntry:
         return (self.topic.name if self.topic is not None else self.name or "", self.index)
 
 
-@value_class
+@dataclass(slots=True, frozen=True)
 class FetchEntry:
     """One partition to read: from ``offset``, at most ``max_bytes`` of it."""
 

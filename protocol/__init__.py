@@ -15,6 +15,5 @@ module              job
 ``control_records`` transaction markers: control key, marker value, marker batch
 ``errors``          ``ErrorCode`` and the codec's exceptions
 ``wire``            primitive types for the hand-written paths
-``values``          ``value_class``: frozen to the type checker, cheap to build
 ==================  ============================================================
 """

@@ -50,7 +50,6 @@ from dataclasses import dataclass
 
 from protocol import headers, wire
 from protocol.framing import SIZE
-from protocol.values import value_class
 
 MIN_VERSION = 4
 MAX_VERSION = 17
@@ -71,7 +70,7 @@ _LEADER = struct.Struct(">ii")
 _NULL_UUID = bytes(16)
 
 
-@value_class
+@dataclass(slots=True, frozen=True)
 class AbortedTransaction:
     """A transaction aborted inside the returned records (read_committed consumers)."""
 
@@ -79,7 +78,7 @@ class AbortedTransaction:
     first_offset: int
 
 
-@value_class
+@dataclass(slots=True, frozen=True)
 class FetchPartitionResult:
     """One partition of a Fetch response; ``records`` are the batches' bytes, in order."""
 
@@ -95,7 +94,7 @@ class FetchPartitionResult:
     current_leader: tuple[int, int] | None = None  # (leader_id, leader_epoch)
 
 
-@value_class
+@dataclass(slots=True, frozen=True)
 class FetchTopicResult:
     """One topic of a Fetch response: named (v4-12) or by id (v13+)."""
 

@@ -24,20 +24,20 @@ from __future__ import annotations
 
 import functools
 import struct
+from dataclasses import dataclass
 
 from kio.index import KioIndexError
 
 from protocol import wire
 from protocol.errors import InvalidRequestError
 from protocol.schemas import load_request_schema, load_response_schema
-from protocol.values import value_class
 
 _FIXED = struct.Struct(">hhi")  # api_key, api_version, correlation_id
 FIXED_SIZE = _FIXED.size
 _CORRELATION = struct.Struct(">i")
 
 
-@value_class
+@dataclass(slots=True, frozen=True)
 class RequestHeader:
     """A decoded request header."""
 
@@ -48,7 +48,7 @@ class RequestHeader:
     header_version: int = 2
 
 
-@value_class
+@dataclass(slots=True, frozen=True)
 class ResponseHeaderInfo:
     """What ``encode_response`` needs to frame an answer to one request."""
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import IO, Any, cast
 
 from kio.index import KioIndexError
@@ -47,13 +48,12 @@ from protocol.errors import InvalidRequestError, ProtocolError, UnsupportedVersi
 from protocol.framing import SIZE
 from protocol.headers import RequestHeader, ResponseHeaderInfo
 from protocol.schemas import load_request_schema, load_response_schema
-from protocol.values import value_class
 
 SupportedVersions = Mapping[int, tuple[int, int]]
 """api_key -> (min_version, max_version), inclusive."""
 
 
-@value_class
+@dataclass(slots=True, frozen=True)
 class Request:
     """A decoded request: its header and body.
 
@@ -185,7 +185,7 @@ def encode_response(info: ResponseHeaderInfo, body: Entity) -> list[wire.Buffer]
     return parts
 
 
-@value_class
+@dataclass(slots=True, frozen=True)
 class EncodedBody:
     """A response body encoded once, to answer several requests with (their headers differ)."""
 

@@ -34,10 +34,10 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from protocol import headers, wire
 from protocol.errors import InvalidRequestError
-from protocol.values import value_class
 
 MIN_VERSION = 3
 MAX_VERSION = 11
@@ -49,7 +49,7 @@ _ACKS_TIMEOUT_COUNT = struct.Struct(">hii")
 _INDEX_SIZE = struct.Struct(">ii")
 
 
-@value_class
+@dataclass(slots=True, frozen=True)
 class ProducePartitionData:
     """One partition's records: a read-only view into the request frame, or None."""
 
@@ -57,7 +57,7 @@ class ProducePartitionData:
     records: memoryview | None
 
 
-@value_class
+@dataclass(slots=True, frozen=True)
 class ProduceTopicData:
     """One topic of a Produce request."""
 
@@ -65,7 +65,7 @@ class ProduceTopicData:
     partitions: tuple[ProducePartitionData, ...]
 
 
-@value_class
+@dataclass(slots=True, frozen=True)
 class ProduceRequestData:
     """A decoded Produce request body."""
 
@@ -176,7 +176,7 @@ def _decode_flexible(body: memoryview, pos: int, version: int) -> ProduceRequest
 _PARTITION = struct.Struct(">ihqq")
 
 
-@value_class
+@dataclass(slots=True, frozen=True)
 class RecordError:
     """One record that made its batch fail (KIP-467): its index in the batch, and why."""
 
@@ -184,7 +184,7 @@ class RecordError:
     message: str | None = None
 
 
-@value_class
+@dataclass(slots=True, frozen=True)
 class ProducePartitionResponse:
     index: int
     error_code: int

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
-from protocol.values import value_class
 from storage.errors import (
     OffsetOutOfRangeError,
     StorageFailedError,
@@ -23,7 +23,7 @@ from storage.s3_storage import S3Storage
 from storage.stream_record_batch import StreamRecordBatch
 
 
-@value_class
+@dataclass(slots=True, frozen=True)
 class FetchResult:
     batches: list[StreamRecordBatch]
     start_offset: int  # the stream's start offset when fetched

@@ -27,7 +27,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from protocol.values import value_class
 from storage import object_format
 from storage.block_cache import Block, BlockCache
 from storage.metadata.manager import MetadataManager
@@ -94,7 +93,7 @@ class Readahead:
         self.size, self.end = MIN_READAHEAD, 0
 
 
-@value_class
+@dataclass(slots=True, frozen=True)
 class LocatedBlock:
     """A data block of the stream and the object it lies in."""
 

@@ -18,8 +18,7 @@ All integers are big-endian. A batch covers stream offsets ``[baseOffset, baseOf
 from __future__ import annotations
 
 import struct
-
-from protocol.values import value_class
+from dataclasses import dataclass
 
 MAGIC = 0x22
 HEADER = struct.Struct(">bqqqii")
@@ -32,7 +31,7 @@ class CorruptRecordError(ValueError):
     """Raised when bytes do not hold a well-formed StreamRecordBatch."""
 
 
-@value_class
+@dataclass(slots=True, frozen=True)
 class StreamRecordBatch:
     stream_id: int
     epoch: int

@@ -42,7 +42,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from automq_py.log.meta_stream_record import InvalidMetaRecordError
-from protocol.values import value_class
 
 NOOP_OFFSET = -1  # an unset slice bound, and the end of an active slice
 NO_STREAM = -1  # a streamMap entry whose stream is not created yet
@@ -100,7 +99,7 @@ class SliceRange:
         return cls(_int(o, "s", NOOP_OFFSET, what), _int(o, "e", NOOP_OFFSET, what))
 
 
-@value_class
+@dataclass(slots=True, frozen=True)
 class TimestampOffset:
     """A time index entry: ``timestamp`` is first reached at (the batch ending at) ``offset``."""
 

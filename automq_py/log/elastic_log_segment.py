@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
+from dataclasses import dataclass
 
 from automq_py.log.elastic_log_meta import (
     NOOP_OFFSET,
@@ -22,7 +23,6 @@ from automq_py.log.elastic_log_meta import (
 from automq_py.log.log_config import LogConfig
 from automq_py.log.time_index import INT32_MAX, SegmentTimeIndex
 from protocol.record_batch import RecordBatchHeader, parse_header
-from protocol.values import value_class
 from storage.stream import S3Stream
 
 SCAN_FETCH_BYTES = 1 << 20
@@ -32,7 +32,7 @@ class SegmentOffsetError(ValueError):
     """An append whose offsets do not continue the segment's log stream."""
 
 
-@value_class
+@dataclass(slots=True, frozen=True)
 class BatchView:
     """A Kafka record batch read from a segment, with its parsed header."""
 

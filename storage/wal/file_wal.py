@@ -66,7 +66,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from protocol.values import value_class
 from storage.wal import header as wal_header
 from storage.wal import record, ring_file
 from storage.wal.errors import WALError
@@ -118,7 +117,7 @@ class _HeaderRequest:
     future: asyncio.Future[None]
 
 
-@value_class
+@dataclass(slots=True, frozen=True)
 class _Write:
     """One item of a batch as laid out in the ring: a record, or padding up to ``lap_end``."""
 

@@ -8,8 +8,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from protocol.values import value_class
-
 Body = bytes | bytearray | memoryview | Sequence[bytes | bytearray | memoryview]
 
 
@@ -22,7 +20,7 @@ class WALRecord:
     body: memoryview | bytes
 
 
-@value_class
+@dataclass(slots=True, frozen=True)
 class WALAppendResult:
     """Where an acknowledged (fsynced) record lies: ``[offset, next_offset)``."""
 
