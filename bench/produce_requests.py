@@ -1,0 +1,251 @@
+"""Broker CPU per Produce request, from a client that costs next to nothing.
+
+A raw socket sends produce traffic in librdkafka's shape: one Produce request per partition,
+the partitions' requests together in a burst (their linger timers run out together), each
+pre-encoded once (v9, acks=all, one batch of ``--records`` records of ``--record-size`` random
+bytes, no key), ``--bursts-per-s`` bursts a second, at most ``MAX_BURSTS_IN_FLIGHT`` of them
+unanswered (librdkafka's max.in.flight). The broker is automq-py with its defaults (file WAL
+written with zeros at start, local object store, caches pre-touched), fresh in a temporary
+directory, in a session of its own. Per run it prints the Produce requests answered a second,
+the broker's CPU per request (the whole process, and its event-loop thread alone), and the time
+from a burst's send to each of its answers (p50/p99).
+
+The clients of ``produce_consume.py`` take 0.3-0.6 cores beside the broker on two cores; this
+one leaves the broker's figures to the broker. Use it to compare the request path's cost
+between checkouts, alternated in one invocation, on the same machine::
+
+    .venv/bin/python bench/produce_requests.py                      # this checkout, 3 runs
+    .venv/bin/python bench/produce_requests.py --checkout /tmp/old --checkout . --runs 4
+
+With the defaults (8 partitions, 15 records of 1 KiB a request, 154 bursts a second) the broker
+takes 20 MB/s in ~1,230 requests a second, what librdkafka sends at 20 MB/s with linger.ms=5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+import statistics
+import struct
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from confluent_kafka.admin import AdminClient, NewTopic
+from kafka.protocol.producer import ProduceRequest
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from protocol.records import RecordInput, build_batch
+from storage.config import S3StreamConfig
+from tests.support.broker import BrokerProcess
+
+DEFAULTS = S3StreamConfig()  # the broker's storage defaults
+TOPIC = "produce-requests"
+PRODUCE_VERSION = 9
+MAX_BURSTS_IN_FLIGHT = 5  # librdkafka's max.in.flight.requests.per.connection
+WARMUP_S = 3.0  # sent before the measured window: the connection, the partitions' first appends
+WAL_SUMMARY = re.compile(r"(\d+) group commits .*?(\d+) appends:")
+SETTLE_S = 5.0  # after start: the WAL's zeros written (s3.wal.init.zero) reach the disk
+
+
+def encoded_burst(partitions: int, records: int, record_size: int) -> bytes:
+    """One size-prefixed Produce request per partition, back to back."""
+    out = bytearray()
+    payload = os.urandom(record_size)
+    now_ms = int(time.time() * 1000)
+    for p in range(partitions):
+        batch = bytes(build_batch([RecordInput(payload, None, timestamp=now_ms)] * records))
+        data = ProduceRequest.TopicProduceData
+        request = ProduceRequest[PRODUCE_VERSION](
+            transactional_id=None,
+            acks=-1,
+            timeout_ms=30_000,
+            topic_data=[
+                data(name=TOPIC, partition_data=[data.PartitionProduceData(index=p, records=batch)])
+            ],
+        )
+        request.with_header(correlation_id=p, client_id="produce-requests")
+        body = bytes(request.encode(header=True))
+        out += struct.pack(">i", len(body)) + body
+    return bytes(out)
+
+
+def cpu_seconds(pid: int, tid: int | None = None) -> float:
+    """User + system CPU of the process (or of one of its threads) so far."""
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
+    with open(path) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Answers:
+    """Reads the broker's responses off the socket (a thread of its own) and times each from
+    its burst's send."""
+
+    def __init__(self, sock: socket.socket, partitions: int) -> None:
+        self.sock = sock
+        self.partitions = partitions
+        self.sent_at: list[float] = []  # per burst
+        self.latencies: list[float] = []  # per response, seconds
+        self.count = 0
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._read, name="answers", daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        buf = b""
+        while data := self._recv():
+            buf += data
+            while len(buf) >= 4 and len(buf) >= 4 + (size := struct.unpack_from(">i", buf)[0]):
+                buf = buf[4 + size :]
+                now = time.perf_counter()
+                with self.lock:
+                    self.latencies.append(now - self.sent_at[self.count // self.partitions])
+                    self.count += 1
+
+    def _recv(self) -> bytes:
+        try:
+            return self.sock.recv(1 << 16)
+        except OSError:  # closed at the run's end
+            return b""
+
+
+def run(args: argparse.Namespace, checkout: Path, workdir: Path) -> str:
+    """One broker from ``checkout``, one measured window: the figures' line."""
+    os.environ["PYTHONPATH"] = str(checkout)
+    workdir.mkdir(parents=True)
+    broker = BrokerProcess(
+        workdir / "data",
+        {
+            "cluster.id": f"requests{time.monotonic_ns()}",
+            "s3.wal.capacity": str(DEFAULTS.wal_capacity),
+            "s3.wal.init.zero": str(DEFAULTS.wal_init_zero).lower(),
+            "s3.cache.pretouch": str(DEFAULTS.cache_pretouch).lower(),
+        },
+        own_session=True,
+    )
+    broker.start(timeout=60)
+    try:
+        time.sleep(SETTLE_S)
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        for future in admin.create_topics([NewTopic(TOPIC, args.partitions, 1)]).values():
+            future.result(30)
+        del admin  # (its connection would log the broker's stop)
+        burst = encoded_burst(args.partitions, args.records, args.record_size)
+        pid = broker.pid
+        assert pid is not None
+        with socket.create_connection(("127.0.0.1", broker.port)) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            answers = Answers(sock, args.partitions)
+            t0 = time.perf_counter()
+            sent = 0
+            measured_from: tuple[float, float, float, int, int] | None = None
+            with tqdm(
+                total=args.seconds,
+                desc=f"{checkout.name} produce",
+                unit="s",
+                leave=False,
+                file=sys.stderr,
+                bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s",
+            ) as bar:
+                while (now := time.perf_counter()) < t0 + WARMUP_S + args.seconds:
+                    if measured_from is None and now >= t0 + WARMUP_S:
+                        with answers.lock:
+                            seen, answered = len(answers.latencies), answers.count
+                        measured_from = (
+                            now,
+                            cpu_seconds(pid),
+                            cpu_seconds(pid, pid),
+                            seen,
+                            answered,
+                        )
+                    if measured_from is not None:
+                        bar.n = min(args.seconds, now - measured_from[0])
+                        if sent % 64 == 0:
+                            bar.refresh()
+                    due = t0 + sent / args.bursts_per_s
+                    if due > now:
+                        time.sleep(due - now)
+                    while sent - answers.count // args.partitions >= MAX_BURSTS_IN_FLIGHT:
+                        if not answers.thread.is_alive():
+                            raise RuntimeError("the broker closed the connection")
+                        time.sleep(0.0002)
+                    answers.sent_at.append(time.perf_counter())
+                    sock.sendall(burst)
+                    sent += 1
+            assert measured_from is not None
+            start, cpu0, loop0, seen0, answered0 = measured_from
+            elapsed = time.perf_counter() - start
+            cpu, loop_cpu = cpu_seconds(pid) - cpu0, cpu_seconds(pid, pid) - loop0
+            with answers.lock:
+                answered = answers.count - answered0
+                window = sorted(answers.latencies[seen0:])
+    finally:
+        code = broker.stop()
+    if code != 0:
+        raise RuntimeError(f"the broker exited with {code}:\n{broker.log_tail()}")
+    # its WAL's summary at the stop (over its whole life): how many appends a commit took
+    wal = WAL_SUMMARY.search(broker.log_path.read_text(errors="replace"))
+    per_commit = f"  WAL appends/commit {int(wal[2]) / int(wal[1]):.1f}" if wal else ""
+    if not answered:
+        raise RuntimeError("no Produce request answered in the measured window")
+    p50 = window[len(window) // 2] * 1e3
+    p99 = window[min(len(window) - 1, int(len(window) * 0.99))] * 1e3
+    return (
+        f"{answered / elapsed:7.0f} req/s  broker CPU {cpu * 1e6 / answered:5.0f} us/request "
+        f"(event loop {loop_cpu * 1e6 / answered:4.0f})  burst to answer p50 {p50:6.2f} ms "
+        f"p99 {p99:6.2f} ms{per_commit}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="See the module docstring (and bench/README.md) for what is measured.",
+    )
+    parser.add_argument("--partitions", type=int, default=8, help="requests per burst (8)")
+    parser.add_argument("--records", type=int, default=15, help="records per request (15)")
+    parser.add_argument("--record-size", type=int, default=1024, help="bytes per record (1024)")
+    parser.add_argument("--bursts-per-s", type=float, default=154.0, help="bursts a second (154)")
+    parser.add_argument("--seconds", type=float, default=20.0, help="measured seconds a run (20)")
+    parser.add_argument("--runs", type=int, default=3, help="runs per checkout (3)")
+    parser.add_argument(
+        "--checkout",
+        type=Path,
+        action="append",
+        help="a checkout of automq-py whose broker to run (repeatable: runs alternate between "
+        "them); default: this one",
+    )
+    args = parser.parse_args()
+    checkouts = [c.resolve() for c in args.checkout or [Path(__file__).resolve().parents[1]]]
+    for checkout in checkouts:
+        if not (checkout / "automq_py" / "__main__.py").is_file():
+            parser.error(f"--checkout {checkout}: no automq_py package there")
+    print(
+        f"# {args.partitions} requests a burst of {args.records} x {args.record_size} B, "
+        f"{args.bursts_per_s:g} bursts/s, {args.seconds:g} s measured after {WARMUP_S:g} s"
+    )
+    figures: dict[Path, list[str]] = {c: [] for c in checkouts}
+    with tempfile.TemporaryDirectory(prefix="automq-produce-requests-") as tmp:
+        for i in range(args.runs):
+            for checkout in checkouts:
+                workdir = Path(tmp) / f"run{i}-{checkout.name}"
+                line = run(args, checkout, workdir)
+                figures[checkout].append(line)
+                print(f"{checkout.name:>12} run {i + 1}: {line}", flush=True)
+    if args.runs > 1:
+        print("# broker CPU per request, median of the runs:")
+        for checkout, lines in figures.items():
+            per_request = [float(line.split("broker CPU")[1].split()[0]) for line in lines]
+            print(f"{checkout.name:>12}: {statistics.median(per_request):.0f} us ({checkout})")
+
+
+if __name__ == "__main__":
+    main()
