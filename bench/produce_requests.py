@@ -41,11 +41,9 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.produce_consume import AutomqBroker, cpu_seconds
 from protocol.records import RecordInput, build_batch
-from storage.config import S3StreamConfig
-from tests.support.broker import BrokerProcess
 
-DEFAULTS = S3StreamConfig()  # the broker's storage defaults
 TOPIC = "produce-requests"
 PRODUCE_VERSION = 9
 MAX_BURSTS_IN_FLIGHT = 5  # librdkafka's max.in.flight.requests.per.connection
@@ -76,12 +74,13 @@ def encoded_burst(partitions: int, records: int, record_size: int) -> bytes:
     return bytes(out)
 
 
-def cpu_seconds(pid: int, tid: int | None = None) -> float:
-    """User + system CPU of the process (or of one of its threads) so far."""
-    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
-    with open(path) as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def broker_cpu(pid: int, *, event_loop: bool = False) -> float:
+    """CPU seconds of the broker process so far, or of its main thread (the event loop)."""
+    # (a thread's /proc/<pid>/task/<tid>/stat has the process's fields)
+    seconds = cpu_seconds(f"{pid}/task/{pid}" if event_loop else pid)
+    if seconds is None:
+        raise RuntimeError(f"broker process {pid} is gone")
+    return seconds
 
 
 class Answers:
@@ -120,17 +119,9 @@ def run(args: argparse.Namespace, checkout: Path, workdir: Path) -> str:
     """One broker from ``checkout``, one measured window: the figures' line."""
     os.environ["PYTHONPATH"] = str(checkout)
     workdir.mkdir(parents=True)
-    broker = BrokerProcess(
-        workdir / "data",
-        {
-            "cluster.id": f"requests{time.monotonic_ns()}",
-            "s3.wal.capacity": str(DEFAULTS.wal_capacity),
-            "s3.wal.init.zero": str(DEFAULTS.wal_init_zero).lower(),
-            "s3.cache.pretouch": str(DEFAULTS.cache_pretouch).lower(),
-        },
-        own_session=True,
-    )
-    broker.start(timeout=60)
+    # produce_consume.py's automq-file broker: the broker's defaults, a session of its own
+    broker = AutomqBroker("automq-file", workdir / "data", None, {})
+    broker.start()
     try:
         time.sleep(SETTLE_S)
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
@@ -140,7 +131,7 @@ def run(args: argparse.Namespace, checkout: Path, workdir: Path) -> str:
         burst = encoded_burst(args.partitions, args.records, args.record_size)
         pid = broker.pid
         assert pid is not None
-        with socket.create_connection(("127.0.0.1", broker.port)) as sock:
+        with socket.create_connection(("127.0.0.1", broker.process.port)) as sock:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             answers = Answers(sock, args.partitions)
             t0 = time.perf_counter()
@@ -160,8 +151,8 @@ def run(args: argparse.Namespace, checkout: Path, workdir: Path) -> str:
                             seen, answered = len(answers.latencies), answers.count
                         measured_from = (
                             now,
-                            cpu_seconds(pid),
-                            cpu_seconds(pid, pid),
+                            broker_cpu(pid),
+                            broker_cpu(pid, event_loop=True),
                             seen,
                             answered,
                         )
@@ -182,7 +173,7 @@ def run(args: argparse.Namespace, checkout: Path, workdir: Path) -> str:
             assert measured_from is not None
             start, cpu0, loop0, seen0, answered0 = measured_from
             elapsed = time.perf_counter() - start
-            cpu, loop_cpu = cpu_seconds(pid) - cpu0, cpu_seconds(pid, pid) - loop0
+            cpu, loop_cpu = broker_cpu(pid) - cpu0, broker_cpu(pid, event_loop=True) - loop0
             with answers.lock:
                 answered = answers.count - answered0
                 window = sorted(answers.latencies[seen0:])
