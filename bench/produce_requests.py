@@ -7,8 +7,13 @@ bytes, no key), ``--bursts-per-s`` bursts a second, at most ``MAX_BURSTS_IN_FLIG
 unanswered (librdkafka's max.in.flight). The broker is automq-py with its defaults (file WAL
 written with zeros at start, local object store, caches pre-touched), fresh in a temporary
 directory, in a session of its own. Per run it prints the Produce requests answered a second,
-the broker's CPU per request (the whole process, and its event-loop thread alone), and the time
-from a burst's send to each of its answers (p50/p99).
+the broker's CPU per request (the whole process, and its event-loop thread alone), the host's
+slowdown over the window (``produce_consume.py``'s ``SpeedProbe``: 1.00 is full speed), and the
+time from a burst's send to each of its answers (p50/p99).
+
+Each checkout's broker runs with ``PYTHONPATH`` at that checkout and ``PYTHONSAFEPATH`` set:
+the broker process starts in this checkout's directory, which ``python -m`` would otherwise put
+first on ``sys.path``, running this checkout's code whichever ``--checkout`` was asked for.
 
 The clients of ``produce_consume.py`` take 0.3-0.6 cores beside the broker on two cores; this
 one leaves the broker's figures to the broker. Use it to compare the request path's cost
@@ -41,7 +46,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.produce_consume import AutomqBroker, cpu_seconds
+from bench.produce_consume import AutomqBroker, SpeedProbe, cpu_seconds
 from protocol.records import RecordInput, build_batch
 
 TOPIC = "produce-requests"
@@ -115,9 +120,16 @@ class Answers:
             return b""
 
 
-def run(args: argparse.Namespace, checkout: Path, workdir: Path) -> str:
-    """One broker from ``checkout``, one measured window: the figures' line."""
+def run(
+    args: argparse.Namespace, checkout: Path, workdir: Path, speed: SpeedProbe
+) -> tuple[str, float]:
+    """One broker from ``checkout``, one measured window: the figures' line and the broker's
+    CPU per request (us); ``speed`` gives the host's slowdown over the window."""
     os.environ["PYTHONPATH"] = str(checkout)
+    # the broker runs from this checkout's directory (tests/support/broker.py), which
+    # ``python -m`` would put on sys.path ahead of PYTHONPATH: it would import this
+    # checkout's code whatever --checkout says
+    os.environ["PYTHONSAFEPATH"] = "1"
     workdir.mkdir(parents=True)
     # produce_consume.py's automq-file broker: the broker's defaults, a session of its own
     broker = AutomqBroker("automq-file", workdir / "data", None, {})
@@ -137,6 +149,7 @@ def run(args: argparse.Namespace, checkout: Path, workdir: Path) -> str:
             t0 = time.perf_counter()
             sent = 0
             measured_from: tuple[float, float, float, int, int] | None = None
+            wall_from = 0.0
             with tqdm(
                 total=args.seconds,
                 desc=f"{checkout.name} produce",
@@ -149,6 +162,7 @@ def run(args: argparse.Namespace, checkout: Path, workdir: Path) -> str:
                     if measured_from is None and now >= t0 + WARMUP_S:
                         with answers.lock:
                             seen, answered = len(answers.latencies), answers.count
+                        wall_from = time.time()
                         measured_from = (
                             now,
                             broker_cpu(pid),
@@ -173,6 +187,7 @@ def run(args: argparse.Namespace, checkout: Path, workdir: Path) -> str:
             assert measured_from is not None
             start, cpu0, loop0, seen0, answered0 = measured_from
             elapsed = time.perf_counter() - start
+            slowdown = speed.slowdown(wall_from, time.time()) or 1.0
             cpu, loop_cpu = broker_cpu(pid) - cpu0, broker_cpu(pid, event_loop=True) - loop0
             with answers.lock:
                 answered = answers.count - answered0
@@ -188,11 +203,14 @@ def run(args: argparse.Namespace, checkout: Path, workdir: Path) -> str:
         raise RuntimeError("no Produce request answered in the measured window")
     p50 = window[len(window) // 2] * 1e3
     p99 = window[min(len(window) - 1, int(len(window) * 0.99))] * 1e3
-    return (
-        f"{answered / elapsed:7.0f} req/s  broker CPU {cpu * 1e6 / answered:5.0f} us/request "
-        f"(event loop {loop_cpu * 1e6 / answered:4.0f})  burst to answer p50 {p50:6.2f} ms "
+    per_request = cpu * 1e6 / answered
+    line = (
+        f"{answered / elapsed:6.0f} req/s  broker CPU {per_request:4.0f} us/request "
+        f"(event loop {loop_cpu * 1e6 / answered:4.0f}; host slowdown {slowdown:.2f})  "
+        f"burst to answer p50 {p50:5.2f} ms "
         f"p99 {p99:6.2f} ms{per_commit}"
     )
+    return line, per_request
 
 
 def main() -> None:
@@ -223,19 +241,22 @@ def main() -> None:
         f"# {args.partitions} requests a burst of {args.records} x {args.record_size} B, "
         f"{args.bursts_per_s:g} bursts/s, {args.seconds:g} s measured after {WARMUP_S:g} s"
     )
-    figures: dict[Path, list[str]] = {c: [] for c in checkouts}
-    with tempfile.TemporaryDirectory(prefix="automq-produce-requests-") as tmp:
-        for i in range(args.runs):
-            for checkout in checkouts:
-                workdir = Path(tmp) / f"run{i}-{checkout.name}"
-                line = run(args, checkout, workdir)
-                figures[checkout].append(line)
-                print(f"{checkout.name:>12} run {i + 1}: {line}", flush=True)
+    figures: dict[Path, list[float]] = {c: [] for c in checkouts}
+    speed = SpeedProbe()
+    try:
+        with tempfile.TemporaryDirectory(prefix="automq-produce-requests-") as tmp:
+            for i in range(args.runs):
+                for checkout in checkouts:
+                    workdir = Path(tmp) / f"run{i}-{checkout.name}"
+                    line, per_request = run(args, checkout, workdir, speed)
+                    figures[checkout].append(per_request)
+                    print(f"{checkout.name:>12} run {i + 1}: {line}", flush=True)
+    finally:
+        speed.stop()
     if args.runs > 1:
         print("# broker CPU per request, median of the runs:")
-        for checkout, lines in figures.items():
-            per_request = [float(line.split("broker CPU")[1].split()[0]) for line in lines]
-            print(f"{checkout.name:>12}: {statistics.median(per_request):.0f} us ({checkout})")
+        for checkout, runs in figures.items():
+            print(f"{checkout.name:>12}: {statistics.median(runs):.0f} us ({checkout})")
 
 
 if __name__ == "__main__":
