@@ -126,10 +126,7 @@ def run(
     """One broker from ``checkout``, one measured window: the figures' line and the broker's
     CPU per request (us); ``speed`` gives the host's slowdown over the window."""
     os.environ["PYTHONPATH"] = str(checkout)
-    # the broker runs from this checkout's directory (tests/support/broker.py), which
-    # ``python -m`` would put on sys.path ahead of PYTHONPATH: it would import this
-    # checkout's code whatever --checkout says
-    os.environ["PYTHONSAFEPATH"] = "1"
+    os.environ["PYTHONSAFEPATH"] = "1"  # (see the module's docstring)
     workdir.mkdir(parents=True)
     # produce_consume.py's automq-file broker: the broker's defaults, a session of its own
     broker = AutomqBroker("automq-file", workdir / "data", None, {})
@@ -187,7 +184,7 @@ def run(
             assert measured_from is not None
             start, cpu0, loop0, seen0, answered0 = measured_from
             elapsed = time.perf_counter() - start
-            slowdown = speed.slowdown(wall_from, time.time()) or 1.0
+            slowdown = speed.slowdown(wall_from, time.time())
             cpu, loop_cpu = broker_cpu(pid) - cpu0, broker_cpu(pid, event_loop=True) - loop0
             with answers.lock:
                 answered = answers.count - answered0
@@ -206,7 +203,8 @@ def run(
     per_request = cpu * 1e6 / answered
     line = (
         f"{answered / elapsed:6.0f} req/s  broker CPU {per_request:4.0f} us/request "
-        f"(event loop {loop_cpu * 1e6 / answered:4.0f}; host slowdown {slowdown:.2f})  "
+        f"(event loop {loop_cpu * 1e6 / answered:4.0f}; host slowdown "
+        f"{'-' if slowdown is None else f'{slowdown:.2f}'})  "
         f"burst to answer p50 {p50:5.2f} ms "
         f"p99 {p99:6.2f} ms{per_commit}"
     )
