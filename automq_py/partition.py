@@ -68,29 +68,21 @@ class PendingAppend:
     base_offset: int
     partition: Partition
     log_append_time_ms: int = -1
-    # called by the storage as it sets ``durable`` done (None: this append's storage does
-    # not, a duplicate's wait)
+    # called by the storage once ``durable`` is settled, as it sets it done or failed (None:
+    # this append's storage does not, a duplicate's wait)
     listeners: list[Callable[[], object]] | None = None
 
     def when_durable(self, callback: Callable[[], object]) -> None:
         """Call ``callback()`` once, when ``durable`` is done: right away if it is, else as the
-        storage confirms the write, in the same pass of the event loop (a done callback runs a
-        pass later, behind the requests read meanwhile), or from ``durable``'s done callback
-        when it fails or is cancelled."""
+        storage settles the write, in the same pass of the event loop (a done callback runs a
+        pass later, behind the requests read meanwhile); a duplicate's wait, from its done
+        callback."""
         if self.durable.done():
             callback()
-            return
-        fired = False
-
-        def once(_: object = None) -> None:
-            nonlocal fired
-            if not fired:
-                fired = True
-                callback()
-
-        if self.listeners is not None:
-            self.listeners.append(once)
-        self.durable.add_done_callback(once)
+        elif self.listeners is not None:
+            self.listeners.append(callback)
+        else:
+            self.durable.add_done_callback(lambda _: callback())
 
     def result(self) -> AppendResult:
         """The append's result once ``durable`` is done; raises what failed it."""
@@ -241,8 +233,12 @@ class Partition:
         finally:
             self._append_lock.release()
         assert durable is not None
-        # the last batch durable means every one before it is
-        durable.add_done_callback(self._on_durable)
+        # the last batch durable means every one before it is; its listeners wake the reads
+        # waiting for the high watermark first
+        if durable.done():
+            self._on_durable(durable)
+        else:
+            listeners.insert(0, partial(self._on_durable, durable))
         return PendingAppend(durable, first, self, append_time, listeners)
 
     async def append_marker(
@@ -369,7 +365,7 @@ def _recompressed(
 
 
 def _fire(listeners: list[Callable[[], object]]) -> None:
-    """Call and forget the listeners of an append that just became durable."""
+    """Call and forget the listeners of an append that just became durable (or failed)."""
     fired = listeners[:]
     listeners.clear()
     for listener in fired:

@@ -628,9 +628,9 @@ class ReplicaManager:
         durable in time, is answered REQUEST_TIMED_OUT; as in Kafka, its records may still
         land in the log.
 
-        ``listeners`` are called right after the future is set done by the last append's
-        durability, in the same pass of the event loop (a done callback of the future runs a
-        pass later): the Produce response goes out from there."""
+        ``listeners`` are called right after the future is set done, in the same pass of the
+        event loop (a done callback of the future runs a pass later): the Produce response
+        goes out from there."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_ms / 1000 if timeout_ms > 0 else None
         started: list[AppendResult | PendingAppend] = []
@@ -649,8 +649,13 @@ class ReplicaManager:
             results.set_result([r for r in started if isinstance(r, AppendResult)])
             return results
         remaining = len(pending)
+        timer: asyncio.TimerHandle | None = None
+        # in a cluster the answers go through _in_session, which calls the listeners itself
+        notify = listeners if self.session is None else None
 
         def finish() -> None:
+            if timer is not None:
+                timer.cancel()
             if not results.done():
                 results.set_result(
                     [
@@ -660,7 +665,7 @@ class ReplicaManager:
                         for r in started
                     ]
                 )
-                for listener in listeners or ():
+                for listener in notify or ():
                     listener()
 
         def one_done(i: int, entry: AppendEntry, append: PendingAppend) -> None:
@@ -678,48 +683,60 @@ class ReplicaManager:
             if remaining == 0:
                 finish()
 
+        if deadline is not None:
+            timer = loop.call_at(deadline, finish)
         for i, append in pending:
             append.when_durable(
                 lambda i=i, e=entries[i], a=append: one_done(i, e, a)  # type: ignore[misc]
             )
-        if deadline is not None and not results.done():
-            timer = loop.call_at(deadline, finish)
-            results.add_done_callback(lambda _: timer.cancel())
-        return self._in_session(results, deadline)
+        return self._in_session(results, deadline, listeners)
 
     def _in_session(
-        self, results: asyncio.Future[list[AppendResult]], deadline: float | None
+        self,
+        results: asyncio.Future[list[AppendResult]],
+        deadline: float | None,
+        listeners: list[Callable[[], object]] | None,
     ) -> asyncio.Future[list[AppendResult]]:
         """``results``, held back while this broker of a cluster cannot be sure it was not
         fenced (no heartbeat went through for nearly a session: frozen, or cut off from the
         metadata), so that a fenced broker acknowledges nothing; answered once a heartbeat
-        goes through, NOT_LEADER_OR_FOLLOWER once it is known fenced."""
+        goes through, NOT_LEADER_OR_FOLLOWER once it is known fenced. In a cluster the
+        ``listeners`` are called here, right after the future returned is set done."""
         session = self.session
         if session is None:
             return results
         loop = asyncio.get_running_loop()
         held: asyncio.Future[list[AppendResult]] = loop.create_future()
 
+        def answer(answers: list[AppendResult] | BaseException | None) -> None:
+            if held.done():
+                return
+            if answers is None:
+                held.cancel()
+            elif isinstance(answers, BaseException):
+                held.set_exception(answers)
+            else:
+                held.set_result(answers)
+            for listener in listeners or ():
+                listener()
+
         async def wait(answers: list[AppendResult]) -> None:
             while not session.in_session() and not session.fenced:
                 if deadline is not None and loop.time() >= deadline:
-                    held.set_result(
-                        [_unless_failed(a, ErrorCode.REQUEST_TIMED_OUT) for a in answers]
-                    )
+                    answer([_unless_failed(a, ErrorCode.REQUEST_TIMED_OUT) for a in answers])
                     return
                 await asyncio.sleep(0.01)
             if session.fenced:
                 answers = [_unless_failed(a, ErrorCode.NOT_LEADER_OR_FOLLOWER) for a in answers]
-            if not held.done():
-                held.set_result(answers)
+            answer(answers)
 
         def release(done: asyncio.Future[list[AppendResult]]) -> None:
             if done.cancelled():
-                held.cancel()
+                answer(None)
             elif (error := done.exception()) is not None:
-                held.set_exception(error)
+                answer(error)
             elif session.in_session() and not session.fenced:
-                held.set_result(done.result())
+                answer(done.result())
             else:
                 self._in_background(wait(done.result()), "append-in-session")
 

@@ -100,7 +100,10 @@ class _StreamState:
     epoch: int
     confirmed: int  # every offset below is durable and readable
     waiting: dict[int, _Durable] = field(default_factory=dict)  # by base offset
-    inflight: set[asyncio.Future[None]] = field(default_factory=set)
+    # each append not yet confirmed, with its ``on_done`` (see ``S3Storage.submit``)
+    inflight: dict[asyncio.Future[None], Callable[[], object] | None] = field(default_factory=dict)
+    # called once an append of the stream failed (``register_stream``)
+    on_failed: Callable[[], object] | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -389,11 +392,19 @@ class S3Storage:
 
     def _fail_waiting(self, error: StreamClosedError) -> None:
         for state in self._streams.values():
-            for done in state.inflight:
+            inflight = state.inflight
+            state.waiting.clear()
+            state.inflight = {}
+            failed = False
+            for done, on_done in inflight.items():
                 if not done.done():
                     done.set_exception(error)
-            state.waiting.clear()
-            state.inflight.clear()
+                    done.exception()  # seen: the appender may have stopped waiting
+                    failed = True
+                if on_done is not None:
+                    _call_listener(on_done, "failure")
+            if failed and state.on_failed is not None:
+                state.on_failed()
 
     # -- recovery --------------------------------------------------------------------------------
 
@@ -461,9 +472,16 @@ class S3Storage:
 
     # -- streams ---------------------------------------------------------------------------------
 
-    def register_stream(self, stream_id: int, epoch: int, confirmed: int) -> None:
-        """Track a stream opened on this node at ``epoch``, whose next offset is ``confirmed``."""
-        self._streams[stream_id] = _StreamState(epoch, confirmed)
+    def register_stream(
+        self,
+        stream_id: int,
+        epoch: int,
+        confirmed: int,
+        on_failed: Callable[[], object] | None = None,
+    ) -> None:
+        """Track a stream opened on this node at ``epoch``, whose next offset is ``confirmed``;
+        ``on_failed()`` is called when one of its appends fails."""
+        self._streams[stream_id] = _StreamState(epoch, confirmed, on_failed=on_failed)
 
     def is_open_here(self, stream_id: int) -> bool:
         return stream_id in self._streams
@@ -538,9 +556,12 @@ class S3Storage:
         offset of its stream are durable. Submits made in offset order reach the WAL in that
         order, and writes submitted together share a group commit (one fsync).
 
-        ``on_done()`` is called right after the future is set done (not when it fails), in
-        the same pass of the event loop: a done callback runs a pass later, behind whatever
-        requests were read meanwhile. An acknowledgement that waits for it goes out sooner."""
+        ``on_done()`` is called once the append is settled: right after the future is set
+        done, or failed, in the same pass of the event loop (a done callback runs a pass
+        later, behind whatever requests were read meanwhile: an acknowledgement that waits for
+        it goes out sooner), and also when the caller had cancelled the future. A failed
+        future's exception counts as seen (no "never retrieved" log): its appender may have
+        stopped waiting."""
         if self._failed is not None:
             raise StorageFailedError(f"storage failed: {self._failed}")
         if self._closing:
@@ -549,7 +570,6 @@ class S3Storage:
         if state is None or state.epoch != batch.epoch:
             raise StreamClosedError(f"stream {batch.stream_id} is not open at epoch {batch.epoch}")
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        done.add_done_callback(_retrieve)
         header = stream_record_batch.encode_header(batch)
         try:
             self.wal.submit(
@@ -559,7 +579,7 @@ class S3Storage:
         except Exception as e:
             self._fail(e)
             raise StorageFailedError(f"storage failed: {e}") from e
-        state.inflight.add(done)
+        state.inflight[done] = on_done
         return done
 
     def _on_durable(
@@ -575,7 +595,7 @@ class S3Storage:
         if durable.cancelled() or durable.exception() is not None:
             self._fail(durable.exception() or WALError("WAL write was cancelled"))
             return
-        if done.done() and not done.cancelled():  # failed meanwhile
+        if done not in state.inflight:  # failed meanwhile (and settled then)
             return
         # (a caller that cancelled its future gave up waiting; the write is confirmed anyway,
         # or every later offset of the stream would wait behind it forever)
@@ -587,14 +607,11 @@ class S3Storage:
             record = state.waiting.pop(state.confirmed)
             self.cache.put(record.batch, record.wal_offset, record.wal_next)
             state.confirmed = record.batch.last_offset
-            state.inflight.discard(record.done)
+            del state.inflight[record.done]
             if not record.done.done():
                 record.done.set_result(None)
-                if record.on_done is not None:
-                    try:
-                        record.on_done()
-                    except Exception:  # as the loop does for a failing callback
-                        log.exception("a durability listener of stream %d failed", batch.stream_id)
+            if record.on_done is not None:
+                _call_listener(record.on_done, "durability")
         active = self.cache.active
         if active.size >= self.config.wal_upload_threshold:
             # seal now, so objects stay near the threshold however busy the uploads are
@@ -1114,6 +1131,15 @@ class S3Storage:
         self.readers.clear()
         self.block_cache.clear()
         self.reader.forget_all()
+
+
+def _call_listener(listener: Callable[[], object], what: str) -> None:
+    """Call an append's ``on_done``, logging what it raises, as the loop does for a failing
+    callback."""
+    try:
+        listener()
+    except Exception:
+        log.exception("a %s listener of an append failed", what)
 
 
 def _retrieve(future: asyncio.Future[None]) -> None:

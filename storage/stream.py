@@ -40,7 +40,7 @@ class S3Stream:
         self.start_offset = start_offset
         self.next_offset = next_offset
         self.closed = False
-        storage.register_stream(stream_id, epoch, next_offset)
+        storage.register_stream(stream_id, epoch, next_offset, self._append_failed)
 
     @property
     def confirmed_offset(self) -> int:
@@ -90,7 +90,7 @@ class S3Stream:
         Before taking offsets it waits for room in the WAL cache (``TimeoutError`` after
         ``room_timeout`` seconds, nothing taken); a small record that must follow another
         (a time-index entry) passes ``backpressure=False`` and never waits. ``on_done()``: as
-        :meth:`S3Storage.submit` calls it, right after the future is set done."""
+        :meth:`S3Storage.submit` calls it, once the append is settled (durable or failed)."""
         if count <= 0:
             raise ValueError(f"count must be positive, got {count}")
         self._check_writable()
@@ -106,12 +106,10 @@ class S3Stream:
         except BaseException:
             self.closed = True  # offsets after a failed append can no longer be trusted
             raise
-        done.add_done_callback(self._on_durable)
         return base, done
 
-    def _on_durable(self, done: asyncio.Future[None]) -> None:
-        if not done.cancelled() and done.exception() is not None:
-            self.closed = True  # offsets after a failed append can no longer be trusted
+    def _append_failed(self) -> None:
+        self.closed = True  # offsets after a failed append can no longer be trusted
 
     async def fetch(self, start: int, end: int = -1, max_bytes: int = 1 << 20) -> FetchResult:
         """Batches from the one holding ``start`` towards ``end`` (-1: the confirmed end), about

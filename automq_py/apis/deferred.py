@@ -20,9 +20,10 @@ T = TypeVar("T")
 
 
 class Deferred(Generic[T]):
-    """``listeners``: a list the maker of ``future`` calls, right after setting it done, in the
-    same pass of the event loop; the response's writer joins it (a done callback of the future
-    would run a pass later, behind the requests read meanwhile). None: it has none."""
+    """``listeners``: a list the maker of ``future`` calls, right after setting it done (with a
+    result, an exception, or cancelled: every time), in the same pass of the event loop; the
+    response's writer joins it (a done callback of the future would run a pass later, behind
+    the requests read meanwhile). None: it has none."""
 
     __slots__ = ("finish", "future", "listeners")
 

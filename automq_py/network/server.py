@@ -374,11 +374,12 @@ class _ResponseQueue:
         self._queue.append((response, times))
         self._drained.clear()
         if isinstance(response, PendingResponse):
-            # written as soon as it is ready, from its maker's listeners; the done callback
-            # too, for the paths that do not call them (it then finds nothing left to write)
-            if response.listeners is not None:
+            # written as soon as it is ready, from its maker's listeners (called whenever it
+            # sets the future done); without them, from the future's done callback
+            if response.listeners is not None and not response.future.done():
                 response.listeners.append(self._write_soon)
-            response.future.add_done_callback(self._write_ready)
+            else:
+                response.future.add_done_callback(self._write_ready)
         while len(self._queue) >= self._limit:
             self._room.clear()
             await self._room.wait()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from storage import stream_record_batch
 from storage.block_cache import BlockCache
+from storage.errors import StorageFailedError
 from storage.metadata.manager import MetadataManager
 from storage.object_reader import ObjectReader
 from storage.object_writer import ObjectWriter
@@ -97,3 +98,34 @@ async def test_a_cancelled_reader_does_not_break_a_shared_read(tmp_path: Path) -
     got = await second
     assert [b.base_offset for b in got] == list(range(10))
     assert first.cancelled()
+
+
+async def test_every_append_listener_hears_once_whether_durable_failed_or_given_up(
+    make_storage: StorageFactory,
+) -> None:
+    """``on_done`` is how a Produce response learns its append is settled (no done callback
+    behind it): called once per append when it is durable, when its caller had cancelled its
+    future, and when the storage fails under it; a failed append closes its stream."""
+    storage = await make_storage()
+    s = await StreamClient(storage).create_and_open()
+    heard: list[int] = []
+    durable = []
+    for i in range(4):
+        _, done = await s.start_append(b"d" * 100, 1, on_done=lambda i=i: heard.append(i))
+        durable.append(done)
+    durable[1].cancel()  # its caller gave up waiting: the write goes on all the same
+    await asyncio.wait_for(asyncio.gather(*durable, return_exceptions=True), 10)
+    await asyncio.sleep(0.05)
+    assert sorted(heard) == [0, 1, 2, 3] and not s.closed
+    heard.clear()
+    failing = []
+    for i in range(3):
+        _, done = await s.start_append(b"f" * 100, 1, on_done=lambda i=i: heard.append(i))
+        failing.append(done)
+    storage._fail(OSError("injected: the disk failed"))  # before their commit runs
+    assert sorted(heard) == [0, 1, 2]  # at once, in the same pass
+    for done in failing:
+        assert isinstance(done.exception(), StorageFailedError)
+    assert s.closed  # its offsets after a failed append cannot be trusted
+    await asyncio.sleep(0.05)
+    assert sorted(heard) == [0, 1, 2]  # and never again
