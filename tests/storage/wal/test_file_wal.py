@@ -12,6 +12,7 @@ import random
 import struct
 import threading
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -785,14 +786,21 @@ async def test_slow_commits_in_a_row_send_the_next_ones_to_the_thread_a_lone_one
     slow = file_wal.INLINE_SLOW_S * 1.5
     assert slow < file_wal.INLINE_STALL_S and file_wal.INLINE_SLOW_RUN == 2
     delays = [slow, slow, 0.0, slow]  # popped from the end: slow, fast, slow, slow
+    # The WAL times its writes on a clock only the writes below move: a real O_DSYNC write
+    # on a busy machine can itself take INLINE_SLOW_S, and would make the fast one slow.
+    clock = [0.0]
 
-    def slow_pwritev(fd: int, buffers: list[memoryview], offset: int) -> int:
-        delay = delays.pop() if delays else 0.0
-        if delay:
-            time.sleep(delay)
-        return real_pwritev(fd, buffers, offset)
+    def timed_pwritev(fd: int, buffers: list[memoryview], offset: int) -> int:
+        written = real_pwritev(fd, buffers, offset)
+        clock[0] += delays.pop() if delays else 0.0
+        return written
 
-    monkeypatch.setattr(os, "pwritev", slow_pwritev)
+    monkeypatch.setattr(os, "pwritev", timed_pwritev)
+    monkeypatch.setattr(
+        file_wal,
+        "time",
+        types.SimpleNamespace(perf_counter=lambda: clock[0], monotonic=time.monotonic),
+    )
     for i in range(3):  # slow, fast, slow: never two in a row
         await wal.append(f"lone {i}".encode())
     assert wal._inline_commits == 3
