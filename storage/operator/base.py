@@ -172,8 +172,9 @@ class ObjectStore(abc.ABC):
         return None
 
     def new_buffer(self, size: int) -> bytearray | memoryview:
-        """A zeroed writable buffer of ``size`` bytes to build an object in, of the memory
-        ``put`` writes from fastest (the default: a bytearray)."""
+        """A writable buffer of ``size`` bytes to build an object in, of the memory ``put``
+        writes from fastest (the default: a bytearray). Its bytes may be anything: the caller
+        writes every one."""
         return bytearray(size)
 
     @abc.abstractmethod

@@ -62,7 +62,16 @@ async def test_objects_built_from_the_wal_are_those_built_from_the_cache(
         await s.append(payload_for(s.stream_id, s.next_offset, rng.randint(1, 40_000)), 3)
     specs, runs = _specs(storage)
     block_size = rng.choice([1024, 64 << 10, 512 << 10])
-    allocate = bytearray if seed % 2 else LocalObjectStore(tmp_path).new_buffer
+    store = LocalObjectStore(tmp_path)
+
+    def dirty_buffer(size: int) -> bytearray | memoryview:
+        """The store's buffer, which need not be zeroed, filled with what a reused one might
+        hold: a byte the build leaves unwritten shows."""
+        buffer = store.new_buffer(size)
+        buffer[:] = b"\xa5" * size
+        return buffer
+
+    allocate = bytearray if seed % 2 else dirty_buffer
     fd = os.open(storage.wal.path, os.O_RDONLY)
     try:
         built = await asyncio.to_thread(
