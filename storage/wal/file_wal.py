@@ -43,8 +43,15 @@ staging buffer, submits it as one write of the same ``O_DSYNC`` descriptor, and 
 when the write completes (the kernel's worker made it, durable) the loop acknowledges the batch
 and commits at once what queued meanwhile (up to ``ASYNC_COMMIT_MAX`` bytes). A disk that holds a
 write then delays acknowledgements, never the loop, and no Python thread hands results back.
-One such write is in flight at a time, under ``_commit_lock`` like any commit; the writer thread
-still takes larger batches, those with padding in them, and the header writes.
+What is submitted while a write is in flight goes out as one more write queued behind it
+(``ASYNC_IN_FLIGHT`` in all), which the kernel starts as soon as the one before it completes,
+not a pass of the loop later: a client's burst (librdkafka sends a Produce request per
+partition) is written as its requests are read, the later ones no longer waiting for the first
+one's write to be acknowledged before their own is even submitted. The writes land in order
+(``IOSQE_IO_DRAIN``), each starting where the one before it ended, and are acknowledged in
+order. The ring's writes hold ``_commit_lock`` like any commit, from the first submitted to the
+last completed; the writer thread still takes larger batches, those with padding in them, and
+the header writes.
 
 Torn tails: at most ``window`` bytes (kept in the header) are ever written past the last
 fsync. After a crash, recovery stops at the first invalid record and zeroes the next ``window``
@@ -96,6 +103,9 @@ INLINE_PAUSE_S = 1.0
 # Most bytes one asynchronous commit writes (see "Asynchronous commits" above); larger batches
 # go to the writer thread.
 ASYNC_COMMIT_MAX = 4 * 1024 * 1024
+# Asynchronous commits in flight at once: one being written, one queued behind it in the kernel.
+# Their bytes together stay within the window (each is at most ASYNC_COMMIT_MAX).
+ASYNC_IN_FLIGHT = 2
 _PAGE_SIZE = mmap.PAGESIZE  # the page cache's unit: a write ending inside a page reads it first
 
 
@@ -125,6 +135,19 @@ class _Write:
     size: int
     parts: list[Buffer] | None  # None: padding
     lap_end: int = 0
+
+
+@dataclass(slots=True)
+class _RingBatch:
+    """An asynchronous commit in flight: its appends, the bytes it writes, the staging buffer
+    they are in, when it was submitted, and whether another was in flight then."""
+
+    acked: list[tuple[_Pending, int, int]]
+    length: int
+    buffer: int
+    started: float
+    behind: bool
+    result: int | None = None  # once completed: bytes written, or a negative errno
 
 
 class FileWAL:
@@ -166,8 +189,8 @@ class FileWAL:
         self._inline_slow_run = 0  # inline writes in a row that took INLINE_SLOW_S or more
         # the event loop's asynchronous commits (None: no io_uring here)
         self._ring: RingWriter | None = None
-        self._ring_batch: tuple[list[tuple[_Pending, int, int]], int, float] | None = None
-        self._ring_commits = 0  # (the one in flight: its appends, bytes to write, start time)
+        self._ring_batches: collections.deque[_RingBatch] = collections.deque()  # in flight
+        self._ring_commits = 0
         # see WriteAheadLog.after_acknowledgements
         self.after_acknowledgements: list[Callable[[], object]] = []
         self._writer_done = False  # it has taken its last request
@@ -487,7 +510,7 @@ class FileWAL:
         about to wait for its next request) has nothing more to add to it. A write in flight
         that has completed meanwhile is acknowledged first, not a pass later when the loop
         reads its eventfd: what queued behind it then goes out in this commit."""
-        if self._ring_batch is not None and self._ring is not None and self._ring.completed():
+        if self._ring_batches and self._ring is not None and self._ring.completed():
             self._ring_done()
         if self._inline_scheduled:
             self._commit_inline()
@@ -497,8 +520,11 @@ class FileWAL:
         write what is queued here and acknowledge it, or hand it to the writer thread when
         it is large, near the ring's end, or the thread has work of its own."""
         self._inline_scheduled = False
-        if not self._queue or self._ring_batch is not None:
-            return  # the commit in flight commits what queued meanwhile once it is done
+        if not self._queue:
+            return
+        if self._ring_batches:
+            self._submit_behind()
+            return
         size = sum(pending.size for pending in self._queue)
         ring = self._ring is not None
         inline = (
@@ -553,7 +579,7 @@ class FileWAL:
 
     def _start_ring(self) -> None:
         """Have the event loop submit its commits to an io_uring, where the kernel allows."""
-        writer, why = open_ring(self._fd, ASYNC_COMMIT_MAX + _PAGE_SIZE)
+        writer, why = open_ring(self._fd, ASYNC_COMMIT_MAX + _PAGE_SIZE, ASYNC_IN_FLIGHT)
         if writer is None:
             logger.info("WAL %s: commits are written on the event loop: %s", self._path, why)
             return
@@ -569,28 +595,39 @@ class FileWAL:
 
     def _submit_to_ring(self, acked: list[tuple[_Pending, int, int]], writes: list[_Write]) -> bool:
         """Under the commit lock, on the event loop: copy one batch, and the zeros up to its
-        page's end, into the staging buffer and submit it as one write. False: not so
-        (padding in it, or the kernel refused it); the caller writes it on the loop."""
+        page's end, into a free staging buffer and submit it as one write, behind those in
+        flight. False: not so (padding in it, or the kernel refused it); the caller writes it
+        on the loop, or puts it back while others are in flight."""
         writer = self._ring
         if writer is None or any(write.parts is None for write in writes):
             return False
         end = acked[-1][2]
         fill = self._page_fill(end)
         length = end - writes[0].offset + fill
-        if length > len(writer.staging):
+        used = {batch.buffer for batch in self._ring_batches}
+        buffer = next(i for i in range(len(writer.staging)) if i not in used)
+        staging = writer.staging[buffer]
+        if length > len(staging):
             return False
-        staging = writer.staging
         at = 0
         for write in writes:
-            for buffer in record.encode(write.offset, write.parts or ()):
-                view = memoryview(buffer).cast("B")
+            for part in record.encode(write.offset, write.parts or ()):
+                view = memoryview(part).cast("B")
                 staging[at : at + len(view)] = view
                 at += len(view)
         staging[at : at + fill] = ZEROS_VIEW[:fill]
         started = time.perf_counter()
+        behind = bool(self._ring_batches)
         try:
-            writer.submit(HEADER_AREA_SIZE + writes[0].offset % self._capacity, length)
+            writer.submit(
+                buffer,
+                HEADER_AREA_SIZE + writes[0].offset % self._capacity,
+                length,
+                after_others=behind,
+            )
         except OSError as exc:
+            if behind:  # tried again once those in flight are done
+                return False
             logger.warning(
                 "WAL %s: the io_uring refused a write (%s); commits are written on the event "
                 "loop from now on",
@@ -599,31 +636,71 @@ class FileWAL:
             )
             self._stop_ring()
             return False
-        self._ring_batch = (acked, length, started)
+        self._ring_batches.append(_RingBatch(acked, length, buffer, started, behind))
         return True
 
+    def _submit_behind(self) -> None:
+        """On the event loop, with asynchronous commits in flight (the commit lock held for
+        them): submit what queued as one more, unless enough are in flight, the writer thread
+        has work waiting for the lock, or the batch is not the ring's to write (too large,
+        padding in it, past the window): then it waits for those in flight."""
+        if (
+            self._ring is None
+            or len(self._ring_batches) >= min(ASYNC_IN_FLIGHT, len(self._ring.staging))
+            or self._failed is not None
+            or self._closing
+        ):
+            return
+        size = sum(pending.size for pending in self._queue)
+        if size > ASYNC_COMMIT_MAX or self.free_space <= size + self._inline_max:
+            return
+        with self._cond:
+            if not self._writer_idle or self._header_requests:
+                return
+        planned = self._plan_batch(blocking=False)
+        if planned is not None and planned[0] and not self._submit_to_ring(*planned):
+            with self._cond:
+                self._queue.extendleft(pending for pending, _, _ in reversed(planned[0]))
+
     def _ring_done(self) -> None:
-        """On the event loop, when the eventfd says the write in flight has completed:
-        acknowledge its batch, then commit what queued meanwhile."""
-        writer, batch = self._ring, self._ring_batch
+        """On the event loop, when the eventfd says writes in flight have completed:
+        acknowledge their batches in order, then commit what queued meanwhile."""
+        writer = self._ring
         if writer is None:
             return
-        result = writer.reap()
-        if result is None or batch is None:
+        completed = writer.reap()
+        if not completed:
             return
-        acked, length, started = batch
-        self._ring_batch = None
-        if result != length:
-            reason = os.strerror(-result) if result < 0 else f"{result} of {length} bytes written"
-            self._commit_lock.release()
-            self._fail_batch(acked, reason, None, on_loop=True)
-            return
-        self._write_times.append(time.perf_counter() - started)
-        self._count_commit(acked, acked[-1][2] - acked[0][1])
-        self._inline_commits += 1
-        self._ring_commits += 1
-        self._commit_lock.release()
-        self._complete(acked, 0, None)
+        for buffer, result in completed:
+            for batch in self._ring_batches:
+                if batch.buffer == buffer and batch.result is None:
+                    batch.result = result
+                    break
+        now = time.perf_counter()
+        while self._ring_batches and self._ring_batches[0].result is not None:
+            batch = self._ring_batches.popleft()
+            last = not self._ring_batches
+            if last:
+                self._commit_lock.release()
+            if self._failed is not None:
+                # a write before this one failed: this one's records follow a hole in the log
+                self._complete(batch.acked, 0, self._failed)
+                continue
+            if batch.result != batch.length:
+                result = batch.result or 0
+                reason = (
+                    os.strerror(-result)
+                    if result < 0
+                    else f"{result} of {batch.length} bytes written"
+                )
+                self._fail_batch(batch.acked, reason, None, on_loop=True)
+                continue
+            if not batch.behind:  # (one queued behind another waited for it, too)
+                self._write_times.append(now - batch.started)
+            self._count_commit(batch.acked, batch.acked[-1][2] - batch.acked[0][1])
+            self._inline_commits += 1
+            self._ring_commits += 1
+            self._complete(batch.acked, 0, None)
         if self._queue:
             self._commit_inline()
 
@@ -691,7 +768,8 @@ class FileWAL:
         acked: list[tuple[_Pending, int, int]] = []
         writes: list[_Write] = []
         dropped = 0
-        cursor = self._next
+        # after the asynchronous commits in flight, if any (only the loop plans while they are)
+        cursor = self._ring_batches[-1].acked[-1][2] if self._ring_batches else self._next
         taken = time.perf_counter()
         while self._queue:
             pending = self._queue[0]
@@ -720,7 +798,7 @@ class FileWAL:
                         self._cond.wait()
                 break
             if start + size - self._next > self._window:
-                if acked:
+                if acked or cursor != self._next:  # (the writes in flight are done first)
                     break
                 # A single record wider than the window: widen it durably first, so recovery
                 # zeroes far enough should this write be torn.

@@ -9,6 +9,11 @@ to hand the result back. Submitted to an io_uring, the same write (``IORING_OP_W
 io-wq workers makes it, through the page cache as before (the upload worker reads the WAL
 from there), and posts the result. No Python thread takes part.
 
+A write may be queued behind those in flight (``after_others``): it carries
+``IOSQE_IO_DRAIN``, so the kernel starts it only once every write submitted before it has
+completed, without the caller's turn in between. Writes that share a page (a commit's zeros to
+its page's end, the next commit's first bytes) then land in submission order.
+
 The rings are shared memory the submitter writes with plain stores: that is safe on x86-64,
 whose stores are seen in program order; elsewhere, or where the kernel refuses io_uring
 (disabled by ``kernel.io_uring_disabled``, a container's seccomp profile, a kernel before
@@ -29,6 +34,7 @@ from typing import Any
 _SETUP, _ENTER, _REGISTER = 425, 426, 427  # the same numbers on every architecture
 _REGISTER_EVENTFD = 4
 _OP_WRITE = 23
+_IOSQE_IO_DRAIN = 1 << 1
 _OFF_SQES = 0x10000000
 _ENTRIES = 4
 _SQE_SIZE = 64
@@ -68,10 +74,12 @@ class _Params(ctypes.Structure):
 
 
 class RingWriter:
-    """Writes of its ``staging`` buffer into ``fd``, one in flight at a time; ``eventfd`` turns
-    readable when it completes. Use from one thread (the event loop's)."""
+    """Writes of its ``staging`` buffers into ``fd``, at most one per buffer in flight;
+    ``eventfd`` turns readable when one completes. Use from one thread (the event loop's)."""
 
-    def __init__(self, fd: int, ring_fd: int, params: _Params, syscall: Any, size: int) -> None:
+    def __init__(
+        self, fd: int, ring_fd: int, params: _Params, syscall: Any, size: int, buffers: int = 1
+    ) -> None:
         self.fd = fd
         self._ring_fd = ring_fd
         self._syscall = syscall
@@ -90,10 +98,13 @@ class RingWriter:
         self._sq_mask = _U32.unpack_from(self._ring, self._sq.ring_mask)[0]
         self._cq_mask = _U32.unpack_from(self._ring, self._cq.ring_mask)[0]
         self.eventfd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self.staging = mmap.mmap(-1, size)
-        anchor = ctypes.c_char.from_buffer(self.staging)
-        self._address = ctypes.addressof(anchor)
-        del anchor  # the mapping stays until close(); an export would keep it from closing
+        # one buffer per write that may be in flight at once (the ring has room for them all)
+        self.staging = [mmap.mmap(-1, size) for _ in range(min(buffers, params.sq_entries))]
+        self._addresses = []
+        for buffer in self.staging:
+            anchor = ctypes.c_char.from_buffer(buffer)
+            self._addresses.append(ctypes.addressof(anchor))
+            del anchor  # the mapping stays until close(); an export would keep it from closing
 
     def register(self) -> None:
         descriptor = ctypes.c_int32(self.eventfd)
@@ -104,15 +115,18 @@ class RingWriter:
             code = ctypes.get_errno()
             raise OSError(code, f"io_uring_register: {os.strerror(code)}")
 
-    def submit(self, position: int, length: int) -> None:
-        """Queue the write of ``staging[:length]`` at file ``position``. Raises OSError when
-        the kernel refuses it."""
+    def submit(self, buffer: int, position: int, length: int, *, after_others: bool) -> None:
+        """Queue the write of ``staging[buffer][:length]`` at file ``position``; its completion
+        carries ``buffer`` as its tag. ``after_others``: the kernel starts it once every write
+        submitted before it has completed. Raises OSError when the kernel refuses it."""
         tail = _U32.unpack_from(self._ring, self._sq.tail)[0]
         index = tail & self._sq_mask
         at = index * _SQE_SIZE
         self._sqes[at : at + _SQE_SIZE] = bytes(_SQE_SIZE)
+        flags = _IOSQE_IO_DRAIN if after_others else 0
+        address = self._addresses[buffer]
         _SQE.pack_into(
-            self._sqes, at, _OP_WRITE, 0, 0, self.fd, position, self._address, length, 0, 1
+            self._sqes, at, _OP_WRITE, flags, 0, self.fd, position, address, length, 0, buffer
         )
         _U32.pack_into(self._ring, self._sq.array + index * 4, index)
         _U32.pack_into(self._ring, self._sq.tail, tail + 1)
@@ -129,21 +143,21 @@ class RingWriter:
         head = _U32.unpack_from(self._ring, self._cq.head)[0]
         return head != _U32.unpack_from(self._ring, self._cq.tail)[0]
 
-    def reap(self) -> int | None:
-        """The result of the write in flight once it has completed (bytes written, or a
-        negative errno), else None. Call when ``eventfd`` is readable."""
+    def reap(self) -> list[tuple[int, int]]:
+        """The writes completed since the last call, in completion order: each one's buffer
+        tag and result (bytes written, or a negative errno). Call when ``eventfd`` is
+        readable."""
         with contextlib.suppress(BlockingIOError):
             os.eventfd_read(self.eventfd)
         head = _U32.unpack_from(self._ring, self._cq.head)[0]
         tail = _U32.unpack_from(self._ring, self._cq.tail)[0]
-        if head == tail:
-            return None
-        result: int | None = None
+        done: list[tuple[int, int]] = []
         while head != tail:
-            _, result = _CQE.unpack_from(self._ring, self._cq.cqes + (head & self._cq_mask) * 16)
+            tag, result = _CQE.unpack_from(self._ring, self._cq.cqes + (head & self._cq_mask) * 16)
+            done.append((tag, result))
             head += 1
         _U32.pack_into(self._ring, self._cq.head, head)
-        return result
+        return done
 
     def close(self) -> None:
         """Release the ring (no write may be in flight); ``fd`` stays open."""
@@ -151,12 +165,13 @@ class RingWriter:
         self._ring.close()
         os.close(self._ring_fd)
         os.close(self.eventfd)
-        self.staging.close()
+        for buffer in self.staging:
+            buffer.close()
 
 
-def open_ring(fd: int, staging_size: int) -> tuple[RingWriter | None, str]:
-    """A :class:`RingWriter` for ``fd`` with a staging buffer of ``staging_size`` bytes, or
-    None and why it cannot be had here."""
+def open_ring(fd: int, staging_size: int, buffers: int = 1) -> tuple[RingWriter | None, str]:
+    """A :class:`RingWriter` for ``fd`` with ``buffers`` staging buffers of ``staging_size``
+    bytes each, or None and why it cannot be had here."""
     if platform.machine() not in ("x86_64", "AMD64") or not hasattr(os, "eventfd"):
         return None, f"no io_uring for this platform ({platform.system()} {platform.machine()})"
     try:
@@ -171,7 +186,7 @@ def open_ring(fd: int, staging_size: int) -> tuple[RingWriter | None, str]:
         code = ctypes.get_errno()
         return None, f"the kernel refuses io_uring ({os.strerror(code)})"
     try:
-        writer = RingWriter(fd, ring_fd, params, syscall, staging_size)
+        writer = RingWriter(fd, ring_fd, params, syscall, staging_size, buffers)
     except OSError as exc:
         os.close(ring_fd)
         return None, f"the io_uring could not be mapped ({exc})"

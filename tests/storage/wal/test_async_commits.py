@@ -14,6 +14,7 @@ import pytest
 
 from storage.wal import FileWAL, WALError, file_wal
 from storage.wal.header import HEADER_AREA_SIZE
+from storage.wal.interface import WALAppendResult
 from storage.wal.uring import RingWriter
 
 CAPACITY = 64 * 1024
@@ -59,15 +60,18 @@ async def test_the_loops_commits_go_through_the_ring_and_are_durable(tmp_path: P
     ]
 
 
-async def test_appends_while_a_write_is_in_flight_form_the_next_one(
+async def test_appends_while_a_write_is_in_flight_form_the_next_one_queued_behind_it(
     tmp_path: Path,
 ) -> None:
     wal = await open_ring_wal(tmp_path / "wal")
     try:
         first = wal.submit(b"alone")
         await asyncio.sleep(0)  # the commit is made at the loop's next pass: now in flight
-        assert wal._ring_batch is not None and not first.done()
+        assert len(wal._ring_batches) == 1 and not first.done()
         rest = [wal.submit(f"queued {i}".encode()) for i in range(5)]
+        await asyncio.sleep(0)  # submitted at once, behind the first
+        assert len(wal._ring_batches) == 2 and wal._ring_batches[1].behind
+        assert not any(f.done() for f in rest)
         await asyncio.gather(first, *rest)
         assert wal.stats.fsyncs == 2 and wal._ring_commits == 2
         offsets = [f.result().offset for f in (first, *rest)]
@@ -86,7 +90,7 @@ async def test_commit_now_acknowledges_a_completed_write_and_sends_what_queued_b
     try:
         first = wal.submit(b"alone")
         await asyncio.sleep(0)
-        assert wal._ring is not None and wal._ring_batch is not None
+        assert wal._ring is not None and len(wal._ring_batches) == 1
         queued = [wal.submit(f"queued {i}".encode()) for i in range(3)]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 10
@@ -96,13 +100,13 @@ async def test_commit_now_acknowledges_a_completed_write_and_sends_what_queued_b
         assert not first.done()
         wal.commit_now()
         assert first.done() and first.result().offset == 0
-        assert wal._ring_commits == 1 and wal._ring_batch is not None  # the queued ones
+        assert wal._ring_commits == 1 and len(wal._ring_batches) == 1  # the queued ones
         assert not any(f.done() for f in queued)
         results = await asyncio.gather(*queued)
         assert wal._ring_commits == 2
         assert [r.offset for r in results] == sorted(r.offset for r in results)
         wal.commit_now()  # nothing in flight, nothing queued: nothing happens
-        assert wal._ring_batch is None
+        assert not wal._ring_batches
     finally:
         await wal.close()
 
@@ -150,9 +154,8 @@ async def test_a_failed_ring_write_fails_the_batch_and_every_later_append(
     assert wal._ring_commits == 1
     real_reap = RingWriter.reap
 
-    def failing_reap(self: RingWriter) -> int | None:
-        result = real_reap(self)
-        return None if result is None else -errno.EIO
+    def failing_reap(self: RingWriter) -> list[tuple[int, int]]:
+        return [(buffer, -errno.EIO) for buffer, _ in real_reap(self)]
 
     monkeypatch.setattr(RingWriter, "reap", failing_reap)
     batch = await asyncio.gather(*(wal.append(b"lost") for _ in range(5)), return_exceptions=True)
@@ -167,3 +170,73 @@ async def test_a_failed_ring_write_fails_the_batch_and_every_later_append(
     # the failed batch was never acknowledged; its bytes may have reached the disk (as a
     # write that failed after the device took it)
     assert [body for _, body in records][:1] == [b"durable"]
+
+
+async def test_writes_queued_behind_others_land_in_order_over_many_laps(tmp_path: Path) -> None:
+    """Appends submitted over several passes of the loop: a write is often queued behind the
+    one in flight, starting in the page whose end that one fills with zeros. Every record
+    is read back from the file, after clean and unclean closes."""
+    capacity = 32 * 1024
+    path = tmp_path / "wal"
+    rng = random.Random(11)
+    wal = await open_ring_wal(path, capacity, inline=4096)
+    behind = 0
+    live: list[tuple[int, int, bytes]] = []
+    for round_ in range(200):
+        futures: list[tuple[bytes, asyncio.Future[WALAppendResult]]] = []
+        for _ in range(rng.randint(2, 5)):  # one pass each
+            for _ in range(rng.randint(1, 3)):
+                body = rng.randbytes(rng.randint(0, 900))
+                futures.append((body, wal.submit(body)))
+            await asyncio.sleep(0)
+            behind += sum(batch.behind for batch in wal._ring_batches)
+        for body, future in futures:
+            result = await future
+            live.append((result.offset, result.next_offset, body))
+        while live[-1][1] - live[0][0] > capacity // 2:
+            live.pop(0)
+        await wal.trim(live[0][0])
+        if round_ % 10 == 9:
+            await wal.close(clean=rng.random() < 0.5)
+            wal, records = await reopen(path, capacity)
+            assert records == [(offset, body) for offset, _, body in live]
+            await wal.close()
+            wal = await open_ring_wal(path, capacity, inline=4096)
+            assert [(r.offset, bytes(r.body)) for r in wal.recover()] == records
+    await wal.close()
+    assert wal.next_offset > 5 * capacity
+    assert behind > 100
+
+
+async def test_a_write_behind_a_failed_one_is_not_acknowledged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first write in flight fails, the one queued behind it succeeds: the second's
+    records follow a hole in the log, so they fail too, and so does every later append."""
+    wal = await open_ring_wal(tmp_path / "wal")
+    await wal.append(b"durable")
+    real_reap = RingWriter.reap
+    failed: list[int] = []
+
+    def first_fails(self: RingWriter) -> list[tuple[int, int]]:
+        done = []
+        for buffer, result in real_reap(self):
+            if not failed:
+                failed.append(buffer)
+                result = -errno.EIO
+            done.append((buffer, result))
+        return done
+
+    monkeypatch.setattr(RingWriter, "reap", first_fails)
+    first = wal.submit(b"lost first")
+    await asyncio.sleep(0)
+    second = wal.submit(b"lost second")
+    await asyncio.sleep(0)
+    assert [batch.behind for batch in wal._ring_batches] == [False, True]
+    results = await asyncio.gather(first, second, return_exceptions=True)
+    assert all(isinstance(r, WALError) and "Input/output error" in str(r) for r in results)
+    monkeypatch.undo()
+    with pytest.raises(WALError, match="failed state"):
+        await wal.append(b"later")
+    assert wal.stats.appends == 1
+    await asyncio.wait_for(wal.close(), 5)
