@@ -365,9 +365,10 @@ class FileWAL:
             return f"p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms, max {ordered[-1] * 1e3:.1f} ms"
 
         return (
-            f"{len(self._write_times)} group commits ({self._inline_commits} on the event loop"
+            f"{self._fsyncs} group commits ({self._inline_commits} on the event loop"
             f"{f', {self._ring_commits} of them asynchronous' if self._ring_commits else ''}): "
-            f"O_DSYNC write {spread(self._write_times)};"
+            f"O_DSYNC write {spread(self._write_times)}"
+            f"{' (those not queued behind another)' if self._ring_commits else ''};"
             f" {len(self._wait_times)} appends: queued {spread(self._queued_times)},"
             f" acknowledged {spread(self._wait_times)}"
         )
@@ -679,28 +680,29 @@ class FileWAL:
         now = time.perf_counter()
         while self._ring_batches and self._ring_batches[0].result is not None:
             batch = self._ring_batches.popleft()
-            last = not self._ring_batches
-            if last:
-                self._commit_lock.release()
-            if self._failed is not None:
-                # a write before this one failed: this one's records follow a hole in the log
-                self._complete(batch.acked, 0, self._failed)
-                continue
-            if batch.result != batch.length:
+            failure = self._failed
+            if failure is None and batch.result != batch.length:
                 result = batch.result or 0
                 reason = (
                     os.strerror(-result)
                     if result < 0
                     else f"{result} of {batch.length} bytes written"
                 )
+                if not self._ring_batches:
+                    self._commit_lock.release()
                 self._fail_batch(batch.acked, reason, None, on_loop=True)
                 continue
-            if not batch.behind:  # (one queued behind another waited for it, too)
-                self._write_times.append(now - batch.started)
-            self._count_commit(batch.acked, batch.acked[-1][2] - batch.acked[0][1])
-            self._inline_commits += 1
-            self._ring_commits += 1
-            self._complete(batch.acked, 0, None)
+            if failure is None:
+                if not batch.behind:  # (one queued behind another waited for it, too)
+                    self._write_times.append(now - batch.started)
+                # the log's end moves past it before the writer thread may take the lock
+                self._count_commit(batch.acked, batch.acked[-1][2] - batch.acked[0][1])
+                self._inline_commits += 1
+                self._ring_commits += 1
+            if not self._ring_batches:
+                self._commit_lock.release()
+            # (after a failed write, this one's records follow a hole in the log: failed too)
+            self._complete(batch.acked, 0, failure)
         if self._queue:
             self._commit_inline()
 
