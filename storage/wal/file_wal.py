@@ -65,6 +65,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import itertools
 import logging
 import mmap
 import os
@@ -103,8 +104,8 @@ INLINE_PAUSE_S = 1.0
 # Most bytes one asynchronous commit writes (see "Asynchronous commits" above); larger batches
 # go to the writer thread.
 ASYNC_COMMIT_MAX = 4 * 1024 * 1024
-# Asynchronous commits in flight at once: one being written, one queued behind it in the kernel.
-# Their bytes together stay within the window (each is at most ASYNC_COMMIT_MAX).
+# Asynchronous commits in flight at once: one being written, one queued behind it in the kernel
+# (a batch that would end past the window from the last durable byte waits for them).
 ASYNC_IN_FLIGHT = 2
 _PAGE_SIZE = mmap.PAGESIZE  # the page cache's unit: a write ending inside a page reads it first
 
@@ -346,7 +347,8 @@ class FileWAL:
     def latency_samples(self) -> dict[str, Sequence[float]]:
         """The recent samples (seconds, oldest first; not copies) of each WAL latency:
         ``append`` (submitted to acknowledged), ``queue`` (to taken by the writer) and
-        ``sync`` (a group commit's O_DSYNC write: the fsync)."""
+        ``sync`` (a group commit's O_DSYNC write: the fsync; not one queued behind another in
+        the io_uring, whose time would include the wait for that one)."""
         return {
             "append": self._wait_times,
             "queue": self._queued_times,
@@ -519,7 +521,8 @@ class FileWAL:
     def _commit_inline(self) -> None:
         """On the event loop, a pass after the first append the idle writer did not take:
         write what is queued here and acknowledge it, or hand it to the writer thread when
-        it is large, near the ring's end, or the thread has work of its own."""
+        it is large, near the ring's end, or the thread has work of its own. With
+        asynchronous commits in flight, submit it behind them (``_submit_behind``)."""
         self._inline_scheduled = False
         if not self._queue:
             return
@@ -597,11 +600,14 @@ class FileWAL:
     def _submit_to_ring(self, acked: list[tuple[_Pending, int, int]], writes: list[_Write]) -> bool:
         """Under the commit lock, on the event loop: copy one batch, and the zeros up to its
         page's end, into a free staging buffer and submit it as one write, behind those in
-        flight. False: not so (padding in it, or the kernel refused it); the caller writes it
-        on the loop, or puts it back while others are in flight."""
+        flight. False: not so (the batch is not one contiguous run of the ring: padding in
+        it, or a jump to the next lap; or the kernel refused it); the caller writes it on the
+        loop, or puts it back while others are in flight."""
         writer = self._ring
         if writer is None or any(write.parts is None for write in writes):
             return False
+        if any(b.offset != a.offset + a.size for a, b in itertools.pairwise(writes)):
+            return False  # a jump to the next lap without padding (under 24 bytes were left)
         end = acked[-1][2]
         fill = self._page_fill(end)
         length = end - writes[0].offset + fill
@@ -688,9 +694,10 @@ class FileWAL:
                     if result < 0
                     else f"{result} of {batch.length} bytes written"
                 )
+                # failed before the lock is let go: the writer thread must not plan from here
+                self._fail_batch(batch.acked, reason, None, on_loop=True)
                 if not self._ring_batches:
                     self._commit_lock.release()
-                self._fail_batch(batch.acked, reason, None, on_loop=True)
                 continue
             if failure is None:
                 if not batch.behind:  # (one queued behind another waited for it, too)
@@ -1084,7 +1091,8 @@ class FileWAL:
             self._closed = True
             if self._thread is not None:
                 await asyncio.to_thread(self._thread.join)
-            self._stop_ring()
+            if not self._ring_batches:  # (else the kernel may still read their buffers)
+                self._stop_ring()
             os.close(self._fd)
 
 
