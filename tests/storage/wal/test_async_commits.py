@@ -9,6 +9,7 @@ import mmap
 import os
 import random
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,47 @@ async def open_ring_wal(path: Path, capacity: int = CAPACITY, inline: int = 4096
 async def reopen(path: Path, capacity: int = CAPACITY) -> tuple[FileWAL, list[tuple[int, bytes]]]:
     wal = await FileWAL.open(str(path), capacity)
     return wal, [(r.offset, bytes(r.body)) for r in wal.recover()]
+
+
+async def trim_and_check(
+    wal: FileWAL,
+    path: Path,
+    live: list[tuple[int, int, bytes]],
+    rng: random.Random,
+    *,
+    capacity: int,
+    inline: int,
+    reopen_now: bool,
+) -> FileWAL:
+    """Keep at most half the ring live (``live``: offset, next offset and body of each record
+    appended, oldest first), trimming at a record boundary; then, when ``reopen_now``, close
+    (cleanly or not), check that recovery yields exactly the live records, and open it again."""
+    while live[-1][1] - live[0][0] > capacity // 2:
+        live.pop(0)
+    await wal.trim(live[0][0])
+    if not reopen_now:
+        return wal
+    await wal.close(clean=rng.random() < 0.5)
+    reopened, records = await reopen(path, capacity)
+    assert records == [(offset, body) for offset, _, body in live]
+    await reopened.close()
+    wal = await open_ring_wal(path, capacity, inline=inline)
+    assert [(r.offset, bytes(r.body)) for r in wal.recover()] == records
+    return wal
+
+
+async def failed_for_good(
+    wal: FileWAL, results: Sequence[object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every append of ``results`` failed with the injected I/O error; with the ring's reap
+    real again, the WAL refuses later appends, keeps the one acknowledged before, and
+    closes."""
+    assert all(isinstance(r, WALError) and "Input/output error" in str(r) for r in results)
+    monkeypatch.undo()
+    with pytest.raises(WALError, match="failed state"):
+        await wal.append(b"later")
+    assert wal.stats.appends == 1
+    await asyncio.wait_for(wal.close(), 5)
 
 
 def file_bytes(path: Path, position: int, length: int) -> bytes:
@@ -131,18 +173,12 @@ async def test_ring_and_thread_commits_over_many_laps_never_lose_a_record(
         results = await asyncio.gather(*(wal.append(b) for b in bodies))
         for body, result in zip(bodies, results, strict=True):
             live.append((result.offset, result.next_offset, body))
-        while live[-1][1] - live[0][0] > capacity // 2:
-            live.pop(0)
-        await wal.trim(live[0][0])
         if round_ % 6 == 5:
             ring += wal._ring_commits
             thread += wal.stats.fsyncs - wal._inline_commits
-            await wal.close(clean=rng.random() < 0.5)
-            wal, records = await reopen(path, capacity)
-            assert records == [(offset, body) for offset, _, body in live]
-            await wal.close()
-            wal = await open_ring_wal(path, capacity, inline=256)
-            assert [(r.offset, bytes(r.body)) for r in wal.recover()] == records
+        wal = await trim_and_check(
+            wal, path, live, rng, capacity=capacity, inline=256, reopen_now=round_ % 6 == 5
+        )
     await wal.close()
     assert wal.next_offset > 20 * capacity
     assert ring > 100 and thread > 10
@@ -161,12 +197,7 @@ async def test_a_failed_ring_write_fails_the_batch_and_every_later_append(
 
     monkeypatch.setattr(RingWriter, "reap", failing_reap)
     batch = await asyncio.gather(*(wal.append(b"lost") for _ in range(5)), return_exceptions=True)
-    assert all(isinstance(r, WALError) and "Input/output error" in str(r) for r in batch)
-    monkeypatch.undo()
-    with pytest.raises(WALError, match="failed state"):
-        await wal.append(b"later")
-    assert wal.stats.appends == 1
-    await asyncio.wait_for(wal.close(), 5)
+    await failed_for_good(wal, batch, monkeypatch)
     wal, records = await reopen(tmp_path / "wal")
     await wal.close()
     # the failed batch was never acknowledged; its bytes may have reached the disk (as a
@@ -191,22 +222,13 @@ async def test_writes_queued_behind_others_land_in_order_over_many_laps(tmp_path
                 body = rng.randbytes(rng.randint(0, 900))
                 futures.append((body, wal.submit(body)))
             await asyncio.sleep(0)
-            behind += [
-                b for b in wal._ring_batches if b.behind and not any(b is x for x in behind)
-            ]
+            behind += [b for b in wal._ring_batches if b.behind and not any(b is x for x in behind)]
         for body, future in futures:
             result = await future
             live.append((result.offset, result.next_offset, body))
-        while live[-1][1] - live[0][0] > capacity // 2:
-            live.pop(0)
-        await wal.trim(live[0][0])
-        if round_ % 10 == 9:
-            await wal.close(clean=rng.random() < 0.5)
-            wal, records = await reopen(path, capacity)
-            assert records == [(offset, body) for offset, _, body in live]
-            await wal.close()
-            wal = await open_ring_wal(path, capacity, inline=4096)
-            assert [(r.offset, bytes(r.body)) for r in wal.recover()] == records
+        wal = await trim_and_check(
+            wal, path, live, rng, capacity=capacity, inline=4096, reopen_now=round_ % 10 == 9
+        )
     await wal.close()
     assert wal.next_offset > 5 * capacity
     assert len(behind) > 50
@@ -238,12 +260,7 @@ async def test_a_write_behind_a_failed_one_is_not_acknowledged(
     await asyncio.sleep(0)
     assert [batch.behind for batch in wal._ring_batches] == [False, True]
     results = await asyncio.gather(first, second, return_exceptions=True)
-    assert all(isinstance(r, WALError) and "Input/output error" in str(r) for r in results)
-    monkeypatch.undo()
-    with pytest.raises(WALError, match="failed state"):
-        await wal.append(b"later")
-    assert wal.stats.appends == 1
-    await asyncio.wait_for(wal.close(), 5)
+    await failed_for_good(wal, results, monkeypatch)
 
 
 async def test_a_batch_jumping_to_the_next_lap_without_padding_is_not_the_rings(
