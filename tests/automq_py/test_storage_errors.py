@@ -425,8 +425,8 @@ async def test_a_failed_wal_write_is_a_storage_error_and_the_connection_stays(
         assert ring is not None  # the event loop's: through an io_uring, on this machine
         real_reap = ring.reap
 
-        def failed_reap() -> int | None:  # each completed write reports the disk's error
-            return None if real_reap() is None else -errno.EIO
+        def failed_reap() -> list[tuple[int, int]]:  # each completed write: the disk's error
+            return [(buffer, -errno.EIO) for buffer, _ in real_reap()]
 
         monkeypatch.setattr(ring, "reap", failed_reap)
         for n in (1, 2):
