@@ -531,23 +531,13 @@ class FileWAL:
             return
         size = sum(pending.size for pending in self._queue)
         ring = self._ring is not None
-        inline = (
-            size <= (ASYNC_COMMIT_MAX if ring else self._inline_max)
-            and (ring or time.monotonic() >= self._inline_paused_until)
-            and self._failed is None
-            and not self._closing
-            and self.free_space > size + self._inline_max
-            and self._commit_lock.acquire(blocking=False)
-        )
-        if not inline:
+        if not (self._loop_may_commit(size) and self._commit_lock.acquire(blocking=False)):
             with self._cond:
                 self._cond.notify()
             return
         in_flight = False
         try:
-            with self._cond:
-                handed_over = not self._writer_idle or bool(self._header_requests)
-            planned = None if handed_over else self._plan_batch(blocking=False)
+            planned = None if self._writer_has_work() else self._plan_batch(blocking=False)
             if planned is not None and planned[0] and ring:
                 in_flight = self._submit_to_ring(*planned)
                 if in_flight:
@@ -578,6 +568,28 @@ class FileWAL:
         if self._queue:
             with self._cond:
                 self._cond.notify()
+
+    def _loop_may_commit(self, size: int) -> bool:
+        """Whether the event loop may commit ``size`` bytes of queued appends itself: not
+        larger than its kind of commit takes (through the io_uring, or written on the loop
+        while no slow write paused that), the WAL neither failed nor closing, and room enough
+        left in the ring that the commit never waits for a trim."""
+        if self._ring is not None:
+            fits = size <= ASYNC_COMMIT_MAX
+        else:
+            fits = size <= self._inline_max and time.monotonic() >= self._inline_paused_until
+        return (
+            fits
+            and self._failed is None
+            and not self._closing
+            and self.free_space > size + self._inline_max
+        )
+
+    def _writer_has_work(self) -> bool:
+        """The writer thread is busy or has header writes waiting: the loop leaves it the
+        queued appends, which then go in order behind its work."""
+        with self._cond:
+            return not self._writer_idle or bool(self._header_requests)
 
     # --- asynchronous commits -------------------------------------------------------------
 
@@ -651,19 +663,11 @@ class FileWAL:
         them): submit what queued as one more, unless enough are in flight, the writer thread
         has work waiting for the lock, or the batch is not the ring's to write (too large,
         padding in it, past the window): then it waits for those in flight."""
-        if (
-            self._ring is None
-            or len(self._ring_batches) >= min(ASYNC_IN_FLIGHT, len(self._ring.staging))
-            or self._failed is not None
-            or self._closing
-        ):
+        if self._ring is None or len(self._ring_batches) >= len(self._ring.staging):
             return
         size = sum(pending.size for pending in self._queue)
-        if size > ASYNC_COMMIT_MAX or self.free_space <= size + self._inline_max:
+        if not self._loop_may_commit(size) or self._writer_has_work():
             return
-        with self._cond:
-            if not self._writer_idle or self._header_requests:
-                return
         planned = self._plan_batch(blocking=False)
         if planned is not None and planned[0] and not self._submit_to_ring(*planned):
             with self._cond:
