@@ -101,6 +101,10 @@ class SocketServer:
         # called when a connection has handled every request it has read, before it waits for
         # more: the broker commits the WAL appends they queued (WriteAheadLog.commit_now)
         self.on_idle: Callable[[], object] | None = None
+        # called between two requests a connection read together: the broker acknowledges the
+        # WAL commits that completed meanwhile (WriteAheadLog.acknowledge_completed), whose
+        # responses would otherwise wait until the connection had handled the rest
+        self.between_requests: Callable[[], object] | None = None
         # per listener: connections open now, and ever accepted (SocketServer's
         # connection-count and connection-creation-total)
         self.connection_count: dict[str, int] = {}
@@ -205,8 +209,7 @@ class SocketServer:
         responses = _ResponseQueue(conn, MAX_QUEUED_RESPONSES, self.metrics)
         try:
             while True:
-                if self.on_idle is not None and not conn.frames_waiting:
-                    self.on_idle()
+                self._before_next(conn)
                 frame = await conn.next_frame(self.idle_timeout_s)
                 if frame is None:
                     # the client may have shut down only its sending side: answer what it asked
@@ -221,6 +224,16 @@ class SocketServer:
                 await self._handle(request, conn.arrived_at, responses)
         finally:
             responses.abandon()
+
+    def _before_next(self, conn: FrameConnection) -> None:
+        """Before a connection takes its next request: with none waiting, the WAL commits
+        what its requests queued (``on_idle``); with more waiting, it acknowledges what has
+        become durable meanwhile (``between_requests``)."""
+        if not conn.frames_waiting:
+            if self.on_idle is not None:
+                self.on_idle()
+        elif self.between_requests is not None:
+            self.between_requests()
 
     async def _decode(
         self, frame: memoryview, conn: FrameConnection, responses: _ResponseQueue
@@ -254,8 +267,7 @@ class SocketServer:
         responses = _ResponseQueue(conn, MAX_QUEUED_RESPONSES, self.metrics)
         try:
             while True:
-                if self.on_idle is not None and not conn.frames_waiting:
-                    self.on_idle()
+                self._before_next(conn)
                 frame = await conn.next_frame(self.idle_timeout_s)
                 if frame is None:
                     await responses.flush()

@@ -508,6 +508,16 @@ class FileWAL:
                     self._cond.notify()
         return future
 
+    def acknowledge_completed(self) -> None:
+        """Acknowledge the io_uring writes that completed since the event loop last looked,
+        now rather than at its next pass, which reads the eventfd: the caller is a connection
+        between two of the requests it read together, which would otherwise hold the responses
+        those writes made ready until it had handled them all. What queued meanwhile waits for
+        ``commit_now``, called once the connection has handled them, so the requests read
+        together still go out as one write."""
+        if self._ring_batches and self._ring is not None and self._ring.completed():
+            self._ring_done(commit_queued=False)
+
     def commit_now(self) -> None:
         """Make the inline commit due at the loop's next pass now: the caller (a connection
         about to wait for its next request) has nothing more to add to it. A write in flight
@@ -673,9 +683,10 @@ class FileWAL:
             with self._cond:
                 self._queue.extendleft(pending for pending, _, _ in reversed(planned[0]))
 
-    def _ring_done(self) -> None:
+    def _ring_done(self, *, commit_queued: bool = True) -> None:
         """On the event loop, when the eventfd says writes in flight have completed:
-        acknowledge their batches in order, then commit what queued meanwhile."""
+        acknowledge their batches in order, then (``commit_queued``) commit what queued
+        meanwhile."""
         writer = self._ring
         if writer is None:
             return
@@ -714,7 +725,7 @@ class FileWAL:
                 self._commit_lock.release()
             # (after a failed write, this one's records follow a hole in the log: failed too)
             self._complete(batch.acked, 0, failure)
-        if self._queue:
+        if self._queue and commit_queued:
             self._commit_inline()
 
     # --- the writer thread ------------------------------------------------------------------

@@ -97,6 +97,12 @@ class WriteAheadLog(Protocol):
 
     async def append(self, body: Body) -> WALAppendResult: ...
 
+    def acknowledge_completed(self) -> None:
+        """Acknowledge now the commits that became durable since the event loop last looked,
+        if this log learns of them from the loop (the caller is about to handle more requests
+        before the loop's next pass)."""
+        ...
+
     def commit_now(self) -> None:
         """The caller has no more appends to submit for now: commit what is queued, if this log
         commits on the event loop, rather than at the loop's next pass (after whatever else

@@ -541,6 +541,9 @@ class ObjectWAL:
                 except Exception:
                     logger.exception("WAL %s: an acknowledgement listener failed", self._location)
 
+    def acknowledge_completed(self) -> None:
+        """(Uploads are acknowledged as their tasks finish.)"""
+
     def commit_now(self) -> None:
         """(Batches are sealed by their interval, not by the caller.)"""
 

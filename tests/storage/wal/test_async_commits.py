@@ -155,6 +155,40 @@ async def test_commit_now_acknowledges_a_completed_write_and_sends_what_queued_b
         await wal.close()
 
 
+async def test_acknowledge_completed_answers_a_completed_write_and_leaves_the_queued_ones(
+    tmp_path: Path,
+) -> None:
+    """A connection between two requests it read together calls acknowledge_completed: a
+    write that completed meanwhile is acknowledged there, without the loop's pass that reads
+    the eventfd; the appends queued behind it wait for commit_now, so the requests read
+    together go out as one write."""
+    wal = await open_ring_wal(tmp_path / "wal")
+    try:
+        wal.acknowledge_completed()  # nothing in flight: nothing happens
+        first = wal.submit(b"alone")
+        await asyncio.sleep(0)
+        assert wal._ring is not None and len(wal._ring_batches) == 1
+        queued = [wal.submit(f"queued {i}".encode()) for i in range(3)]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while not wal._ring.completed():  # no pass of the loop: its eventfd stays unread
+            assert loop.time() < deadline
+            time.sleep(0.001)
+        assert not first.done()
+        wal.acknowledge_completed()
+        assert first.done() and first.result().offset == 0
+        assert wal._ring_commits == 1 and not wal._ring_batches  # the queued ones wait
+        assert not any(f.done() for f in queued)
+        wal.acknowledge_completed()  # nothing in flight now
+        wal.commit_now()
+        assert len(wal._ring_batches) == 1  # the three in one write
+        results = await asyncio.gather(*queued)
+        assert wal._ring_commits == 2 and wal.stats.fsyncs == 2
+        assert [r.offset for r in results] == sorted(r.offset for r in results)
+    finally:
+        await wal.close()
+
+
 async def test_ring_and_thread_commits_over_many_laps_never_lose_a_record(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
