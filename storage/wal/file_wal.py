@@ -517,6 +517,11 @@ class FileWAL:
         together still go out as one write."""
         if self._ring_batches and self._ring is not None and self._ring.completed():
             self._ring_done(commit_queued=False)
+            if self._queue and not self._inline_scheduled:
+                # what waited for a write in flight to finish (two were, or it was the
+                # writer thread's to take) is committed at the loop's next pass at the latest
+                self._inline_scheduled = True
+                self._loop.call_soon(self._commit_inline)
 
     def commit_now(self) -> None:
         """Make the inline commit due at the loop's next pass now: the caller (a connection

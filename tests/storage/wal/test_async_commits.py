@@ -77,6 +77,12 @@ async def failed_for_good(
     await asyncio.wait_for(wal.close(), 5)
 
 
+def completions_waiting(ring: RingWriter) -> int:
+    """Completions posted to ``ring`` and not yet reaped."""
+    head = uring._U32.unpack_from(ring._ring, ring._cq.head)[0]
+    return int(uring._U32.unpack_from(ring._ring, ring._cq.tail)[0] - head)
+
+
 def file_bytes(path: Path, position: int, length: int) -> bytes:
     with open(path, "rb") as f:
         f.seek(position)
@@ -185,6 +191,34 @@ async def test_acknowledge_completed_answers_a_completed_write_and_leaves_the_qu
         results = await asyncio.gather(*queued)
         assert wal._ring_commits == 2 and wal.stats.fsyncs == 2
         assert [r.offset for r in results] == sorted(r.offset for r in results)
+    finally:
+        await wal.close()
+
+
+async def test_appends_waiting_for_a_write_acknowledged_between_requests_still_go_out(
+    tmp_path: Path,
+) -> None:
+    """An append that found two writes in flight waits for one to finish; when
+    acknowledge_completed acknowledges both, it is committed at the loop's next pass, though
+    no other append or commit_now comes."""
+    wal = await open_ring_wal(tmp_path / "wal")
+    try:
+        first = wal.submit(b"first")
+        await asyncio.sleep(0)
+        second = wal.submit(b"second")
+        await asyncio.sleep(0)  # submitted behind the first
+        third = wal.submit(b"third")
+        await asyncio.sleep(0)  # no room for a third write in flight: it waits
+        assert wal._ring is not None and len(wal._ring_batches) == 2
+        assert not wal._inline_scheduled and len(wal._queue) == 1
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while completions_waiting(wal._ring) < 2:  # no pass of the loop meanwhile
+            assert loop.time() < deadline
+            time.sleep(0.001)
+        wal.acknowledge_completed()
+        assert first.done() and second.done() and not wal._ring_batches
+        assert (await asyncio.wait_for(third, 5)).offset > second.result().offset
     finally:
         await wal.close()
 
