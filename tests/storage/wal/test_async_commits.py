@@ -77,10 +77,31 @@ async def failed_for_good(
     await asyncio.wait_for(wal.close(), 5)
 
 
-def completions_waiting(ring: RingWriter) -> int:
-    """Completions posted to ``ring`` and not yet reaped."""
-    head = uring._U32.unpack_from(ring._ring, ring._cq.head)[0]
-    return int(uring._U32.unpack_from(ring._ring, ring._cq.tail)[0] - head)
+def await_completions(ring: RingWriter | None, count: int = 1) -> None:
+    """Block until ``count`` completions wait on ``ring``, unreaped: no pass of the event loop
+    meanwhile, so its eventfd stays unread."""
+    assert ring is not None
+    deadline = time.monotonic() + 10
+    while True:
+        head = uring._U32.unpack_from(ring._ring, ring._cq.head)[0]
+        if uring._U32.unpack_from(ring._ring, ring._cq.tail)[0] - head >= count:
+            return
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+
+
+async def completed_write_with_appends_queued(
+    wal: FileWAL,
+) -> tuple[asyncio.Future[WALAppendResult], list[asyncio.Future[WALAppendResult]]]:
+    """One append written through the ring, completed and not yet acknowledged, and three
+    more queued behind it."""
+    first = wal.submit(b"alone")
+    await asyncio.sleep(0)
+    assert wal._ring is not None and len(wal._ring_batches) == 1
+    queued = [wal.submit(f"queued {i}".encode()) for i in range(3)]
+    await_completions(wal._ring)
+    assert not first.done()
+    return first, queued
 
 
 def file_bytes(path: Path, position: int, length: int) -> bytes:
@@ -138,16 +159,7 @@ async def test_commit_now_acknowledges_a_completed_write_and_sends_what_queued_b
     queued behind it go out at once as the next write."""
     wal = await open_ring_wal(tmp_path / "wal")
     try:
-        first = wal.submit(b"alone")
-        await asyncio.sleep(0)
-        assert wal._ring is not None and len(wal._ring_batches) == 1
-        queued = [wal.submit(f"queued {i}".encode()) for i in range(3)]
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 10
-        while not wal._ring.completed():  # no pass of the loop: its eventfd stays unread
-            assert loop.time() < deadline
-            time.sleep(0.001)
-        assert not first.done()
+        first, queued = await completed_write_with_appends_queued(wal)
         wal.commit_now()
         assert first.done() and first.result().offset == 0
         assert wal._ring_commits == 1 and len(wal._ring_batches) == 1  # the queued ones
@@ -171,16 +183,7 @@ async def test_acknowledge_completed_answers_a_completed_write_and_leaves_the_qu
     wal = await open_ring_wal(tmp_path / "wal")
     try:
         wal.acknowledge_completed()  # nothing in flight: nothing happens
-        first = wal.submit(b"alone")
-        await asyncio.sleep(0)
-        assert wal._ring is not None and len(wal._ring_batches) == 1
-        queued = [wal.submit(f"queued {i}".encode()) for i in range(3)]
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 10
-        while not wal._ring.completed():  # no pass of the loop: its eventfd stays unread
-            assert loop.time() < deadline
-            time.sleep(0.001)
-        assert not first.done()
+        first, queued = await completed_write_with_appends_queued(wal)
         wal.acknowledge_completed()
         assert first.done() and first.result().offset == 0
         assert wal._ring_commits == 1 and not wal._ring_batches  # the queued ones wait
@@ -211,11 +214,7 @@ async def test_appends_waiting_for_a_write_acknowledged_between_requests_still_g
         await asyncio.sleep(0)  # no room for a third write in flight: it waits
         assert wal._ring is not None and len(wal._ring_batches) == 2
         assert not wal._inline_scheduled and len(wal._queue) == 1
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 10
-        while completions_waiting(wal._ring) < 2:  # no pass of the loop meanwhile
-            assert loop.time() < deadline
-            time.sleep(0.001)
+        await_completions(wal._ring, 2)
         wal.acknowledge_completed()
         assert first.done() and second.done() and not wal._ring_batches
         assert (await asyncio.wait_for(third, 5)).offset > second.result().offset
