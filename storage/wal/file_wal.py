@@ -500,10 +500,7 @@ class FileWAL:
             self._queue.append(_Pending(parts, size, future, on_done, time.perf_counter()))
             if self._writer_idle:
                 if self._inline_max > 0:
-                    if not self._inline_scheduled:
-                        # what else this pass submits joins the commit
-                        self._inline_scheduled = True
-                        self._loop.call_soon(self._commit_inline)
+                    self._schedule_inline()  # what else this pass submits joins the commit
                 else:
                     self._cond.notify()
         return future
@@ -517,11 +514,13 @@ class FileWAL:
         together still go out as one write."""
         if self._ring_batches and self._ring is not None and self._ring.completed():
             self._ring_done(commit_queued=False)
-            if self._queue and not self._inline_scheduled:
-                # what waited for a write in flight to finish (two were, or it was the
-                # writer thread's to take) is committed at the loop's next pass at the latest
-                self._inline_scheduled = True
-                self._loop.call_soon(self._commit_inline)
+
+    def _schedule_inline(self) -> None:
+        """Have the queued appends committed on the event loop at its next pass at the latest
+        (``commit_now`` makes it sooner)."""
+        if not self._inline_scheduled:
+            self._inline_scheduled = True
+            self._loop.call_soon(self._commit_inline)
 
     def commit_now(self) -> None:
         """Make the inline commit due at the loop's next pass now: the caller (a connection
@@ -690,8 +689,8 @@ class FileWAL:
 
     def _ring_done(self, *, commit_queued: bool = True) -> None:
         """On the event loop, when the eventfd says writes in flight have completed:
-        acknowledge their batches in order, then (``commit_queued``) commit what queued
-        meanwhile."""
+        acknowledge their batches in order, then commit what queued meanwhile: now, or
+        (not ``commit_queued``) at the loop's next pass or ``commit_now``, whichever is first."""
         writer = self._ring
         if writer is None:
             return
@@ -730,8 +729,11 @@ class FileWAL:
                 self._commit_lock.release()
             # (after a failed write, this one's records follow a hole in the log: failed too)
             self._complete(batch.acked, 0, failure)
-        if self._queue and commit_queued:
-            self._commit_inline()
+        if self._queue:
+            if commit_queued:
+                self._commit_inline()
+            else:
+                self._schedule_inline()
 
     # --- the writer thread ------------------------------------------------------------------
     #
