@@ -22,8 +22,8 @@ from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProdu
 
 from protocol.errors import ErrorCode
 from protocol.records import Compression, RecordInput, build_batch
+from tests.automq_py.clients.test_clients import PARTITIONS, N, consume_and_check, create_topic
 from tests.automq_py.conftest import MakeBroker, module_broker
-from tests.automq_py.test_clients import PARTITIONS, N, consume_and_check, create_topic
 from tests.support.broker import BrokerProcess
 from tests.support.raw_connection import RawConnection
 from tests.support.seaweedfs import SeaweedFS

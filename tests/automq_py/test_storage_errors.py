@@ -40,7 +40,7 @@ from protocol.errors import ErrorCode
 from protocol.records import RecordInput, build_batch, parse_records
 from storage.s3_storage import S3Storage
 from storage.stream import StreamClient
-from tests.automq_py.test_clients import create_topic
+from tests.automq_py.clients.test_clients import create_topic
 from tests.support.broker import BrokerProcess, free_port
 from tests.support.raw_connection import RawConnection, fetch_request
 from tests.support.seaweedfs import SeaweedFS

@@ -1,4 +1,4 @@
-// One kafkajs consumer-group member for tests/automq_py/test_kafkajs_groups.py.
+// One kafkajs consumer-group member for tests/automq_py/clients/test_kafkajs_groups.py.
 //
 // usage: node groups.js BOOTSTRAP TOPIC GROUP MEMBER [DELAY_MS]
 //

@@ -1,4 +1,4 @@
-// kafkajs producer for tests/automq_py/test_kafkajs.py.
+// kafkajs producer for tests/automq_py/clients/test_kafkajs.py.
 //
 // usage: node roundtrip.js BOOTSTRAP TOPIC COUNT PARTITIONS [--idempotent]
 //

@@ -14,8 +14,8 @@ import pytest
 from kafka.admin import KafkaAdminClient
 
 from protocol.errors import ErrorCode
+from tests.automq_py.clients.test_clients import create_topic
 from tests.automq_py.conftest import module_broker
-from tests.automq_py.test_clients import create_topic
 from tests.support.broker import BrokerProcess
 from tests.support.seaweedfs import SeaweedFS
 

@@ -16,7 +16,7 @@ from kafka.protocol.producer import ProduceRequest, ProduceResponse
 
 from protocol.errors import ErrorCode
 from protocol.records import RecordInput, build_batch
-from tests.automq_py.test_clients import create_topic
+from tests.automq_py.clients.test_clients import create_topic
 from tests.support.broker import BrokerProcess
 from tests.support.raw_connection import RawConnection, fetch_request
 from tests.support.seaweedfs import SeaweedFS

@@ -33,8 +33,8 @@ from kafka.protocol.producer import ProduceRequest, ProduceResponse
 
 from protocol.errors import ErrorCode
 from protocol.records import RecordInput, build_batch
+from tests.automq_py.clients.test_clients import create_topic
 from tests.automq_py.conftest import MakeBroker
-from tests.automq_py.test_clients import create_topic
 from tests.support.broker import BrokerProcess
 from tests.support.raw_connection import RawConnection
 from tests.support.seaweedfs import SeaweedFS

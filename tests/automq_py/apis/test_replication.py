@@ -31,7 +31,7 @@ from kafka.protocol.admin import (
 )
 
 from protocol.errors import ErrorCode
-from tests.automq_py.test_clients import create_topic
+from tests.automq_py.clients.test_clients import create_topic
 from tests.support.broker import BrokerProcess
 from tests.support.raw_connection import RawConnection
 from tests.support.seaweedfs import SeaweedFS

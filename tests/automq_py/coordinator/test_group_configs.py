@@ -17,7 +17,12 @@ from protocol.errors import ErrorCode
 from storage.config_def import ConfigError
 from storage.metadata.manager import MetadataManager
 from tests.automq_py.conftest import MakeBroker
-from tests.automq_py.test_group_errors import TOPIC, call, consumer_heartbeat, with_orders_topic
+from tests.automq_py.coordinator.test_group_errors import (
+    TOPIC,
+    call,
+    consumer_heartbeat,
+    with_orders_topic,
+)
 from tests.support.broker import BrokerProcess
 
 GROUP = 32  # ConfigResource.Type.GROUP

@@ -16,7 +16,7 @@ from automq_py.partition import Partition
 from protocol import record_batch
 from protocol.errors import ErrorCode
 from protocol.records import RecordInput, build_batch
-from tests.automq_py.test_group_coordinator import _config
+from tests.automq_py.coordinator.test_group_coordinator import _config
 
 
 def _txns(broker: Broker) -> TransactionCoordinator:

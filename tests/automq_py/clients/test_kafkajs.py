@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 
 N = 10_000
 PARTITIONS = 3
-SCRIPT = Path(__file__).resolve().parents[1] / "js" / "roundtrip.js"
+SCRIPT = Path(__file__).resolve().parents[2] / "js" / "roundtrip.js"
 
 Header = tuple[str, str | bytes | None]  # as confluent-kafka returns them
 Record = tuple[int, bytes, bytes, int, list[Header]]  # offset, key, value, ts, headers

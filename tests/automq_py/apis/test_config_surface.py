@@ -41,14 +41,14 @@ from kafka.protocol.admin.configs import (
 from kafka.protocol.consumer.fetch import FetchResponse
 
 from protocol import record_batch
-from tests.automq_py.conftest import MakeBroker, module_broker
-from tests.automq_py.test_admin import (
+from tests.automq_py.apis.test_admin import (
     TIMEOUT,
     admin_for,
     create_topics,
     kafka_error,
     topic_configs,
 )
+from tests.automq_py.conftest import MakeBroker, module_broker
 from tests.support.broker import BrokerProcess, free_port
 from tests.support.raw_connection import RawConnection, fetch_request
 from tests.support.seaweedfs import SeaweedFS

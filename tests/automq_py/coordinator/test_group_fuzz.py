@@ -38,8 +38,7 @@ from protocol.api_keys import ApiKey
 from protocol.entity_reader import read_entity
 from protocol.messages import response_schema
 from tests.automq_py.conftest import MakeBroker
-from tests.automq_py.test_broker_fuzz import exchange, frame, mutated_frames
-from tests.automq_py.test_group_errors import (
+from tests.automq_py.coordinator.test_group_errors import (
     TOPIC,
     assert_serving,
     commit,
@@ -50,6 +49,7 @@ from tests.automq_py.test_group_errors import (
     sync,
     with_orders_topic,
 )
+from tests.automq_py.network.test_broker_fuzz import exchange, frame, mutated_frames
 from tests.support.broker import BrokerProcess
 
 # the group APIs' served versions: the classic ones' and the consumer protocol's

@@ -20,8 +20,8 @@ from kafka.protocol.metadata.find_coordinator import (
     FindCoordinatorResponse,
 )
 
+from tests.automq_py.clients.test_clients import create_topic
 from tests.automq_py.conftest import MakeBroker, module_broker
-from tests.automq_py.test_clients import create_topic
 from tests.support.broker import BrokerProcess
 from tests.support.seaweedfs import SeaweedFS
 

@@ -38,7 +38,7 @@ from storage.object_format import namespace_for_cluster, object_key
 from storage.operator import open_object_store
 from storage.retention import RetentionPolicy
 from tests.automq_py.conftest import MakeBroker
-from tests.automq_py.test_broker_fuzz import (
+from tests.automq_py.network.test_broker_fuzz import (
     FUZZ,
     INT32S,
     assert_serving,

@@ -17,8 +17,8 @@ from kafka.protocol.producer import ProduceRequest, ProduceResponse
 from protocol import record_batch
 from protocol.errors import ErrorCode
 from protocol.records import Compression, RecordInput, build_batch, parse_records
+from tests.automq_py.apis.test_admin import admin_for, create_topics
 from tests.automq_py.conftest import module_broker
-from tests.automq_py.test_admin import admin_for, create_topics
 from tests.support.broker import BrokerProcess
 from tests.support.raw_connection import RawConnection, fetch_request
 from tests.support.seaweedfs import SeaweedFS

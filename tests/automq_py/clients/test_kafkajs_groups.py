@@ -34,7 +34,7 @@ from tests.support.broker import BrokerProcess
 pytestmark = pytest.mark.integration
 
 PARTITIONS = 6
-SCRIPT = Path(__file__).resolve().parents[1] / "js" / "groups.js"
+SCRIPT = Path(__file__).resolve().parents[2] / "js" / "groups.js"
 
 Event = dict[str, Any]
 Position = tuple[int, int]  # partition, offset
