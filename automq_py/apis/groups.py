@@ -26,8 +26,8 @@ from automq_py.coordinator.group_coordinator import (
     NO_OFFSET,
     GroupCoordinator,
     JoinRequest,
-    OffsetCommit,
 )
+from automq_py.coordinator.offsets import OffsetCommit
 from automq_py.coordinator.records import OffsetValue
 from automq_py.security.acls import AclOperation, ResourceType
 from protocol.api_keys import ApiKey
@@ -205,7 +205,7 @@ async def handle_offset_commit(ctx: BrokerContext, request: Request) -> Any:
         allowed = [c for c in commits if c.topic in readable]
         # as in Kafka, with no topic left the group is not asked at all
         done = iter(
-            await group_coordinator(ctx).commit_offsets(
+            await group_coordinator(ctx).offsets.commit(
                 group_id,
                 int(body.generation_id_or_member_epoch),
                 str(body.member_id),
@@ -257,7 +257,7 @@ async def _fetch_group(
             describable = authorized_names(ctx, DESCRIBE, TOPIC, (tp[0] for tp in wanted))
             refused = [tp for tp in wanted if tp[0] not in describable]
             wanted = [tp for tp in wanted if tp[0] in describable]
-        error, found = await coordinator.fetch_offsets(group_id, wanted, member_id, member_epoch)
+        error, found = await coordinator.offsets.fetch(group_id, wanted, member_id, member_epoch)
         if wanted is None and error == ErrorCode.NONE:
             describable = authorized_names(ctx, DESCRIBE, TOPIC, (tp[0] for tp, _ in found))
             found = [(tp, value) for tp, value in found if tp[0] in describable]
@@ -266,7 +266,7 @@ async def _fetch_group(
         found = [(tp, None) for tp in wanted or []]
         refused = []
     # require_stable (v7+, KIP-447): an offset a transaction has not decided yet is unstable
-    unstable = coordinator.pending_partitions(group_id) if require_stable else set()
+    unstable = coordinator.offsets.pending_partitions(group_id) if require_stable else set()
     by_topic: dict[str, list[dict[str, Any]]] = {}
     for (topic, partition), value in found:
         if (topic, partition) in unstable and error == ErrorCode.NONE:
@@ -328,7 +328,7 @@ async def handle_offset_delete(ctx: BrokerContext, request: Request) -> Any:
     wanted = [(str(t.name), int(p.partition_index)) for t in body.topics for p in t.partitions]
     readable = authorized_names(ctx, READ, TOPIC, (tp[0] for tp in wanted))
     allowed = [tp for tp in wanted if tp[0] in readable]
-    error, per_partition = await group_coordinator(ctx).delete_offsets(group_id, allowed)
+    error, per_partition = await group_coordinator(ctx).offsets.delete(group_id, allowed)
     by_topic: dict[str, list[dict[str, Any]]] = {}
     if error == ErrorCode.NONE:  # a group error is the whole answer, as in Kafka
         done = iter(per_partition)

@@ -247,7 +247,7 @@ async def handle_delete_topics(ctx: BrokerContext, request: Request) -> Any:
             entry["topic_id"] = info.topic_id
             if ctx.groups is not None:
                 # as Kafka does, groups forget their offsets of a deleted topic
-                await ctx.groups.delete_topic_offsets(name)
+                await ctx.groups.offsets.delete_topic(name)
         except TopicError as e:
             entry.update(error_code=e.code, error_message=str(e))
         responses.append(entry)

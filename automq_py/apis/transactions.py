@@ -31,7 +31,8 @@ from typing import Any
 
 from automq_py.apis.context import BrokerContext, respond
 from automq_py.coordinator import transaction_metadata as tm
-from automq_py.coordinator.group_coordinator import OFFSETS_TOPIC, OffsetCommit
+from automq_py.coordinator.group_coordinator import OFFSETS_TOPIC
+from automq_py.coordinator.offsets import OffsetCommit
 from automq_py.coordinator.transaction_coordinator import TransactionCoordinator
 from automq_py.errors import partition_failed
 from automq_py.partition import AppendResult
@@ -198,7 +199,7 @@ async def handle_txn_offset_commit(ctx: BrokerContext, request: Request) -> Any:
         allowed = [c for c in commits if c.topic in readable]
         # as in Kafka, with no topic left the group is not asked at all
         done = iter(
-            await ctx.groups.commit_txn_offsets(
+            await ctx.groups.offsets.commit_txn(
                 str(body.group_id),
                 int(body.producer_id),
                 int(body.producer_epoch),
@@ -343,7 +344,7 @@ async def handle_write_txn_markers(ctx: BrokerContext, request: Request) -> Any:
                             await asyncio.shield(started.durable)
                             if info.name == OFFSETS_TOPIC and ctx.groups is not None:
                                 # offsets committed in the transaction count (or not) now
-                                ctx.groups.complete_transaction(
+                                ctx.groups.offsets.complete_transaction(
                                     int(marker.producer_id), bool(marker.transaction_result)
                                 )
                     except Exception as e:

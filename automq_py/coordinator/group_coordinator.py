@@ -1,4 +1,4 @@
-"""GroupCoordinator: consumer groups and their committed offsets, kept in ``__consumer_offsets``.
+"""GroupCoordinator: consumer groups, kept in ``__consumer_offsets`` with their committed offsets.
 
 This broker coordinates every group. A group lives in partition
 ``abs(javaHashCode(group_id)) % partitions`` of ``__consumer_offsets`` (Kafka's placement); its
@@ -8,7 +8,8 @@ of its own: on start every partition is read back (requests for a group whose pa
 still loading get COORDINATOR_LOAD_IN_PROGRESS). The topic is created on first use, as Kafka
 does, with ``offsets.topic.num.partitions`` partitions. Creating, loading and appending are the
 :class:`~automq_py.coordinator.runtime.CoordinatorRuntime`'s job; this module says what the
-records mean.
+groups' records mean, :mod:`automq_py.coordinator.offsets` what the offsets' do (Kafka's
+GroupMetadataManager and OffsetMetadataManager).
 
 Two protocols share the group namespace:
 
@@ -44,6 +45,7 @@ from automq_py.coordinator.classic_group import (
     SyncResult,
 )
 from automq_py.coordinator.consumer_group import ConsumerGroup
+from automq_py.coordinator.offsets import OffsetManager, append_group_records, group_key
 from automq_py.coordinator.runtime import CoordinatorRuntime
 from automq_py.replica_manager import ReplicaManager
 from automq_py.topics import TopicRegistry
@@ -133,53 +135,11 @@ class JoinRequest:
 
 
 @dataclass(slots=True, frozen=True)
-class OffsetCommit:
-    topic: str
-    partition: int
-    offset: int
-    leader_epoch: int
-    metadata: str | None
-    # OffsetCommit v2-v4's retention time: the offset expires this long after the commit
-    retention_ms: int = -1
-
-
-@dataclass(slots=True, frozen=True)
 class GroupOverview:
     group_id: str
     protocol_type: str
     state: str
     group_type: str  # "classic" or "consumer"
-
-
-def expired_offsets(
-    offsets: Mapping[TopicPartition, records.OffsetValue],
-    now_ms: int,
-    retention_ms: int,
-    empty_since_ms: int | None,
-    subscribed: set[str] | None,
-) -> list[TopicPartition]:
-    """Offsets to expire (Kafka's rules since 2.1).
-
-    An empty group (``empty_since_ms`` given) loses all its offsets once it has been empty
-    for ``retention_ms``: counted from the later of the commit and the moment it became empty.
-    A group with members keeps the offsets of topics it subscribes to (``subscribed``; None:
-    unknown, keep all); the others expire ``retention_ms`` after their commit.
-    """
-    out = []
-    for tp, value in offsets.items():
-        if empty_since_ms is not None:
-            base = max(value.commit_timestamp, empty_since_ms)
-        elif subscribed is not None and tp[0] not in subscribed:
-            base = value.commit_timestamp
-        else:
-            continue
-        if value.expire_timestamp >= 0:
-            expired = now_ms >= value.expire_timestamp
-        else:
-            expired = now_ms - base >= retention_ms
-        if expired:
-            out.append(tp)
-    return out
 
 
 def _now_ms() -> int:
@@ -199,10 +159,6 @@ class GroupCoordinator:
         self.replicas = replicas
         self.clock = clock
         self.groups: dict[str, Group] = {}
-        self.offsets: dict[str, dict[TopicPartition, records.OffsetValue]] = {}
-        # offsets committed inside transactions, not yet decided: producer id -> group -> ...
-        self.pending_txn_offsets: dict[int, dict[str, dict[TopicPartition, records.OffsetValue]]]
-        self.pending_txn_offsets = {}
         self.runtime = CoordinatorRuntime(
             OFFSETS_TOPIC,
             config.offsets_partitions,
@@ -210,6 +166,14 @@ class GroupCoordinator:
             topics,
             replicas,
             self,
+        )
+        self.offsets = OffsetManager(
+            self.runtime,
+            topics,
+            self.groups,
+            self._drop_group,
+            metadata_max_bytes=config.offset_metadata_max_bytes,
+            retention_ms=config.offsets_retention_ms,
         )
         self._sweeper: asyncio.Task[None] | None = None
         self._next_retention_check = 0.0
@@ -261,7 +225,7 @@ class GroupCoordinator:
                 except ValueError as e:
                     log.warning("skipping a bad %s marker: %s", OFFSETS_TOPIC, e)
                     return
-                self.complete_transaction(header.producer_id, marker.is_commit)
+                self.offsets.complete_transaction(header.producer_id, marker.is_commit)
             return
         if header.is_transactional:
             for rec in recs:
@@ -280,8 +244,7 @@ class GroupCoordinator:
             log.warning("skipping a bad transactional %s record: %s", OFFSETS_TOPIC, e)
             return
         if isinstance(key, records.OffsetKey) and isinstance(value, records.OffsetValue):
-            groups = self.pending_txn_offsets.setdefault(producer_id, {})
-            groups.setdefault(key.group, {})[(key.topic, key.partition)] = value
+            self.offsets.replay_txn(producer_id, key, value)
 
     def partition_unloaded(self, partition: int) -> None:
         # the partition's groups are coordinated by its new leader: members waiting here are
@@ -293,11 +256,7 @@ class GroupCoordinator:
                 for member in group.members.values():
                     _resolve_join(member, JoinResult(ErrorCode.NOT_COORDINATOR))
                     _resolve_sync(member, SyncResult(ErrorCode.NOT_COORDINATOR))
-        for group_id in [g for g in self.offsets if self.runtime.owns(g, partition)]:
-            del self.offsets[group_id]
-        for pending in self.pending_txn_offsets.values():
-            for group_id in [g for g in pending if self.runtime.owns(g, partition)]:
-                del pending[group_id]
+        self.offsets.unload(lambda group_id: self.runtime.owns(group_id, partition))
 
     def partition_loaded(self, partition: int) -> None:
         # members read back from the log get a full session from now
@@ -318,14 +277,8 @@ class GroupCoordinator:
             return
         now = self.clock()
         match key:
-            case records.OffsetKey(group_id, topic, partition):
-                stored = self.offsets.setdefault(group_id, {})
-                if isinstance(value, records.OffsetValue):
-                    stored[(topic, partition)] = value
-                    if group_id not in self.groups:
-                        self.groups[group_id] = ClassicGroup(group_id, value.commit_timestamp)
-                else:
-                    stored.pop((topic, partition), None)
+            case records.OffsetKey():
+                self.offsets.replay(key, value if isinstance(value, records.OffsetValue) else None)
             case records.GroupKey(group_id):
                 if isinstance(value, records.GroupValue):
                     self.groups[group_id] = ClassicGroup.from_record(group_id, value, now)
@@ -344,11 +297,7 @@ class GroupCoordinator:
         self, group_id: str, entries: Sequence[tuple[records.Key, bytes | None]]
     ) -> ErrorCode:
         """Append coordinator records for ``group_id``, durably; the error to answer with."""
-        return await self.runtime.append(
-            group_id,
-            [(records.encode_key(key), value) for key, value in entries],
-            what=f"group {group_id}",
-        )
+        return await append_group_records(self.runtime, group_id, entries)
 
     async def _store_classic(self, group: ClassicGroup) -> ErrorCode:
         value = records.encode_group_value(group.to_record())
@@ -365,7 +314,7 @@ class GroupCoordinator:
                     self._next_retention_check = (
                         self.clock() + self.config.retention_check_interval_ms / 1000
                     )
-                    await self.expire_offsets()
+                    await self.offsets.expire()
             except Exception:
                 log.exception("group sweeper")
 
@@ -406,60 +355,9 @@ class GroupCoordinator:
                     )
                     self._prepare_rebalance(group, "members did not sync in time")
 
-    async def expire_offsets(self) -> int:
-        """Tombstone the offsets past retention; drop empty groups left with none. Returns how
-        many offsets expired."""
-        now = _now_ms()
-        total = 0
-        for group_id in list(self.offsets):
-            group = self.groups.get(group_id)
-            stored = self.offsets.get(group_id, {})
-            empty_since: int | None = None
-            subscribed: set[str] | None = None
-            if isinstance(group, ClassicGroup):
-                if group.is_(ClassicState.EMPTY):
-                    # a group that never had a protocol (commits only) counts from the commit
-                    empty_since = group.state_timestamp_ms if group.protocol_type else 0
-                else:
-                    subscribed = group.subscribed_topics()
-            elif isinstance(group, ConsumerGroup):
-                if not group.members:
-                    empty_since = 0
-                else:
-                    subscribed = group.subscribed_topic_names()
-            else:
-                empty_since = 0
-            gone = expired_offsets(
-                stored, now, self.config.offsets_retention_ms, empty_since, subscribed
-            )
-            if not gone:
-                continue
-            entries: list[tuple[records.Key, bytes | None]] = [
-                (records.OffsetKey(group_id, t, p), None) for t, p in gone
-            ]
-            drop_group = len(gone) == len(stored) and empty_since is not None
-            if drop_group:
-                entries.append(
-                    (
-                        records.ConsumerGroupKey(group_id)
-                        if isinstance(group, ConsumerGroup)
-                        else records.GroupKey(group_id),
-                        None,
-                    )
-                )
-            if await self._append(group_id, entries) != ErrorCode.NONE:
-                continue
-            for tp in gone:
-                stored.pop(tp, None)
-            total += len(gone)
-            if drop_group:
-                self._drop_group(group_id)
-            log.info("group %s: %d offsets expired", group_id, len(gone))
-        return total
-
     def _drop_group(self, group_id: str) -> None:
         group = self.groups.pop(group_id, None)
-        self.offsets.pop(group_id, None)
+        self.offsets.forget(group_id)
         if isinstance(group, ClassicGroup):
             self._cancel_timer(group)
             group.transition(ClassicState.DEAD)
@@ -897,236 +795,6 @@ class GroupCoordinator:
             out.append(ErrorCode.NONE)
         return ErrorCode.NONE, out
 
-    # --- offsets -----------------------------------------------------------------------------
-
-    def _validate_commit(
-        self,
-        group: Group | None,
-        generation_or_epoch: int,
-        member_id: str,
-        group_instance_id: str | None,
-        api_version: int,
-    ) -> ErrorCode:
-        if group is None:
-            if generation_or_epoch < 0:
-                return ErrorCode.NONE  # a "simple" group: commits without membership
-            return (
-                ErrorCode.GROUP_ID_NOT_FOUND if api_version >= 9 else ErrorCode.ILLEGAL_GENERATION
-            )
-        if isinstance(group, ConsumerGroup):
-            if generation_or_epoch < 0 and not member_id:
-                return ErrorCode.UNKNOWN_MEMBER_ID if group.members else ErrorCode.NONE
-            return group.validate_member_epoch(member_id, generation_or_epoch)
-        if group.is_(ClassicState.DEAD):
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE
-        if generation_or_epoch < 0 and group.is_(ClassicState.EMPTY):
-            return ErrorCode.NONE
-        if generation_or_epoch >= 0 or member_id or group_instance_id is not None:
-            error = group.validate_member(member_id, group_instance_id)
-            if error != ErrorCode.NONE:
-                return error
-            if generation_or_epoch != group.generation_id:
-                return ErrorCode.ILLEGAL_GENERATION
-        elif not group.is_(ClassicState.EMPTY):
-            return ErrorCode.UNKNOWN_MEMBER_ID
-        if group.is_(ClassicState.COMPLETING_REBALANCE):
-            return ErrorCode.REBALANCE_IN_PROGRESS
-        return ErrorCode.NONE
-
-    async def commit_offsets(
-        self,
-        group_id: str,
-        generation_or_epoch: int,
-        member_id: str,
-        group_instance_id: str | None,
-        commits: Sequence[OffsetCommit],
-        api_version: int,
-    ) -> list[ErrorCode]:
-        """One error per commit, in order."""
-        error = await self._ready(group_id, allow_empty_id=True)
-        if error != ErrorCode.NONE:
-            return [error] * len(commits)
-        group = self.groups.get(group_id)
-        error = self._validate_commit(
-            group, generation_or_epoch, member_id, group_instance_id, api_version
-        )
-        if error != ErrorCode.NONE:
-            return [error] * len(commits)
-        now = _now_ms()
-        results, entries, values = self._offset_records(group_id, commits, now)
-        if entries:
-            error = await self._append(group_id, entries)
-            if error == ErrorCode.UNKNOWN_SERVER_ERROR:
-                error = ErrorCode.INVALID_COMMIT_OFFSET_SIZE
-            if error != ErrorCode.NONE:
-                return [error if r == ErrorCode.NONE else r for r in results]
-            if group_id not in self.groups:
-                self.groups[group_id] = ClassicGroup(group_id, now)
-            self.offsets.setdefault(group_id, {}).update(values)
-        return results
-
-    def _offset_records(
-        self, group_id: str, commits: Sequence[OffsetCommit], now: int
-    ) -> tuple[
-        list[ErrorCode],
-        list[tuple[records.Key, bytes | None]],
-        dict[TopicPartition, records.OffsetValue],
-    ]:
-        """Each commit checked (the partition exists, the metadata fits): one error per commit,
-        and the records and values of the valid ones."""
-        results: list[ErrorCode] = []
-        entries: list[tuple[records.Key, bytes | None]] = []
-        values: dict[TopicPartition, records.OffsetValue] = {}
-        for c in commits:
-            topic = self.topics.get(c.topic)
-            metadata = c.metadata or ""
-            # Kafka compares String.length(): UTF-16 code units, not bytes
-            length = len(metadata.encode("utf-16-le")) // 2
-            if topic is None or not 0 <= c.partition < topic.partitions:
-                results.append(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
-            elif length > self.config.offset_metadata_max_bytes:
-                results.append(ErrorCode.OFFSET_METADATA_TOO_LARGE)
-            else:
-                expire = now + c.retention_ms if c.retention_ms >= 0 else records.NO_TIMESTAMP
-                value = records.OffsetValue(c.offset, c.leader_epoch, metadata, now, expire)
-                key = records.OffsetKey(group_id, c.topic, c.partition)
-                entries.append((key, records.encode_offset_value(value)))
-                values[(c.topic, c.partition)] = value
-                results.append(ErrorCode.NONE)
-        return results, entries, values
-
-    async def commit_txn_offsets(
-        self,
-        group_id: str,
-        producer_id: int,
-        producer_epoch: int,
-        generation_id: int,
-        member_id: str,
-        group_instance_id: str | None,
-        commits: Sequence[OffsetCommit],
-    ) -> list[ErrorCode]:
-        """TxnOffsetCommit: offsets written as part of ``producer_id``'s transaction, visible
-        once its COMMIT marker reaches this group's partition (:meth:`complete_transaction`).
-        One error per commit, in order."""
-        error = await self._ready(group_id)
-        if error != ErrorCode.NONE:
-            return [error] * len(commits)
-        group = self.groups.get(group_id)
-        if group is not None and (generation_id >= 0 or member_id or group_instance_id):
-            # v3+ carries the member: checked as an OffsetCommit's would be
-            error = self._validate_commit(group, generation_id, member_id, group_instance_id, 8)
-            if error != ErrorCode.NONE:
-                return [error] * len(commits)
-        now = _now_ms()
-        # no retention time: a transaction's offsets expire as the group's do
-        results, entries, values = self._offset_records(group_id, commits, now)
-        if not entries:
-            return results
-        error = await self.runtime.append(
-            group_id,
-            [(records.encode_key(key), value) for key, value in entries],
-            what=f"group {group_id}",
-            producer_id=producer_id,
-            producer_epoch=producer_epoch,
-        )
-        if error == ErrorCode.UNKNOWN_SERVER_ERROR:
-            error = ErrorCode.INVALID_COMMIT_OFFSET_SIZE
-        if error != ErrorCode.NONE:
-            return [error if r == ErrorCode.NONE else r for r in results]
-        if group_id not in self.groups:
-            self.groups[group_id] = ClassicGroup(group_id, now)  # Kafka creates it too
-        self.pending_txn_offsets.setdefault(producer_id, {}).setdefault(group_id, {}).update(values)
-        return results
-
-    def complete_transaction(self, producer_id: int, commit: bool) -> None:
-        """``producer_id``'s transaction was decided and its marker is in the offsets topic:
-        its offsets become the groups' committed offsets (COMMIT) or are dropped (ABORT).
-        A committed transactional offset replaces the group's offset for the partition even
-        if a plain commit came in between (Kafka keeps whichever was appended last)."""
-        pending = self.pending_txn_offsets.pop(producer_id, None)
-        if not pending or not commit:
-            return
-        for group_id, values in pending.items():
-            self.offsets.setdefault(group_id, {}).update(values)
-
-    def pending_partitions(self, group_id: str) -> set[TopicPartition]:
-        """The partitions with an offset committed in a transaction not yet decided (OffsetFetch
-        with ``require_stable`` answers UNSTABLE_OFFSET_COMMIT for them)."""
-        out: set[TopicPartition] = set()
-        for groups in self.pending_txn_offsets.values():
-            out.update(groups.get(group_id, {}))
-        return out
-
-    async def fetch_offsets(
-        self,
-        group_id: str,
-        partitions: Sequence[TopicPartition] | None,
-        member_id: str | None = None,
-        member_epoch: int = -1,
-    ) -> tuple[ErrorCode, list[tuple[TopicPartition, records.OffsetValue | None]]]:
-        """(group error, [(partition, committed offset or None)]); all partitions with a
-        committed offset when ``partitions`` is None."""
-        error = await self._ready(group_id, allow_empty_id=True)
-        if error != ErrorCode.NONE:
-            return error, []
-        group = self.groups.get(group_id)
-        if member_id is not None and isinstance(group, ConsumerGroup):
-            error = group.validate_member_epoch(member_id, member_epoch)
-            if error != ErrorCode.NONE:
-                return error, []
-        stored = self.offsets.get(group_id, {})
-        if partitions is None:
-            return ErrorCode.NONE, sorted(stored.items())
-        return ErrorCode.NONE, [(tp, stored.get(tp)) for tp in partitions]
-
-    async def delete_offsets(
-        self, group_id: str, partitions: Sequence[TopicPartition]
-    ) -> tuple[ErrorCode, list[ErrorCode]]:
-        """OffsetDelete: (group error, one error per partition)."""
-        error = await self._ready(group_id)
-        if error != ErrorCode.NONE:
-            return error, []
-        group = self.groups.get(group_id)
-        if group is None or (isinstance(group, ClassicGroup) and group.is_(ClassicState.DEAD)):
-            return ErrorCode.GROUP_ID_NOT_FOUND, []
-        subscribed: set[str] = set()
-        if isinstance(group, ClassicGroup) and not group.is_(ClassicState.EMPTY):
-            found = group.subscribed_topics()
-            if found is None:
-                return ErrorCode.NON_EMPTY_GROUP, []
-            subscribed = found
-        elif isinstance(group, ConsumerGroup):
-            subscribed = group.subscribed_topic_names()
-        stored = self.offsets.get(group_id, {})
-        results = []
-        gone = []
-        for tp in partitions:
-            if tp[0] in subscribed:
-                results.append(ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC)
-                continue
-            results.append(ErrorCode.NONE)
-            if tp in stored:
-                gone.append(tp)
-        error = await self._append(
-            group_id, [(records.OffsetKey(group_id, t, p), None) for t, p in gone]
-        )
-        if error != ErrorCode.NONE:
-            return error, []
-        for tp in gone:
-            stored.pop(tp, None)
-        return ErrorCode.NONE, results
-
-    async def delete_topic_offsets(self, topic: str) -> None:
-        """Tombstone every group's committed offsets of ``topic`` (it was deleted)."""
-        for group_id, stored in list(self.offsets.items()):
-            gone = [tp for tp in stored if tp[0] == topic]
-            if not gone:
-                continue
-            entries = [(records.OffsetKey(group_id, t, p), None) for t, p in gone]
-            if await self._append(group_id, entries) == ErrorCode.NONE:
-                for tp in gone:
-                    stored.pop(tp, None)
-
     # --- admin -------------------------------------------------------------------------------
 
     async def list_groups(
@@ -1174,17 +842,8 @@ class GroupCoordinator:
             ):
                 out.append(ErrorCode.NON_EMPTY_GROUP)
                 continue
-            entries: list[tuple[records.Key, bytes | None]] = [
-                (records.OffsetKey(group_id, t, p), None) for t, p in self.offsets.get(group_id, {})
-            ]
-            entries.append(
-                (
-                    records.ConsumerGroupKey(group_id)
-                    if isinstance(group, ConsumerGroup)
-                    else records.GroupKey(group_id),
-                    None,
-                )
-            )
+            entries = self.offsets.tombstones(group_id)
+            entries.append((group_key(group_id, group), None))
             error = await self._append(group_id, entries)
             if error == ErrorCode.NONE:
                 self._drop_group(group_id)

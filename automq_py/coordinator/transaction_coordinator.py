@@ -17,7 +17,7 @@ decisions ask for:
   epoch: the broker's node epoch, which grows at each start), and CompleteCommit/CompleteAbort
   last. A transaction found prepared when the log is loaded (a crash between the phases) is
   completed then. Markers in ``__consumer_offsets`` also settle the offsets the transaction
-  committed (:meth:`GroupCoordinator.complete_transaction`);
+  committed (:meth:`~automq_py.coordinator.offsets.OffsetManager.complete_transaction`);
 * a sweeper aborts transactions open longer than their ``transaction.timeout.ms`` (with an
   epoch bump that fences their producer) every
   ``transaction.abort.timed.out.transaction.cleanup.interval.ms``, and forgets ids idle for
@@ -480,7 +480,7 @@ class TransactionCoordinator:
                 )
             )
             if any(topic == OFFSETS_TOPIC for topic, _ in markers.partitions):
-                self.groups.complete_transaction(markers.producer_id, commit)
+                self.groups.offsets.complete_transaction(markers.producer_id, commit)
             while not self._stopped:
                 self._pending[txn_id] = then.state
                 error = await self.runtime.append(

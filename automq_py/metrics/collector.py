@@ -298,7 +298,7 @@ class BrokerMetrics:
                     states.get(state, 0),
                 )
             )
-        offsets = sum(len(o) for o in groups.offsets.values())
+        offsets = sum(len(o) for o in groups.offsets.committed.values())
         scrape.families.append(_gauge(prefix + "numoffsets", "Committed offsets", offsets))
         # consumer lag, as kafka-exporter names it
         replicas = broker.replicas
@@ -322,7 +322,7 @@ class BrokerMetrics:
             "The group's lag over the topic's partitions",
             labels=["consumergroup", "topic"],
         )
-        for group_id, topic, rows in group_lags(groups.offsets, ends):
+        for group_id, topic, rows in group_lags(groups.offsets.committed, ends):
             total = 0
             for partition, offset, partition_lag in rows:
                 total += partition_lag

@@ -17,8 +17,8 @@ from automq_py.coordinator.group_coordinator import (
     OFFSETS_TOPIC,
     GroupCoordinator,
     JoinRequest,
-    OffsetCommit,
 )
+from automq_py.coordinator.offsets import OffsetCommit
 from automq_py.coordinator.runtime import partition_for
 from automq_py.topics import TopicInfo
 from protocol.errors import ErrorCode
@@ -87,12 +87,12 @@ async def test_offsets_and_groups_come_back_after_a_restart(
     )
     assert synced.error == ErrorCode.NONE and synced.assignment == b"A"
     commits = [OffsetCommit("t", p, 10 * p + 1, 4, f"m{p}") for p in range(3)]
-    errors = await groups.commit_offsets(
+    errors = await groups.offsets.commit(
         "g1", joined.generation_id, joined.member_id, "i1", commits, 8
     )
     assert errors == [ErrorCode.NONE] * 3
     # a commit outside any group membership makes a "simple" group
-    assert await groups.commit_offsets(
+    assert await groups.offsets.commit(
         "simple", -1, "", None, [OffsetCommit("t", 0, 5, -1, None)], 8
     ) == [ErrorCode.NONE]
     await broker.stop()
@@ -102,7 +102,7 @@ async def test_offsets_and_groups_come_back_after_a_restart(
     try:
         groups = _coordinator(again)
         for _ in range(50):
-            error, found = await groups.fetch_offsets("g1", None)
+            error, found = await groups.offsets.fetch("g1", None)
             if error != ErrorCode.COORDINATOR_LOAD_IN_PROGRESS:
                 break
             await asyncio.sleep(0.05)
@@ -121,7 +121,7 @@ async def test_offsets_and_groups_come_back_after_a_restart(
             await groups.heartbeat("g1", joined.generation_id, joined.member_id, "i1")
             == ErrorCode.NONE
         )
-        error, simple = await groups.fetch_offsets("simple", [("t", 0), ("t", 1)])
+        error, simple = await groups.offsets.fetch("simple", [("t", 0), ("t", 1)])
         assert [(tp, v.offset if v else None) for tp, v in simple] == [
             (("t", 0), 5),
             (("t", 1), None),
@@ -134,7 +134,7 @@ async def test_deleted_groups_stay_deleted(started: tuple[Broker, Path]) -> None
     broker, data = started
     await _topic(broker, "t", 1)
     groups = _coordinator(broker)
-    await groups.commit_offsets("gone", -1, "", None, [OffsetCommit("t", 0, 1, -1, "")], 8)
+    await groups.offsets.commit("gone", -1, "", None, [OffsetCommit("t", 0, 1, -1, "")], 8)
     assert await groups.delete_groups(["gone", "never"]) == [
         ErrorCode.NONE,
         ErrorCode.GROUP_ID_NOT_FOUND,
@@ -157,15 +157,15 @@ async def test_offset_retention(tmp_path: Path) -> None:
         await _topic(broker, "t", 2)
         groups = _coordinator(broker)
         commits = [OffsetCommit("t", p, 7, -1, "") for p in range(2)]
-        assert await groups.commit_offsets("old", -1, "", None, commits, 8) == [ErrorCode.NONE] * 2
-        assert await groups.commit_offsets("new", -1, "", None, commits, 8) == [ErrorCode.NONE] * 2
+        assert await groups.offsets.commit("old", -1, "", None, commits, 8) == [ErrorCode.NONE] * 2
+        assert await groups.offsets.commit("new", -1, "", None, commits, 8) == [ErrorCode.NONE] * 2
         # age the first group's commits past the one-minute retention
-        stored = groups.offsets["old"]
+        stored = groups.offsets.committed["old"]
         for tp, value in stored.items():
             stored[tp] = type(value)(value.offset, -1, "", value.commit_timestamp - 61_000)
-        assert await groups.expire_offsets() == 2
+        assert await groups.offsets.expire() == 2
         assert "old" not in groups.groups and "new" in groups.groups
-        assert await groups.expire_offsets() == 0
+        assert await groups.offsets.expire() == 0
     finally:
         await broker.stop()
     # the expiry was written: after a restart the group is still gone
@@ -187,9 +187,9 @@ async def test_offsets_of_a_deleted_topic_are_forgotten(started: tuple[Broker, P
     await _topic(broker, "drop", 2)
     groups = _coordinator(broker)
     commits = [OffsetCommit("keep", 0, 3, -1, ""), OffsetCommit("drop", 1, 4, -1, "")]
-    assert await groups.commit_offsets("g", -1, "", None, commits, 8) == [ErrorCode.NONE] * 2
-    await groups.delete_topic_offsets("drop")
-    error, found = await groups.fetch_offsets("g", None)
+    assert await groups.offsets.commit("g", -1, "", None, commits, 8) == [ErrorCode.NONE] * 2
+    await groups.offsets.delete_topic("drop")
+    error, found = await groups.offsets.fetch("g", None)
     assert error == ErrorCode.NONE and [tp for tp, _ in found] == [("keep", 0)]
 
 

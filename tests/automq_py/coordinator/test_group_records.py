@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from automq_py.coordinator import records
 from automq_py.coordinator.consumer_protocol import subscription_topics
-from automq_py.coordinator.group_coordinator import expired_offsets
+from automq_py.coordinator.offsets import expired_offsets
 from automq_py.coordinator.runtime import java_string_hash, partition_for
 
 names = st.text(max_size=40)

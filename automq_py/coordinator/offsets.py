@@ -1,0 +1,442 @@
+"""The groups' committed offsets (Kafka's OffsetMetadataManager): OffsetCommit, TxnOffsetCommit,
+OffsetFetch, OffsetDelete, the offsets of a deleted topic, and expiry past
+``offsets.retention.minutes``.
+
+Offsets are kept in ``__consumer_offsets`` beside the groups' own records (the
+:class:`~automq_py.coordinator.group_coordinator.GroupCoordinator` reads both back on load and
+hands this module the offset records); a commit is answered once its records are durable.
+Offsets committed inside a transaction wait, per producer, until the transaction's marker
+reaches the group's partition: COMMIT makes them the group's offsets, ABORT drops them.
+
+A commit checks the group's membership the way Kafka's ``validateOffsetCommit`` does: a
+classic group's generation and member, a consumer group's member epoch (OffsetCommit v9+), no
+check for a "simple" group that commits without members.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from automq_py.coordinator import records
+from automq_py.coordinator.classic_group import ClassicGroup, ClassicState
+from automq_py.coordinator.consumer_group import ConsumerGroup
+from automq_py.coordinator.runtime import CoordinatorRuntime
+from automq_py.topics import TopicRegistry
+from protocol.errors import ErrorCode
+
+log = logging.getLogger("automq.coordinator")
+
+Group = ClassicGroup | ConsumerGroup
+TopicPartition = tuple[str, int]
+Entries = list[tuple[records.Key, bytes | None]]
+
+
+@dataclass(slots=True, frozen=True)
+class OffsetCommit:
+    topic: str
+    partition: int
+    offset: int
+    leader_epoch: int
+    metadata: str | None
+    # OffsetCommit v2-v4's retention time: the offset expires this long after the commit
+    retention_ms: int = -1
+
+
+def expired_offsets(
+    offsets: Mapping[TopicPartition, records.OffsetValue],
+    now_ms: int,
+    retention_ms: int,
+    empty_since_ms: int | None,
+    subscribed: set[str] | None,
+) -> list[TopicPartition]:
+    """Offsets to expire (Kafka's rules since 2.1).
+
+    An empty group (``empty_since_ms`` given) loses all its offsets once it has been empty
+    for ``retention_ms``: counted from the later of the commit and the moment it became empty.
+    A group with members keeps the offsets of topics it subscribes to (``subscribed``; None:
+    unknown, keep all); the others expire ``retention_ms`` after their commit.
+    """
+    out = []
+    for tp, value in offsets.items():
+        if empty_since_ms is not None:
+            base = max(value.commit_timestamp, empty_since_ms)
+        elif subscribed is not None and tp[0] not in subscribed:
+            base = value.commit_timestamp
+        else:
+            continue
+        if value.expire_timestamp >= 0:
+            expired = now_ms >= value.expire_timestamp
+        else:
+            expired = now_ms - base >= retention_ms
+        if expired:
+            out.append(tp)
+    return out
+
+
+def validate_commit(
+    group: Group | None,
+    generation_or_epoch: int,
+    member_id: str,
+    group_instance_id: str | None,
+    api_version: int,
+) -> ErrorCode:
+    """Whether this member may commit offsets for ``group`` (None: the group is unknown)."""
+    if group is None:
+        if generation_or_epoch < 0:
+            return ErrorCode.NONE  # a "simple" group: commits without membership
+        return ErrorCode.GROUP_ID_NOT_FOUND if api_version >= 9 else ErrorCode.ILLEGAL_GENERATION
+    if isinstance(group, ConsumerGroup):
+        if generation_or_epoch < 0 and not member_id:
+            return ErrorCode.UNKNOWN_MEMBER_ID if group.members else ErrorCode.NONE
+        return group.validate_member_epoch(member_id, generation_or_epoch)
+    if group.is_(ClassicState.DEAD):
+        return ErrorCode.COORDINATOR_NOT_AVAILABLE
+    if generation_or_epoch < 0 and group.is_(ClassicState.EMPTY):
+        return ErrorCode.NONE
+    if generation_or_epoch >= 0 or member_id or group_instance_id is not None:
+        error = group.validate_member(member_id, group_instance_id)
+        if error != ErrorCode.NONE:
+            return error
+        if generation_or_epoch != group.generation_id:
+            return ErrorCode.ILLEGAL_GENERATION
+    elif not group.is_(ClassicState.EMPTY):
+        return ErrorCode.UNKNOWN_MEMBER_ID
+    if group.is_(ClassicState.COMPLETING_REBALANCE):
+        return ErrorCode.REBALANCE_IN_PROGRESS
+    return ErrorCode.NONE
+
+
+async def append_group_records(
+    runtime: CoordinatorRuntime,
+    group_id: str,
+    entries: Sequence[tuple[records.Key, bytes | None]],
+    *,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+) -> ErrorCode:
+    """Append coordinator records for ``group_id``, durably (in ``producer_id``'s transaction
+    if given); the error to answer with."""
+    return await runtime.append(
+        group_id,
+        [(records.encode_key(key), value) for key, value in entries],
+        what=f"group {group_id}",
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+    )
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class OffsetManager:
+    """The committed offsets of the groups this broker coordinates.
+
+    ``groups`` is the coordinator's own table (a commit to an unknown group creates an empty
+    classic one there, as Kafka does); ``drop_group`` removes a group whose last offsets
+    expired while it was empty."""
+
+    def __init__(
+        self,
+        runtime: CoordinatorRuntime,
+        topics: TopicRegistry,
+        groups: dict[str, Group],
+        drop_group: Callable[[str], None],
+        *,
+        metadata_max_bytes: int,
+        retention_ms: int,
+    ) -> None:
+        self.runtime = runtime
+        self.topics = topics
+        self.groups = groups
+        self._drop_group = drop_group
+        self.metadata_max_bytes = metadata_max_bytes
+        self.retention_ms = retention_ms
+        # group -> partition -> committed offset
+        self.committed: dict[str, dict[TopicPartition, records.OffsetValue]] = {}
+        # offsets committed inside transactions, not yet decided: producer id -> group -> ...
+        self.pending: dict[int, dict[str, dict[TopicPartition, records.OffsetValue]]] = {}
+
+    # --- loading -----------------------------------------------------------------------------
+
+    def replay(self, key: records.OffsetKey, value: records.OffsetValue | None) -> None:
+        """An offset record read back (a tombstone: the offset was deleted or expired)."""
+        stored = self.committed.setdefault(key.group, {})
+        if value is None:
+            stored.pop((key.topic, key.partition), None)
+            return
+        stored[(key.topic, key.partition)] = value
+        if key.group not in self.groups:
+            self.groups[key.group] = ClassicGroup(key.group, value.commit_timestamp)
+
+    def replay_txn(
+        self, producer_id: int, key: records.OffsetKey, value: records.OffsetValue
+    ) -> None:
+        """An offset record of ``producer_id``'s transaction read back, undecided so far."""
+        groups = self.pending.setdefault(producer_id, {})
+        groups.setdefault(key.group, {})[(key.topic, key.partition)] = value
+
+    def unload(self, owned: Callable[[str], bool]) -> None:
+        """Forget the offsets of the groups ``owned`` says moved away."""
+        for group_id in [g for g in self.committed if owned(g)]:
+            del self.committed[group_id]
+        for pending in self.pending.values():
+            for group_id in [g for g in pending if owned(g)]:
+                del pending[group_id]
+
+    def forget(self, group_id: str) -> None:
+        """The group was deleted: its offsets with it."""
+        self.committed.pop(group_id, None)
+
+    # --- commits -----------------------------------------------------------------------------
+
+    async def _ready(self, group_id: str, *, allow_empty_id: bool) -> ErrorCode:
+        if not group_id and not allow_empty_id:
+            return ErrorCode.INVALID_GROUP_ID
+        return await self.runtime.ready(group_id)
+
+    async def commit(
+        self,
+        group_id: str,
+        generation_or_epoch: int,
+        member_id: str,
+        group_instance_id: str | None,
+        commits: Sequence[OffsetCommit],
+        api_version: int,
+    ) -> list[ErrorCode]:
+        """OffsetCommit: one error per commit, in order."""
+        error = await self._ready(group_id, allow_empty_id=True)
+        if error != ErrorCode.NONE:
+            return [error] * len(commits)
+        group = self.groups.get(group_id)
+        error = validate_commit(
+            group, generation_or_epoch, member_id, group_instance_id, api_version
+        )
+        if error != ErrorCode.NONE:
+            return [error] * len(commits)
+        now = _now_ms()
+        results, entries, values = self._offset_records(group_id, commits, now)
+        if entries:
+            error = await append_group_records(self.runtime, group_id, entries)
+            if error == ErrorCode.UNKNOWN_SERVER_ERROR:
+                error = ErrorCode.INVALID_COMMIT_OFFSET_SIZE
+            if error != ErrorCode.NONE:
+                return [error if r == ErrorCode.NONE else r for r in results]
+            if group_id not in self.groups:
+                self.groups[group_id] = ClassicGroup(group_id, now)
+            self.committed.setdefault(group_id, {}).update(values)
+        return results
+
+    def _offset_records(
+        self, group_id: str, commits: Sequence[OffsetCommit], now: int
+    ) -> tuple[list[ErrorCode], Entries, dict[TopicPartition, records.OffsetValue]]:
+        """Each commit checked (the partition exists, the metadata fits): one error per commit,
+        and the records and values of the valid ones."""
+        results: list[ErrorCode] = []
+        entries: Entries = []
+        values: dict[TopicPartition, records.OffsetValue] = {}
+        for c in commits:
+            topic = self.topics.get(c.topic)
+            metadata = c.metadata or ""
+            # Kafka compares String.length(): UTF-16 code units, not bytes
+            length = len(metadata.encode("utf-16-le")) // 2
+            if topic is None or not 0 <= c.partition < topic.partitions:
+                results.append(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+            elif length > self.metadata_max_bytes:
+                results.append(ErrorCode.OFFSET_METADATA_TOO_LARGE)
+            else:
+                expire = now + c.retention_ms if c.retention_ms >= 0 else records.NO_TIMESTAMP
+                value = records.OffsetValue(c.offset, c.leader_epoch, metadata, now, expire)
+                key = records.OffsetKey(group_id, c.topic, c.partition)
+                entries.append((key, records.encode_offset_value(value)))
+                values[(c.topic, c.partition)] = value
+                results.append(ErrorCode.NONE)
+        return results, entries, values
+
+    async def commit_txn(
+        self,
+        group_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        generation_id: int,
+        member_id: str,
+        group_instance_id: str | None,
+        commits: Sequence[OffsetCommit],
+    ) -> list[ErrorCode]:
+        """TxnOffsetCommit: offsets written as part of ``producer_id``'s transaction, visible
+        once its COMMIT marker reaches this group's partition (:meth:`complete_transaction`).
+        One error per commit, in order."""
+        error = await self._ready(group_id, allow_empty_id=False)
+        if error != ErrorCode.NONE:
+            return [error] * len(commits)
+        group = self.groups.get(group_id)
+        if group is not None and (generation_id >= 0 or member_id or group_instance_id):
+            # v3+ carries the member: checked as an OffsetCommit's would be
+            error = validate_commit(group, generation_id, member_id, group_instance_id, 8)
+            if error != ErrorCode.NONE:
+                return [error] * len(commits)
+        now = _now_ms()
+        # no retention time: a transaction's offsets expire as the group's do
+        results, entries, values = self._offset_records(group_id, commits, now)
+        if not entries:
+            return results
+        error = await append_group_records(
+            self.runtime, group_id, entries, producer_id=producer_id, producer_epoch=producer_epoch
+        )
+        if error == ErrorCode.UNKNOWN_SERVER_ERROR:
+            error = ErrorCode.INVALID_COMMIT_OFFSET_SIZE
+        if error != ErrorCode.NONE:
+            return [error if r == ErrorCode.NONE else r for r in results]
+        if group_id not in self.groups:
+            self.groups[group_id] = ClassicGroup(group_id, now)  # Kafka creates it too
+        self.pending.setdefault(producer_id, {}).setdefault(group_id, {}).update(values)
+        return results
+
+    def complete_transaction(self, producer_id: int, commit: bool) -> None:
+        """``producer_id``'s transaction was decided and its marker is in the offsets topic:
+        its offsets become the groups' committed offsets (COMMIT) or are dropped (ABORT).
+        A committed transactional offset replaces the group's offset for the partition even
+        if a plain commit came in between (Kafka keeps whichever was appended last)."""
+        pending = self.pending.pop(producer_id, None)
+        if not pending or not commit:
+            return
+        for group_id, values in pending.items():
+            self.committed.setdefault(group_id, {}).update(values)
+
+    def pending_partitions(self, group_id: str) -> set[TopicPartition]:
+        """The partitions with an offset committed in a transaction not yet decided (OffsetFetch
+        with ``require_stable`` answers UNSTABLE_OFFSET_COMMIT for them)."""
+        out: set[TopicPartition] = set()
+        for groups in self.pending.values():
+            out.update(groups.get(group_id, {}))
+        return out
+
+    # --- reads and deletes -------------------------------------------------------------------
+
+    async def fetch(
+        self,
+        group_id: str,
+        partitions: Sequence[TopicPartition] | None,
+        member_id: str | None = None,
+        member_epoch: int = -1,
+    ) -> tuple[ErrorCode, list[tuple[TopicPartition, records.OffsetValue | None]]]:
+        """OffsetFetch: (group error, [(partition, committed offset or None)]); all partitions
+        with a committed offset when ``partitions`` is None."""
+        error = await self._ready(group_id, allow_empty_id=True)
+        if error != ErrorCode.NONE:
+            return error, []
+        group = self.groups.get(group_id)
+        if member_id is not None and isinstance(group, ConsumerGroup):
+            error = group.validate_member_epoch(member_id, member_epoch)
+            if error != ErrorCode.NONE:
+                return error, []
+        stored = self.committed.get(group_id, {})
+        if partitions is None:
+            return ErrorCode.NONE, sorted(stored.items())
+        return ErrorCode.NONE, [(tp, stored.get(tp)) for tp in partitions]
+
+    async def delete(
+        self, group_id: str, partitions: Sequence[TopicPartition]
+    ) -> tuple[ErrorCode, list[ErrorCode]]:
+        """OffsetDelete: (group error, one error per partition)."""
+        error = await self._ready(group_id, allow_empty_id=False)
+        if error != ErrorCode.NONE:
+            return error, []
+        group = self.groups.get(group_id)
+        if group is None or (isinstance(group, ClassicGroup) and group.is_(ClassicState.DEAD)):
+            return ErrorCode.GROUP_ID_NOT_FOUND, []
+        subscribed: set[str] = set()
+        if isinstance(group, ClassicGroup) and not group.is_(ClassicState.EMPTY):
+            found = group.subscribed_topics()
+            if found is None:
+                return ErrorCode.NON_EMPTY_GROUP, []
+            subscribed = found
+        elif isinstance(group, ConsumerGroup):
+            subscribed = group.subscribed_topic_names()
+        stored = self.committed.get(group_id, {})
+        results = []
+        gone = []
+        for tp in partitions:
+            if tp[0] in subscribed:
+                results.append(ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC)
+                continue
+            results.append(ErrorCode.NONE)
+            if tp in stored:
+                gone.append(tp)
+        error = await append_group_records(self.runtime, group_id, _tombstones(group_id, gone))
+        if error != ErrorCode.NONE:
+            return error, []
+        for tp in gone:
+            stored.pop(tp, None)
+        return ErrorCode.NONE, results
+
+    async def delete_topic(self, topic: str) -> None:
+        """Tombstone every group's committed offsets of ``topic`` (it was deleted)."""
+        for group_id, stored in list(self.committed.items()):
+            gone = [tp for tp in stored if tp[0] == topic]
+            if not gone:
+                continue
+            entries = _tombstones(group_id, gone)
+            if await append_group_records(self.runtime, group_id, entries) == ErrorCode.NONE:
+                for tp in gone:
+                    stored.pop(tp, None)
+
+    def tombstones(self, group_id: str) -> Entries:
+        """The records that delete every offset ``group_id`` has committed."""
+        return _tombstones(group_id, self.committed.get(group_id, {}))
+
+    # --- expiry ------------------------------------------------------------------------------
+
+    async def expire(self) -> int:
+        """Tombstone the offsets past retention; drop empty groups left with none. Returns how
+        many offsets expired."""
+        now = _now_ms()
+        total = 0
+        for group_id in list(self.committed):
+            group = self.groups.get(group_id)
+            stored = self.committed.get(group_id, {})
+            empty_since: int | None = None
+            subscribed: set[str] | None = None
+            if isinstance(group, ClassicGroup):
+                if group.is_(ClassicState.EMPTY):
+                    # a group that never had a protocol (commits only) counts from the commit
+                    empty_since = group.state_timestamp_ms if group.protocol_type else 0
+                else:
+                    subscribed = group.subscribed_topics()
+            elif isinstance(group, ConsumerGroup):
+                if not group.members:
+                    empty_since = 0
+                else:
+                    subscribed = group.subscribed_topic_names()
+            else:
+                empty_since = 0
+            gone = expired_offsets(stored, now, self.retention_ms, empty_since, subscribed)
+            if not gone:
+                continue
+            entries = _tombstones(group_id, gone)
+            drop_group = len(gone) == len(stored) and empty_since is not None
+            if drop_group:
+                entries.append((group_key(group_id, group), None))
+            if await append_group_records(self.runtime, group_id, entries) != ErrorCode.NONE:
+                continue
+            for tp in gone:
+                stored.pop(tp, None)
+            total += len(gone)
+            if drop_group:
+                self._drop_group(group_id)
+            log.info("group %s: %d offsets expired", group_id, len(gone))
+        return total
+
+
+def group_key(group_id: str, group: Group | None) -> records.Key:
+    """The key of the record that holds ``group``'s own state."""
+    if isinstance(group, ConsumerGroup):
+        return records.ConsumerGroupKey(group_id)
+    return records.GroupKey(group_id)
+
+
+def _tombstones(group_id: str, partitions: Iterable[TopicPartition]) -> Entries:
+    return [(records.OffsetKey(group_id, t, p), None) for t, p in partitions]
