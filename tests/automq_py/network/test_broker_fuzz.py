@@ -311,14 +311,14 @@ INVALID_PARTITIONS, POLICY_VIOLATION = 37, 44
 
 
 def test_create_topics_refuses_absurd_partition_counts(fuzz_broker: BrokerProcess) -> None:
-    """KNOWN BROKER BUG, found fuzzing CreateTopics values: fails until the broker is fixed.
+    """Found fuzzing CreateTopics values: an absurd partition count is refused, as Kafka's
+    controller refuses a CreateTopics that would write more than 10,000 records.
 
-    The broker accepts any positive partition count. Metadata then builds one entry per
-    partition in a single event-loop step: for this topic, 2**31 dicts. Every client that asks
-    for all topics (librdkafka does, on every refresh) then stalls the whole broker until it
-    dies of MemoryError (seen with a 2.5 GB address-space limit after ~16 s, all connections
-    unanswered meanwhile) or the OOM killer. Kafka's controller refuses a CreateTopics that
-    would write more than 10,000 records. Only the CreateTopics answer is checked here: asking
+    A topic of 2**31 partitions, once accepted, would have Metadata build one entry per
+    partition in a single event-loop step. Every client that asks for all topics (librdkafka
+    does, on every refresh) would then stall the whole broker until it died of MemoryError
+    (with a 2.5 GB address-space limit, after ~16 s, all connections unanswered meanwhile) or
+    the OOM killer. Only the CreateTopics answer is checked here: asking
     for this topic's metadata would exhaust the test machine's memory.
     """
     response, closed = exchange(fuzz_broker.port, ABSURD_PARTITIONS_FRAME, timeout=5)
