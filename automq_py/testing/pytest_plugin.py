@@ -21,12 +21,16 @@ removed when it stops, unless ``--automq-keep-data``.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Mapping
+from typing import Generic, TypeVar
 
 import pytest
 
 from automq_py.testing.cluster import AutoMQCluster
 from automq_py.testing.process import AutoMQProcess
+
+_Started = TypeVar("_Started", AutoMQProcess, AutoMQCluster)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -70,9 +74,9 @@ def automq_properties(pytestconfig: pytest.Config) -> dict[str, str]:
     }
 
 
-class AutoMQBrokerFactory:
-    """Starts brokers in fresh directories under pytest's temporary root; ``stop_all`` stops
-    them, then raises if one did not exit cleanly."""
+class _Factory(Generic[_Started]):
+    """Starts brokers or clusters in fresh directories under pytest's temporary root;
+    ``stop_all`` stops every one it started, then raises if one did not exit cleanly."""
 
     def __init__(
         self,
@@ -83,61 +87,49 @@ class AutoMQBrokerFactory:
         self._tmp_path_factory = tmp_path_factory
         self._properties = properties
         self._keep_data = keep_data
-        self.brokers: list[AutoMQProcess] = []
+        self._started: list[_Started] = []
 
-    def __call__(self, properties: Mapping[str, str | int] | None = None) -> AutoMQProcess:
-        """A started broker with ``properties`` over the session's ``automq_properties``."""
-        broker = AutoMQProcess(
-            {**self._properties, **(properties or {})},
-            directory=self._tmp_path_factory.mktemp("automq"),
-            keep_directory=self._keep_data,
-        )
-        self.brokers.append(broker)
-        broker.start()
-        return broker
+    def _start(self, started: _Started) -> _Started:
+        self._started.append(started)
+        started.start()
+        return started
 
     def stop_all(self) -> None:
         failures = []
-        for broker in self.brokers:
+        for started in self._started:
             try:
-                broker.stop(check=True)
+                started.stop(check=True)
             except Exception as e:
                 failures.append(e)
-        self.brokers.clear()
+        self._started.clear()
         if failures:
             raise failures[0]
 
 
-@pytest.fixture
-def automq_broker_factory(
-    tmp_path_factory: pytest.TempPathFactory,
-    automq_properties: dict[str, str],
-    pytestconfig: pytest.Config,
-) -> Iterator[AutoMQBrokerFactory]:
-    """Start brokers for this test: ``automq_broker_factory({"num.partitions": 3})``."""
-    factory = AutoMQBrokerFactory(
-        tmp_path_factory, automq_properties, pytestconfig.getoption("automq_keep_data")
-    )
-    try:
-        yield factory
-    finally:
-        factory.stop_all()
+class AutoMQBrokerFactory(_Factory[AutoMQProcess]):
+    """Starts brokers; ``brokers`` lists those still running."""
+
+    @property
+    def brokers(self) -> list[AutoMQProcess]:
+        return self._started
+
+    def __call__(self, properties: Mapping[str, str | int] | None = None) -> AutoMQProcess:
+        """A started broker with ``properties`` over the session's ``automq_properties``."""
+        return self._start(
+            AutoMQProcess(
+                {**self._properties, **(properties or {})},
+                directory=self._tmp_path_factory.mktemp("automq"),
+                keep_directory=self._keep_data,
+            )
+        )
 
 
-class AutoMQClusterFactory:
-    """Starts clusters in fresh directories under pytest's temporary root; ``stop_all`` stops
-    them, then raises if a broker did not exit cleanly."""
+class AutoMQClusterFactory(_Factory[AutoMQCluster]):
+    """Starts clusters; ``clusters`` lists those still running."""
 
-    def __init__(
-        self,
-        tmp_path_factory: pytest.TempPathFactory,
-        properties: Mapping[str, str],
-        keep_data: bool,
-    ) -> None:
-        self._tmp_path_factory = tmp_path_factory
-        self._properties = properties
-        self._keep_data = keep_data
-        self.clusters: list[AutoMQCluster] = []
+    @property
+    def clusters(self) -> list[AutoMQCluster]:
+        return self._started
 
     def __call__(
         self,
@@ -147,26 +139,41 @@ class AutoMQClusterFactory:
     ) -> AutoMQCluster:
         """A started cluster of ``brokers`` brokers with ``properties`` (and ``more``, e.g.
         ``**{"num.partitions": 6}``) over the session's ``automq_properties``."""
-        cluster = AutoMQCluster(
-            brokers,
-            {**self._properties, **(properties or {}), **more},
-            directory=self._tmp_path_factory.mktemp("automq-cluster"),
-            keep_directory=self._keep_data,
+        return self._start(
+            AutoMQCluster(
+                brokers,
+                {**self._properties, **(properties or {}), **more},
+                directory=self._tmp_path_factory.mktemp("automq-cluster"),
+                keep_directory=self._keep_data,
+            )
         )
-        self.clusters.append(cluster)
-        cluster.start()
-        return cluster
 
-    def stop_all(self) -> None:
-        failures = []
-        for cluster in self.clusters:
-            try:
-                cluster.stop(check=True)
-            except Exception as e:
-                failures.append(e)
-        self.clusters.clear()
-        if failures:
-            raise failures[0]
+
+_AnyFactory = TypeVar("_AnyFactory", AutoMQBrokerFactory, AutoMQClusterFactory)
+
+
+@contextlib.contextmanager
+def _stopping(factory: _AnyFactory) -> Iterator[_AnyFactory]:
+    try:
+        yield factory
+    finally:
+        factory.stop_all()
+
+
+def _keep_data(pytestconfig: pytest.Config) -> bool:
+    return bool(pytestconfig.getoption("automq_keep_data"))
+
+
+@pytest.fixture
+def automq_broker_factory(
+    tmp_path_factory: pytest.TempPathFactory,
+    automq_properties: dict[str, str],
+    pytestconfig: pytest.Config,
+) -> Iterator[AutoMQBrokerFactory]:
+    """Start brokers for this test: ``automq_broker_factory({"num.partitions": 3})``."""
+    keep = _keep_data(pytestconfig)
+    with _stopping(AutoMQBrokerFactory(tmp_path_factory, automq_properties, keep)) as factory:
+        yield factory
 
 
 @pytest.fixture
@@ -176,13 +183,9 @@ def automq_cluster_factory(
     pytestconfig: pytest.Config,
 ) -> Iterator[AutoMQClusterFactory]:
     """Start clusters for this test: ``automq_cluster_factory(brokers=3)``."""
-    factory = AutoMQClusterFactory(
-        tmp_path_factory, automq_properties, pytestconfig.getoption("automq_keep_data")
-    )
-    try:
+    keep = _keep_data(pytestconfig)
+    with _stopping(AutoMQClusterFactory(tmp_path_factory, automq_properties, keep)) as factory:
         yield factory
-    finally:
-        factory.stop_all()
 
 
 @pytest.fixture(scope="session")
@@ -192,13 +195,9 @@ def automq_broker(
     pytestconfig: pytest.Config,
 ) -> Iterator[AutoMQProcess]:
     """One broker for the whole session, started when a test first needs it."""
-    factory = AutoMQBrokerFactory(
-        tmp_path_factory, automq_properties, pytestconfig.getoption("automq_keep_data")
-    )
-    try:
+    keep = _keep_data(pytestconfig)
+    with _stopping(AutoMQBrokerFactory(tmp_path_factory, automq_properties, keep)) as factory:
         yield factory()
-    finally:
-        factory.stop_all()
 
 
 @pytest.fixture(scope="session")
