@@ -45,7 +45,7 @@ from automq_py.coordinator.classic_group import (
     SyncResult,
 )
 from automq_py.coordinator.consumer_group import ConsumerGroup
-from automq_py.coordinator.offsets import OffsetManager, append_group_records, group_key
+from automq_py.coordinator.offsets import Group, OffsetManager, append_group_records, group_key
 from automq_py.coordinator.runtime import CoordinatorRuntime
 from automq_py.replica_manager import ReplicaManager
 from automq_py.topics import TopicRegistry
@@ -65,9 +65,6 @@ OFFSETS_TOPIC_CONFIGS = {
 }
 NO_OFFSET = -1
 SWEEP_INTERVAL_S = 0.1
-
-Group = ClassicGroup | ConsumerGroup
-TopicPartition = tuple[str, int]
 
 
 @dataclass(slots=True, frozen=True)
