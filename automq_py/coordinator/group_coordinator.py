@@ -45,7 +45,13 @@ from automq_py.coordinator.classic_group import (
     SyncResult,
 )
 from automq_py.coordinator.consumer_group import ConsumerGroup
-from automq_py.coordinator.offsets import Group, OffsetManager, append_group_records, group_key
+from automq_py.coordinator.offsets import (
+    Group,
+    OffsetManager,
+    append_group_records,
+    group_key,
+    group_ready,
+)
 from automq_py.coordinator.runtime import CoordinatorRuntime
 from automq_py.replica_manager import ReplicaManager
 from automq_py.topics import TopicRegistry
@@ -202,14 +208,6 @@ class GroupCoordinator:
         """Make sure the offsets topic exists (FindCoordinator for a group)."""
         return await self.runtime.ensure_topic()
 
-    async def _ready(self, group_id: str, allow_empty_id: bool = False) -> ErrorCode:
-        """NONE when ``group_id``'s partition is loaded; else the error to answer with. An
-        empty group id is INVALID_GROUP_ID, except where Kafka still accepts it for old
-        clients (OffsetCommit, OffsetFetch)."""
-        if not group_id and not allow_empty_id:
-            return ErrorCode.INVALID_GROUP_ID
-        return await self.runtime.ready(group_id)
-
     # --- loading (the runtime's Replayer) ----------------------------------------------------
 
     def replay_batch(
@@ -364,7 +362,7 @@ class GroupCoordinator:
     async def join_group(self, req: JoinRequest) -> JoinResult:
         if not req.group_id:
             return JoinResult(ErrorCode.INVALID_GROUP_ID, req.member_id)
-        error = await self._ready(req.group_id)
+        error = await group_ready(self.runtime, req.group_id)
         if error != ErrorCode.NONE:
             return JoinResult(error, req.member_id)
         if not (
@@ -667,7 +665,7 @@ class GroupCoordinator:
         protocol_name: str | None,
         assignments: Mapping[str, bytes],
     ) -> SyncResult:
-        error = await self._ready(group_id)
+        error = await group_ready(self.runtime, group_id)
         if error != ErrorCode.NONE:
             return SyncResult(error)
         group = self.groups.get(group_id)
@@ -733,7 +731,7 @@ class GroupCoordinator:
     async def heartbeat(
         self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None
     ) -> ErrorCode:
-        error = await self._ready(group_id)
+        error = await group_ready(self.runtime, group_id)
         if error != ErrorCode.NONE:
             return error
         group = self.groups.get(group_id)
@@ -758,7 +756,7 @@ class GroupCoordinator:
         self, group_id: str, members: Sequence[tuple[str, str | None]]
     ) -> tuple[ErrorCode, list[ErrorCode]]:
         """Remove ``(member id, group instance id)`` pairs; (group error, one per member)."""
-        error = await self._ready(group_id)
+        error = await group_ready(self.runtime, group_id)
         if error != ErrorCode.NONE:
             return error, [error] * len(members)
         group = self.groups.get(group_id)
@@ -818,7 +816,7 @@ class GroupCoordinator:
         return GroupOverview(group_id, group.protocol_type or "", group.state.value, "classic")
 
     async def describe_group(self, group_id: str) -> tuple[ErrorCode, Group | None]:
-        error = await self._ready(group_id)
+        error = await group_ready(self.runtime, group_id)
         if error != ErrorCode.NONE:
             return error, None
         return ErrorCode.NONE, self.groups.get(group_id)
@@ -826,7 +824,7 @@ class GroupCoordinator:
     async def delete_groups(self, group_ids: Sequence[str]) -> list[ErrorCode]:
         out: list[ErrorCode] = []
         for group_id in group_ids:
-            error = await self._ready(group_id)
+            error = await group_ready(self.runtime, group_id)
             if error != ErrorCode.NONE:
                 out.append(error)
                 continue
@@ -855,7 +853,7 @@ class GroupCoordinator:
         turns into one); the error to answer with otherwise."""
         if not group_id:
             return ErrorCode.INVALID_REQUEST, None
-        error = await self._ready(group_id)
+        error = await group_ready(self.runtime, group_id)
         if error != ErrorCode.NONE:
             return error, None
         found = self.groups.get(group_id)

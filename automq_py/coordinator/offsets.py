@@ -128,6 +128,17 @@ async def append_group_records(
     )
 
 
+async def group_ready(
+    runtime: CoordinatorRuntime, group_id: str, *, allow_empty_id: bool = False
+) -> ErrorCode:
+    """NONE when ``group_id``'s partition is loaded; else the error to answer with. An empty
+    group id is INVALID_GROUP_ID, except where Kafka still accepts it for old clients
+    (OffsetCommit, OffsetFetch)."""
+    if not group_id and not allow_empty_id:
+        return ErrorCode.INVALID_GROUP_ID
+    return await runtime.ready(group_id)
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -193,11 +204,6 @@ class OffsetManager:
 
     # --- commits -----------------------------------------------------------------------------
 
-    async def _ready(self, group_id: str, *, allow_empty_id: bool) -> ErrorCode:
-        if not group_id and not allow_empty_id:
-            return ErrorCode.INVALID_GROUP_ID
-        return await self.runtime.ready(group_id)
-
     async def commit(
         self,
         group_id: str,
@@ -208,7 +214,7 @@ class OffsetManager:
         api_version: int,
     ) -> list[ErrorCode]:
         """OffsetCommit: one error per commit, in order."""
-        error = await self._ready(group_id, allow_empty_id=True)
+        error = await group_ready(self.runtime, group_id, allow_empty_id=True)
         if error != ErrorCode.NONE:
             return [error] * len(commits)
         group = self.groups.get(group_id)
@@ -269,7 +275,7 @@ class OffsetManager:
         """TxnOffsetCommit: offsets written as part of ``producer_id``'s transaction, visible
         once its COMMIT marker reaches this group's partition (:meth:`complete_transaction`).
         One error per commit, in order."""
-        error = await self._ready(group_id, allow_empty_id=False)
+        error = await group_ready(self.runtime, group_id)
         if error != ErrorCode.NONE:
             return [error] * len(commits)
         group = self.groups.get(group_id)
@@ -325,7 +331,7 @@ class OffsetManager:
     ) -> tuple[ErrorCode, list[tuple[TopicPartition, records.OffsetValue | None]]]:
         """OffsetFetch: (group error, [(partition, committed offset or None)]); all partitions
         with a committed offset when ``partitions`` is None."""
-        error = await self._ready(group_id, allow_empty_id=True)
+        error = await group_ready(self.runtime, group_id, allow_empty_id=True)
         if error != ErrorCode.NONE:
             return error, []
         group = self.groups.get(group_id)
@@ -342,7 +348,7 @@ class OffsetManager:
         self, group_id: str, partitions: Sequence[TopicPartition]
     ) -> tuple[ErrorCode, list[ErrorCode]]:
         """OffsetDelete: (group error, one error per partition)."""
-        error = await self._ready(group_id, allow_empty_id=False)
+        error = await group_ready(self.runtime, group_id)
         if error != ErrorCode.NONE:
             return error, []
         group = self.groups.get(group_id)
