@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import abc
 import bisect
-import ctypes
 import dataclasses
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
-
-from storage.heap import ALLOCATOR, MADV_POPULATE_WRITE, MADVISE, PAGE
 
 # S3's limits on multipart uploads: every part but the last must be at least 5 MiB, a part
 # (also an UploadPartCopy range) at most 5 GiB, and an upload has at most 10,000 parts.
@@ -423,61 +420,3 @@ def check_range(start: int, end: int | None) -> None:
     """Raise ValueError for a malformed ``get`` range."""
     if start < 0 or (end is not None and end < start):
         raise ValueError(f"bad range [{start}, {end})")
-
-
-# looked up at each call, not bound at import: a test replaces the allocator's free
-_ALLOCATOR = ALLOCATOR
-
-
-def aligned_bytearray(size: int, align: int = PAGE) -> memoryview:
-    """``size`` bytes of a bytearray, starting at an ``align``-aligned address."""
-    raw = bytearray(size + align - 1)
-    start = -ctypes.addressof(ctypes.c_char.from_buffer(raw)) % align
-    return memoryview(raw)[start : start + size]
-
-
-class _Freed:
-    """Frees a malloc'd address when the buffer that owns it goes."""
-
-    __slots__ = ("address",)
-
-    def __init__(self, address: int) -> None:
-        self.address = address
-
-    def __del__(self) -> None:
-        if _ALLOCATOR is not None:
-            _ALLOCATOR[1](self.address)
-
-
-def size_class(size: int) -> int:
-    """``size`` rounded up to an eighth of its power of two (whole pages)."""
-    step = max(PAGE, (1 << max(0, size - 1).bit_length()) // 8)
-    return -(-size // step) * step
-
-
-def heap_buffer(size: int, *, populate: bool = False) -> memoryview:
-    """``size`` bytes of page-aligned (as ``O_DIRECT`` wants), uninitialised memory from the C
-    heap, freed once no view of it is left: for the reads whose data stays a while (the block
-    cache's). Memory the process freed (the LogCache's evicted payloads, reads the block cache
-    let go) is reused as it is, where a new mapping costs the kernel's zeroing of every page
-    and a fault per 4 KiB: cold reads of 2 GiB through mappings reused only at their own size
-    spent 18% of the broker's CPU in that zeroing. The heap keeps buffers up to 32 MiB (see
-    ``storage.heap``). Sizes are rounded by :func:`size_class`, so the few buffer types made
-    are cached.
-
-    ``populate``: fault in the pages not yet used in one call (``MADV_POPULATE_WRITE``), for a
-    buffer filled by copies on the event loop rather than by a direct read, which faults them
-    in from its worker thread: a fault per 4 KiB cost 0.96-1.05 s of CPU per GB against
-    0.52-0.72 made at once."""
-    padded = size_class(size + PAGE)
-    if _ALLOCATOR is None:
-        return aligned_bytearray(size)
-    address = _ALLOCATOR[0](padded)
-    if not address:
-        raise MemoryError(f"malloc({padded}) failed")
-    owner = (ctypes.c_char * padded).from_address(address)
-    owner._freed = _Freed(address)  # type: ignore[attr-defined]
-    start = -address % PAGE
-    if populate and MADVISE is not None and size:
-        MADVISE(address + start, -(-size // PAGE) * PAGE, MADV_POPULATE_WRITE)  # best effort
-    return memoryview(owner).cast("B")[start : start + size]

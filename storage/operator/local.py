@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from storage.heap import heap_buffer
 from storage.operator.base import (
     DELETE_BATCH,
     LIST_PAGE,
@@ -34,7 +35,6 @@ from storage.operator.base import (
     SourceRange,
     as_buffers,
     check_range,
-    heap_buffer,
     plan_compose,
     plan_put_parts,
 )

@@ -36,6 +36,7 @@ from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 from botocore.exceptions import ClientError
 
+from storage.heap import heap_buffer
 from storage.operator import sigv4
 from storage.operator.base import (
     DELETE_BATCH,
@@ -55,7 +56,6 @@ from storage.operator.base import (
     as_buffers,
     check_range,
     check_sources,
-    heap_buffer,
     join,
     plan_compose,
     plan_put_parts,

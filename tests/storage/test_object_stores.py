@@ -20,6 +20,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from storage import heap
+from storage.heap import heap_buffer, size_class
 from storage.operator import (
     LocalObjectStore,
     ObjectInfo,
@@ -29,16 +31,13 @@ from storage.operator import (
     S3ObjectStore,
     open_object_store,
 )
-from storage.operator import base as base_module
 from storage.operator import local as local_module
 from storage.operator.base import (
     MIN_PART_SIZE,
     CopyPart,
     UploadPart,
-    heap_buffer,
     plan_compose,
     plan_put_parts,
-    size_class,
 )
 from tests.support.seaweedfs import SeaweedFS, default_base_port
 
@@ -594,15 +593,15 @@ async def test_local_views_keep_their_memory_while_any_slice_lives(
 def test_heap_buffers_are_page_aligned_and_freed_once_no_view_is_left(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert base_module._ALLOCATOR is not None, "no malloc here: the test would not test it"
-    malloc, free = base_module._ALLOCATOR
+    assert heap._ALLOCATOR is not None, "no malloc here: the test would not test it"
+    malloc, free = heap._ALLOCATOR
     freed: list[int] = []
 
     def recording_free(address: int) -> None:
         freed.append(address)
         free(address)
 
-    monkeypatch.setattr(base_module, "_ALLOCATOR", (malloc, recording_free))
+    monkeypatch.setattr(heap, "_ALLOCATOR", (malloc, recording_free))
     buffer = heap_buffer(MiB + 1)
     assert len(buffer) == MiB + 1 and not buffer.readonly
     assert ctypes.addressof(ctypes.c_char.from_buffer(buffer)) % 4096 == 0
