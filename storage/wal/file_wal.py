@@ -78,7 +78,7 @@ from storage.wal import header as wal_header
 from storage.wal import record, ring_file
 from storage.wal.errors import WALError
 from storage.wal.header import HEADER_AREA_SIZE, SLOT_SIZE, WALHeader
-from storage.wal.interface import WALAppendResult, WALRecord, WALStats
+from storage.wal.interface import WALAppendResult, WALRecord, WALStats, spread
 from storage.wal.record import HEADER_SIZE, Buffer
 from storage.wal.ring_file import ZEROS_VIEW, lap_end, pwrite_all
 from storage.wal.uring import RingWriter, open_ring
@@ -360,11 +360,6 @@ class FileWAL:
         appends' waits: until the writer took them, and until acknowledged."""
         if not self._write_times:
             return "no group commits"
-
-        def spread(times: collections.deque[float]) -> str:
-            ordered = sorted(times)
-            p50, p99 = (ordered[min(len(ordered) - 1, int(p * len(ordered)))] for p in (0.5, 0.99))
-            return f"p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms, max {ordered[-1] * 1e3:.1f} ms"
 
         return (
             f"{self._fsyncs} group commits ({self._inline_commits} on the event loop"

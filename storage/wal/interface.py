@@ -28,6 +28,14 @@ class WALAppendResult:
     next_offset: int
 
 
+def spread(times: Sequence[float]) -> str:
+    """p50, p99 and max of latency samples in seconds, as the WALs' timing summaries give
+    them (``times`` not empty)."""
+    ordered = sorted(times)
+    p50, p99 = (ordered[min(len(ordered) - 1, int(p * len(ordered)))] for p in (0.5, 0.99))
+    return f"p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms, max {ordered[-1] * 1e3:.1f} ms"
+
+
 @dataclass(slots=True, frozen=True)
 class WALStats:
     """Counters since open: acknowledged appends, data fsyncs (one per batch), record bytes

@@ -48,7 +48,7 @@ from storage.operator import open_object_store
 from storage.operator.base import ObjectNotFoundError, ObjectStore
 from storage.wal import record
 from storage.wal.errors import CorruptWALError, WALError
-from storage.wal.interface import WALAppendResult, WALRecord, WALStats
+from storage.wal.interface import WALAppendResult, WALRecord, WALStats, spread
 from storage.wal.object_chain import ChainWalk, ListedObject, RecoveryPlan, plan_recovery
 from storage.wal.record import Buffer
 from storage.wal.wal_object import (
@@ -397,11 +397,6 @@ class ObjectWAL:
         acknowledged."""
         if not self._put_times:
             return "no WAL objects written"
-
-        def spread(times: collections.deque[float]) -> str:
-            ordered = sorted(times)
-            p50, p99 = (ordered[min(len(ordered) - 1, int(p * len(ordered)))] for p in (0.5, 0.99))
-            return f"p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms, max {ordered[-1] * 1e3:.1f} ms"
 
         return (
             f"{len(self._put_times)} WAL objects: PUT {spread(self._put_times)};"
