@@ -176,13 +176,13 @@ async def test_corrupt_wal_tail_is_cut_and_the_rest_recovers(
 async def _put_times(storage: S3Storage) -> list[float]:
     """Record when each object of ``storage`` starts to be written."""
     times: list[float] = []
-    real_put = storage._put
+    real_put = storage.uploader._put
 
     async def put(*args: Any) -> None:
         times.append(time.monotonic())
         await real_put(*args)
 
-    storage._put = put  # type: ignore[method-assign]
+    storage.uploader._put = put  # type: ignore[method-assign]
     return times
 
 
@@ -227,7 +227,7 @@ async def _slow_block_uploading(storage: S3Storage, stream: S3Stream) -> float:
         await stream.append(payload_for(stream.stream_id, stream.next_offset, 256 << 10), 1)
         await asyncio.sleep(0.25)
     async with asyncio.timeout(10):
-        while not storage._paced_puts:
+        while not storage.uploader._paced_puts:
             await asyncio.sleep(0.01)
     return time.monotonic()
 
@@ -273,7 +273,7 @@ async def test_a_burst_does_not_set_the_pace_for_good(make_storage: StorageFacto
         SimpleNamespace(block_id=i, size=100 * MB, first_put_at=0.0, sealed_at=seconds)
         for i, seconds in enumerate((0.5, 5.0, 50.0, 0.05))
     ]
-    rates = [storage._upload_rate(b) for b in blocks]  # type: ignore[arg-type]
+    rates = [storage.uploader._upload_rate(b) for b in blocks]  # type: ignore[arg-type]
     assert rates[0] == pytest.approx(200 * MB)  # the burst
     assert rates[1] == pytest.approx(20 * MB)  # the block after it: its own rate
     assert rates[2] == pytest.approx(20 * MB)  # the rate of its last 5 s at most
@@ -317,7 +317,7 @@ async def test_a_block_being_uploaded_gives_up_a_stream_closed_meanwhile(
     client = StreamClient(storage)
     moving, staying = await client.create_and_open(), await client.create_and_open()
     pm, ps = await fill(moving, 20), await fill(staying, 20)
-    real_stage = storage._stage
+    real_stage = storage.uploader._stage
     staged = asyncio.Event()
     go_on = asyncio.Event()
 
@@ -328,7 +328,7 @@ async def test_a_block_being_uploaded_gives_up_a_stream_closed_meanwhile(
             await go_on.wait()
         return result
 
-    storage._stage = slow_stage  # type: ignore[method-assign]
+    storage.uploader._stage = slow_stage  # type: ignore[method-assign]
     upload = asyncio.create_task(storage.force_upload())
     await staged.wait()  # the block's objects are written, not committed
     await moving.close()
@@ -347,4 +347,4 @@ async def test_a_streams_own_upload_is_never_paced(make_storage: StorageFactory)
     long taking them out took."""
     storage = await make_storage()
     extracted = SimpleNamespace(block_id=-1, size=100 * MB, first_put_at=0.0, sealed_at=5.0)
-    assert storage._upload_rate(extracted) is None  # type: ignore[arg-type]
+    assert storage.uploader._upload_rate(extracted) is None  # type: ignore[arg-type]

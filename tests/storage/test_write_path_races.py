@@ -122,7 +122,7 @@ async def test_every_append_listener_hears_once_whether_durable_failed_or_given_
     for i in range(3):
         _, done = await s.start_append(b"f" * 100, 1, on_done=lambda i=i: heard.append(i))
         failing.append(done)
-    storage._fail(OSError("injected: the disk failed"))  # before their commit runs
+    storage.fail(OSError("injected: the disk failed"))  # before their commit runs
     assert sorted(heard) == [0, 1, 2]  # at once, in the same pass
     for done in failing:
         assert isinstance(done.exception(), StorageFailedError)
