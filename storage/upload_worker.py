@@ -52,6 +52,7 @@ import msgpack
 
 from storage import child_process, object_format, stream_record_batch
 from storage.heap import keep_large_buffers_in_heap
+from storage.log_cache import LogCacheBlock
 from storage.object_format import DataBlockIndex
 from storage.operator import ObjectStore, open_object_store
 from storage.wal import record as wal_record
@@ -81,6 +82,19 @@ class RunSpec:
     base_offset: int
     end_offset: int
     positions: array[int]
+
+    @classmethod
+    def of(
+        cls, run: Sequence[stream_record_batch.StreamRecordBatch], block: LogCacheBlock
+    ) -> RunSpec:
+        """The spec of ``run``, one stream's records in the LogCache ``block`` (all of them)."""
+        first = run[0]
+        return cls(
+            first.stream_id,
+            first.base_offset,
+            run[-1].last_offset,
+            block.wal_positions[first.stream_id],
+        )
 
 
 @dataclass(slots=True, frozen=True)

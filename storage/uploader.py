@@ -559,15 +559,7 @@ class Uploader:
             await self._store.put(key, built.parts)
             sizes[object_id] = built.size
             return
-        specs = [
-            RunSpec(
-                run[0].stream_id,
-                run[0].base_offset,
-                run[-1].last_offset,
-                block.wal_positions[run[0].stream_id],
-            )
-            for run in runs
-        ]
+        specs = [RunSpec.of(run, block) for run in runs]
         if rate is not None:
             self._paced_puts.add(object_id)
         try:

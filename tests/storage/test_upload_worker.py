@@ -34,15 +34,7 @@ REPO = Path(__file__).resolve().parents[2]
 def _specs(storage: S3Storage) -> tuple[list[RunSpec], list[list[StreamRecordBatch]]]:
     block = storage.cache.active
     plan = plan_upload(block.records, 1 << 40)  # every stream in one Stream Set Object
-    specs = [
-        RunSpec(
-            run[0].stream_id,
-            run[0].base_offset,
-            run[-1].last_offset,
-            block.wal_positions[run[0].stream_id],
-        )
-        for run in plan.stream_set
-    ]
+    specs = [RunSpec.of(run, block) for run in plan.stream_set]
     return specs, plan.stream_set
 
 
