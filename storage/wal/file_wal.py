@@ -51,7 +51,9 @@ one's write to be acknowledged before their own is even submitted. The writes la
 (``IOSQE_IO_DRAIN``), each starting where the one before it ended, and are acknowledged in
 order. The ring's writes hold ``_commit_lock`` like any commit, from the first submitted to the
 last completed; the writer thread still takes larger batches, those with padding in them, and
-the header writes.
+the header writes. Once a second (``RING_CHECK_S``) the loop also looks for a completion the
+eventfd did not announce: one left unreaped would hold every commit after it, and the writer
+thread's header writes (a WAL's trim), for good.
 
 Torn tails: at most ``window`` bytes (kept in the header) are ever written past the last
 fsync. After a crash, recovery stops at the first invalid record and zeroes the next ``window``
@@ -107,6 +109,8 @@ ASYNC_COMMIT_MAX = 4 * 1024 * 1024
 # Asynchronous commits in flight at once: one being written, one queued behind it in the kernel
 # (a batch that would end past the window from the last durable byte waits for them).
 ASYNC_IN_FLIGHT = 2
+# How often the loop looks for completed asynchronous commits nobody announced (_check_ring)
+RING_CHECK_S = 1.0
 _PAGE_SIZE = mmap.PAGESIZE  # the page cache's unit: a write ending inside a page reads it first
 
 
@@ -192,6 +196,7 @@ class FileWAL:
         self._ring: RingWriter | None = None
         self._ring_batches: collections.deque[_RingBatch] = collections.deque()  # in flight
         self._ring_commits = 0
+        self._ring_check: asyncio.TimerHandle | None = None  # see _check_ring
         # see WriteAheadLog.after_acknowledgements
         self.after_acknowledgements: list[Callable[[], object]] = []
         self._writer_done = False  # it has taken its last request
@@ -610,13 +615,30 @@ class FileWAL:
             return
         self._ring = writer
         self._loop.add_reader(writer.eventfd, self._ring_done)
+        self._ring_check = self._loop.call_later(RING_CHECK_S, self._check_ring)
         logger.debug("WAL %s: the event loop's commits are written by an io_uring", self._path)
+
+    def _check_ring(self) -> None:
+        """Every ``RING_CHECK_S``: acknowledge writes in flight that have completed without
+        the eventfd saying so. The appends behind a completion nobody reaps would wait for
+        it forever, and so would the writer thread, for the commit lock."""
+        if self._ring is None or self._closed:
+            return
+        if self._ring_batches and self._ring.completed():
+            logger.warning(
+                "WAL %s: an io_uring write had completed unannounced; acknowledged now", self._path
+            )
+            self._ring_done()
+        self._ring_check = self._loop.call_later(RING_CHECK_S, self._check_ring)
 
     def _stop_ring(self) -> None:
         writer, self._ring = self._ring, None
         if writer is not None:
             self._loop.remove_reader(writer.eventfd)
             writer.close()
+        if self._ring_check is not None:
+            self._ring_check.cancel()
+            self._ring_check = None
 
     def _submit_to_ring(self, acked: list[tuple[_Pending, int, int]], writes: list[_Write]) -> bool:
         """Under the commit lock, on the event loop: copy one batch, and the zeros up to its
@@ -1108,6 +1130,9 @@ class FileWAL:
             self._closed = True
             if self._thread is not None:
                 await asyncio.to_thread(self._thread.join)
+            if self._ring_check is not None:
+                self._ring_check.cancel()
+                self._ring_check = None
             if not self._ring_batches:  # (else the kernel may still read their buffers)
                 self._stop_ring()
             os.close(self._fd)

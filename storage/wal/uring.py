@@ -14,6 +14,14 @@ A write may be queued behind those in flight (``after_others``): it carries
 completed, without the caller's turn in between. Writes that share a page (a commit's zeros to
 its page's end, the next commit's first bytes) then land in submission order.
 
+A completion the kernel could not post to the completion ring goes to its overflow list
+instead, where it stays until the application calls ``io_uring_enter`` with
+``IORING_ENTER_GETEVENTS`` (the ring's ``IORING_SQ_CQ_OVERFLOW`` flag says so). A writer that
+waits for its writes before submitting more would wait forever: :meth:`RingWriter.reap` and
+:meth:`RingWriter.completed` flush that list first (liburing's ``io_uring_peek_cqe`` does the
+same). Seen here: two completions in the overflow list of a ring whose completion ring was
+empty, the broker's WAL commits stopped for good.
+
 The rings are shared memory the submitter writes with plain stores: that is safe on x86-64,
 whose stores are seen in program order; elsewhere, or where the kernel refuses io_uring
 (disabled by ``kernel.io_uring_disabled``, a container's seccomp profile, a kernel before
@@ -33,6 +41,8 @@ from typing import Any
 
 _SETUP, _ENTER, _REGISTER = 425, 426, 427  # the same numbers on every architecture
 _REGISTER_EVENTFD = 4
+_ENTER_GETEVENTS = 1 << 0
+_SQ_CQ_OVERFLOW = 1 << 1  # in the submission ring's flags: completions wait in the overflow list
 _OP_WRITE = 23
 _IOSQE_IO_DRAIN = 1 << 1
 _OFF_SQES = 0x10000000
@@ -138,10 +148,17 @@ class RingWriter:
             raise OSError(code or 5, f"io_uring_enter: {os.strerror(code or 5)}")
 
     def completed(self) -> bool:
-        """Whether a completion waits to be reaped (two loads from the shared ring, no
-        system call)."""
+        """Whether a completion waits to be reaped (loads from the shared ring; a system call
+        only to flush completions the kernel left in its overflow list)."""
+        self._flush_overflow()
         head = _U32.unpack_from(self._ring, self._cq.head)[0]
         return head != _U32.unpack_from(self._ring, self._cq.tail)[0]
+
+    def _flush_overflow(self) -> None:
+        """Have the kernel move the completions of its overflow list into the completion ring,
+        if it holds any."""
+        if _U32.unpack_from(self._ring, self._sq.flags)[0] & _SQ_CQ_OVERFLOW:
+            self._syscall(_ENTER, self._ring_fd, 0, 0, _ENTER_GETEVENTS, None, 0)
 
     def reap(self) -> list[tuple[int, int]]:
         """The writes completed since the last call, in completion order: each one's buffer
@@ -149,15 +166,19 @@ class RingWriter:
         readable."""
         with contextlib.suppress(BlockingIOError):
             os.eventfd_read(self.eventfd)
-        head = _U32.unpack_from(self._ring, self._cq.head)[0]
-        tail = _U32.unpack_from(self._ring, self._cq.tail)[0]
         done: list[tuple[int, int]] = []
-        while head != tail:
-            tag, result = _CQE.unpack_from(self._ring, self._cq.cqes + (head & self._cq_mask) * 16)
-            done.append((tag, result))
-            head += 1
-        _U32.pack_into(self._ring, self._cq.head, head)
-        return done
+        while True:
+            self._flush_overflow()
+            head = _U32.unpack_from(self._ring, self._cq.head)[0]
+            tail = _U32.unpack_from(self._ring, self._cq.tail)[0]
+            if head == tail:
+                return done
+            while head != tail:
+                at = self._cq.cqes + (head & self._cq_mask) * _CQE_SIZE
+                tag, result = _CQE.unpack_from(self._ring, at)
+                done.append((tag, result))
+                head += 1
+            _U32.pack_into(self._ring, self._cq.head, head)
 
     def close(self) -> None:
         """Release the ring (no write may be in flight); ``fd`` stays open."""

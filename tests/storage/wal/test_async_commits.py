@@ -375,3 +375,49 @@ def test_a_write_queued_behind_others_is_flagged_to_drain(tmp_path: Path) -> Non
     finally:
         writer.close()
         os.close(fd)
+
+
+def test_completions_the_kernel_kept_in_its_overflow_list_are_reaped(tmp_path: Path) -> None:
+    """More completions than the completion ring holds (twice the 4 submission entries), none
+    reaped meanwhile: the kernel keeps the rest in its overflow list until the application
+    asks for them. ``completed()`` and ``reap()`` flush it; a writer that read the ring alone
+    would wait for its last writes forever (a broker's WAL commits stopped that way)."""
+    fd = os.open(tmp_path / "file", os.O_CREAT | os.O_WRONLY, 0o600)
+    writer, why = open_ring(fd, 4096, 4)
+    assert writer is not None, why
+    try:
+        entries = (writer._cq_mask + 1) + len(writer.staging)
+        for i in range(entries):
+            writer.submit(i % len(writer.staging), i * 4096, 4096, after_others=False)
+            time.sleep(0.005)  # (each completes before the next: none is waited for below)
+        deadline = time.monotonic() + 10
+        done: list[tuple[int, int]] = []
+        while len(done) < entries:
+            assert time.monotonic() < deadline, f"{len(done)} of {entries} writes reaped"
+            assert writer.completed() or len(done) < writer._cq_mask + 1
+            done += writer.reap()
+            time.sleep(0.001)
+        assert [result for _, result in done] == [4096] * entries
+        assert not writer.completed()
+    finally:
+        writer.close()
+        os.close(fd)
+
+
+async def test_a_completion_no_eventfd_announced_is_acknowledged_by_the_periodic_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Appends behind an io_uring write whose completion nothing announced are acknowledged
+    all the same, within a check's period, and later ones go on."""
+    monkeypatch.setattr(file_wal, "RING_CHECK_S", 0.05)
+    wal = await open_ring_wal(tmp_path / "wal")
+    assert wal._ring is not None
+    asyncio.get_running_loop().remove_reader(wal._ring.eventfd)  # the announcements go nowhere
+    results = await asyncio.wait_for(
+        asyncio.gather(*(wal.append(f"record {i}".encode()) for i in range(20))), 5
+    )
+    assert [r.offset for r in results] == sorted(r.offset for r in results)
+    await wal.close()
+    wal, records = await reopen(tmp_path / "wal")
+    assert [body for _, body in records] == [f"record {i}".encode() for i in range(20)]
+    await wal.close()
