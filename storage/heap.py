@@ -165,10 +165,6 @@ def _available_memory() -> int:
     return max(0, available)
 
 
-# looked up at each call, not bound at import: a test replaces the allocator's free
-_ALLOCATOR = ALLOCATOR
-
-
 def aligned_bytearray(size: int, align: int = PAGE) -> memoryview:
     """``size`` bytes of a bytearray, starting at an ``align``-aligned address."""
     raw = bytearray(size + align - 1)
@@ -185,8 +181,8 @@ class _Freed:
         self.address = address
 
     def __del__(self) -> None:
-        if _ALLOCATOR is not None:
-            _ALLOCATOR[1](self.address)
+        if ALLOCATOR is not None:  # (looked up here, not bound: a test replaces it)
+            ALLOCATOR[1](self.address)
 
 
 def size_class(size: int) -> int:
@@ -197,22 +193,22 @@ def size_class(size: int) -> int:
 
 def heap_buffer(size: int, *, populate: bool = False) -> memoryview:
     """``size`` bytes of page-aligned (as ``O_DIRECT`` wants), uninitialised memory from the C
-    heap, freed once no view of it is left: for the reads whose data stays a while (the block
-    cache's). Memory the process freed (the LogCache's evicted payloads, reads the block cache
-    let go) is reused as it is, where a new mapping costs the kernel's zeroing of every page
-    and a fault per 4 KiB: cold reads of 2 GiB through mappings reused only at their own size
-    spent 18% of the broker's CPU in that zeroing. The heap keeps buffers up to 32 MiB (see
-    ``storage.heap``). Sizes are rounded by :func:`size_class`, so the few buffer types made
-    are cached.
+    heap, freed once no view of it is left: for buffers filled by a read or a copy that writes
+    every byte (the block cache's reads, a large request's frame). Memory the process freed
+    (the LogCache's evicted payloads, reads the block cache let go) is reused as it is, where a
+    new mapping costs the kernel's zeroing of every page and a fault per 4 KiB: cold reads of 2
+    GiB through mappings reused only at their own size spent 18% of the broker's CPU in that
+    zeroing. The heap keeps buffers up to 32 MiB (:func:`keep_large_buffers_in_heap`). Sizes
+    are rounded by :func:`size_class`, so the few buffer types made are cached.
 
     ``populate``: fault in the pages not yet used in one call (``MADV_POPULATE_WRITE``), for a
     buffer filled by copies on the event loop rather than by a direct read, which faults them
     in from its worker thread: a fault per 4 KiB cost 0.96-1.05 s of CPU per GB against
     0.52-0.72 made at once."""
     padded = size_class(size + PAGE)
-    if _ALLOCATOR is None:
+    if ALLOCATOR is None:
         return aligned_bytearray(size)
-    address = _ALLOCATOR[0](padded)
+    address = ALLOCATOR[0](padded)
     if not address:
         raise MemoryError(f"malloc({padded}) failed")
     owner = (ctypes.c_char * padded).from_address(address)

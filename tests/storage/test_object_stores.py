@@ -593,15 +593,15 @@ async def test_local_views_keep_their_memory_while_any_slice_lives(
 def test_heap_buffers_are_page_aligned_and_freed_once_no_view_is_left(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert heap._ALLOCATOR is not None, "no malloc here: the test would not test it"
-    malloc, free = heap._ALLOCATOR
+    assert heap.ALLOCATOR is not None, "no malloc here: the test would not test it"
+    malloc, free = heap.ALLOCATOR
     freed: list[int] = []
 
     def recording_free(address: int) -> None:
         freed.append(address)
         free(address)
 
-    monkeypatch.setattr(heap, "_ALLOCATOR", (malloc, recording_free))
+    monkeypatch.setattr(heap, "ALLOCATOR", (malloc, recording_free))
     buffer = heap_buffer(MiB + 1)
     assert len(buffer) == MiB + 1 and not buffer.readonly
     assert ctypes.addressof(ctypes.c_char.from_buffer(buffer)) % 4096 == 0
