@@ -189,6 +189,14 @@ class Partition:
             return AppendResult(ErrorCode.INVALID_RECORD, message=str(e))
         except InvalidRecordBatchError as e:
             return AppendResult(ErrorCode.CORRUPT_MESSAGE, message=str(e))
+        if (
+            len(batches) == 1
+            and not self._append_lock.locked()
+            and config.message_timestamp_type != "LogAppendTime"
+        ):
+            started = self._append_now(*batches[0], check_sequence=not from_coordinator)
+            if started is not None:
+                return started
         loop = asyncio.get_running_loop()
         if self._append_lock.locked() and deadline is not None:
             await asyncio.wait_for(self._append_lock.acquire(), deadline - loop.time())
@@ -240,6 +248,35 @@ class Partition:
         else:
             listeners.insert(0, partial(self._on_durable, durable))
         return PendingAppend(durable, first, self, append_time, listeners)
+
+    def _append_now(
+        self, header: record_batch.RecordBatchHeader, view: memoryview, *, check_sequence: bool
+    ) -> AppendResult | PendingAppend | None:
+        """The append of a request's one batch (validated, with the broker's timestamps not
+        set in it), in one pass, when nothing has to wait: no other append holds the
+        partition, the log need not roll and the WAL cache has room. None when something
+        must: then nothing was appended, and the caller takes the lock and waits. Nothing
+        here yields, so no other append comes between the check and the offsets taken."""
+        log = self.log
+        check = log.producer_state.check((header,), check_sequence=check_sequence)
+        if check.duplicate is not None:
+            first, last = check.duplicate.first_offset, check.duplicate.last_offset
+            return PendingAppend(self.wait_durable(last + 1), first, self)
+        if check.error != ErrorCode.NONE:
+            return AppendResult(check.error, message=check.message)
+        if view.readonly:
+            return None
+        base = log.log_end_offset
+        record_batch.assign_offsets(view, base, self.leader_epoch)
+        listeners: list[Callable[[], object]] = []
+        durable = log.append_now(view, header, base, partial(_fire, listeners))
+        if durable is None:
+            return None  # (the offsets set in place are set again, the same)
+        if durable.done():
+            self._on_durable(durable)
+        else:
+            listeners.append(partial(self._on_durable, durable))
+        return PendingAppend(durable, base, self, -1, listeners)
 
     async def append_marker(
         self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool

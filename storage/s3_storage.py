@@ -436,6 +436,11 @@ class S3Storage:
 
     # -- write path ------------------------------------------------------------------------------
 
+    def has_room(self) -> bool:
+        """Whether an append may start now: the data not yet in object storage is under
+        ``s3.wal.cache.size`` and the WAL ring has space (else :meth:`wait_for_room`)."""
+        return self.cache.unuploaded_size < self.config.wal_cache_size and self.wal.free_space > 0
+
     async def wait_for_room(self, timeout: float | None = None) -> None:
         """Backpressure: wait while data not yet in object storage fills ``s3.wal.cache.size``
         or the WAL ring; ``TimeoutError`` after ``timeout`` seconds (None: no limit).
@@ -450,7 +455,7 @@ class S3Storage:
         def room() -> bool:
             return self.cache.unuploaded_size < limit and self.wal.free_space > 0
 
-        if not room():
+        if not self.has_room():
             self.uploader.wake()
             try:
                 await asyncio.wait_for(self.wait_until(room), timeout)

@@ -91,13 +91,30 @@ class S3Stream:
         ``room_timeout`` seconds, nothing taken); a small record that must follow another
         (a time-index entry) passes ``backpressure=False`` and never waits. ``on_done()``: as
         :meth:`S3Storage.submit` calls it, once the append is settled (durable or failed)."""
+        if backpressure:
+            await self.wait_for_room(room_timeout)
+        return self.append_now(payload, count, on_done)
+
+    async def wait_for_room(self, timeout: float | None = None) -> None:
+        """Wait until the WAL cache has room for an append (:meth:`S3Storage.wait_for_room`),
+        failing first if this stream cannot take one."""
+        if not self.storage.has_room():
+            self._check_writable()
+            await self.storage.wait_for_room(timeout)
+
+    def append_now(
+        self,
+        payload: bytes | memoryview,
+        count: int,
+        on_done: Callable[[], object] | None = None,
+    ) -> tuple[int, asyncio.Future[None]]:
+        """:meth:`start_append` without waiting for room in the WAL cache: for a caller that
+        has just seen there is some (:meth:`S3Storage.has_room`), or a small record that must
+        follow another (a time-index entry). Nothing yields from the offsets taken to the WAL
+        write."""
         if count <= 0:
             raise ValueError(f"count must be positive, got {count}")
         self._check_writable()
-        if backpressure:
-            await self.storage.wait_for_room(room_timeout)
-            self._check_writable()
-        # from here to the WAL write nothing yields, so offsets reach the WAL in order
         base = self.next_offset
         self.next_offset += count
         batch = StreamRecordBatch(self.stream_id, self.epoch, base, count, payload)

@@ -525,6 +525,7 @@ class ElasticLog:
         first_timestamp: int,
         timeout: float | None = None,
         on_done: Callable[[], object] | None = None,
+        header: RecordBatchHeader | None = None,
     ) -> asyncio.Future[None]:
         """Start the append of one Kafka record batch whose header already says
         ``base_offset`` (which must be :attr:`log_end_offset`) and return the future of its
@@ -538,7 +539,8 @@ class ElasticLog:
         Kafka's append info; rolling and indexing use ``max_timestamp``, as Kafka does.
         ``TimeoutError`` when the WAL cache has had no room for ``timeout`` seconds.
         ``on_done()`` is called as the future is set done, in the same pass of the event loop
-        (see :meth:`S3Stream.start_append`).
+        (see :meth:`S3Stream.start_append`). ``header``: the batch's, when the caller has
+        parsed it (its producer fields are read, not its offsets).
         """
         if record_count <= 0:
             raise ValueError(f"record_count must be positive, got {record_count}")
@@ -556,19 +558,67 @@ class ElasticLog:
                 self.config, len(batch), last_offset, max_timestamp, now
             ):
                 await self._roll(now)
-            durable = await self._segments[-1].start_append(
-                batch, base_offset, record_count, max_timestamp, now, timeout, on_done
+            segment = self._segments[-1]
+            await segment.log_stream.wait_for_room(timeout)
+            return self._append(
+                segment, batch, header, base_offset, record_count, max_timestamp, now, on_done
             )
-            self._track_producer(batch, base_offset, now)
-            return durable
 
-    def _track_producer(self, batch: bytes | memoryview, base_offset: int, now: int) -> None:
+    def append_now(
+        self,
+        batch: bytes | memoryview,
+        header: RecordBatchHeader,
+        base_offset: int,
+        on_done: Callable[[], object] | None = None,
+    ) -> asyncio.Future[None] | None:
+        """:meth:`start_append` of a batch at ``base_offset`` (:attr:`log_end_offset`), when
+        it can start without waiting: None (nothing done) while another append holds the log,
+        when the active segment must roll first, or the WAL cache has no room; the caller
+        then awaits :meth:`start_append`. ``header``: the batch's, as parsed before its
+        offsets were set (its base offset is not read)."""
+        if self._lock.locked() or self._closed:
+            return None
+        segment = self._segments[-1]
+        now = self._clock()
+        record_count = header.last_offset_delta + 1
+        max_timestamp = header.max_timestamp
+        if not segment.log_stream.storage.has_room() or segment.should_roll(
+            self.config, len(batch), base_offset + record_count - 1, max_timestamp, now
+        ):
+            return None
+        return self._append(
+            segment, batch, header, base_offset, record_count, max_timestamp, now, on_done
+        )
+
+    def _append(
+        self,
+        segment: ElasticLogSegment,
+        batch: bytes | memoryview,
+        header: RecordBatchHeader | None,
+        base_offset: int,
+        record_count: int,
+        max_timestamp: int,
+        now: int,
+        on_done: Callable[[], object] | None,
+    ) -> asyncio.Future[None]:
+        durable = segment.append_now(batch, base_offset, record_count, max_timestamp, now, on_done)
+        self._track_producer(batch, base_offset, now, header)
+        return durable
+
+    def _track_producer(
+        self,
+        batch: bytes | memoryview,
+        base_offset: int,
+        now: int,
+        header: RecordBatchHeader | None = None,
+    ) -> None:
         """Record an appended batch in the producer state (from its header, and a marker's
         record)."""
-        try:
-            header = parse_header(batch)
-        except InvalidRecordBatchError:
-            return  # not a Kafka batch (some tests append opaque payloads): no producer
+        if header is None:
+            try:
+                header = parse_header(batch)
+            except InvalidRecordBatchError:
+                return  # not a Kafka batch (some tests append opaque payloads): no producer
         self.producer_state.update(header, base_offset, now, _marker(header, batch))
 
     # -- key compaction --------------------------------------------------------------------------
@@ -636,7 +686,7 @@ class ElasticLog:
                 if cleaned.size == 0:
                     cleaned.first_batch_timestamp = header.max_timestamp
                 cleaned.size += len(batch.data)
-                await cleaned.time_index.on_batch_submitted(
+                cleaned.time_index.on_batch_submitted(
                     len(batch.data), header.max_timestamp, header.base_offset, header.last_offset
                 )
             await cleaned.time_index.maybe_append(cleaned.time_index.max_so_far)

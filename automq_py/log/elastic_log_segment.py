@@ -141,29 +141,42 @@ class ElasticLogSegment:
         timeout: float | None = None,
         on_done: Callable[[], object] | None = None,
     ) -> asyncio.Future[None]:
+        """:meth:`append_now` once the WAL cache has room: ``TimeoutError`` when it has had
+        none for ``timeout`` seconds (nothing appended)."""
+        await self.log_stream.wait_for_room(timeout)
+        return self.append_now(batch, base_offset, record_count, max_timestamp, now, on_done)
+
+    def append_now(
+        self,
+        batch: bytes | memoryview,
+        base_offset: int,
+        record_count: int,
+        max_timestamp: int,
+        now: int,
+        on_done: Callable[[], object] | None = None,
+    ) -> asyncio.Future[None]:
         """Start the append of one Kafka batch at ``base_offset`` (the segment's assigned end)
         and return the future of its durability, which is done once it and every batch before
         it are durable. The time-index entry, when one is due, goes right behind the batch,
-        into the same group commit. ``TimeoutError`` when the WAL cache has had no room for
-        ``timeout`` seconds (nothing appended). ``on_done``: see :meth:`S3Stream.start_append`."""
-        expected = self.to_stream(base_offset)
-        if not self.is_active or self.log_stream.next_offset != expected:
+        into the same group commit. Does not wait for room in the WAL cache (see
+        :meth:`start_append`). ``on_done``: see :meth:`S3Stream.start_append`."""
+        expected = self.log_slice.start + (base_offset - self.base_offset)
+        if self.log_slice.end != NOOP_OFFSET or self.log_stream.next_offset != expected:
             raise SegmentOffsetError(
                 f"segment {self.base_offset}: offset {base_offset} maps to stream offset "
                 f"{expected}, the log stream {self.log_stream.stream_id} is at "
                 f"{self.log_stream.next_offset}"
             )
-        _, durable = await self.log_stream.start_append(
-            batch, record_count, room_timeout=timeout, on_done=on_done
-        )
+        _, durable = self.log_stream.append_now(batch, record_count, on_done)
         # the batch's offsets are taken from here on: the segment accounts for it whatever
         # happens to the index entry (a failed entry write fails the storage, and so the batch)
+        size = len(batch)
         if self.size == 0:
             self.first_batch_timestamp = max_timestamp
         self.last_modified_timestamp = now
-        self.size += len(batch)
-        await self.time_index.on_batch_submitted(
-            len(batch), max_timestamp, base_offset, base_offset + record_count - 1
+        self.size += size
+        self.time_index.on_batch_submitted(
+            size, max_timestamp, base_offset, base_offset + record_count - 1
         )
         return durable
 

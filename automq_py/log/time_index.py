@@ -139,13 +139,13 @@ class SegmentTimeIndex:
     ) -> None:
         """Account for a batch appended to the segment; add an entry by Kafka's rule. During
         recovery, ``after`` is the last indexed offset: batches up to it are indexed already."""
-        pending = await self.on_batch_submitted(
+        pending = self.on_batch_submitted(
             size, max_timestamp, base_offset, last_offset, after=after
         )
         if pending is not None:
             await pending
 
-    async def on_batch_submitted(
+    def on_batch_submitted(
         self, size: int, max_timestamp: int, base_offset: int, last_offset: int, *, after: int = -1
     ) -> asyncio.Future[None] | None:
         """:meth:`on_batch_appended` for a batch whose WAL write was just started: an entry
@@ -157,7 +157,7 @@ class SegmentTimeIndex:
             self.max_so_far = TimestampOffset(max_timestamp, last_offset)
         pending = None
         if self.bytes_since_last_entry > self.index_interval_bytes and base_offset > after:
-            pending = await self._start_entry(self.max_so_far)
+            pending = self._start_entry(self.max_so_far)
             self.bytes_since_last_entry = 0
         self.bytes_since_last_entry += size
         return pending
@@ -165,22 +165,22 @@ class SegmentTimeIndex:
     async def maybe_append(self, entry: TimestampOffset) -> None:
         """Add ``entry`` if its timestamp is larger than the last entry's, and append every
         entry not yet in the stream; returns once they are durable."""
-        await self._start_entry(entry)
-        pending = await self._flush()
+        self._start_entry(entry)
+        pending = self._flush()
         if pending is not None:
             await asyncio.shield(pending)
 
-    async def _flush(self) -> asyncio.Future[None] | None:
+    def _flush(self) -> asyncio.Future[None] | None:
         """Append the unwritten entries as one stream record; the future of its durability."""
         if not self._unwritten:
             return None
         data = bytes(self._unwritten)
         self._unwritten.clear()
         # no waiting for WAL cache room: the entries follow batches that just got it
-        _, durable = await self.stream.start_append(data, len(data), backpressure=False)
+        _, durable = self.stream.append_now(data, len(data))
         return durable
 
-    async def _start_entry(self, entry: TimestampOffset) -> asyncio.Future[None] | None:
+    def _start_entry(self, entry: TimestampOffset) -> asyncio.Future[None] | None:
         if entry.timestamp <= self.last_entry.timestamp:
             return None
         if self.entries and entry.offset < self.last_entry.offset:
@@ -207,7 +207,7 @@ class SegmentTimeIndex:
             self._tail_offsets.append(entry.offset)
         self.last_entry = entry
         if len(self._unwritten) >= FLUSH_ENTRIES * ENTRY_SIZE:
-            return await self._flush()
+            return self._flush()
         return None
 
     def seal(self) -> SliceRange:
