@@ -54,9 +54,11 @@ def read_int32(buf: Buffer, pos: int) -> tuple[int, int]:
 
 def read_uvarint(buf: Buffer, pos: int) -> tuple[int, int]:
     """Read an UNSIGNED_VARINT of at most 5 bytes (uint32)."""
+    end = len(buf)
+    if pos < end and buf[pos] < 0x80:  # one byte: nearly every length and count
+        return buf[pos], pos + 1
     result = 0
     shift = 0
-    end = len(buf)
     for _ in range(_MAX_VARINT_BYTES):
         if pos >= end:
             raise InvalidRequestError("truncated varint")
