@@ -157,6 +157,36 @@ _topics = st.lists(
 def test_response_encoding_is_kios(
     version: int, correlation_id: int, topics: list, throttle: int
 ) -> None:
+    _assert_encoding_is_kios(version, correlation_id, topics, throttle)
+
+
+# the common response (one topic, one partition, no message or record errors), which
+# ``encode_produce_response`` builds in one pass; names past 126 bytes take the general path
+@settings(max_examples=300, deadline=None)
+@given(
+    version=st.integers(produce.MIN_VERSION, produce.MAX_VERSION),
+    correlation_id=st.integers(-(1 << 31), (1 << 31) - 1),
+    name=st.text(min_size=1, max_size=30) | st.text(min_size=120, max_size=140),
+    partition=_partition.map(
+        lambda p: ProducePartitionResponse(
+            p.index, p.error_code, p.base_offset, p.log_append_time_ms, p.log_start_offset
+        )
+    ),
+    throttle=st.integers(0, (1 << 31) - 1),
+)
+def test_one_partition_response_is_kios(
+    version: int,
+    correlation_id: int,
+    name: str,
+    partition: ProducePartitionResponse,
+    throttle: int,
+) -> None:
+    _assert_encoding_is_kios(version, correlation_id, [(name, [partition])], throttle)
+
+
+def _assert_encoding_is_kios(
+    version: int, correlation_id: int, topics: list, throttle: int
+) -> None:
     ours = b"".join(
         bytes(b) for b in encode_produce_response(version, correlation_id, topics, throttle)
     )
