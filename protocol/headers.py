@@ -90,13 +90,16 @@ def peek_request_ids(frame: wire.Buffer) -> tuple[int, int, int]:
     return api_key, api_version, correlation_id
 
 
-def decode_request_header(frame: wire.Buffer, header_version: int) -> tuple[RequestHeader, int]:
+def decode_request_header(
+    frame: wire.Buffer, header_version: int, ids: tuple[int, int, int] | None = None
+) -> tuple[RequestHeader, int]:
     """Decode a request header of ``header_version``; return it and the body offset.
+    ``ids``: what :func:`peek_request_ids` returned for ``frame``, when the caller has it.
 
     Unknown tagged fields (v2) are skipped. Errors carry the correlation id when the
     first 8 bytes were present.
     """
-    api_key, api_version, correlation_id = peek_request_ids(frame)
+    api_key, api_version, correlation_id = ids if ids is not None else peek_request_ids(frame)
     pos = FIXED_SIZE
     client_id = None
     try:
