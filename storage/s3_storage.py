@@ -527,19 +527,36 @@ class S3Storage:
         # (a caller that cancelled its future gave up waiting; the write is confirmed anyway,
         # or every later offset of the stream would wait behind it forever)
         result = durable.result()
-        state.waiting[batch.base_offset] = _Durable(
-            batch, result.offset, result.next_offset, done, on_done
-        )
-        while state.confirmed in state.waiting:
-            record = state.waiting.pop(state.confirmed)
-            self.cache.put(record.batch, record.wal_offset, record.wal_next)
-            state.confirmed = record.batch.last_offset
-            del state.inflight[record.done]
-            if not record.done.done():
-                record.done.set_result(None)
-            if record.on_done is not None:
-                _call_listener(record.on_done, "durability")
+        if batch.base_offset == state.confirmed and not state.waiting:
+            # the usual case: the stream's next write, none held back
+            self._confirm(state, batch, result.offset, result.next_offset, done, on_done)
+        else:
+            state.waiting[batch.base_offset] = _Durable(
+                batch, result.offset, result.next_offset, done, on_done
+            )
+            while state.confirmed in state.waiting:
+                r = state.waiting.pop(state.confirmed)
+                self._confirm(state, r.batch, r.wal_offset, r.wal_next, r.done, r.on_done)
         self.uploader.on_cached()
+
+    def _confirm(
+        self,
+        state: _StreamState,
+        batch: StreamRecordBatch,
+        wal_offset: int,
+        wal_next: int,
+        done: asyncio.Future[None],
+        on_done: Callable[[], object] | None,
+    ) -> None:
+        """``batch``, the next offsets of its stream, is durable: into the cache, and its
+        append returns."""
+        self.cache.put(batch, wal_offset, wal_next)
+        state.confirmed = batch.base_offset + batch.count
+        del state.inflight[done]
+        if not done.done():
+            done.set_result(None)
+        if on_done is not None:
+            _call_listener(on_done, "durability")
 
     def wal_trim_point(self, fallback: int) -> int:
         """The WAL offset below which every durable record is in object storage."""
