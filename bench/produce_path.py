@@ -1,0 +1,217 @@
+"""The Produce path's CPU per request inside the broker, without sockets or clients.
+
+A broker with its defaults (file WAL, local object store, SQLite metadata) runs in this process,
+in a temporary directory. Bursts of Produce requests in librdkafka's shape (one request per
+partition, v9, ``acks=all``, one batch of ``--records`` records of ``--record-size`` bytes) are
+decoded, handled, committed to the WAL and answered (the response encoded), a burst at a time,
+as the socket server does with the requests it reads together. Per run it prints the event
+loop's CPU per request (``thread_time``: the work the broker's one loop thread does, which the
+requests of a burst wait behind) and the wall time per request; ``--calls`` also counts the
+Python function calls per request (under ``cProfile``, in a pass of its own).
+
+Without the sockets, a client beside it and the host's scheduling, the figure spreads by a few
+percent rather than ``produce_requests.py``'s ~15%: a change to the request path shows here
+first. ``--checkout`` runs other checkouts' code, alternated with each other::
+
+    .venv/bin/python bench/produce_path.py
+    .venv/bin/python bench/produce_path.py --checkout /tmp/before --checkout . --runs 4
+    .venv/bin/python bench/produce_path.py --calls --runs 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+TOPIC = "produce-path"
+PRODUCE_VERSION = 9
+WARMUP_BURSTS = 200  # the partitions' first appends, the schemas loaded, the WAL's first laps
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description="The broker's CPU per Produce request in-process (no sockets, no client).",
+        epilog="See the module docstring (and bench/README.md) for what is measured.",
+    )
+    parser.add_argument("--partitions", type=int, default=8, help="requests per burst (8)")
+    parser.add_argument("--records", type=int, default=15, help="records per request (15)")
+    parser.add_argument("--record-size", type=int, default=1024, help="bytes per record (1024)")
+    parser.add_argument("--bursts", type=int, default=3000, help="measured bursts a run (3000)")
+    parser.add_argument("--runs", type=int, default=3, help="runs per checkout (3)")
+    parser.add_argument(
+        "--checkout",
+        action="append",
+        default=[],
+        help="a checkout of automq-py whose code to run (repeatable: runs alternate between "
+        "them); default: this one",
+    )
+    parser.add_argument(
+        "--calls", action="store_true", help="also count Python function calls per request"
+    )
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(asyncio_run(measure(args))), flush=True)
+        return 0
+    checkouts = [Path(c).resolve() for c in args.checkout] or [Path(__file__).resolve().parents[1]]
+    print(
+        f"# {args.partitions} requests a burst of {args.records} x {args.record_size} B, "
+        f"{args.bursts} bursts a run after {WARMUP_BURSTS}"
+    )
+    figures: dict[Path, list[float]] = {c: [] for c in checkouts}
+    for run in range(1, args.runs + 1):
+        for checkout in checkouts:
+            result = run_child(checkout, args)
+            figures[checkout].append(result["cpu_us"])
+            calls = f"  {result['calls']:.1f} calls/request" if "calls" in result else ""
+            print(
+                f"{checkout.name:>14} run {run}: loop CPU {result['cpu_us']:6.1f} us/request  "
+                f"wall {result['wall_us']:6.1f} us/request{calls}",
+                flush=True,
+            )
+    print("# loop CPU per request, median of the runs:")
+    for checkout, values in figures.items():
+        print(f"{checkout.name:>14}: {statistics.median(values):.1f} us ({checkout})")
+    return 0
+
+
+def run_child(checkout: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One run on ``checkout``'s code: this script again, with the checkout first on the path
+    (``PYTHONSAFEPATH``: not this script's directory)."""
+    command = [sys.executable, str(Path(__file__).resolve()), "--child"]
+    command += ["--partitions", str(args.partitions), "--records", str(args.records)]
+    command += ["--record-size", str(args.record_size), "--bursts", str(args.bursts)]
+    if args.calls:
+        command.append("--calls")
+    env = dict(os.environ, PYTHONPATH=str(checkout), PYTHONSAFEPATH="1")
+    out = subprocess.run(
+        command, cwd=checkout, env=env, capture_output=True, text=True, check=False
+    )
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode != 0 or not lines:
+        sys.stderr.write(out.stderr[-4000:])
+        raise SystemExit(f"the run on {checkout} failed (exit code {out.returncode})")
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+def asyncio_run(main_coroutine: Any) -> Any:
+    import uvloop
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main_coroutine)
+
+
+def encoded_requests(partitions: int, records: int, record_size: int) -> list[bytes]:
+    """One Produce request frame (size prefix stripped) per partition."""
+    from kafka.protocol.producer import ProduceRequest
+
+    from protocol.records import RecordInput, build_batch
+
+    payload = os.urandom(record_size)
+    now_ms = int(time.time() * 1000)
+    frames = []
+    for p in range(partitions):
+        batch = bytes(build_batch([RecordInput(payload, None, timestamp=now_ms)] * records))
+        data = ProduceRequest.TopicProduceData
+        request = ProduceRequest[PRODUCE_VERSION](
+            transactional_id=None,
+            acks=-1,
+            timeout_ms=30_000,
+            topic_data=[
+                data(name=TOPIC, partition_data=[data.PartitionProduceData(index=p, records=batch)])
+            ],
+        )
+        request.with_header(correlation_id=p, client_id="produce-path")
+        frames.append(bytes(request.encode(header=True)))
+    return frames
+
+
+async def measure(args: argparse.Namespace) -> dict[str, float]:
+    import logging
+
+    from automq_py.apis.deferred import PendingResponse
+    from automq_py.broker import Broker
+    from automq_py.config import BrokerConfig
+    from protocol.messages import decode_request
+    from storage.heap import keep_large_buffers_in_heap, pretouch_heap
+
+    logging.disable(logging.INFO)
+    sys.setswitchinterval(0.0005)  # as `automq-py serve` sets it
+    directory = tempfile.mkdtemp(prefix="automq-produce-path-")
+    try:
+        config = BrokerConfig.load(
+            None,
+            [f"log.dirs={directory}", "listeners=PLAINTEXT://127.0.0.1:0"],
+            None,
+            env={},
+            from_env=False,
+        )
+        keep_large_buffers_in_heap()
+        if config.storage.cache_pretouch:
+            pretouch_heap(config.storage.wal_cache_size + config.storage.block_cache_size)
+        broker = Broker(config)
+        await broker.start()
+        try:
+            assert broker.server is not None and broker.storage is not None
+            apis = broker.server.apis
+            await apis.ctx.topics.create(TOPIC, args.partitions)
+            frames = encoded_requests(args.partitions, args.records, args.record_size)
+            wal = broker.storage.wal
+
+            async def burst() -> None:
+                pending = []
+                for frame in frames:
+                    # writable, as the socket server hands a Produce frame over
+                    request = decode_request(memoryview(bytearray(frame)), apis.supported)
+                    pending.append(await apis.handle(request))
+                wal.commit_now()  # the connection has read nothing more: the burst's commit
+                for response in pending:
+                    if isinstance(response, PendingResponse):
+                        if not response.future.done():
+                            await response.future
+                        response.response()
+
+            for _ in range(WARMUP_BURSTS):
+                await burst()
+            await asyncio.sleep(1.0)
+            gc.collect()
+            cpu, wall = time.thread_time(), time.perf_counter()
+            for _ in range(args.bursts):
+                await burst()
+            requests = args.bursts * args.partitions
+            result = {
+                "cpu_us": (time.thread_time() - cpu) / requests * 1e6,
+                "wall_us": (time.perf_counter() - wall) / requests * 1e6,
+            }
+            if args.calls:
+                import cProfile
+                import pstats
+
+                profile = cProfile.Profile()
+                profile.enable()
+                for _ in range(args.bursts // 4):
+                    await burst()
+                profile.disable()
+                calls = pstats.Stats(profile).total_calls  # type: ignore[attr-defined]
+                result["calls"] = calls / (args.bursts // 4 * args.partitions)
+            return result
+        finally:
+            await broker.stop()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
