@@ -27,6 +27,7 @@ import json
 import os
 import shutil
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -34,8 +35,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-TOPIC = "produce-path"
-PRODUCE_VERSION = 9
 WARMUP_BURSTS = 200  # the partitions' first appends, the schemas loaded, the WAL's first laps
 
 
@@ -60,6 +59,8 @@ def main() -> int:
         "--calls", action="store_true", help="also count Python function calls per request"
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--burst-file", help=argparse.SUPPRESS)
+    parser.add_argument("--topic", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(asyncio_run(measure(args))), flush=True)
@@ -69,10 +70,31 @@ def main() -> int:
         f"# {args.partitions} requests a burst of {args.records} x {args.record_size} B, "
         f"{args.bursts} bursts a run after {WARMUP_BURSTS}"
     )
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.produce_requests import TOPIC, encoded_burst
+
     figures: dict[Path, list[float]] = {c: [] for c in checkouts}
+    with tempfile.NamedTemporaryFile(prefix="automq-produce-path-") as burst:
+        # the requests, made once by this checkout: every run hands the same bytes over
+        burst.write(encoded_burst(args.partitions, args.records, args.record_size))
+        burst.flush()
+        run_all(args, checkouts, figures, burst.name, TOPIC)
+    print("# loop CPU per request, median of the runs:")
+    for checkout, values in figures.items():
+        print(f"{checkout.name:>14}: {statistics.median(values):.1f} us ({checkout})")
+    return 0
+
+
+def run_all(
+    args: argparse.Namespace,
+    checkouts: list[Path],
+    figures: dict[Path, list[float]],
+    burst: str,
+    topic: str,
+) -> None:
     for run in range(1, args.runs + 1):
         for checkout in checkouts:
-            result = run_child(checkout, args)
+            result = run_child(checkout, args, burst, topic)
             figures[checkout].append(result["cpu_us"])
             calls = f"  {result['calls']:.1f} calls/request" if "calls" in result else ""
             print(
@@ -80,18 +102,14 @@ def main() -> int:
                 f"wall {result['wall_us']:6.1f} us/request{calls}",
                 flush=True,
             )
-    print("# loop CPU per request, median of the runs:")
-    for checkout, values in figures.items():
-        print(f"{checkout.name:>14}: {statistics.median(values):.1f} us ({checkout})")
-    return 0
 
 
-def run_child(checkout: Path, args: argparse.Namespace) -> dict[str, Any]:
+def run_child(checkout: Path, args: argparse.Namespace, burst: str, topic: str) -> dict[str, Any]:
     """One run on ``checkout``'s code: this script again, with the checkout first on the path
     (``PYTHONSAFEPATH``: not this script's directory)."""
     command = [sys.executable, str(Path(__file__).resolve()), "--child"]
-    command += ["--partitions", str(args.partitions), "--records", str(args.records)]
-    command += ["--record-size", str(args.record_size), "--bursts", str(args.bursts)]
+    command += ["--partitions", str(args.partitions), "--bursts", str(args.bursts)]
+    command += ["--burst-file", burst, "--topic", topic]
     if args.calls:
         command.append("--calls")
     env = dict(os.environ, PYTHONPATH=str(checkout), PYTHONSAFEPATH="1")
@@ -113,28 +131,14 @@ def asyncio_run(main_coroutine: Any) -> Any:
         return runner.run(main_coroutine)
 
 
-def encoded_requests(partitions: int, records: int, record_size: int) -> list[bytes]:
-    """One Produce request frame (size prefix stripped) per partition."""
-    from kafka.protocol.producer import ProduceRequest
-
-    from protocol.records import RecordInput, build_batch
-
-    payload = os.urandom(record_size)
-    now_ms = int(time.time() * 1000)
-    frames = []
-    for p in range(partitions):
-        batch = bytes(build_batch([RecordInput(payload, None, timestamp=now_ms)] * records))
-        data = ProduceRequest.TopicProduceData
-        request = ProduceRequest[PRODUCE_VERSION](
-            transactional_id=None,
-            acks=-1,
-            timeout_ms=30_000,
-            topic_data=[
-                data(name=TOPIC, partition_data=[data.PartitionProduceData(index=p, records=batch)])
-            ],
-        )
-        request.with_header(correlation_id=p, client_id="produce-path")
-        frames.append(bytes(request.encode(header=True)))
+def split_frames(burst: bytes) -> list[bytes]:
+    """The size-prefixed frames of ``burst`` (``produce_requests.encoded_burst``), prefixes
+    stripped."""
+    frames, pos = [], 0
+    while pos < len(burst):
+        (size,) = struct.unpack_from(">i", burst, pos)
+        frames.append(burst[pos + 4 : pos + 4 + size])
+        pos += 4 + size
     return frames
 
 
@@ -166,8 +170,8 @@ async def measure(args: argparse.Namespace) -> dict[str, float]:
         try:
             assert broker.server is not None and broker.storage is not None
             apis = broker.server.apis
-            await apis.ctx.topics.create(TOPIC, args.partitions)
-            frames = encoded_requests(args.partitions, args.records, args.record_size)
+            await apis.ctx.topics.create(args.topic, args.partitions)
+            frames = split_frames(Path(args.burst_file).read_bytes())
             wal = broker.storage.wal
 
             async def burst() -> None:
