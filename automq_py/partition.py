@@ -203,15 +203,11 @@ class Partition:
         else:
             await self._append_lock.acquire()
         try:
-            check = self.log.producer_state.check(
+            refused = self._check_producers(
                 [header for header, _ in batches], check_sequence=not from_coordinator
             )
-            if check.duplicate is not None:
-                # the original may still be on its way to the WAL: answer once it is durable
-                first, last = check.duplicate.first_offset, check.duplicate.last_offset
-                return PendingAppend(self.wait_durable(last + 1), first, self)
-            if check.error != ErrorCode.NONE:
-                return AppendResult(check.error, message=check.message)
+            if refused is not None:
+                return refused
             first = -1
             durable: asyncio.Future[None] | None = None
             append_time = now_ms if config.message_timestamp_type == "LogAppendTime" else -1
@@ -241,6 +237,31 @@ class Partition:
         finally:
             self._append_lock.release()
         assert durable is not None
+        return self._pending(durable, first, append_time, listeners)
+
+    def _check_producers(
+        self, headers: list[record_batch.RecordBatchHeader], *, check_sequence: bool
+    ) -> AppendResult | PendingAppend | None:
+        """The answer when the producer state refuses the batches or already holds them (a
+        duplicate, answered once the original is durable); None when they may be appended."""
+        check = self.log.producer_state.check(headers, check_sequence=check_sequence)
+        if check.duplicate is not None:
+            # the original may still be on its way to the WAL: answer once it is durable
+            first, last = check.duplicate.first_offset, check.duplicate.last_offset
+            return PendingAppend(self.wait_durable(last + 1), first, self)
+        if check.error != ErrorCode.NONE:
+            return AppendResult(check.error, message=check.message)
+        return None
+
+    def _pending(
+        self,
+        durable: asyncio.Future[None],
+        first: int,
+        append_time: int,
+        listeners: list[Callable[[], object]],
+    ) -> PendingAppend:
+        """The append whose last batch's durability is ``durable``; ``listeners`` are what
+        that batch's ``on_done`` fires."""
         # the last batch durable means every one before it is; its listeners wake the reads
         # waiting for the high watermark first
         if durable.done():
@@ -257,26 +278,18 @@ class Partition:
         partition, the log need not roll and the WAL cache has room. None when something
         must: then nothing was appended, and the caller takes the lock and waits. Nothing
         here yields, so no other append comes between the check and the offsets taken."""
-        log = self.log
-        check = log.producer_state.check((header,), check_sequence=check_sequence)
-        if check.duplicate is not None:
-            first, last = check.duplicate.first_offset, check.duplicate.last_offset
-            return PendingAppend(self.wait_durable(last + 1), first, self)
-        if check.error != ErrorCode.NONE:
-            return AppendResult(check.error, message=check.message)
+        refused = self._check_producers([header], check_sequence=check_sequence)
+        if refused is not None:
+            return refused
         if view.readonly:
             return None
-        base = log.log_end_offset
+        base = self.log.log_end_offset
         record_batch.assign_offsets(view, base, self.leader_epoch)
         listeners: list[Callable[[], object]] = []
-        durable = log.append_now(view, header, base, partial(_fire, listeners))
+        durable = self.log.append_now(view, header, base, partial(_fire, listeners))
         if durable is None:
             return None  # (the offsets set in place are set again, the same)
-        if durable.done():
-            self._on_durable(durable)
-        else:
-            listeners.append(partial(self._on_durable, durable))
-        return PendingAppend(durable, base, self, -1, listeners)
+        return self._pending(durable, base, -1, listeners)
 
     async def append_marker(
         self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool

@@ -160,8 +160,8 @@ class ElasticLogSegment:
         it are durable. The time-index entry, when one is due, goes right behind the batch,
         into the same group commit. Does not wait for room in the WAL cache (see
         :meth:`start_append`). ``on_done``: see :meth:`S3Stream.start_append`."""
-        expected = self.log_slice.start + (base_offset - self.base_offset)
-        if self.log_slice.end != NOOP_OFFSET or self.log_stream.next_offset != expected:
+        expected = self.to_stream(base_offset)
+        if not self.is_active or self.log_stream.next_offset != expected:
             raise SegmentOffsetError(
                 f"segment {self.base_offset}: offset {base_offset} maps to stream offset "
                 f"{expected}, the log stream {self.log_stream.stream_id} is at "
