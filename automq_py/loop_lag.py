@@ -1,6 +1,12 @@
 """How late the event loop runs: a task sleeps ``interval`` and records how much later than
 that it woke. Anything that holds the loop (a long decode, a blocking call, the GIL taken by a
 busy thread) shows up here; produce and fetch latency cannot be better than it.
+
+With the ``automq.stalls`` logger at DEBUG (``log.level.automq.stalls=DEBUG``) a thread of its
+own also looks, every few milliseconds, whether the loop has missed its tick by
+``STACK_STALL_S``, and if so logs where the loop's thread is (its Python stack) once per
+stall: the code that held the loop, the system call it blocked in, or where it waits for the
+GIL.
 """
 
 from __future__ import annotations
@@ -10,12 +16,15 @@ import contextlib
 import gc
 import logging
 import os
+import sys
 import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Iterator
 
 log = logging.getLogger("automq.loop")
+stall_log = logging.getLogger("automq.stalls")
 
 INTERVAL_S = 0.01
 WINDOW = 60_000  # samples kept: ten minutes at the interval
@@ -30,6 +39,11 @@ DEBUG_COLLECTION_S = 0.005
 # state): CollectorPauses(freeze_survivors=True) then freezes them, as startup froze its own.
 FREEZE_AFTER_S = 0.02
 FREEZE_MAX_FREED = 1000
+# automq.stalls at DEBUG: a stall is sampled once it has lasted this long past the tick, looked
+# for every STACK_CHECK_S; STACK_FRAMES of the loop thread's innermost frames are logged
+STACK_STALL_S = 0.015
+STACK_CHECK_S = 0.005
+STACK_FRAMES = 12
 
 
 def nearest_rank(ordered: list[float], p: float) -> float:
@@ -78,10 +92,14 @@ class LoopLagMonitor:
         self.samples: deque[float] = deque(maxlen=window)
         self.last_tick = 0.0  # the event loop's time (monotonic) of the latest sample
         self._task: asyncio.Task[None] | None = None
+        self._sampler: StallSampler | None = None
 
     def start(self) -> None:
         """Sample from now on (on the event loop's thread)."""
         self._task = asyncio.create_task(self._run(), name="loop-lag")
+        if stall_log.isEnabledFor(logging.DEBUG):
+            self._sampler = StallSampler(self.interval_s, threading.get_ident())
+            self._sampler.start()
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -89,6 +107,9 @@ class LoopLagMonitor:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        if self._sampler is not None:
+            self._sampler.stop()
+            self._sampler = None
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -101,6 +122,8 @@ class LoopLagMonitor:
                 times = cpu.read() if cpu is not None else None
                 await asyncio.sleep(self.interval_s)
                 self.last_tick = loop.time()
+                if self._sampler is not None:
+                    self._sampler.ticked()
                 lag = max(self.last_tick - before - self.interval_s, 0.0)
                 self.samples.append(lag)
                 if lag >= DEBUG_STALL_S:
@@ -133,6 +156,64 @@ class LoopLagMonitor:
             f"event loop lag over {len(self.samples)} samples: p50 {p['p50']:.1f} ms, "
             f"p99 {p['p99']:.1f} ms, max {p['max']:.1f} ms"
         )
+
+
+class StallSampler:
+    """A daemon thread that logs (``automq.stalls``, DEBUG) the event loop thread's stack once
+    per stall: whenever the loop has not ticked for its interval plus ``STACK_STALL_S``. It
+    takes the GIL only for its checks, a few hundred times a second; when the loop's thread
+    holds it in C code without letting go, the sample comes once that ends, from where it
+    went on."""
+
+    def __init__(self, interval_s: float, loop_thread: int) -> None:
+        self._interval_s = interval_s
+        self._loop_thread = loop_thread
+        self._last_tick = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stall-sampler", daemon=True)
+        self.sampled = 0  # stalls whose stack was logged
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=1.0)
+
+    def ticked(self) -> None:
+        """The loop ran its tick (called on the loop's thread)."""
+        self._last_tick = time.monotonic()
+
+    def _run(self) -> None:
+        sampled_tick = -1.0  # the tick whose stall was logged
+        while not self._stop.wait(STACK_CHECK_S):
+            tick = self._last_tick
+            held = time.monotonic() - tick - self._interval_s
+            if held < STACK_STALL_S or tick == sampled_tick:
+                continue
+            sampled_tick = tick
+            frame = sys._current_frames().get(self._loop_thread)
+            if frame is None:
+                return  # the loop's thread is gone
+            stack = traceback.extract_stack(frame)[-STACK_FRAMES:]
+            self.sampled += 1
+            stall_log.debug(
+                "the event loop has been held %.1f ms; its thread is in: %s",
+                held * 1000,
+                " <- ".join(
+                    f"{entry.name} ({_short(entry.filename)}:{entry.lineno})"
+                    for entry in reversed(stack)
+                ),
+            )
+
+
+def _short(filename: str) -> str:
+    """A source file's path from its package on (``automq_py/partition.py``)."""
+    parts = filename.replace("\\", "/").split("/")
+    for i, part in enumerate(parts):
+        if part in ("automq_py", "storage", "protocol", "asyncio", "uvloop", "aiobotocore"):
+            return "/".join(parts[i:])
+    return "/".join(parts[-2:])
 
 
 def _waited(before: tuple[int, int] | None, after: tuple[int, int] | None) -> str:

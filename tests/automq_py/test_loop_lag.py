@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -46,6 +47,45 @@ async def test_a_stall_is_logged_at_debug_as_it_happens(caplog: pytest.LogCaptur
     assert late and all(m.startswith("the event loop ran ") for m in late)
     assert max(float(m.split()[4]) for m in late) >= 25
     assert all(" ms for a core, ran " in m for m in late)  # Linux's scheduler statistics
+
+
+def _hold_the_loop_in_a_named_place(seconds: float) -> None:
+    time.sleep(seconds)  # a blocking call, as a synchronous write or a lock would be
+
+
+async def test_a_stall_logs_where_the_loop_was_held(caplog: pytest.LogCaptureFixture) -> None:
+    monitor = LoopLagMonitor(interval_s=0.005)
+    with caplog.at_level(logging.DEBUG, logger="automq.stalls"):
+        monitor.start()
+        await asyncio.sleep(0.05)
+        _hold_the_loop_in_a_named_place(0.08)
+        await asyncio.sleep(0.05)
+        _hold_the_loop_in_a_named_place(0.08)
+        await asyncio.sleep(0.05)
+        await monitor.stop()
+    held = [r.getMessage() for r in caplog.records if r.name == "automq.stalls"]
+    # one line a stall (not one per check while it lasts), naming the function and the caller
+    assert len(held) == 2, held
+    for message in held:
+        assert message.startswith("the event loop has been held ")
+        assert float(message.split()[6]) >= loop_lag.STACK_STALL_S * 1000
+        first = message.split(": ", 1)[1].split(" <- ")
+        assert first[0].startswith("_hold_the_loop_in_a_named_place (")
+        assert "test_a_stall_logs_where_the_loop_was_held" in first[1]
+
+
+async def test_without_the_stalls_logger_at_debug_no_sampler_runs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monitor = LoopLagMonitor(interval_s=0.005)
+    with caplog.at_level(logging.INFO, logger="automq.stalls"):
+        monitor.start()
+        names = {t.name for t in threading.enumerate()}
+        _hold_the_loop_in_a_named_place(0.05)
+        await asyncio.sleep(0.02)
+        await monitor.stop()
+    assert "stall-sampler" not in names
+    assert not [r for r in caplog.records if r.name == "automq.stalls"]
 
 
 async def test_a_stall_on_a_busy_core_says_how_long_it_waited_for_it(
