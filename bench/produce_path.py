@@ -7,7 +7,9 @@ decoded, handled, committed to the WAL and answered (the response encoded), a bu
 as the socket server does with the requests it reads together. Per run it prints the event
 loop's CPU per request (``thread_time``: the work the broker's one loop thread does, which the
 requests of a burst wait behind) and the wall time per request; ``--calls`` also counts the
-Python function calls per request (under ``cProfile``, in a pass of its own).
+Python function calls per request (under ``cProfile``, in a pass of its own), and ``--phases``
+splits a request's time, in a pass of its own, into its decode, its handler up to the WAL submit
+(what the burst's one commit waits behind) and its handler after it.
 
 Without the sockets, a client beside it and the host's scheduling, the figure spreads by a few
 percent rather than ``produce_requests.py``'s ~15%: a change to the request path shows here
@@ -15,7 +17,7 @@ first. ``--checkout`` runs other checkouts' code, alternated with each other::
 
     .venv/bin/python bench/produce_path.py
     .venv/bin/python bench/produce_path.py --checkout /tmp/before --checkout . --runs 4
-    .venv/bin/python bench/produce_path.py --calls --runs 1
+    .venv/bin/python bench/produce_path.py --calls --phases --runs 1
 """
 
 from __future__ import annotations
@@ -58,6 +60,11 @@ def main() -> int:
     parser.add_argument(
         "--calls", action="store_true", help="also count Python function calls per request"
     )
+    parser.add_argument(
+        "--phases",
+        action="store_true",
+        help="also time a request's decode and its handler before and after the WAL submit",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--burst-file", help=argparse.SUPPRESS)
     parser.add_argument("--topic", help=argparse.SUPPRESS)
@@ -97,6 +104,11 @@ def run_all(
             result = run_child(checkout, args, burst, topic)
             figures[checkout].append(result["cpu_us"])
             calls = f"  {result['calls']:.1f} calls/request" if "calls" in result else ""
+            if "decode_us" in result:
+                calls += (
+                    f"  decode {result['decode_us']:.1f} us, handler to the WAL submit "
+                    f"{result['to_submit_us']:.1f} us, after it {result['after_submit_us']:.1f} us"
+                )
             print(
                 f"{checkout.name:>14} run {run}: loop CPU {result['cpu_us']:6.1f} us/request  "
                 f"wall {result['wall_us']:6.1f} us/request{calls}",
@@ -112,6 +124,8 @@ def run_child(checkout: Path, args: argparse.Namespace, burst: str, topic: str) 
     command += ["--burst-file", burst, "--topic", topic]
     if args.calls:
         command.append("--calls")
+    if args.phases:
+        command.append("--phases")
     env = dict(os.environ, PYTHONPATH=str(checkout), PYTHONSAFEPATH="1")
     out = subprocess.run(
         command, cwd=checkout, env=env, capture_output=True, text=True, check=False
@@ -173,13 +187,21 @@ async def measure(args: argparse.Namespace) -> dict[str, float]:
             await apis.ctx.topics.create(args.topic, args.partitions)
             frames = split_frames(Path(args.burst_file).read_bytes())
             wal = broker.storage.wal
+            submitted = [0.0]  # when the WAL's submit last returned (--phases)
 
-            async def burst() -> None:
+            async def burst(phases: list[float] | None = None) -> None:
                 pending = []
                 for frame in frames:
+                    started = time.perf_counter()
                     # writable, as the socket server hands a Produce frame over
                     request = decode_request(memoryview(bytearray(frame)), apis.supported)
+                    decoded = time.perf_counter()
                     pending.append(await apis.handle(request))
+                    if phases is not None:  # decode, to the WAL submit, after it
+                        handled = time.perf_counter()
+                        phases[0] += decoded - started
+                        phases[1] += submitted[0] - decoded
+                        phases[2] += handled - submitted[0]
                 wal.commit_now()  # the connection has read nothing more: the burst's commit
                 for response in pending:
                     if isinstance(response, PendingResponse):
@@ -210,6 +232,23 @@ async def measure(args: argparse.Namespace) -> dict[str, float]:
                 profile.disable()
                 calls = pstats.Stats(profile).total_calls  # type: ignore[attr-defined]
                 result["calls"] = calls / (args.bursts // 4 * args.partitions)
+            if args.phases:
+                submit = wal.submit
+
+                def timed_submit(*a: Any, **k: Any) -> Any:
+                    future = submit(*a, **k)
+                    submitted[0] = time.perf_counter()
+                    return future
+
+                wal.submit = timed_submit  # type: ignore[method-assign]
+                phases = [0.0, 0.0, 0.0]
+                for _ in range(args.bursts // 4):
+                    await burst(phases)
+                del wal.submit
+                per = args.bursts // 4 * args.partitions
+                result["decode_us"] = phases[0] / per * 1e6
+                result["to_submit_us"] = phases[1] / per * 1e6
+                result["after_submit_us"] = phases[2] / per * 1e6
             return result
         finally:
             await broker.stop()
