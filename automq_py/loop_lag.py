@@ -171,7 +171,6 @@ class StallSampler:
         self._last_tick = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stall-sampler", daemon=True)
-        self.sampled = 0  # stalls whose stack was logged
 
     def start(self) -> None:
         self._thread.start()
@@ -196,7 +195,6 @@ class StallSampler:
             if frame is None:
                 return  # the loop's thread is gone
             stack = traceback.extract_stack(frame)[-STACK_FRAMES:]
-            self.sampled += 1
             stall_log.debug(
                 "the event loop has been held %.1f ms; its thread is in: %s",
                 held * 1000,
