@@ -21,7 +21,7 @@ from storage.s3_storage import S3Storage
 from storage.stream import StreamClient
 from storage.stream_record_batch import StreamRecordBatch
 from storage.upload import build_object, plan_upload
-from storage.upload_worker import RunSpec, UploadWorkerError, build_from_wal
+from storage.upload_worker import ObjectBuffers, RunSpec, UploadWorkerError, build_from_wal
 from storage.wal.errors import CorruptWALError
 from tests.storage.conftest import StorageFactory, storage_properties
 from tests.storage.crash_writer import payload_for
@@ -74,6 +74,96 @@ async def test_objects_built_from_the_wal_are_those_built_from_the_cache(
     expected = build_object(runs, block_size)
     assert bytes(built.data) == expected.to_bytes()
     assert built.index == expected.index
+
+
+class _Made:
+    """``make`` for ObjectBuffers: a bytearray of each size asked, counted."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    def __call__(self, size: int) -> bytearray:
+        self.sizes.append(size)
+        return bytearray(size)
+
+
+def test_a_buffer_given_back_is_lent_again_unzeroed_and_in_whole_steps() -> None:
+    made = _Made()
+    buffers = ObjectBuffers(made, max_bytes=64, step=16)
+    first = buffers.take(20)
+    assert len(first) == 20 and made.sizes == [32]
+    first[:] = b"x" * 20
+    buffers.give_back(first)
+    second = buffers.take(30)  # fits the 32 bytes made for the first
+    assert made.sizes == [32]
+    assert bytes(second[:20]) == b"x" * 20  # the same memory, as it was left
+    third = buffers.take(30)  # the kept one is lent: a new one
+    assert made.sizes == [32, 32]
+    buffers.give_back(second)
+    buffers.give_back(third)
+    assert buffers.kept_bytes == 64
+
+
+def test_the_smallest_kept_buffer_that_fits_is_lent() -> None:
+    made = _Made()
+    buffers = ObjectBuffers(made, max_bytes=1 << 20, step=16)
+    views = [buffers.take(size) for size in (64, 16, 32)]
+    for view in views:
+        view[:] = bytes([len(view)]) * len(view)
+        buffers.give_back(view)
+    assert bytes(buffers.take(20)[:1]) == bytes([32])
+    assert bytes(buffers.take(10)[:1]) == bytes([16])
+    assert bytes(buffers.take(10)[:1]) == bytes([64])
+    assert len(made.sizes) == 3
+
+
+def test_kept_buffers_stay_within_their_bound_and_a_forgotten_one_is_not_lent() -> None:
+    made = _Made()
+    buffers = ObjectBuffers(made, max_bytes=48, step=16)
+    a, b, c = buffers.take(16), buffers.take(32), buffers.take(16)
+    for view in (a, b, c):
+        buffers.give_back(view)
+    assert buffers.kept_bytes == 48  # c did not fit beside a and b: let go
+    d = buffers.take(40)  # larger than any kept: made
+    buffers.forget(d)  # (its upload failed: a request may still hold it)
+    buffers.give_back(d)  # no longer lent: not kept
+    assert buffers.kept_bytes == 48 and made.sizes == [16, 32, 16, 48]
+    buffers.clear()
+    assert buffers.kept_bytes == 0
+    buffers.take(8)
+    assert made.sizes[-1] == 16
+
+
+async def test_objects_built_one_after_another_in_one_kept_buffer_are_right(
+    make_storage: StorageFactory, tmp_path: Path
+) -> None:
+    """Two objects built in turn in the one buffer ObjectBuffers keeps, the second smaller, the
+    buffer first filled with junk: each holds the very bytes the cache's copy gives."""
+    storage = await make_storage(**{"s3.wal.upload.threshold": 16 << 20})
+    client = StreamClient(storage)
+    streams = [await client.create_and_open() for _ in range(3)]
+    rng = random.Random(7)
+    for _ in range(40):
+        s = rng.choice(streams)
+        await s.append(payload_for(s.stream_id, s.next_offset, rng.randint(1, 30_000)), 2)
+    specs, runs = _specs(storage)
+    store = LocalObjectStore(tmp_path)
+    buffers = ObjectBuffers(store.new_buffer)
+    junk = buffers.take(1 << 20)
+    junk[:] = b"\xa5" * len(junk)
+    buffers.give_back(junk)
+    fd = os.open(storage.wal.path, os.O_RDONLY)
+    try:
+        for chosen in (specs, specs[:1]):
+            built = await asyncio.to_thread(
+                build_from_wal, fd, storage.wal.capacity, chosen, 64 << 10, buffers.take
+            )
+            expected = build_object(runs[: len(chosen)], 64 << 10)
+            assert bytes(built.data) == expected.to_bytes()
+            buffers.give_back(built.data)
+    finally:
+        os.close(fd)
+    assert buffers.kept_bytes == 8 << 20  # one buffer, made once
 
 
 async def test_what_the_wal_does_not_hold_is_refused(make_storage: StorageFactory) -> None:
