@@ -127,9 +127,8 @@ class ObjectBuffers:
 
     Memory new to the process costs a page fault per 4 KiB and the kernel's zeroing of the
     page (on a virtual machine, often the host's fault too). Freed to the C heap, an object's
-    buffer was not always there for the next one: building 57 objects of 13 MB took 40,000-43,000
-    page faults, against 27,000 with the buffers kept here (16,000 of them the kept buffers'
-    first use), and the worker's CPU for them fell from 1.17-1.36 to 0.80-1.07 s.
+    buffer was not always there for the next one, and the zeroing was a third of the worker's
+    CPU (bench/README.md has the figures with and without the buffers kept).
 
     ``make(size)`` makes a buffer (the store's ``new_buffer``); sizes are rounded up to
     ``step``; ``take`` lends the smallest kept buffer that fits (from the thread that builds
