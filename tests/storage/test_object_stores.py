@@ -515,12 +515,10 @@ async def test_local_direct_writes_from_the_stores_own_buffers(
     assert len(direct) == -(-whole_blocks // MiB)  # one write per MiB of its whole blocks
 
 
-@pytest.mark.parametrize("direct", [True, False])
-async def test_local_paced_writes_go_in_small_chunks(
-    local_store: LocalObjectStore, direct: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A paced put writes (and, without O_DIRECT, syncs) at most ``_PACED_CHUNK`` at a time, so
-    a WAL write on the same disk never waits behind a large one; every byte still lands."""
+async def _paced_write_sizes(
+    local_store: LocalObjectStore, direct: bool, rate: float, monkeypatch: pytest.MonkeyPatch
+) -> list[int]:
+    """The sizes of the writes a put paced at ``rate`` makes (checking every byte lands)."""
     if not direct:
         monkeypatch.setattr(local_module, "_direct_io", lambda fd: False)
     rng = random.Random(11)
@@ -541,11 +539,35 @@ async def test_local_paced_writes_go_in_small_chunks(
 
     monkeypatch.setattr(local_module, "_write_all", spy_all)
     monkeypatch.setattr(local_module.os, "write", spy_write)
-    await local_store.put("paced", parts, rate=1e9)
+    await local_store.put("paced", parts, rate=rate)
     monkeypatch.undo()
     assert await local_store.get("paced") == b"".join(bytes(p) for p in parts)
-    assert max(sizes) <= local_module._PACED_CHUNK < local_module._CHUNK
     assert sum(sizes) >= sum(len(p) for p in parts)
+    return sizes
+
+
+@pytest.mark.parametrize("direct", [True, False])
+async def test_local_paced_writes_go_in_small_chunks(
+    local_store: LocalObjectStore, direct: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A put paced at 50 MB/s writes (and, without O_DIRECT, syncs) at most ``_PACED_CHUNK``
+    at a time, so a WAL write on the same disk never waits behind a large one."""
+    sizes = await _paced_write_sizes(local_store, direct, 50e6, monkeypatch)
+    assert max(sizes) == local_module._PACED_CHUNK < local_module._CHUNK
+
+
+@pytest.mark.parametrize("direct", [True, False])
+async def test_local_writes_at_a_fast_pace_take_larger_chunks(
+    local_store: LocalObjectStore, direct: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At a saturated broker's pace the chunks grow with the rate (fewer writes, each a system
+    call and a wait for the disk), never past ``_CHUNK``, whole blocks for O_DIRECT."""
+    sizes = await _paced_write_sizes(local_store, direct, 256e6, monkeypatch)
+    chunk = max(sizes)
+    assert local_module._PACED_CHUNK < chunk < local_module._CHUNK
+    assert chunk == int(256e6 * local_module._PACED_CHUNK_S) // 4096 * 4096
+    sizes = await _paced_write_sizes(local_store, direct, 4e9, monkeypatch)
+    assert max(sizes) == local_module._CHUNK
 
 
 async def test_local_writes_without_direct_io(
