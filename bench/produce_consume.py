@@ -1369,22 +1369,19 @@ def process_cpu(pid: int | str | None) -> ProcessCpu | None:
     coarse = cpu_seconds(pid)
     if coarse is None:
         return None
-    threads: dict[int, int] | None = {}
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return ProcessCpu(coarse, None)
+    threads: dict[int, int] = {}
     for tid in tids:
         try:
             with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                ns = int(f.read().split()[0])
+                threads[int(tid)] = int(f.read().split()[0])
         except FileNotFoundError:
             continue  # the thread ended: the coarse count keeps its time
         except (OSError, ValueError, IndexError):
-            threads = None  # not shown (no sched_info in this kernel)
-            break
-        assert threads is not None
-        threads[int(tid)] = ns
+            return ProcessCpu(coarse, None)  # not shown (no sched_info in this kernel)
     return ProcessCpu(coarse, threads)
 
 
