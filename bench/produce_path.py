@@ -9,7 +9,9 @@ loop's CPU per request (``thread_time``: the work the broker's one loop thread d
 requests of a burst wait behind) and the wall time per request; ``--calls`` also counts the
 Python function calls per request (under ``cProfile``, in a pass of its own), and ``--phases``
 splits a request's time, in a pass of its own, into its decode, its handler up to the WAL submit
-(what the burst's one commit waits behind) and its handler after it.
+(what the burst's one commit waits behind) and its handler after it. ``--one-request`` sends
+a burst's batches as one request of every partition (the Java client's shape), still counted per
+batch: the difference is what the path costs per request rather than per batch.
 
 Without the sockets, a client beside it and the host's scheduling, the figure spreads by a few
 percent rather than ``produce_requests.py``'s ~15%: a change to the request path shows here
@@ -65,16 +67,29 @@ def main() -> int:
         action="store_true",
         help="also time a request's decode and its handler before and after the WAL submit",
     )
+    parser.add_argument(
+        "--one-request",
+        action="store_true",
+        help="a burst's partitions in one Produce request (the Java client's shape) instead of "
+        "one request each (librdkafka's); the figures stay per partition's batch",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--burst-file", help=argparse.SUPPRESS)
     parser.add_argument("--topic", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.one_request and args.phases:
+        parser.error("--phases times one request per partition: not with --one-request")
     if args.child:
         print(json.dumps(asyncio_run(measure(args))), flush=True)
         return 0
     checkouts = [Path(c).resolve() for c in args.checkout] or [Path(__file__).resolve().parents[1]]
+    shape = (
+        f"one request of {args.partitions} partitions' batches a burst (figures per batch)"
+        if args.one_request
+        else f"{args.partitions} requests a burst"
+    )
     print(
-        f"# {args.partitions} requests a burst of {args.records} x {args.record_size} B, "
+        f"# {shape}, each batch {args.records} x {args.record_size} B, "
         f"{args.bursts} bursts a run after {WARMUP_BURSTS}"
     )
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -83,10 +98,15 @@ def main() -> int:
     figures: dict[Path, list[float]] = {c: [] for c in checkouts}
     with tempfile.NamedTemporaryFile(prefix="automq-produce-path-") as burst:
         # the requests, made once by this checkout: every run hands the same bytes over
-        burst.write(encoded_burst(args.partitions, args.records, args.record_size))
+        burst.write(
+            encoded_burst(
+                args.partitions, args.records, args.record_size, one_request=args.one_request
+            )
+        )
         burst.flush()
         run_all(args, checkouts, figures, burst.name, TOPIC)
-    print("# loop CPU per request, median of the runs:")
+    unit = "batch" if args.one_request else "request"
+    print(f"# loop CPU per {unit}, median of the runs:")
     for checkout, values in figures.items():
         print(f"{checkout.name:>14}: {statistics.median(values):.1f} us ({checkout})")
     return 0
@@ -99,6 +119,7 @@ def run_all(
     burst: str,
     topic: str,
 ) -> None:
+    unit = "batch" if args.one_request else "request"
     for run in range(1, args.runs + 1):
         for checkout in checkouts:
             result = run_child(checkout, args, burst, topic)
@@ -110,8 +131,8 @@ def run_all(
                     f"{result['to_submit_us']:.1f} us, after it {result['after_submit_us']:.1f} us"
                 )
             print(
-                f"{checkout.name:>14} run {run}: loop CPU {result['cpu_us']:6.1f} us/request  "
-                f"wall {result['wall_us']:6.1f} us/request{calls}",
+                f"{checkout.name:>14} run {run}: loop CPU {result['cpu_us']:6.1f} us/{unit}  "
+                f"wall {result['wall_us']:6.1f} us/{unit}{calls}",
                 flush=True,
             )
 

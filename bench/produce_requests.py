@@ -57,23 +57,32 @@ WAL_SUMMARY = re.compile(r"(\d+) group commits .*?(\d+) appends:")
 SETTLE_S = 5.0  # after start: the WAL's zeros written (s3.wal.init.zero) reach the disk
 
 
-def encoded_burst(partitions: int, records: int, record_size: int) -> bytes:
-    """One size-prefixed Produce request per partition, back to back."""
+def encoded_burst(
+    partitions: int, records: int, record_size: int, *, one_request: bool = False
+) -> bytes:
+    """One size-prefixed Produce request per partition, back to back (librdkafka's shape), or
+    with ``one_request`` a single request carrying every partition's batch (the Java
+    client's)."""
     out = bytearray()
     payload = os.urandom(record_size)
     now_ms = int(time.time() * 1000)
-    for p in range(partitions):
-        batch = bytes(build_batch([RecordInput(payload, None, timestamp=now_ms)] * records))
-        data = ProduceRequest.TopicProduceData
+    data = ProduceRequest.TopicProduceData
+    batches = [
+        data.PartitionProduceData(
+            index=p,
+            records=bytes(build_batch([RecordInput(payload, None, timestamp=now_ms)] * records)),
+        )
+        for p in range(partitions)
+    ]
+    groups = [batches] if one_request else [[batch] for batch in batches]
+    for correlation_id, group in enumerate(groups):
         request = ProduceRequest[PRODUCE_VERSION](
             transactional_id=None,
             acks=-1,
             timeout_ms=30_000,
-            topic_data=[
-                data(name=TOPIC, partition_data=[data.PartitionProduceData(index=p, records=batch)])
-            ],
+            topic_data=[data(name=TOPIC, partition_data=group)],
         )
-        request.with_header(correlation_id=p, client_id="produce-requests")
+        request.with_header(correlation_id=correlation_id, client_id="produce-requests")
         body = bytes(request.encode(header=True))
         out += struct.pack(">i", len(body)) + body
     return bytes(out)
