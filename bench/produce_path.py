@@ -95,6 +95,7 @@ def main() -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from bench.produce_requests import TOPIC, encoded_burst
 
+    unit = "batch" if args.one_request else "request"  # what the figures are per
     figures: dict[Path, list[float]] = {c: [] for c in checkouts}
     with tempfile.NamedTemporaryFile(prefix="automq-produce-path-") as burst:
         # the requests, made once by this checkout: every run hands the same bytes over
@@ -104,8 +105,7 @@ def main() -> int:
             )
         )
         burst.flush()
-        run_all(args, checkouts, figures, burst.name, TOPIC)
-    unit = "batch" if args.one_request else "request"
+        run_all(args, checkouts, figures, burst.name, TOPIC, unit)
     print(f"# loop CPU per {unit}, median of the runs:")
     for checkout, values in figures.items():
         print(f"{checkout.name:>14}: {statistics.median(values):.1f} us ({checkout})")
@@ -118,8 +118,8 @@ def run_all(
     figures: dict[Path, list[float]],
     burst: str,
     topic: str,
+    unit: str,
 ) -> None:
-    unit = "batch" if args.one_request else "request"
     for run in range(1, args.runs + 1):
         for checkout in checkouts:
             result = run_child(checkout, args, burst, topic)
