@@ -123,6 +123,26 @@ class KafkaApis:
             THROTTLE_MS.set(throttle)
         return out
 
+    def joins_produce_batch(self, first: Request, request: Request) -> bool:
+        """Whether Produce ``request``, read right after Produce ``first`` (and whatever joined
+        it), may be handled in one append with it (:meth:`handle_produce_batch`)."""
+        return self.ctx is not None and produce.joins_batch(self.ctx, first, request)
+
+    async def handle_produce_batch(
+        self, requests: list[Request]
+    ) -> list[list[wire.Buffer] | PendingResponse | None]:
+        """Handle Produce ``requests`` read together, every pair joining
+        (:meth:`joins_produce_batch`), as one append: each one's response, as :meth:`handle`
+        would give it."""
+        try:
+            results = await produce.handle_produce_batch(self.ctx, requests)
+        except Exception as e:
+            return [self.error_response(request, e) for request in requests]
+        return [
+            self._finish(request, result) if isinstance(result, Deferred) else result
+            for request, result in zip(requests, results, strict=True)
+        ]
+
     async def _run_handler(self, request: Request) -> list[wire.Buffer] | PendingResponse | None:
         handler, _, _ = self.table[request.api_key]
         try:

@@ -6,6 +6,10 @@ as every partition's append has started (offsets assigned, WAL writes queued), w
 response still to come (:class:`Deferred`): the connection goes on to its next request while
 this one waits for durability, and the socket server writes the responses in request order.
 
+The Produce requests a connection read together may be handled as one append
+(:func:`handle_produce_batch`, librdkafka's burst of a request per partition): the appends'
+future, timeout and acknowledgement are then shared, each request keeps its own response.
+
 Transactional batches are verified first (KIP-890 part 1, Kafka's
 ``transaction.partition.verification.enable``): where the producer has no open transaction in
 the partition yet, the transaction coordinator must have the partition in the producer's
@@ -37,24 +41,11 @@ from protocol.record_batch import InvalidRecordBatchError
 
 async def handle_produce(ctx: BrokerContext, request: Request) -> Any:
     body = request.body
-    names: list[str] = []
-    entries: list[AppendEntry] = []
     if body.transactional_id is not None and not ctx.allowed(
         AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, str(body.transactional_id)
     ):
         return _refused(request, body, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
-    for t in body.topics:
-        name = t.name
-        topic = None
-        error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-        if name and not ctx.allowed(AclOperation.WRITE, ResourceType.TOPIC, str(name)):
-            error = ErrorCode.TOPIC_AUTHORIZATION_FAILED  # (whether the topic exists or not)
-        elif name:
-            # as in Kafka, only Metadata auto-creates topics; Produce to an unknown one is an error
-            topic, error = await ctx.topic_for_write(name, auto_create=False)
-        for p in t.partitions:
-            names.append(str(name))
-            entries.append(AppendEntry(topic, p.index, p.records, error, str(name)))
+    names, entries = await _entries(ctx, request)
     if body.transactional_id is not None and ctx.transactions is not None:
         entries = await _verify_transactional(ctx, request, str(body.transactional_id), entries)
     throttle = _throttle(ctx, request)
@@ -73,6 +64,84 @@ async def handle_produce(ctx: BrokerContext, request: Request) -> Any:
     return Deferred(
         results, lambda done: _response(request, names, entries, done, throttle), listeners
     )
+
+
+def joins_batch(ctx: BrokerContext, first: Request, request: Request) -> bool:
+    """Whether ``request`` (a Produce request) may be handled in one append with ``first``
+    (:func:`handle_produce_batch`): both expect a response after the same wait (acks 1 or
+    all, the same timeout), neither is transactional (its partitions are verified per
+    request) and no produce or request quota is in force (each request's bytes and time count
+    against it apart)."""
+    body, head = request.body, first.body
+    quotas = ctx.quotas
+    return (
+        body.acks == head.acks
+        and body.acks != 0
+        and body.timeout_ms == head.timeout_ms
+        and body.transactional_id is None
+        and head.transactional_id is None
+        and (quotas is None or not quotas.any)
+    )
+
+
+async def handle_produce_batch(ctx: BrokerContext, requests: list[Request]) -> list[Any]:
+    """Handle Produce ``requests`` read together (librdkafka sends one per partition, a burst
+    of them at once; each pair passes :func:`joins_batch`) as one append of all their
+    partitions, in request order: one future, one timeout and one acknowledgement for them
+    all, the work a single request of every partition would take. Each request still gets its
+    own response, as :func:`handle_produce` would give it."""
+    names: list[str] = []
+    entries: list[AppendEntry] = []
+    bounds: list[int] = [0]
+    for request in requests:
+        request_names, request_entries = await _entries(ctx, request)
+        names += request_names
+        entries += request_entries
+        bounds.append(len(entries))
+    head = requests[0].body
+    listeners: list[Callable[[], object]] = []
+    results = await ctx.replicas.append_records(
+        entries,
+        acks=head.acks,
+        internal_allowed=False,
+        timeout_ms=head.timeout_ms,
+        listeners=listeners,
+    )
+    out: list[Any] = []
+    for i, request in enumerate(requests):
+        a, b = bounds[i], bounds[i + 1]
+        if results.done():
+            out.append(_response(request, names[a:b], entries[a:b], results.result()[a:b]))
+        else:
+            out.append(Deferred(results, _slice(request, names, entries, a, b), listeners))
+    return out
+
+
+def _slice(
+    request: Request, names: list[str], entries: list[AppendEntry], a: int, b: int
+) -> Callable[[list[AppendResult]], list[wire.Buffer]]:
+    """The response of ``request``, whose partitions are ``[a, b)`` of a batch's results."""
+    return lambda done: _response(request, names[a:b], entries[a:b], done[a:b])
+
+
+async def _entries(ctx: BrokerContext, request: Request) -> tuple[list[str], list[AppendEntry]]:
+    """Each partition of ``request`` with its topic resolved (or the error that answers it),
+    and its topic's name."""
+    names: list[str] = []
+    entries: list[AppendEntry] = []
+    for t in request.body.topics:
+        name = t.name
+        topic = None
+        error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        if name and not ctx.allowed(AclOperation.WRITE, ResourceType.TOPIC, str(name)):
+            error = ErrorCode.TOPIC_AUTHORIZATION_FAILED  # (whether the topic exists or not)
+        elif name:
+            # as in Kafka, only Metadata auto-creates topics; Produce to an unknown one is an error
+            topic, error = await ctx.topic_for_write(name, auto_create=False)
+        for p in t.partitions:
+            names.append(str(name))
+            entries.append(AppendEntry(topic, p.index, p.records, error, str(name)))
+    return names, entries
 
 
 def _throttle(ctx: BrokerContext, request: Request) -> int:

@@ -5,7 +5,10 @@ Per connection, requests are handled in arrival order and responses are written 
 response deferred (Produce, once its appends are started): the connection then reads and
 handles the next Produce requests while the earlier ones wait for durability, up to
 ``MAX_QUEUED_RESPONSES`` responses outstanding, after which it stops reading until the oldest
-is written. Oversized or malformed frames close the
+is written. Produce requests read together (librdkafka sends one per partition, a burst of
+them at once) are handled as one append where they may join (the same acks and timeout, none
+transactional, no quota in force): one acknowledgement for them all, each still answered on
+its own (on SASL listeners one by one). Oversized or malformed frames close the
 connection; so does an unsupported API version, except for ApiVersions, which is answered
 with the KIP-511 fallback. Idle connections close after ``connections.max.idle.ms``.
 
@@ -207,23 +210,64 @@ class SocketServer:
 
     async def _run(self, conn: FrameConnection) -> None:
         responses = _ResponseQueue(conn, MAX_QUEUED_RESPONSES, self.metrics)
+        # a request read while gathering a batch that could not join it: handled next
+        held: tuple[Request, float] | None = None
         try:
             while True:
-                self._before_next(conn)
-                frame = await conn.next_frame(self.idle_timeout_s)
-                if frame is None:
-                    # the client may have shut down only its sending side: answer what it asked
-                    await responses.flush()
-                    return
-                request = await self._decode(frame, conn, responses)
-                if request is None:
-                    continue
+                if held is not None:
+                    (request, arrived), held = held, None
+                else:
+                    self._before_next(conn)
+                    frame = await conn.next_frame(self.idle_timeout_s)
+                    if frame is None:
+                        # the client may have shut down only its sending side: answer what it
+                        # asked
+                        await responses.flush()
+                        return
+                    decoded = await self._decode(frame, conn, responses)
+                    if decoded is None:
+                        continue
+                    request, arrived = decoded, conn.arrived_at
                 if request.api_key not in PIPELINED:
                     # every other request sees what the ones before it did, as in Kafka
                     await responses.flush()
-                await self._handle(request, conn.arrived_at, responses)
+                elif conn.frames_waiting and self.apis.joins_produce_batch(request, request):
+                    held = await self._produce_batch(conn, request, arrived, responses)
+                    continue
+                await self._handle(request, arrived, responses)
         finally:
             responses.abandon()
+
+    async def _produce_batch(
+        self, conn: FrameConnection, first: Request, arrived: float, responses: _ResponseQueue
+    ) -> tuple[Request, float] | None:
+        """Handle Produce request ``first`` with the Produce requests read with it that may join
+        it (librdkafka's burst: a request per partition) as one append; return the first
+        request read that could not join, to be handled next (None: every one joined)."""
+        batch = [(first, arrived)]
+        held: tuple[Request, float] | None = None
+        try:
+            while conn.frames_waiting:
+                frame = await conn.next_frame(None)  # (waiting: at once)
+                if frame is None:
+                    break
+                request = await self._decode(frame, conn, responses)
+                if request is None:
+                    continue
+                if request.api_key == ApiKey.PRODUCE and self.apis.joins_produce_batch(
+                    first, request
+                ):
+                    batch.append((request, conn.arrived_at))
+                    continue
+                held = (request, conn.arrived_at)
+                break
+        finally:
+            # (a frame that cannot be read closes the connection: after the ones before it)
+            if len(batch) == 1:
+                await self._handle(first, arrived, responses)
+            else:
+                await self._handle_batch(batch, responses)
+        return held
 
     def _before_next(self, conn: FrameConnection) -> None:
         """Before a connection takes its next request: with none waiting, the WAL commits
@@ -324,6 +368,18 @@ class SocketServer:
         await responses.put(response, times)
         if THROTTLE_MS.get():
             await _muted()
+
+    async def _handle_batch(
+        self, batch: list[tuple[Request, float]], responses: _ResponseQueue
+    ) -> None:
+        """Handle the Produce requests of ``batch`` (each with its arrival) as one append, and
+        queue each one's response."""
+        started = time.perf_counter()
+        answers = await self.apis.handle_produce_batch([request for request, _ in batch])
+        handled = time.perf_counter()
+        for (request, arrived), response in zip(batch, answers, strict=True):
+            times = (request.api_key, request.api_version, arrived, started, handled)
+            await responses.put(response, times)
 
     def _authenticated(self, conn: FrameConnection, auth: SaslAuthenticator, old: Session) -> None:
         """The connection authenticated: its requests act as the principal, at any size."""

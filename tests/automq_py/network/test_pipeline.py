@@ -299,3 +299,74 @@ def test_kill_9_during_pipelined_produce_loses_nothing_acknowledged(
                 assert got[p][offset] == value, (p, offset)
     finally:
         broker.stop()
+
+
+def burst_request(
+    version: int,
+    topic: str,
+    partition: int,
+    records: bytes,
+    *,
+    acks: int = -1,
+    timeout: int = 30000,
+) -> Any:
+    """A Produce request of one partition's batch: librdkafka's shape."""
+    data = ProduceRequest.TopicProduceData
+    return ProduceRequest[version](
+        transactional_id=None,
+        acks=acks,
+        timeout_ms=timeout,
+        topic_data=[
+            data(
+                name=topic,
+                partition_data=[data.PartitionProduceData(index=partition, records=records)],
+            )
+        ],
+    )
+
+
+@pytest.mark.parametrize("version", [7, 9])
+def test_a_burst_of_produce_requests_read_together_is_answered_request_by_request(
+    pipeline_broker: BrokerProcess, version: int
+) -> None:
+    """librdkafka sends a request per partition, a burst of them in one write; the broker
+    handles those it reads together as one append, and still answers each request on its
+    own: its own correlation id, its partitions' errors, offsets in request order."""
+    conn = RawConnection(pipeline_broker.bootstrap)
+    try:
+        start = end_offsets(conn)
+        values = [f"burst/{version}/{k}".encode() for k in range(5)]
+        corrupt = bytearray(build_batch([RecordInput(b"corrupt")]))
+        corrupt[-1] ^= 0xFF  # a record byte under the CRC
+        ok = [bytes(build_batch([RecordInput(v) for v in values[:n]])) for n in (1, 2, 3)]
+        # (request, the error it must be answered with, partition, records it appends)
+        burst = [
+            (burst_request(version, TOPIC, 0, ok[1]), 0, 0, 2),
+            (burst_request(version, "no-such-topic", 0, ok[0]), 3, 0, 0),
+            (burst_request(version, TOPIC, 1, ok[0]), 0, 1, 1),
+            (burst_request(version, TOPIC, 99, ok[0]), 3, 99, 0),
+            (burst_request(version, TOPIC, 2, bytes(corrupt)), 2, 2, 0),
+            (burst_request(version, TOPIC, 0, ok[2], timeout=5000), 0, 0, 3),
+            (burst_request(version, TOPIC, 2, ok[1], acks=1), 0, 2, 2),
+            (burst_request(version, TOPIC, 1, ok[1]), 0, 1, 2),
+        ]
+        data = bytearray()
+        ids = []
+        for request, *_ in burst:
+            correlation_id, frame = conn.frame(request)
+            ids.append(correlation_id)
+            data += frame
+        conn.send(bytes(data))
+        expected = dict(start)
+        for (request, error, partition, count), expected_id in zip(burst, ids, strict=True):
+            correlation_id, response = conn.receive(request, ProduceResponse)
+            assert correlation_id == expected_id
+            [topic] = response.responses
+            [part] = topic.partition_responses
+            assert (part.index, part.error_code) == (partition, error), (request, part)
+            if error == 0:
+                assert part.base_offset == expected[partition], (request, part)
+                expected[partition] += count
+        assert end_offsets(conn) == expected
+    finally:
+        conn.close()
