@@ -15,6 +15,11 @@ Each checkout's broker runs with ``PYTHONPATH`` at that checkout and ``PYTHONSAF
 the broker process starts in this checkout's directory, which ``python -m`` would otherwise put
 first on ``sys.path``, running this checkout's code whichever ``--checkout`` was asked for.
 
+``--one-request`` sends each burst as one request of every partition (the Java client's
+shape; the CPU figures per batch); ``--tansu`` also runs Tansu 0.6.0 with its memory engine,
+alternated with the checkouts (its CPU is the process's, all its threads), for its burst to
+answer beside automq-py's.
+
 The clients of ``produce_consume.py`` take 0.3-0.6 cores beside the broker on two cores; this
 one leaves the broker's figures to the broker. Use it to compare the request path's cost
 between checkouts, alternated in one invocation, on the same machine::
@@ -46,7 +51,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.produce_consume import AutomqBroker, SpeedProbe, cpu_seconds
+from bench.produce_consume import AutomqBroker, SpeedProbe, TansuBroker, cpu_seconds
 from protocol.records import RecordInput, build_batch
 
 TOPIC = "produce-requests"
@@ -130,15 +135,21 @@ class Answers:
 
 
 def run(
-    args: argparse.Namespace, checkout: Path, workdir: Path, speed: SpeedProbe
+    args: argparse.Namespace, checkout: Path | None, workdir: Path, speed: SpeedProbe
 ) -> tuple[str, float]:
-    """One broker from ``checkout``, one measured window: the figures' line and the broker's
-    CPU per request (us); ``speed`` gives the host's slowdown over the window."""
-    os.environ["PYTHONPATH"] = str(checkout)
-    os.environ["PYTHONSAFEPATH"] = "1"  # (see the module's docstring)
+    """One broker from ``checkout`` (None: Tansu memory), one measured window: the figures'
+    line and the broker's CPU per request (us); ``speed`` gives the host's slowdown over the
+    window."""
     workdir.mkdir(parents=True)
-    # produce_consume.py's automq-file broker: the broker's defaults, a session of its own
-    broker = AutomqBroker("automq-file", workdir / "data", None, {})
+    broker: AutomqBroker | TansuBroker
+    if checkout is None:
+        broker = TansuBroker("tansu-mem", workdir, None)
+    else:
+        os.environ["PYTHONPATH"] = str(checkout)
+        os.environ["PYTHONSAFEPATH"] = "1"  # (see the module's docstring)
+        # produce_consume.py's automq-file broker: the broker's defaults, a session of its own
+        broker = AutomqBroker("automq-file", workdir / "data", None, {})
+    automq = isinstance(broker, AutomqBroker)
     broker.start()
     try:
         time.sleep(SETTLE_S)
@@ -146,19 +157,23 @@ def run(
         for future in admin.create_topics([NewTopic(TOPIC, args.partitions, 1)]).values():
             future.result(30)
         del admin  # (its connection would log the broker's stop)
-        burst = encoded_burst(args.partitions, args.records, args.record_size)
+        burst = encoded_burst(
+            args.partitions, args.records, args.record_size, one_request=args.one_request
+        )
+        per_burst = 1 if args.one_request else args.partitions  # responses a burst
         pid = broker.pid
         assert pid is not None
-        with socket.create_connection(("127.0.0.1", broker.process.port)) as sock:
+        host, port = broker.bootstrap.rsplit(":", 1)
+        with socket.create_connection((host, int(port))) as sock:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            answers = Answers(sock, args.partitions)
+            answers = Answers(sock, per_burst)
             t0 = time.perf_counter()
             sent = 0
             measured_from: tuple[float, float, float, int, int] | None = None
             wall_from = 0.0
             with tqdm(
                 total=args.seconds,
-                desc=f"{checkout.name} produce",
+                desc=f"{'tansu-mem' if checkout is None else checkout.name} produce",
                 unit="s",
                 leave=False,
                 file=sys.stderr,
@@ -172,7 +187,7 @@ def run(
                         measured_from = (
                             now,
                             broker_cpu(pid),
-                            broker_cpu(pid, event_loop=True),
+                            broker_cpu(pid, event_loop=automq),
                             seen,
                             answered,
                         )
@@ -183,7 +198,7 @@ def run(
                     due = t0 + sent / args.bursts_per_s
                     if due > now:
                         time.sleep(due - now)
-                    while sent - answers.count // args.partitions >= MAX_BURSTS_IN_FLIGHT:
+                    while sent - answers.count // per_burst >= MAX_BURSTS_IN_FLIGHT:
                         if not answers.thread.is_alive():
                             raise RuntimeError("the broker closed the connection")
                         time.sleep(0.0002)
@@ -194,25 +209,28 @@ def run(
             start, cpu0, loop0, seen0, answered0 = measured_from
             elapsed = time.perf_counter() - start
             slowdown = speed.slowdown(wall_from, time.time())
-            cpu, loop_cpu = broker_cpu(pid) - cpu0, broker_cpu(pid, event_loop=True) - loop0
+            cpu, loop_cpu = broker_cpu(pid) - cpu0, broker_cpu(pid, event_loop=automq) - loop0
             with answers.lock:
                 answered = answers.count - answered0
                 window = sorted(answers.latencies[seen0:])
     finally:
         code = broker.stop()
-    if code != 0:
+    if code != 0 and automq:  # (Tansu exits with its signal's code)
         raise RuntimeError(f"the broker exited with {code}:\n{broker.log_tail()}")
     # its WAL's summary at the stop (over its whole life): how many appends a commit took
-    wal = WAL_SUMMARY.search(broker.log_path.read_text(errors="replace"))
+    wal = WAL_SUMMARY.search(broker.log_path.read_text(errors="replace")) if automq else None
     per_commit = f"  WAL appends/commit {int(wal[2]) / int(wal[1]):.1f}" if wal else ""
     if not answered:
         raise RuntimeError("no Produce request answered in the measured window")
     p50 = window[len(window) // 2] * 1e3
     p99 = window[min(len(window) - 1, int(len(window) * 0.99))] * 1e3
-    per_request = cpu * 1e6 / answered
+    batches = answered * (args.partitions if args.one_request else 1)
+    per_request = cpu * 1e6 / batches
+    unit = "batch" if args.one_request else "request"
     line = (
-        f"{answered / elapsed:6.0f} req/s  broker CPU {per_request:4.0f} us/request "
-        f"(event loop {loop_cpu * 1e6 / answered:4.0f}; host slowdown "
+        f"{answered / elapsed:6.0f} req/s  broker CPU {per_request:4.0f} us/{unit} "
+        f"({'event loop ' + format(loop_cpu * 1e6 / batches, '4.0f') if automq else 'threads'}"
+        f"; host slowdown "
         f"{'-' if slowdown is None else f'{slowdown:.2f}'})  "
         f"burst to answer p50 {p50:5.2f} ms "
         f"p99 {p99:6.2f} ms{per_commit}"
@@ -239,31 +257,44 @@ def main() -> None:
         help="a checkout of automq-py whose broker to run (repeatable: runs alternate between "
         "them); default: this one",
     )
+    parser.add_argument(
+        "--one-request",
+        action="store_true",
+        help="a burst's partitions in one Produce request (the Java client's shape); the CPU "
+        "figures per batch",
+    )
+    parser.add_argument(
+        "--tansu",
+        action="store_true",
+        help="also run Tansu 0.6.0 with its memory engine, alternated with the checkouts",
+    )
     args = parser.parse_args()
     checkouts = [c.resolve() for c in args.checkout or [Path(__file__).resolve().parents[1]]]
     for checkout in checkouts:
         if not (checkout / "automq_py" / "__main__.py").is_file():
             parser.error(f"--checkout {checkout}: no automq_py package there")
+    targets: list[Path | None] = [*checkouts, *([None] if args.tansu else [])]
     print(
         f"# {args.partitions} requests a burst of {args.records} x {args.record_size} B, "
         f"{args.bursts_per_s:g} bursts/s, {args.seconds:g} s measured after {WARMUP_S:g} s"
     )
-    figures: dict[Path, list[float]] = {c: [] for c in checkouts}
+    figures: dict[Path | None, list[float]] = {t: [] for t in targets}
     speed = SpeedProbe()
     try:
         with tempfile.TemporaryDirectory(prefix="automq-produce-requests-") as tmp:
             for i in range(args.runs):
-                for checkout in checkouts:
-                    workdir = Path(tmp) / f"run{i}-{checkout.name}"
-                    line, per_request = run(args, checkout, workdir, speed)
-                    figures[checkout].append(per_request)
-                    print(f"{checkout.name:>12} run {i + 1}: {line}", flush=True)
+                for target in targets:
+                    name = "tansu-mem" if target is None else target.name
+                    line, per_request = run(args, target, Path(tmp) / f"run{i}-{name}", speed)
+                    figures[target].append(per_request)
+                    print(f"{name:>12} run {i + 1}: {line}", flush=True)
     finally:
         speed.stop()
     if args.runs > 1:
         print("# broker CPU per request, median of the runs:")
-        for checkout, runs in figures.items():
-            print(f"{checkout.name:>12}: {statistics.median(runs):.0f} us ({checkout})")
+        for target, runs in figures.items():
+            name = "tansu-mem" if target is None else target.name
+            print(f"{name:>12}: {statistics.median(runs):.0f} us ({target or 'Tansu memory'})")
 
 
 if __name__ == "__main__":
