@@ -266,7 +266,7 @@ class SocketServer:
             if len(batch) == 1:
                 await self._handle(first, arrived, responses)
             else:
-                await self._handle_batch(batch, responses)
+                await self._handle_batch(conn, batch, responses)
         return held
 
     def _before_next(self, conn: FrameConnection) -> None:
@@ -370,13 +370,17 @@ class SocketServer:
             await _muted()
 
     async def _handle_batch(
-        self, batch: list[tuple[Request, float]], responses: _ResponseQueue
+        self, conn: FrameConnection, batch: list[tuple[Request, float]], responses: _ResponseQueue
     ) -> None:
         """Handle the Produce requests of ``batch`` (each with its arrival) as one append, and
         queue each one's response."""
         started = time.perf_counter()
         answers = await self.apis.handle_produce_batch([request for request, _ in batch])
         handled = time.perf_counter()
+        if not conn.frames_waiting and self.on_idle is not None:
+            # nothing more read: the WAL commits the batch's appends now, its responses queued
+            # while the write is in flight rather than before it starts
+            self.on_idle()
         for (request, arrived), response in zip(batch, answers, strict=True):
             times = (request.api_key, request.api_version, arrived, started, handled)
             await responses.put(response, times)
