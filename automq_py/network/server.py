@@ -8,7 +8,7 @@ handles the next Produce requests while the earlier ones wait for durability, up
 is written. Produce requests read together (librdkafka sends one per partition, a burst of
 them at once) are handled as one append where they may join (the same acks and timeout, none
 transactional, no quota in force): one acknowledgement for them all, each still answered on
-its own (on SASL listeners one by one). Oversized or malformed frames close the
+its own. Oversized or malformed frames close the
 connection; so does an unsupported API version, except for ApiVersions, which is answered
 with the KIP-511 fallback. Idle connections close after ``connections.max.idle.ms``.
 
@@ -239,11 +239,17 @@ class SocketServer:
             responses.abandon()
 
     async def _produce_batch(
-        self, conn: FrameConnection, first: Request, arrived: float, responses: _ResponseQueue
+        self,
+        conn: FrameConnection,
+        first: Request,
+        arrived: float,
+        responses: _ResponseQueue,
+        admits: Callable[[Request], bool] | None = None,
     ) -> tuple[Request, float] | None:
         """Handle Produce request ``first`` with the Produce requests read with it that may join
-        it (librdkafka's burst: a request per partition) as one append; return the first
-        request read that could not join, to be handled next (None: every one joined)."""
+        it (librdkafka's burst: a request per partition; on a SASL listener only those
+        ``admits`` lets through) as one append; return the first request read that could not
+        join, to be handled next (None: every one joined)."""
         batch = [(first, arrived)]
         held: tuple[Request, float] | None = None
         try:
@@ -254,8 +260,10 @@ class SocketServer:
                 request = await self._decode(frame, conn, responses)
                 if request is None:
                     continue
-                if request.api_key == ApiKey.PRODUCE and self.apis.joins_produce_batch(
-                    first, request
+                if (
+                    request.api_key == ApiKey.PRODUCE
+                    and (admits is None or admits(request))
+                    and self.apis.joins_produce_batch(first, request)
                 ):
                     batch.append((request, conn.arrived_at))
                     continue
@@ -309,27 +317,39 @@ class SocketServer:
         )
         session = SESSION.get()
         responses = _ResponseQueue(conn, MAX_QUEUED_RESPONSES, self.metrics)
+        held: tuple[Request, float] | None = None  # as in _run
+
+        def admits(request: Request) -> bool:
+            """Whether a request read with a batch's first may join it: neither part of a
+            (re-)authentication nor past the session's end (those are handled on their own,
+            below)."""
+            return not auth.intercepts(request) and not auth.expired()
+
         try:
             while True:
-                self._before_next(conn)
-                frame = await conn.next_frame(self.idle_timeout_s)
-                if frame is None:
-                    await responses.flush()
-                    return
-                if auth.raw_tokens:
-                    outcome = await auth.raw_token(bytes(frame))
-                    if outcome.delay_s:
-                        await asyncio.sleep(outcome.delay_s)
-                    if outcome.close:
-                        return  # (a v0 client learns of a refusal by the connection closing)
-                    conn.writelines([SIZE.pack(len(outcome.response)), outcome.response])
-                    await conn.drain()
-                    if auth.authenticated:
-                        self._authenticated(conn, auth, session)
-                    continue
-                request = await self._decode(frame, conn, responses)
-                if request is None:
-                    continue
+                if held is not None:
+                    (request, arrived), held = held, None
+                else:
+                    self._before_next(conn)
+                    frame = await conn.next_frame(self.idle_timeout_s)
+                    if frame is None:
+                        await responses.flush()
+                        return
+                    if auth.raw_tokens:
+                        outcome = await auth.raw_token(bytes(frame))
+                        if outcome.delay_s:
+                            await asyncio.sleep(outcome.delay_s)
+                        if outcome.close:
+                            return  # (a v0 client learns of a refusal by the connection closing)
+                        conn.writelines([SIZE.pack(len(outcome.response)), outcome.response])
+                        await conn.drain()
+                        if auth.authenticated:
+                            self._authenticated(conn, auth, session)
+                        continue
+                    decoded = await self._decode(frame, conn, responses)
+                    if decoded is None:
+                        continue
+                    request, arrived = decoded, conn.arrived_at
                 if auth.intercepts(request):
                     await responses.flush()
                     was_authenticated = auth.authenticated
@@ -339,7 +359,7 @@ class SocketServer:
                     now = time.perf_counter()
                     await responses.put(
                         encode_response(request.response_info, outcome.response),
-                        (request.api_key, request.api_version, conn.arrived_at, now, now),
+                        (request.api_key, request.api_version, arrived, now, now),
                     )
                     if outcome.close:
                         await responses.flush()
@@ -356,7 +376,10 @@ class SocketServer:
                     return
                 if request.api_key not in PIPELINED:
                     await responses.flush()
-                await self._handle(request, conn.arrived_at, responses)
+                elif conn.frames_waiting and self.apis.joins_produce_batch(request, request):
+                    held = await self._produce_batch(conn, request, arrived, responses, admits)
+                    continue
+                await self._handle(request, arrived, responses)
         finally:
             responses.abandon()
 

@@ -370,3 +370,42 @@ def test_a_burst_of_produce_requests_read_together_is_answered_request_by_reques
         assert end_offsets(conn) == expected
     finally:
         conn.close()
+
+
+@pytest.mark.parametrize("bad", ["truncated", "unknown version"])
+def test_a_malformed_request_inside_a_burst_closes_only_its_connection(
+    pipeline_broker: BrokerProcess, bad: str
+) -> None:
+    """The requests of a burst before a malformed one are handled (their records land, in
+    order); the malformed one closes the connection; the broker serves on."""
+    conn = RawConnection(pipeline_broker.bootstrap)
+    try:
+        start = end_offsets(conn)
+        values = {p: f"before-{bad}-{p}".encode() for p in range(PARTITIONS)}
+        data = bytearray()
+        for p, value in values.items():
+            request = burst_request(9, TOPIC, p, bytes(build_batch([RecordInput(value)])))
+            data += conn.frame(request)[1]
+        frame = bytearray(conn.frame(burst_request(9, TOPIC, 0, b"x" * 64))[1])
+        if bad == "truncated":
+            frame = frame[:-40]
+            frame[:4] = (len(frame) - 4).to_bytes(4, "big")
+        else:
+            frame[6:8] = (99).to_bytes(2, "big")  # Produce v99
+        conn.send(bytes(data + frame))
+        conn.sock.settimeout(15)
+        while conn.sock.recv(65536):  # (what answers come before the end)
+            pass
+    finally:
+        conn.close()
+    conn = RawConnection(pipeline_broker.bootstrap)
+    try:
+        expected = {p: start[p] + 1 for p in range(PARTITIONS)}
+        deadline = time.monotonic() + 10
+        while end_offsets(conn) != expected and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert end_offsets(conn) == expected
+        got = read_values(conn, start, expected)
+        assert got == {p: [values[p]] for p in range(PARTITIONS)}
+    finally:
+        conn.close()

@@ -20,6 +20,7 @@ from confluent_kafka.admin import (
     ScramMechanism,
 )
 from kafka.protocol.metadata import MetadataRequest
+from kafka.protocol.producer import ProduceRequest, ProduceResponse
 from kafka.protocol.sasl import (
     SaslAuthenticateRequest,
     SaslAuthenticateResponse,
@@ -27,6 +28,7 @@ from kafka.protocol.sasl import (
     SaslHandshakeResponse,
 )
 
+from protocol.records import RecordInput, build_batch
 from tests.automq_py.security.conftest import PLAIN_USERS, SCRAM_USERS, SecureBroker
 from tests.support.raw_connection import RawConnection
 from tests.support.tls import Certificates
@@ -160,6 +162,68 @@ def test_a_wrong_password_gets_kafkas_error_and_a_closed_connection(
         assert answer.error_code == 58
         assert "Invalid username or password" in answer.error_message
         assert conn.sock.recv(1) == b""  # closed
+    finally:
+        conn.close()
+
+
+def _produce(topic: str, partition: int, count: int) -> Any:
+    """A Produce request of one partition's batch of ``count`` records: librdkafka's shape."""
+    data = ProduceRequest.TopicProduceData
+    records = bytes(build_batch([RecordInput(f"r{k}".encode()) for k in range(count)]))
+    return ProduceRequest[9](
+        transactional_id=None,
+        acks=-1,
+        timeout_ms=30000,
+        topic_data=[
+            data(name=topic, partition_data=[data.PartitionProduceData(partition, records)])
+        ],
+    )
+
+
+def test_a_burst_of_produce_requests_with_a_reauthentication_inside_it(
+    secure_broker: SecureBroker,
+) -> None:
+    """Over SASL, Produce requests read together are handled as one append up to a
+    re-authentication (KIP-368) read among them, which is answered in its turn; each request
+    gets its own answer, in order."""
+    topic = create_topic(secure_broker)
+    credentials = b"\0alice\0" + PLAIN_USERS["alice"].encode()
+    conn = RawConnection(secure_broker.address("SASL_PLAINTEXT"))
+    try:
+        assert conn.call(SaslHandshakeRequest[1](mechanism="PLAIN"), SaslHandshakeResponse)
+        answer = conn.call(SaslAuthenticateRequest[2](credentials), SaslAuthenticateResponse)
+        assert answer.error_code == 0, answer
+        # (request, response class, the error it must be answered with, partition, records)
+        burst: list[tuple[Any, Any, int, int, int]] = [
+            (_produce(topic, 0, 2), ProduceResponse, 0, 0, 2),
+            (_produce(topic, 1, 3), ProduceResponse, 0, 1, 3),
+            (_produce("no-such-topic", 0, 1), ProduceResponse, 3, 0, 0),
+            (SaslHandshakeRequest[1](mechanism="PLAIN"), SaslHandshakeResponse, 0, -1, 0),
+            (SaslAuthenticateRequest[2](credentials), SaslAuthenticateResponse, 0, -1, 0),
+            (_produce(topic, 0, 1), ProduceResponse, 0, 0, 1),
+            (_produce(topic, 1, 1), ProduceResponse, 0, 1, 1),
+        ]
+        data = bytearray()
+        ids = []
+        for request, *_ in burst:
+            correlation_id, frame = conn.frame(request)
+            ids.append(correlation_id)
+            data += frame
+        conn.send(bytes(data))
+        offsets = {0: 0, 1: 0}
+        for (request, response_class, error, partition, count), expected_id in zip(
+            burst, ids, strict=True
+        ):
+            correlation_id, response = conn.receive(request, response_class)
+            assert correlation_id == expected_id
+            if response_class is not ProduceResponse:
+                assert response.error_code == error, response
+                continue
+            [part] = response.responses[0].partition_responses
+            assert (part.index, part.error_code) == (partition, error), (request, part)
+            if error == 0:
+                assert part.base_offset == offsets[partition], part
+                offsets[partition] += count
     finally:
         conn.close()
 
