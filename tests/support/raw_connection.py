@@ -9,6 +9,7 @@ import struct
 from typing import Any
 
 from kafka.protocol.consumer.fetch import FetchRequest
+from kafka.protocol.producer import ProduceRequest
 
 from tests.protocol.kafka_oracle import request_frame
 
@@ -48,6 +49,27 @@ def fetch_request(
     )
 
 
+def partition_produce_request(
+    topic: str,
+    partition: int,
+    records: bytes,
+    *,
+    version: int = 9,
+    acks: int = -1,
+    timeout_ms: int = 30000,
+) -> Any:
+    """A Produce request of one partition's batch: librdkafka's shape."""
+    data = ProduceRequest.TopicProduceData
+    return ProduceRequest[version](
+        transactional_id=None,
+        acks=acks,
+        timeout_ms=timeout_ms,
+        topic_data=[
+            data(name=topic, partition_data=[data.PartitionProduceData(partition, records)])
+        ],
+    )
+
+
 class RawConnection:
     """A blocking Kafka connection sending kafka-python requests and decoding the answers."""
 
@@ -72,6 +94,17 @@ class RawConnection:
 
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
+
+    def send_together(self, requests: list[Any]) -> list[int]:
+        """Send ``requests`` in one write (the broker reads them together, as a client's
+        burst); their correlation ids, in order."""
+        ids, data = [], bytearray()
+        for request in requests:
+            correlation_id, frame = self.frame(request)
+            ids.append(correlation_id)
+            data += frame
+        self.send(bytes(data))
+        return ids
 
     def receive(self, request: Any, response_class: Any) -> tuple[int, Any]:
         """The next response on the wire, decoded as the answer to ``request``: its

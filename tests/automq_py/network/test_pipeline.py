@@ -4,6 +4,7 @@ nothing acknowledged lost to a kill -9 in the middle of a pipeline."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 import time
@@ -27,7 +28,7 @@ from kafka.protocol.producer import ProduceRequest, ProduceResponse
 from protocol.records import RecordInput, build_batch, parse_records
 from tests.automq_py.clients.test_clients import create_topic
 from tests.support.broker import BrokerProcess
-from tests.support.raw_connection import RawConnection, fetch_request
+from tests.support.raw_connection import RawConnection, fetch_request, partition_produce_request
 from tests.support.seaweedfs import SeaweedFS
 
 pytestmark = pytest.mark.integration
@@ -301,30 +302,6 @@ def test_kill_9_during_pipelined_produce_loses_nothing_acknowledged(
         broker.stop()
 
 
-def burst_request(
-    version: int,
-    topic: str,
-    partition: int,
-    records: bytes,
-    *,
-    acks: int = -1,
-    timeout: int = 30000,
-) -> Any:
-    """A Produce request of one partition's batch: librdkafka's shape."""
-    data = ProduceRequest.TopicProduceData
-    return ProduceRequest[version](
-        transactional_id=None,
-        acks=acks,
-        timeout_ms=timeout,
-        topic_data=[
-            data(
-                name=topic,
-                partition_data=[data.PartitionProduceData(index=partition, records=records)],
-            )
-        ],
-    )
-
-
 @pytest.mark.parametrize("version", [7, 9])
 def test_a_burst_of_produce_requests_read_together_is_answered_request_by_request(
     pipeline_broker: BrokerProcess, version: int
@@ -340,23 +317,18 @@ def test_a_burst_of_produce_requests_read_together_is_answered_request_by_reques
         corrupt[-1] ^= 0xFF  # a record byte under the CRC
         ok = [bytes(build_batch([RecordInput(v) for v in values[:n]])) for n in (1, 2, 3)]
         # (request, the error it must be answered with, partition, records it appends)
+        produce = functools.partial(partition_produce_request, version=version)
         burst = [
-            (burst_request(version, TOPIC, 0, ok[1]), 0, 0, 2),
-            (burst_request(version, "no-such-topic", 0, ok[0]), 3, 0, 0),
-            (burst_request(version, TOPIC, 1, ok[0]), 0, 1, 1),
-            (burst_request(version, TOPIC, 99, ok[0]), 3, 99, 0),
-            (burst_request(version, TOPIC, 2, bytes(corrupt)), 2, 2, 0),
-            (burst_request(version, TOPIC, 0, ok[2], timeout=5000), 0, 0, 3),
-            (burst_request(version, TOPIC, 2, ok[1], acks=1), 0, 2, 2),
-            (burst_request(version, TOPIC, 1, ok[1]), 0, 1, 2),
+            (produce(TOPIC, 0, ok[1]), 0, 0, 2),
+            (produce("no-such-topic", 0, ok[0]), 3, 0, 0),
+            (produce(TOPIC, 1, ok[0]), 0, 1, 1),
+            (produce(TOPIC, 99, ok[0]), 3, 99, 0),
+            (produce(TOPIC, 2, bytes(corrupt)), 2, 2, 0),
+            (produce(TOPIC, 0, ok[2], timeout_ms=5000), 0, 0, 3),
+            (produce(TOPIC, 2, ok[1], acks=1), 0, 2, 2),
+            (produce(TOPIC, 1, ok[1]), 0, 1, 2),
         ]
-        data = bytearray()
-        ids = []
-        for request, *_ in burst:
-            correlation_id, frame = conn.frame(request)
-            ids.append(correlation_id)
-            data += frame
-        conn.send(bytes(data))
+        ids = conn.send_together([request for request, *_ in burst])
         expected = dict(start)
         for (request, error, partition, count), expected_id in zip(burst, ids, strict=True):
             correlation_id, response = conn.receive(request, ProduceResponse)
@@ -384,9 +356,9 @@ def test_a_malformed_request_inside_a_burst_closes_only_its_connection(
         values = {p: f"before-{bad}-{p}".encode() for p in range(PARTITIONS)}
         data = bytearray()
         for p, value in values.items():
-            request = burst_request(9, TOPIC, p, bytes(build_batch([RecordInput(value)])))
+            request = partition_produce_request(TOPIC, p, bytes(build_batch([RecordInput(value)])))
             data += conn.frame(request)[1]
-        frame = bytearray(conn.frame(burst_request(9, TOPIC, 0, b"x" * 64))[1])
+        frame = bytearray(conn.frame(partition_produce_request(TOPIC, 0, b"x" * 64))[1])
         if bad == "truncated":
             frame = frame[:-40]
             frame[:4] = (len(frame) - 4).to_bytes(4, "big")

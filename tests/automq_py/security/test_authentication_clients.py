@@ -20,7 +20,7 @@ from confluent_kafka.admin import (
     ScramMechanism,
 )
 from kafka.protocol.metadata import MetadataRequest
-from kafka.protocol.producer import ProduceRequest, ProduceResponse
+from kafka.protocol.producer import ProduceResponse
 from kafka.protocol.sasl import (
     SaslAuthenticateRequest,
     SaslAuthenticateResponse,
@@ -30,7 +30,7 @@ from kafka.protocol.sasl import (
 
 from protocol.records import RecordInput, build_batch
 from tests.automq_py.security.conftest import PLAIN_USERS, SCRAM_USERS, SecureBroker
-from tests.support.raw_connection import RawConnection
+from tests.support.raw_connection import RawConnection, partition_produce_request
 from tests.support.tls import Certificates
 
 pytestmark = pytest.mark.integration
@@ -167,17 +167,8 @@ def test_a_wrong_password_gets_kafkas_error_and_a_closed_connection(
 
 
 def _produce(topic: str, partition: int, count: int) -> Any:
-    """A Produce request of one partition's batch of ``count`` records: librdkafka's shape."""
-    data = ProduceRequest.TopicProduceData
     records = bytes(build_batch([RecordInput(f"r{k}".encode()) for k in range(count)]))
-    return ProduceRequest[9](
-        transactional_id=None,
-        acks=-1,
-        timeout_ms=30000,
-        topic_data=[
-            data(name=topic, partition_data=[data.PartitionProduceData(partition, records)])
-        ],
-    )
+    return partition_produce_request(topic, partition, records)
 
 
 def test_a_burst_of_produce_requests_with_a_reauthentication_inside_it(
@@ -203,13 +194,7 @@ def test_a_burst_of_produce_requests_with_a_reauthentication_inside_it(
             (_produce(topic, 0, 1), ProduceResponse, 0, 0, 1),
             (_produce(topic, 1, 1), ProduceResponse, 0, 1, 1),
         ]
-        data = bytearray()
-        ids = []
-        for request, *_ in burst:
-            correlation_id, frame = conn.frame(request)
-            ids.append(correlation_id)
-            data += frame
-        conn.send(bytes(data))
+        ids = conn.send_together([request for request, *_ in burst])
         offsets = {0: 0, 1: 0}
         for (request, response_class, error, partition, count), expected_id in zip(
             burst, ids, strict=True
