@@ -217,12 +217,8 @@ class SocketServer:
                 if held is not None:
                     (request, arrived), held = held, None
                 else:
-                    self._before_next(conn)
-                    frame = await conn.next_frame(self.idle_timeout_s)
+                    frame = await self._next_frame(conn, responses)
                     if frame is None:
-                        # the client may have shut down only its sending side: answer what it
-                        # asked
-                        await responses.flush()
                         return
                     decoded = await self._decode(frame, conn, responses)
                     if decoded is None:
@@ -277,6 +273,17 @@ class SocketServer:
                 await self._handle_batch(conn, batch, responses)
         return held
 
+    async def _next_frame(
+        self, conn: FrameConnection, responses: _ResponseQueue
+    ) -> memoryview | None:
+        """The connection's next frame; None once the client has closed its side, after what
+        it asked is answered (it may have shut down only its sending side)."""
+        self._before_next(conn)
+        frame = await conn.next_frame(self.idle_timeout_s)
+        if frame is None:
+            await responses.flush()
+        return frame
+
     def _before_next(self, conn: FrameConnection) -> None:
         """Before a connection takes its next request: with none waiting, the WAL commits
         what its requests queued (``on_idle``); with more waiting, it acknowledges what has
@@ -330,10 +337,8 @@ class SocketServer:
                 if held is not None:
                     (request, arrived), held = held, None
                 else:
-                    self._before_next(conn)
-                    frame = await conn.next_frame(self.idle_timeout_s)
+                    frame = await self._next_frame(conn, responses)
                     if frame is None:
-                        await responses.flush()
                         return
                     if auth.raw_tokens:
                         outcome = await auth.raw_token(bytes(frame))
