@@ -265,12 +265,13 @@ class SocketServer:
                     continue
                 held = (request, conn.arrived_at)
                 break
-        finally:
-            # (a frame that cannot be read closes the connection: after the ones before it)
-            if len(batch) == 1:
-                await self._handle(first, arrived, responses)
-            else:
-                await self._handle_batch(conn, batch, responses)
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            # a frame that cannot be read closes the connection: after the ones before it
+            await self._handle_batch(conn, batch, responses)
+            raise
+        await self._handle_batch(conn, batch, responses)
         return held
 
     async def _next_frame(
@@ -402,6 +403,9 @@ class SocketServer:
     ) -> None:
         """Handle the Produce requests of ``batch`` (each with its arrival) as one append, and
         queue each one's response."""
+        if len(batch) == 1:
+            await self._handle(*batch[0], responses)
+            return
         started = time.perf_counter()
         answers = await self.apis.handle_produce_batch([request for request, _ in batch])
         handled = time.perf_counter()
