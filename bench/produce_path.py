@@ -216,16 +216,9 @@ async def measure(args: argparse.Namespace) -> dict[str, float]:
             # Produce requests it reads together (a checkout from before that: one by one)
             batched = hasattr(apis, "handle_produce_batch")
 
-            async def burst(phases: list[float] | None = None) -> None:
-                pending: list[Any] = []
-                one_append = batched and phases is None  # (--phases times each request)
-                if one_append:
-                    requests = [
-                        decode_request(memoryview(bytearray(frame)), apis.supported)
-                        for frame in frames
-                    ]
-                    pending = await apis.handle_produce_batch(requests)
-                for frame in frames if not one_append else ():
+            async def one_by_one(phases: list[float] | None) -> list[Any]:
+                pending = []
+                for frame in frames:
                     started = time.perf_counter()
                     # writable, as the socket server hands a Produce frame over
                     request = decode_request(memoryview(bytearray(frame)), apis.supported)
@@ -236,6 +229,17 @@ async def measure(args: argparse.Namespace) -> dict[str, float]:
                         phases[0] += decoded - started
                         phases[1] += submitted[0] - decoded
                         phases[2] += handled - submitted[0]
+                return pending
+
+            async def burst(phases: list[float] | None = None) -> None:
+                if batched and phases is None:  # (--phases times each request)
+                    requests = [
+                        decode_request(memoryview(bytearray(frame)), apis.supported)
+                        for frame in frames
+                    ]
+                    pending = await apis.handle_produce_batch(requests)
+                else:
+                    pending = await one_by_one(phases)
                 wal.commit_now()  # the connection has read nothing more: the burst's commit
                 for response in pending:
                     if isinstance(response, PendingResponse):

@@ -480,8 +480,11 @@ class _ResponseQueue:
         if isinstance(response, PendingResponse):
             # written as soon as it is ready, from its maker's listeners (called whenever it
             # sets the future done); without them, from the future's done callback
-            if response.listeners is not None and not response.future.done():
-                response.listeners.append(self._write_soon)
+            listeners = response.listeners
+            if listeners is not None and not response.future.done():
+                # (the responses of one batch share its listeners: this queue joins them once)
+                if not listeners or listeners[-1] != self._write_soon:
+                    listeners.append(self._write_soon)
             else:
                 response.future.add_done_callback(self._write_ready)
         while len(self._queue) >= self._limit:
