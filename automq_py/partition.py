@@ -87,6 +87,11 @@ class PendingAppend:
     def result(self) -> AppendResult:
         """The append's result once ``durable`` is done; raises what failed it."""
         self.durable.result()
+        return self.expected_result()
+
+    def expected_result(self) -> AppendResult:
+        """The append's result should ``durable`` complete: its offsets, and the log start
+        offset as of now (Kafka's, too, is the one at the append)."""
         return AppendResult(
             ErrorCode.NONE,
             self.base_offset,

@@ -242,6 +242,12 @@ async def measure(args: argparse.Namespace) -> dict[str, float]:
                     pending = await one_by_one(phases)
                 wal.commit_now()  # the connection has read nothing more: the burst's commit
                 for response in pending:
+                    # made ahead while the write is in flight, as the server does (a checkout
+                    # from before that has no prepare)
+                    prepare = getattr(response, "prepare", None)
+                    if prepare is not None and not response.future.done():
+                        prepare()
+                for response in pending:
                     if isinstance(response, PendingResponse):
                         if not response.future.done():
                             await response.future

@@ -164,7 +164,7 @@ class KafkaApis:
             except Exception as e:
                 return self.error_response(request, e)
 
-        return PendingResponse(deferred.future, make, deferred.listeners)
+        return PendingResponse(deferred.future, make, deferred.listeners, deferred.prepare)
 
     @staticmethod
     def _encode(request: Request, result: Any) -> list[wire.Buffer] | None:

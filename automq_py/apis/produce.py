@@ -50,20 +50,21 @@ async def handle_produce(ctx: BrokerContext, request: Request) -> Any:
         entries = await _verify_transactional(ctx, request, str(body.transactional_id), entries)
     throttle = _throttle(ctx, request)
     listeners: list[Callable[[], object]] = []  # the response's writer, once it is queued
+    expected: list[AppendResult] = []
     results = await ctx.replicas.append_records(
         entries,
         acks=body.acks,
         internal_allowed=False,
         timeout_ms=body.timeout_ms,
         listeners=listeners,
+        expected=expected,
     )
     if body.acks == 0:
         return None
     if results.done():
         return _response(request, names, entries, results.result(), throttle)
-    return Deferred(
-        results, lambda done: _response(request, names, entries, done, throttle), listeners
-    )
+    answer = ProduceAnswer(request, names, entries, expected, throttle)
+    return Deferred(results, answer.finish, listeners, answer.prepare)
 
 
 def joins_batch(ctx: BrokerContext, first: Request, request: Request) -> bool:
@@ -100,12 +101,14 @@ async def handle_produce_batch(ctx: BrokerContext, requests: list[Request]) -> l
         bounds.append(len(entries))
     head = requests[0].body
     listeners: list[Callable[[], object]] = []
+    expected: list[AppendResult] = []
     results = await ctx.replicas.append_records(
         entries,
         acks=head.acks,
         internal_allowed=False,
         timeout_ms=head.timeout_ms,
         listeners=listeners,
+        expected=expected,
     )
     out: list[Any] = []
     for i, request in enumerate(requests):
@@ -113,15 +116,51 @@ async def handle_produce_batch(ctx: BrokerContext, requests: list[Request]) -> l
         if results.done():
             out.append(_response(request, names[a:b], entries[a:b], results.result()[a:b]))
         else:
-            out.append(Deferred(results, _slice(request, names, entries, a, b), listeners))
+            answer = ProduceAnswer(request, names[a:b], entries[a:b], expected[a:b], 0, a)
+            out.append(Deferred(results, answer.finish, listeners, answer.prepare))
     return out
 
 
-def _slice(
-    request: Request, names: list[str], entries: list[AppendEntry], a: int, b: int
-) -> Callable[[list[AppendResult]], list[wire.Buffer]]:
-    """The response of ``request``, whose partitions are ``[a, b)`` of a batch's results."""
-    return lambda done: _response(request, names[a:b], entries[a:b], done[a:b])
+class ProduceAnswer:
+    """The response to come of ``request``, whose partitions are those from ``first`` on of
+    its append's results: made once they are all durable (``finish``), or ahead (``prepare``,
+    while the connection waits for the WAL write) from the results they will have if every
+    append succeeds, and then used if they did."""
+
+    __slots__ = ("entries", "expected", "first", "made", "names", "request", "throttle_ms")
+
+    def __init__(
+        self,
+        request: Request,
+        names: list[str],
+        entries: list[AppendEntry],
+        expected: list[AppendResult],
+        throttle_ms: int,
+        first: int = 0,
+    ) -> None:
+        self.request = request
+        self.names = names
+        self.entries = entries
+        self.expected = expected
+        self.throttle_ms = throttle_ms
+        self.first = first
+        self.made: list[wire.Buffer] | None = None
+
+    def prepare(self) -> None:
+        self.made = _response(
+            self.request, self.names, self.entries, self.expected, self.throttle_ms
+        )
+
+    def finish(self, done: list[AppendResult]) -> list[wire.Buffer]:
+        results = done[self.first : self.first + len(self.entries)]
+        made = self.made
+        # the same errors as expected: the same response (an append that was to succeed did;
+        # the others' results are the very ones expected)
+        if made is not None and all(
+            r.error == e.error for r, e in zip(results, self.expected, strict=True)
+        ):
+            return made
+        return _response(self.request, self.names, self.entries, results, self.throttle_ms)
 
 
 async def _entries(ctx: BrokerContext, request: Request) -> tuple[list[str], list[AppendEntry]]:

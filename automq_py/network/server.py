@@ -8,7 +8,8 @@ handles the next Produce requests while the earlier ones wait for durability, up
 is written. Produce requests read together (librdkafka sends one per partition, a burst of
 them at once) are handled as one append where they may join (the same acks and timeout, none
 transactional, no quota in force): one acknowledgement for them all, each still answered on
-its own. Oversized or malformed frames close the
+its own. Deferred responses are made ahead while the connection waits for the WAL write,
+so that they go out as soon as it is durable. Oversized or malformed frames close the
 connection; so does an unsupported API version, except for ApiVersions, which is answered
 with the KIP-511 fallback. Idle connections close after ``connections.max.idle.ms``.
 
@@ -280,6 +281,10 @@ class SocketServer:
         """The connection's next frame; None once the client has closed its side, after what
         it asked is answered (it may have shut down only its sending side)."""
         self._before_next(conn)
+        if not conn.frames_waiting:
+            # the connection will wait: while the WAL writes its requests, its responses still
+            # to come are made ahead, so that they go out as soon as the write is durable
+            responses.prepare()
         frame = await conn.next_frame(self.idle_timeout_s)
         if frame is None:
             await responses.flush()
@@ -465,6 +470,7 @@ class _ResponseQueue:
         self._drained = asyncio.Event()  # set while nothing is queued
         self._drained.set()
         self._error: BaseException | None = None
+        self._unprepared: list[PendingResponse] = []  # queued since the last prepare()
 
     async def put(self, response: Response, times: RequestTimes) -> None:
         """Queue ``response``; ``times``: its request's API key, version, and when it arrived,
@@ -487,11 +493,22 @@ class _ResponseQueue:
                     listeners.append(self._write_soon)
             else:
                 response.future.add_done_callback(self._write_ready)
+            if response.preparable:
+                self._unprepared.append(response)
         while len(self._queue) >= self._limit:
             self._room.clear()
             await self._room.wait()
             self._check()
         await self._writer.drain()  # responses written from callbacks waited for nobody
+
+    def prepare(self) -> None:
+        """Make ahead the responses queued since the last call whose futures are not done yet
+        (:meth:`PendingResponse.prepare`): the connection is about to wait, so the event loop
+        does it while what they wait for is under way rather than after."""
+        unprepared, self._unprepared = self._unprepared, []
+        for response in unprepared:
+            if not response.future.done():
+                response.prepare()
 
     async def flush(self) -> None:
         """Wait until every queued response is written."""
@@ -503,6 +520,7 @@ class _ResponseQueue:
         if self._error is None:
             self._error = ConnectionResetError("connection closed")
         self._queue.clear()
+        self._unprepared.clear()
         self._drained.set()
 
     def _check(self) -> None:
