@@ -88,7 +88,8 @@ def decode_produce_request(body: memoryview, pos: int, version: int) -> ProduceR
         raise ValueError(f"Produce v{version} is not handled here")
     try:
         if version >= FIRST_FLEXIBLE_VERSION:
-            return _decode_flexible(body, pos, version)
+            one = _decode_one(body, pos, version)
+            return one if one is not None else _decode_flexible(body, pos, version)
         return _decode_legacy(body, pos, version)
     except (struct.error, IndexError):
         # Fixed-width reads run past the end: the struct module noticed first.
@@ -120,6 +121,39 @@ def _decode_legacy(body: memoryview, pos: int, version: int) -> ProduceRequestDa
             partitions.append(ProducePartitionData(index, records))
         topics.append(ProduceTopicData(name, tuple(partitions)))
     return ProduceRequestData(version, txn_id, acks, timeout_ms, tuple(topics))
+
+
+# a flexible request's start in the shape of nearly every one librdkafka sends (a request per
+# partition): a null transactional id, acks, timeout, one topic, the name's length (under 127)
+_ONE_START = struct.Struct(">BhiBB")
+
+
+def _decode_one(body: memoryview, pos: int, version: int) -> ProduceRequestData | None:
+    """A flexible request of one topic and one partition, with records and no tagged fields,
+    read in one pass; None when it is not of that shape (``_decode_flexible`` reads it then,
+    and finds what is wrong with it, if anything)."""
+    end = len(body)
+    if end - pos < _ONE_START.size:
+        return None
+    txn_id, acks, timeout_ms, topics, name_length = _ONE_START.unpack_from(body, pos)
+    if txn_id != 0 or topics != 2 or not 1 < name_length < 0x80:
+        return None
+    name_start = pos + _ONE_START.size
+    at = name_start + name_length - 1  # the partition count
+    if at + 6 > end or body[at] != 2:
+        return None
+    (index,) = _INT32.unpack_from(body, at + 1)
+    size, pos = wire.read_uvarint(body, at + 5)
+    stop = pos + size - 1  # the records' end, where the three structs' empty tags follow
+    if size == 0 or stop + 3 != end or body[stop] or body[stop + 1] or body[stop + 2]:
+        return None
+    try:
+        name = str(body[name_start:at], "utf-8")
+    except UnicodeDecodeError:
+        return None
+    records = ProducePartitionData(index, body[pos:stop])
+    topic = ProduceTopicData(name, (records,))
+    return ProduceRequestData(version, None, acks, timeout_ms, (topic,))
 
 
 def _decode_flexible(body: memoryview, pos: int, version: int) -> ProduceRequestData:

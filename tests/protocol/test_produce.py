@@ -223,3 +223,105 @@ def _assert_encoding_is_kios(
     info = ResponseHeaderInfo(correlation_id=correlation_id, api_key=0, api_version=version)
     theirs = b"".join(bytes(b) for b in encode_response(info, body))
     assert ours == theirs
+
+
+# -- the common request: one topic, one partition (librdkafka's), read in one pass -----------
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    version=st.integers(produce.FIRST_FLEXIBLE_VERSION, produce.MAX_VERSION),
+    transactional_id=st.none() | st.text(max_size=10),
+    acks=st.sampled_from([-1, 0, 1]),
+    timeout_ms=st.integers(-(1 << 31), (1 << 31) - 1),
+    name=st.text(max_size=30) | st.text(min_size=120, max_size=140),
+    index=st.integers(-(1 << 31), (1 << 31) - 1),
+    records=st.none() | st.binary(max_size=300),
+)
+def test_one_partition_request_is_read_as_kio_and_the_general_decoder_read_it(
+    version: int,
+    transactional_id: str | None,
+    acks: int,
+    timeout_ms: int,
+    name: str,
+    index: int,
+    records: bytes | None,
+) -> None:
+    partition = ProduceRequest.TopicProduceData.PartitionProduceData(index=index, records=records)
+    frame = request_frame(
+        ProduceRequest[version](
+            transactional_id=transactional_id,
+            acks=acks,
+            timeout_ms=timeout_ms,
+            topic_data=[
+                ProduceRequest.TopicProduceData(
+                    name=name, topic_id=uuid.UUID(int=1), partition_data=[partition]
+                )
+            ],
+        )
+    )
+    req = messages.decode_request(frame)
+    body = req.body
+    (topic,) = body.topics
+    (ours,) = topic.partitions
+    assert (body.transactional_id, body.acks, body.timeout_ms, topic.name, ours.index) == (
+        transactional_id,
+        acks,
+        timeout_ms,
+        name,
+        index,
+    )
+    assert (None if ours.records is None else bytes(ours.records)) == records
+    _, pos = headers.decode_request_header(frame, req.header.header_version)
+    kio_body, _ = entity_reader(load_request_schema(0, version))(frame, pos)
+    (kio_topic,) = kio_body.topic_data
+    assert (kio_topic.name, kio_topic.partition_data[0].records) == (name, records)
+    # the one-pass read (where it applies) and the general one give the same request
+    general = produce._decode_flexible(memoryview(frame), pos, version)
+    assert _plain(general) == _plain(body)
+
+
+def _plain(body: ProduceRequestData) -> tuple:
+    """The request's fields, its records as bytes."""
+    topics = [
+        (t.name, [(p.index, None if p.records is None else bytes(p.records)) for p in t.partitions])
+        for t in body.topics
+    ]
+    return body.version, body.transactional_id, body.acks, body.timeout_ms, topics
+
+
+def _one_partition_frame() -> bytes:
+    partition = ProduceRequest.TopicProduceData.PartitionProduceData(
+        index=0, records=sample_batches()[0]
+    )
+    topic = ProduceRequest.TopicProduceData(
+        name="t", topic_id=uuid.UUID(int=1), partition_data=[partition]
+    )
+    return request_frame(
+        ProduceRequest[9](transactional_id=None, acks=-1, timeout_ms=100, topic_data=[topic])
+    )
+
+
+def test_a_byte_past_the_end_leaves_the_request_to_the_general_decoder() -> None:
+    frame = _one_partition_frame()
+    longer = frame + b"\x00"
+    _, pos = headers.decode_request_header(longer, 2)
+    assert produce._decode_one(memoryview(longer), pos, 9) is None
+    assert _plain(messages.decode_request(longer).body) == _plain(
+        messages.decode_request(frame).body
+    )
+
+
+@pytest.mark.parametrize(
+    "tags",
+    [
+        b"\x00\x00\x01",  # the body's tagged fields: a count with none behind it
+        b"\x01\x00\x00",  # the partition's: one tag, the topic's then cut off
+    ],
+)
+def test_tagged_fields_leave_the_request_to_the_general_decoder(tags: bytes) -> None:
+    frame = _one_partition_frame()[:-3] + tags
+    _, pos = headers.decode_request_header(frame, 2)
+    assert produce._decode_one(memoryview(frame), pos, 9) is None
+    with pytest.raises(InvalidRequestError):
+        messages.decode_request(frame)
