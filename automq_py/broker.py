@@ -212,7 +212,7 @@ class Broker:
         )
         # Produce responses go out as their WAL commit's acknowledgements end, together
         self.storage.wal.after_acknowledgements.append(write_ready_responses)
-        self.server.on_idle = self.storage.wal.commit_now
+        self.server.on_idle = self.storage.commit_now
         self.server.between_requests = self.storage.wal.acknowledge_completed
         _settle_garbage_collector()  # startup's objects, before a client can wait behind them
         await self.server.start_listeners(endpoints)

@@ -210,6 +210,9 @@ async def measure(args: argparse.Namespace) -> dict[str, float]:
             await apis.ctx.topics.create(args.topic, args.partitions)
             frames = split_frames(Path(args.burst_file).read_bytes())
             wal = broker.storage.wal
+            # what the server calls once a connection has read nothing more (a checkout from
+            # before the storage's own: the WAL's)
+            commit_now = getattr(broker.storage, "commit_now", wal.commit_now)
             submitted = [0.0]  # when the WAL's submit last returned (--phases)
 
             # a burst's requests handled as one append, as the socket server does with the
@@ -240,7 +243,7 @@ async def measure(args: argparse.Namespace) -> dict[str, float]:
                     pending = await apis.handle_produce_batch(requests)
                 else:
                     pending = await one_by_one(phases)
-                wal.commit_now()  # the connection has read nothing more: the burst's commit
+                commit_now()  # the connection has read nothing more: the burst's commit
                 for response in pending:
                     # made ahead while the write is in flight, as the server does (a checkout
                     # from before that has no prepare)

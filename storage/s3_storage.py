@@ -50,6 +50,9 @@ log = logging.getLogger("automq.storage")
 
 WAL_FILE = "wal.log"
 CLOSE_FLUSH_TIMEOUT_S = 60.0
+# appends whose payloads commit_now copies ahead, at most (a burst of requests holds a few
+# dozen); past it, or where nothing calls commit_now, they are copied as they become durable
+COPY_AHEAD_MAX = 256
 # an object holding the data of several streams about to be read whole is fetched with one GET
 # when at most this big (a broker taking many partitions over replays their MetaStreams)
 PREFETCH_OBJECT_MAX = 16 << 20
@@ -77,6 +80,9 @@ class _StreamState:
     inflight: dict[asyncio.Future[None], Callable[[], object] | None] = field(default_factory=dict)
     # called once an append of the stream failed (``register_stream``)
     on_failed: Callable[[], object] | None = None
+    # appends whose payload was copied out of its request while their write was in flight
+    # (``S3Storage.commit_now``), by base offset: the cache keeps these
+    copied: dict[int, StreamRecordBatch] = field(default_factory=dict)
 
 
 class S3Storage:
@@ -109,6 +115,8 @@ class S3Storage:
         self._owns_metadata = owns_metadata
         self._owns_store = owns_store
         self._streams: dict[int, _StreamState] = {}
+        # appends submitted with a payload that is a view of its request, for commit_now to copy
+        self._uncopied: list[tuple[_StreamState, StreamRecordBatch]] = []
         self._changed = asyncio.Event()  # replaced on every notification: see _notify
         self._closing = False
         self._failed: BaseException | None = None
@@ -507,7 +515,27 @@ class S3Storage:
             self.fail(e)
             raise StorageFailedError(f"storage failed: {e}") from e
         state.inflight[done] = on_done
+        if type(batch.payload) is not bytes and len(self._uncopied) < COPY_AHEAD_MAX:
+            self._uncopied.append((state, batch))
         return done
+
+    def commit_now(self) -> None:
+        """Have the WAL commit the appends queued so far now (``WriteAheadLog.commit_now``: the
+        caller, a connection about to wait, has nothing more to add), then, while that write is
+        in flight, copy out of their requests the payloads the cache will keep as bytes: made
+        as each append became durable, the copies would come between the write and its
+        acknowledgements."""
+        self.wal.commit_now()
+        uncopied, self._uncopied = self._uncopied, []
+        for state, batch in uncopied:
+            if batch.base_offset >= state.confirmed:  # (not confirmed meanwhile)
+                state.copied[batch.base_offset] = StreamRecordBatch(
+                    batch.stream_id,
+                    batch.epoch,
+                    batch.base_offset,
+                    batch.count,
+                    bytes(batch.payload),
+                )
 
     def _on_durable(
         self,
@@ -550,6 +578,8 @@ class S3Storage:
     ) -> None:
         """``batch``, the next offsets of its stream, is durable: into the cache, and its
         append returns."""
+        if state.copied:
+            batch = state.copied.pop(batch.base_offset, batch)
         self.cache.put(batch, wal_offset, wal_next)
         state.confirmed = batch.base_offset + batch.count
         del state.inflight[done]

@@ -13,7 +13,7 @@ import pytest
 from storage.config import S3StreamConfig
 from storage.errors import OffsetOutOfRangeError, StreamClosedError, StreamFencedError
 from storage.metadata.manager import MetadataManager
-from storage.s3_storage import S3Storage
+from storage.s3_storage import COPY_AHEAD_MAX, S3Storage
 from storage.stream import S3Stream, StreamClient
 from tests.storage.conftest import StorageFactory, storage_properties
 from tests.storage.crash_writer import payload_for
@@ -348,3 +348,28 @@ async def test_a_streams_own_upload_is_never_paced(make_storage: StorageFactory)
     storage = await make_storage()
     extracted = SimpleNamespace(block_id=-1, size=100 * MB, first_put_at=0.0, sealed_at=5.0)
     assert storage.uploader._upload_rate(extracted) is None  # type: ignore[arg-type]
+
+
+async def test_payloads_read_from_requests_are_copied_while_their_write_is_in_flight(
+    make_storage: StorageFactory,
+) -> None:
+    storage = await make_storage()
+    stream = await StreamClient(storage).create_and_open()
+    payloads = [payload_for(stream.stream_id, 3 * i, 1000) for i in range(4)]
+    # views of a request's memory, as a Produce request's batches are
+    durable = [stream.append_now(memoryview(bytearray(p)), 3)[1] for p in payloads]
+    storage.commit_now()  # a connection about to wait: the commit, then the copies
+    state = storage._streams[stream.stream_id]
+    assert sorted(state.copied) == [0, 3, 6, 9]
+    assert all(type(b.payload) is bytes for b in state.copied.values())
+    await asyncio.gather(*durable)
+    assert not state.copied  # each one went into the cache as its append became durable
+    assert await read_all(stream) == payloads
+    # with no commit_now, as many wait to be copied as COPY_AHEAD_MAX; the rest are copied
+    # as they become durable
+    more = [payload_for(stream.stream_id, 12 + i, 100) for i in range(300)]
+    await asyncio.gather(*(stream.append_now(memoryview(bytearray(p)), 1)[1] for p in more))
+    assert len(storage._uncopied) == COPY_AHEAD_MAX
+    storage.commit_now()  # (all durable by now: nothing to copy)
+    assert not storage._uncopied and not state.copied
+    assert await read_all(stream) == payloads + more
