@@ -618,14 +618,14 @@ class ReplicaManager:
         internal_allowed: bool,
         timeout_ms: int = 0,
         listeners: list[Callable[[], object]] | None = None,
-        expected: list[AppendResult] | None = None,
+        appends: list[AppendResult | PendingAppend] | None = None,
     ) -> asyncio.Future[list[AppendResult]]:
         """Start the append of each entry, in order, and return the future of their results
         (in the same order), done once every started append is durable or failed. Only
         coordinators may append to internal topics (Kafka's ``internalTopicsAllowed``).
-        ``expected``, when given, is filled with the results as they will be if every started
-        append becomes durable in time (a Produce response made while the WAL write is in
-        flight).
+        ``appends``, when given, is filled with how each entry's append started: its result when
+        known at once, else its :class:`PendingAppend` (a Produce response made while the WAL
+        write is in flight reads there what the results will be if every append succeeds).
 
         ``timeout_ms`` (a Produce request's, when positive) bounds the whole append: a
         partition whose append could not start in time (no room in the WAL cache), or is not
@@ -647,8 +647,8 @@ class ReplicaManager:
             ):
                 self.refusals.refused(entry.key, entry.records, start.error)
             started.append(start)
-        if expected is not None:
-            expected += [a if isinstance(a, AppendResult) else a.expected_result() for a in started]
+        if appends is not None:
+            appends += started
         results: asyncio.Future[list[AppendResult]] = loop.create_future()
         pending = [(i, a) for i, a in enumerate(started) if isinstance(a, PendingAppend)]
         if not pending:

@@ -26,7 +26,7 @@ from typing import Any
 from automq_py.apis.context import BrokerContext
 from automq_py.apis.deferred import Deferred
 from automq_py.coordinator import transaction_metadata as tm
-from automq_py.partition import AppendResult
+from automq_py.partition import AppendResult, PendingAppend
 from automq_py.replica_manager import AppendEntry
 from automq_py.security.acls import AclOperation, ResourceType
 from automq_py.security.quotas import PRODUCE as PRODUCE_QUOTA
@@ -50,20 +50,20 @@ async def handle_produce(ctx: BrokerContext, request: Request) -> Any:
         entries = await _verify_transactional(ctx, request, str(body.transactional_id), entries)
     throttle = _throttle(ctx, request)
     listeners: list[Callable[[], object]] = []  # the response's writer, once it is queued
-    expected: list[AppendResult] = []
+    appends: list[AppendResult | PendingAppend] = []
     results = await ctx.replicas.append_records(
         entries,
         acks=body.acks,
         internal_allowed=False,
         timeout_ms=body.timeout_ms,
         listeners=listeners,
-        expected=expected,
+        appends=appends,
     )
     if body.acks == 0:
         return None
     if results.done():
         return _response(request, names, entries, results.result(), throttle)
-    answer = ProduceAnswer(request, names, entries, expected, throttle)
+    answer = ProduceAnswer(request, names, entries, appends, throttle)
     return Deferred(results, answer.finish, listeners, answer.prepare)
 
 
@@ -101,14 +101,14 @@ async def handle_produce_batch(ctx: BrokerContext, requests: list[Request]) -> l
         bounds.append(len(entries))
     head = requests[0].body
     listeners: list[Callable[[], object]] = []
-    expected: list[AppendResult] = []
+    appends: list[AppendResult | PendingAppend] = []
     results = await ctx.replicas.append_records(
         entries,
         acks=head.acks,
         internal_allowed=False,
         timeout_ms=head.timeout_ms,
         listeners=listeners,
-        expected=expected,
+        appends=appends,
     )
     out: list[Any] = []
     for i, request in enumerate(requests):
@@ -116,7 +116,7 @@ async def handle_produce_batch(ctx: BrokerContext, requests: list[Request]) -> l
         if results.done():
             out.append(_response(request, names[a:b], entries[a:b], results.result()[a:b]))
         else:
-            answer = ProduceAnswer(request, names[a:b], entries[a:b], expected[a:b], 0, a)
+            answer = ProduceAnswer(request, names[a:b], entries[a:b], appends[a:b], 0, a)
             out.append(Deferred(results, answer.finish, listeners, answer.prepare))
     return out
 
@@ -125,28 +125,41 @@ class ProduceAnswer:
     """The response to come of ``request``, whose partitions are those from ``first`` on of
     its append's results: made once they are all durable (``finish``), or ahead (``prepare``,
     while the connection waits for the WAL write) from the results they will have if every
-    append succeeds, and then used if they did."""
+    append that started succeeds, and then used if they did."""
 
-    __slots__ = ("entries", "expected", "first", "made", "names", "request", "throttle_ms")
+    __slots__ = (
+        "appends",
+        "entries",
+        "expected",
+        "first",
+        "made",
+        "names",
+        "request",
+        "throttle_ms",
+    )
 
     def __init__(
         self,
         request: Request,
         names: list[str],
         entries: list[AppendEntry],
-        expected: list[AppendResult],
+        appends: list[AppendResult | PendingAppend],
         throttle_ms: int,
         first: int = 0,
     ) -> None:
         self.request = request
         self.names = names
         self.entries = entries
-        self.expected = expected
+        self.appends = appends  # how each partition's append started
         self.throttle_ms = throttle_ms
         self.first = first
+        self.expected: list[AppendResult] = []
         self.made: list[wire.Buffer] | None = None
 
     def prepare(self) -> None:
+        self.expected = [
+            a if isinstance(a, AppendResult) else a.expected_result() for a in self.appends
+        ]
         self.made = _response(
             self.request, self.names, self.entries, self.expected, self.throttle_ms
         )

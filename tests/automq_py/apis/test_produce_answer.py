@@ -3,13 +3,14 @@ when the appends ended as expected, made again from their results when one did n
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 from typing import Any
 
 from kafka.protocol.producer import ProduceResponse
 
 from automq_py.apis.produce import ProduceAnswer
-from automq_py.partition import AppendResult
+from automq_py.partition import AppendResult, PendingAppend
 from automq_py.replica_manager import AppendEntry
 from protocol import wire
 from protocol.errors import ErrorCode
@@ -47,6 +48,18 @@ def test_appends_that_succeed_are_answered_with_the_response_made_ahead() -> Non
     assert made is not None and decoded(made) == [(3, 0, 100, 0)]
     # the log start offset moved meanwhile: the answer is the one at the append, as Kafka's
     assert answer.finish([ok(100, 40)]) is made
+
+
+async def test_a_pending_append_is_answered_with_its_offsets_and_the_log_start_at_prepare() -> None:
+    partition: Any = SimpleNamespace(log_start_offset=5)
+    durable = asyncio.get_running_loop().create_future()
+    answer = ProduceAnswer(request(), ["t"], [entry(2)], [PendingAppend(durable, 42, partition)], 0)
+    answer.prepare()
+    made = answer.made
+    assert made is not None and decoded(made) == [(2, 0, 42, 5)]
+    partition.log_start_offset = 7
+    durable.set_result(None)
+    assert answer.finish([AppendResult(ErrorCode.NONE, 42, 7)]) is made
 
 
 def test_an_append_that_did_not_succeed_is_answered_from_its_result() -> None:
