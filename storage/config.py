@@ -103,6 +103,15 @@ class S3StreamConfig:
         "overwrite written blocks; into merely allocated ones, each durable write first "
         "waits for a file system journal commit (false: allocate only, a faster first start)",
     )
+    wal_io_realtime: bool = config_field(
+        "s3.wal.io.realtime",
+        True,
+        ConfigType.BOOLEAN,
+        "run the kernel's io_uring workers that make the file WAL's durable writes at real-time "
+        "priority (SCHED_FIFO 1) where the process may (CAP_SYS_NICE or RLIMIT_RTPRIO): their "
+        "wake-ups after the disk's write and flush then wait for no core (false: normal "
+        "priority)",
+    )
     wal_cache_size: int = _count(
         "s3.wal.cache.size", 512 * MiB, "LogCache bytes; appends wait when unuploaded data fills it"
     )

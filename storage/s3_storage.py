@@ -156,6 +156,7 @@ class S3Storage:
                 config.wal_capacity,
                 node_id=config.node_id,
                 init_zero=config.wal_init_zero,
+                realtime_io=config.wal_io_realtime,
             )
         storage = cls(
             config,

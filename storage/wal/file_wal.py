@@ -49,11 +49,12 @@ not a pass of the loop later: a client's burst (librdkafka sends a Produce reque
 partition) is written as its requests are read, the later ones no longer waiting for the first
 one's write to be acknowledged before their own is even submitted. The writes land in order
 (``IOSQE_IO_DRAIN``), each starting where the one before it ended, and are acknowledged in
-order. The ring's writes hold ``_commit_lock`` like any commit, from the first submitted to the
-last completed; the writer thread still takes larger batches, those with padding in them, and
-the header writes. Once a second (``RING_CHECK_S``) the loop also looks for a completion the
-eventfd did not announce: one left unreaped would hold every commit after it, and the writer
-thread's header writes (a WAL's trim), for good.
+order. The kernel's workers that make them run at real-time priority where the process may set
+it (``storage.wal.iowq``). The ring's writes hold ``_commit_lock`` like any commit, from the
+first submitted to the last completed; the writer thread still takes larger batches, those with
+padding in them, and the header writes. Once a second (``RING_CHECK_S``) the loop also looks
+for a completion the eventfd did not announce: one left unreaped would hold every commit after
+it, and the writer thread's header writes (a WAL's trim), for good.
 
 Torn tails: at most ``window`` bytes (kept in the header) are ever written past the last
 fsync. After a crash, recovery stops at the first invalid record and zeroes the next ``window``
@@ -81,6 +82,7 @@ from storage.wal import record, ring_file
 from storage.wal.errors import WALError
 from storage.wal.header import HEADER_AREA_SIZE, SLOT_SIZE, WALHeader
 from storage.wal.interface import WALAppendResult, WALRecord, WALStats, spread
+from storage.wal.iowq import WorkerPriority
 from storage.wal.record import HEADER_SIZE, Buffer
 from storage.wal.ring_file import ZEROS_VIEW, lap_end, pwrite_all
 from storage.wal.uring import RingWriter, open_ring
@@ -111,6 +113,9 @@ ASYNC_COMMIT_MAX = 4 * 1024 * 1024
 ASYNC_IN_FLIGHT = 2
 # How often the loop looks for completed asynchronous commits nobody announced (_check_ring)
 RING_CHECK_S = 1.0
+# a completion this long after the one before may have come from a worker the kernel made
+# meanwhile, at normal priority (``storage.wal.iowq``): look for it at once
+IOWQ_IDLE_S = 2.0
 _PAGE_SIZE = mmap.PAGESIZE  # the page cache's unit: a write ending inside a page reads it first
 
 
@@ -197,6 +202,8 @@ class FileWAL:
         self._ring_batches: collections.deque[_RingBatch] = collections.deque()  # in flight
         self._ring_commits = 0
         self._ring_check: asyncio.TimerHandle | None = None  # see _check_ring
+        self._iowq: WorkerPriority | None = None  # the ring's workers at real-time priority
+        self._ring_done_at = 0.0  # time.perf_counter() of the last completion
         # see WriteAheadLog.after_acknowledgements
         self.after_acknowledgements: list[Callable[[], object]] = []
         self._writer_done = False  # it has taken its last request
@@ -229,6 +236,7 @@ class FileWAL:
         init_zero: bool = False,
         inline_commit_max: int = INLINE_COMMIT_MAX,
         use_io_uring: bool = True,
+        realtime_io: bool = True,
     ) -> FileWAL:
         """Open the WAL at ``path``, creating and preallocating it if it does not exist.
 
@@ -238,7 +246,9 @@ class FileWAL:
         only allocated (see ``ring_file.write_zeros``). ``inline_commit_max``: the most bytes
         the event loop commits itself (0: the writer thread makes every commit).
         ``use_io_uring``: the event loop submits its commits to an io_uring where the kernel
-        allows (else, or False, it writes them itself).
+        allows (else, or False, it writes them itself). ``realtime_io``
+        (``s3.wal.io.realtime``): the io_uring's kernel workers, which make those writes, run
+        at real-time priority where the process may set it (``storage.wal.iowq``).
         """
         if capacity < MIN_CAPACITY:
             raise WALError(f"s3.wal.capacity must be at least {MIN_CAPACITY} bytes, got {capacity}")
@@ -314,7 +324,7 @@ class FileWAL:
             os.close(fd)
             raise
         if use_io_uring and inline_commit_max > 0:
-            wal._start_ring()
+            wal._start_ring(realtime_io)
         wal._thread = threading.Thread(
             target=wal._writer_main, name=f"wal-writer:{os.path.basename(path)}", daemon=True
         )
@@ -607,13 +617,16 @@ class FileWAL:
 
     # --- asynchronous commits -------------------------------------------------------------
 
-    def _start_ring(self) -> None:
-        """Have the event loop submit its commits to an io_uring, where the kernel allows."""
+    def _start_ring(self, realtime_io: bool = True) -> None:
+        """Have the event loop submit its commits to an io_uring, where the kernel allows;
+        ``realtime_io``: its workers at real-time priority."""
         writer, why = open_ring(self._fd, ASYNC_COMMIT_MAX + _PAGE_SIZE, ASYNC_IN_FLIGHT)
         if writer is None:
             logger.info("WAL %s: commits are written on the event loop: %s", self._path, why)
             return
         self._ring = writer
+        if realtime_io:
+            self._iowq = WorkerPriority()
         self._loop.add_reader(writer.eventfd, self._ring_done)
         self._ring_check = self._loop.call_later(RING_CHECK_S, self._check_ring)
         logger.debug("WAL %s: the event loop's commits are written by an io_uring", self._path)
@@ -629,6 +642,8 @@ class FileWAL:
                 "WAL %s: an io_uring write had completed unannounced; acknowledged now", self._path
             )
             self._ring_done()
+        if self._iowq is not None:
+            self._iowq.raise_new()
         self._ring_check = self._loop.call_later(RING_CHECK_S, self._check_ring)
 
     def _stop_ring(self) -> None:
@@ -720,6 +735,9 @@ class FileWAL:
                     batch.result = result
                     break
         now = time.perf_counter()
+        if self._iowq is not None and now - self._ring_done_at >= IOWQ_IDLE_S:
+            self._loop.call_soon(self._iowq.raise_new)
+        self._ring_done_at = now
         while self._ring_batches and self._ring_batches[0].result is not None:
             batch = self._ring_batches.popleft()
             failure = self._failed

@@ -568,6 +568,14 @@ def test_the_wal_is_zero_filled_unless_told_not_to() -> None:
         BrokerConfig.from_properties({"s3.wal.init.zero": "sometimes"})
 
 
+def test_the_wals_io_workers_run_at_real_time_priority_unless_told_not_to() -> None:
+    assert BrokerConfig.from_properties({}).storage.wal_io_realtime is True
+    config = BrokerConfig.from_properties({"s3.wal.io.realtime": "false"})
+    assert config.storage.wal_io_realtime is False
+    with pytest.raises(ConfigError, match=r"s3\.wal\.io\.realtime"):
+        BrokerConfig.from_properties({"s3.wal.io.realtime": "maybe"})
+
+
 def test_an_inter_broker_listener_asking_for_sasl_is_refused_where_spark_executors_connect() -> (
     None
 ):
