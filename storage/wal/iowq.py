@@ -3,20 +3,21 @@
 An io_uring hands each write it cannot make without blocking (every ``O_DSYNC`` write of a
 regular file) to a kernel worker thread of the submitting process, named ``iou-wrk-<tid>``. The
 worker copies the data into the page cache, waits for the disk's write, then for its cache flush
-(this disk takes no FUA writes), and completes the request: it wakes at least twice a commit, and
-at normal priority each wake-up waits for a core. On two cores a broker and its clients keep both
-busy, and those waits were most of a commit's tail: 128 KiB ``O_DSYNC`` writes every 6.5 ms beside
-two busy processes took p99 0.92 and 2.75 ms from a normal thread, 0.32 and 0.42 ms from a
-``SCHED_FIFO`` one (the disk itself: p99 0.36-0.40 ms).
+(on a disk that takes no FUA writes), and completes the request: it wakes at least twice a
+commit, and at normal priority each wake-up waits for a core. On two cores a broker and its
+clients keep both busy, and those waits were most of a commit's tail: 128 KiB ``O_DSYNC`` writes
+every 6.5 ms beside two busy processes took p99 0.92 and 2.75 ms from a normal thread, 0.32 and
+0.42 ms from a ``SCHED_FIFO`` one (the disk itself: p99 0.36-0.40 ms; the WAL's own appends:
+``bench/wal_appends.py``).
 
 So the WAL gives its ring's workers ``SCHED_FIFO`` at the lowest real-time priority
 (``s3.wal.io.realtime``): a worker runs as it wakes, for the microseconds each step takes, ahead
 of every normal thread, and sleeps on the disk the rest of the time (the kernel's real-time
-throttling bounds it regardless). The kernel makes workers as requests need them and retires
-one after a few idle seconds, and a new one starts at normal priority, so the WAL looks for new
-workers once a second and at the first completion after an idle gap. Setting a real-time
-policy needs ``CAP_SYS_NICE`` or an ``RLIMIT_RTPRIO`` of at least 1; refused, the WAL says so
-once and its writes go on at normal priority.
+throttling bounds it regardless). The kernel makes workers as requests need them and retires one
+after a few idle seconds, and a new one starts at normal priority, so the WAL looks for new
+workers once a second and at the first completion after an idle gap. Setting a real-time policy
+needs ``CAP_SYS_NICE`` or an ``RLIMIT_RTPRIO`` of at least 1; refused, the WAL says so once and
+its writes go on at normal priority.
 """
 
 from __future__ import annotations
