@@ -69,8 +69,9 @@ async def appends(args: argparse.Namespace, realtime: bool) -> dict[str, float]:
                 if result.offset - trimmed > (args.wal_mib << 20) // 4:
                     await wal.trim(result.offset)
                     trimmed = result.offset
-            raised = wal._iowq.raised if wal._iowq is not None else 0
-            refused = float(wal._iowq is not None and wal._iowq.refused is not None)
+            priority = wal.io_priority
+            raised = priority.raised if priority is not None else 0
+            refused = float(priority is not None and priority.refused is not None)
         finally:
             await wal.close()
     finally:

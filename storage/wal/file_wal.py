@@ -336,6 +336,12 @@ class FileWAL:
         return self._path
 
     @property
+    def io_priority(self) -> WorkerPriority | None:
+        """The io_uring workers' real-time priority (how many were raised, or why it was
+        refused); None without an io_uring or with ``realtime_io`` off."""
+        return self._iowq
+
+    @property
     def capacity(self) -> int:
         return self._capacity
 

@@ -66,19 +66,19 @@ async def test_the_wals_io_uring_workers_run_at_real_time_priority(tmp_path: Pat
     wal = await FileWAL.open(str(tmp_path / "wal"), CAPACITY, inline_commit_max=4096)
     try:
         assert wal._ring is not None, "this machine's kernel offers io_uring"
-        assert wal._iowq is not None
+        assert wal.io_priority is not None
         for i in range(20):
             await wal.append(b"record %d" % i)
         assert io_workers(), "the durable writes went through an io_uring worker"
-        wal._iowq.raise_new()  # (the WAL also looks once a second)
+        wal.io_priority.raise_new()  # (the WAL also looks once a second)
         if may_set_realtime():
-            assert wal._iowq.refused is None
-            assert wal._iowq.raised >= 1
+            assert wal.io_priority.refused is None
+            assert wal.io_priority.raised >= 1
             for tid in io_workers():
                 assert os.sched_getscheduler(tid) == os.SCHED_FIFO
                 assert os.sched_getparam(tid).sched_priority == PRIORITY
         else:
-            assert wal._iowq.refused is not None
+            assert wal.io_priority.refused is not None
         for i in range(20):  # and the writes go on either way
             await wal.append(b"more %d" % i)
     finally:
@@ -91,7 +91,7 @@ async def test_realtime_io_false_leaves_the_workers_alone(tmp_path: Path) -> Non
     )
     try:
         assert wal._ring is not None
-        assert wal._iowq is None
+        assert wal.io_priority is None
         await wal.append(b"record")
     finally:
         await wal.close()
