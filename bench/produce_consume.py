@@ -155,6 +155,17 @@ latencies showed a pause of the bench, not of the broker. The case's own objects
 callbacks, the latencies) are collected as an application's are, and its client pauses over 10
 ms are still counted.
 
+The bench's process (the clients) starts with glibc's malloc thresholds fixed
+(``steady_client_allocator``): ``M_MMAP_THRESHOLD`` 32 MiB and ``M_TRIM_THRESHOLD`` 64 MiB, the
+most glibc's own rule raises them to. Under that rule they rise with the largest block the
+process has freed (here librdkafka's fetch responses), so a case's client ran on an allocator
+the cases and brokers before it had shaped. In a saturated consume of 16 KiB records, each
+``consume()`` of 1,000 holds ~16 MB of values; with automq-py first in the run its client's
+Python thread took 59,000-63,000 page faults (the heap given back to the kernel after each
+call, then touched anew) and 0.98-1.05 cores for 1,335-1,454 MB/s; with Kafka run before it,
+3,700 faults and 0.74 cores for 1,584 MB/s; with the thresholds fixed, 43-56 faults and 0.65
+cores for 1,524-1,574 MB/s. The same broker each time: only the client's history changed.
+
 Beside the figures, per case: librdkafka's own round-trip times of its ProduceRequests (its
 statistics, per 1 s window: measured in its broker thread, so not delayed when this process's
 Python thread waits for a core), the longest of its round trips, of its waits before a batch is
@@ -181,6 +192,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
+import ctypes.util
 import gc
 import importlib.util
 import json
@@ -234,6 +247,11 @@ STATS_INTERVAL_S = 1.0  # librdkafka's statistics window
 # off the cores for 20-90 ms at a time (the S3 store's per-record p99 at 20 MB/s: 58-141 ms
 # against 20-24 ms, in two pairs).
 S3_NICE = 10
+# glibc's mallopt parameters and the values the bench fixes them at (module docstring): the
+# largest a dynamic mmap threshold reaches on 64-bit, and twice it, as glibc's rule sets
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+CLIENT_MMAP_THRESHOLD = 32 << 20
+CLIENT_TRIM_THRESHOLD = 64 << 20
 CONSUMER_STATS_INTERVAL_S = 0.2  # (a consume is over in about a second)
 CONSUMER_FETCH_QUEUE_BACKOFF_MS = 50  # librdkafka's 1000 ms pause when its queue is full
 PACE_S = 0.002  # --rate-mbps: the client sleeps only this far ahead (ThroughputThrottler's)
@@ -2371,8 +2389,30 @@ def broker_config(args: argparse.Namespace) -> dict[str, str]:
     return key_values(args.broker_config, "--broker-config")
 
 
+def steady_client_allocator() -> str:
+    """Fix glibc's malloc thresholds for this process (the clients), so that no case's client
+    runs on an allocator the cases before it shaped (module docstring); what was done, for the
+    run's header."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return "malloc thresholds as the C library sets them (not glibc)"
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    if not (
+        mallopt(M_MMAP_THRESHOLD, CLIENT_MMAP_THRESHOLD)
+        and mallopt(M_TRIM_THRESHOLD, CLIENT_TRIM_THRESHOLD)
+    ):
+        return "malloc thresholds left to glibc (mallopt refused)"
+    return (
+        f"client malloc thresholds fixed: mmap {CLIENT_MMAP_THRESHOLD >> 20} MiB, "
+        f"trim {CLIENT_TRIM_THRESHOLD >> 20} MiB"
+    )
+
+
 def main() -> None:
     args = parse_args()
+    allocator = steady_client_allocator()
     brokers: list[str] = args.brokers
     if any(b.startswith("tansu") for b in brokers):
         tansu_binary()
@@ -2403,7 +2443,8 @@ def main() -> None:
                     else (f"offered at {args.rate_mbps:g} MB/s" if args.rate_mbps else "saturated")
                     + (", cold consume after a restart" if args.cold else "")
                 )
-                + f"; {args.settle_s:g} s settle after each start; clients {args.clients}"
+                + f"; {args.settle_s:g} s settle after each start; clients {args.clients}; "
+                + allocator
             )
             for name in brokers:
                 broker: Broker
