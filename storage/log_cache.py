@@ -3,8 +3,11 @@
 Data arrives per stream in offset order after the WAL made it durable. It accumulates in the
 *active* block; an upload seals the active block (a new one starts) and, once the block's
 objects are committed, marks it uploaded. Uploaded blocks stay readable until the cache needs
-their room (oldest first). Every record is therefore either in the cache or committed to object
-storage, so a reader never sees a gap.
+their room, oldest records first: whole blocks while a whole block is over, then the oldest
+records of the next (in WAL order), so the cache keeps ``s3.wal.cache.size`` of the newest data
+rather than dropping an upload's worth (``s3.wal.upload.threshold``, 100 MiB) at once. Every
+record is therefore either in the cache or committed to object storage, so a reader never sees a
+gap.
 
 A block keeps each stream's records column by column (:class:`CachedRun`): offsets and epochs
 in arrays, payloads as ``bytes`` in a dict keyed by position. None of these is an object the
@@ -67,10 +70,11 @@ class CachedRun(Sequence[StreamRecordBatch]):
     """One stream's records in a block, in offset order, stored column by column. Indexing
     builds the :class:`StreamRecordBatch` of a record on demand."""
 
-    __slots__ = ("bases", "ends", "epochs", "payloads", "stream_id")
+    __slots__ = ("bases", "ends", "epochs", "first", "payloads", "stream_id")
 
     def __init__(self, stream_id: int) -> None:
         self.stream_id = stream_id
+        self.first = 0  # the payloads' key of the run's first record (records evicted before it)
         self.bases = array("q")
         self.ends = array("q")  # each record's exclusive end offset, for bisection
         self.epochs = array("q")
@@ -91,7 +95,7 @@ class CachedRun(Sequence[StreamRecordBatch]):
         # a copy, unless it already is bytes: a memoryview is tracked by the collector, and
         # keeps the whole request it came from alive
         payloads = self.payloads
-        payloads[len(payloads)] = payload if type(payload) is bytes else bytes(payload)
+        payloads[self.first + len(payloads)] = payload if type(payload) is bytes else bytes(payload)
 
     def __len__(self) -> int:
         return len(self.bases)
@@ -109,12 +113,23 @@ class CachedRun(Sequence[StreamRecordBatch]):
             i += len(self.bases)
         base = self.bases[i]
         return StreamRecordBatch(
-            self.stream_id, self.epochs[i], base, self.ends[i] - base, self.payloads[i]
+            self.stream_id, self.epochs[i], base, self.ends[i] - base, self.payloads[self.first + i]
         )
 
     def __iter__(self) -> Iterator[StreamRecordBatch]:
         for i in range(len(self.bases)):
             yield self[i]
+
+    def drop_first(self, n: int) -> dict[int, bytes]:
+        """Remove the run's first ``n`` records; their payloads, for the caller to free."""
+        first = self.first
+        payloads = self.payloads
+        dropped = {key: payloads.pop(key) for key in range(first, first + n)}
+        del self.bases[:n]
+        del self.ends[:n]
+        del self.epochs[:n]
+        self.first = first + n
+        return dropped
 
     def get(self, start: int, end: int, max_bytes: int) -> list[StreamRecordBatch]:
         """Records overlapping ``[start, end)``, at most about ``max_bytes``."""
@@ -191,6 +206,42 @@ class LogCacheBlock:
         self.revision += 1
         return dropped
 
+    def drop_oldest(self, nbytes: int) -> tuple[int, list[dict[int, bytes]]]:
+        """Remove the block's oldest records, across its streams, up to a WAL offset that
+        leaves about ``nbytes`` of them gone: the bytes removed and the removed payloads, for
+        the caller to free. Only for an uploaded block: an upload reads the others at the WAL
+        positions this trims.
+
+        The block's records fill its WAL span in order, so the cut is the fraction of the span
+        ``nbytes`` is of the block's bytes (the WAL's framing makes it a little more), and at
+        least the oldest record goes. A pass over the streams, a bisection each."""
+        if not self.wal_positions or nbytes <= 0:
+            return 0, []
+        start = min(positions[0] for positions in self.wal_positions.values())
+        span = max(self.wal_end - start, 1)
+        cut = start + max(-(-nbytes * span // max(self.size, 1)), 1)
+        removed = 0
+        payloads: list[dict[int, bytes]] = []
+        for stream_id, positions in list(self.wal_positions.items()):
+            if positions[0] >= cut:
+                continue
+            n = bisect.bisect_left(positions[0::2], cut)
+            if 2 * n == len(positions):
+                dropped = self.stream_sizes.pop(stream_id, 0)
+                payloads.append(self.records.pop(stream_id).payloads)
+                del self.wal_positions[stream_id]
+                self.stream_epochs.pop(stream_id, None)
+            else:
+                dropped = sum(positions[1 : 2 * n : 2])
+                self.stream_sizes[stream_id] -= dropped
+                payloads.append(self.records[stream_id].drop_first(n))
+                del positions[: 2 * n]
+            removed += dropped
+        self.size -= removed
+        self.wal_start = min((p[0] for p in self.wal_positions.values()), default=self.wal_end)
+        self.revision += 1
+        return removed, payloads
+
     def move_to(self, stream_id: int, other: LogCacheBlock, from_offset: int = 0) -> None:
         """Append the stream's records ending past ``from_offset`` to ``other``."""
         records = self.records.get(stream_id)
@@ -247,13 +298,24 @@ class LogCache:
         self.evict()
 
     def evict(self, keep: int | None = None) -> None:
-        """Drop uploaded blocks, oldest first, while the cache holds more than ``keep`` bytes.
-        A dropped block's records are gone at once; their memory is freed a slice at a time
-        (see :func:`release_gradually`)."""
+        """Drop uploaded records, oldest first, while the cache holds more than ``keep`` bytes:
+        whole blocks while a whole block is over, then the oldest records of the next. Dropped
+        records are gone at once; their memory is freed a slice at a time (see
+        :func:`release_gradually`)."""
         limit = self.max_size if keep is None else keep
         # blocks are uploaded in order, so uploaded ones are at the front
         while self.size > limit and self._blocks[0].uploaded:
-            block = self._blocks.popleft()
+            block = self._blocks[0]
+            over = self.size - limit
+            if block.size > over:
+                removed, payloads = block.drop_oldest(over)
+                if removed:
+                    self.size -= removed
+                    release_gradually(payloads)
+                    if not block.records:
+                        self._blocks.popleft()
+                    continue
+            self._blocks.popleft()
             self.size -= block.size
             runs, block.records = block.records, {}
             release_gradually([run.payloads for run in runs.values()])

@@ -67,6 +67,70 @@ def test_log_cache_evicts_only_uploaded_blocks() -> None:
     assert cache.size == 400 and cache.unuploaded_size == 400
 
 
+def fill(cache: LogCache, streams: list[int], offsets: range, size: int, wal: int = 0) -> int:
+    """Put a record of ``size`` bytes at each of ``offsets`` for each stream, interleaved as a
+    WAL lays them out (a 16-byte frame each); the WAL offset after them."""
+    for offset in offsets:
+        for stream in streams:
+            record = StreamRecordBatch(stream, 0, offset, 1, b"x" * (size - 33))
+            cache.put(record, wal, wal + size + 16)
+            wal += size + 16
+    return wal
+
+
+def test_eviction_keeps_the_newest_records_up_to_the_limit_not_whole_blocks() -> None:
+    cache = LogCache(max_size=10_000)
+    wal = fill(cache, [1, 2], range(40), 100)  # 8,000 bytes in the first block
+    first = cache.seal()
+    fill(cache, [1, 2], range(40, 60), 100, wal)  # 4,000 more: 2,000 over the limit once uploaded
+    assert first is not None
+    cache.mark_uploaded(first)
+    # about the oldest 2,000 bytes are gone (a record or two more: the WAL's framing), not the
+    # whole 8,000-byte block
+    assert 8_000 <= cache.size <= 10_000
+    for stream in (1, 2):
+        got = cache.get(stream, 0, 1_000, 1 << 20)
+        # each stream lost its oldest records alike; the rest reads on without a gap
+        assert 8 <= got[0].base_offset <= 11
+        assert [r.base_offset for r in got] == list(range(got[0].base_offset, 60))
+    assert first.size == sum(first.stream_sizes.values()) == cache.size - 4_000
+    # the block's record count, sizes and WAL positions stay in step after the trim
+    for stream, run_ in first.records.items():
+        assert len(first.wal_positions[stream]) == 2 * len(run_)
+        assert first.stream_sizes[stream] == sum(r.size for r in run_)
+
+
+def test_eviction_drops_a_whole_block_when_all_of_it_is_over() -> None:
+    cache = LogCache(max_size=3_000)
+    wal = fill(cache, [1], range(20), 100)
+    first = cache.seal()
+    wal = fill(cache, [1], range(20, 40), 100, wal)
+    second = cache.seal()
+    assert first is not None and second is not None
+    cache.mark_uploaded(first)
+    cache.mark_uploaded(second)
+    fill(cache, [1], range(40, 60), 100, wal)  # the active block, not uploaded: kept
+    cache.evict()
+    assert cache.size == 3_000  # the first block whole, then 1,000 bytes of the second
+    assert cache.get(1, 0, 1_000, 1 << 20)[0].base_offset == 30
+    assert not first.records
+
+
+def test_eviction_trims_until_under_the_limit_and_reads_stay_contiguous() -> None:
+    cache = LogCache(max_size=5_000)
+    wal = 0
+    for i in range(6):
+        wal = fill(cache, [1, 2, 3], range(7 * i, 7 * i + 7), 100, wal)  # 2,100 bytes a block
+        block = cache.seal()
+        assert block is not None
+        cache.mark_uploaded(block)
+        assert cache.size <= 5_000
+    assert cache.size >= 5_000 - 3 * 116  # at most a record per stream beyond the limit
+    for stream in (1, 2, 3):
+        got = cache.get(stream, 0, 1_000, 1 << 20)
+        assert [r.base_offset for r in got] == list(range(got[0].base_offset, 42))
+
+
 async def test_an_evicted_block_is_freed_a_slice_at_a_time_on_the_loop(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
