@@ -7,6 +7,8 @@ import gc
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from storage import log_cache
 from storage.log_cache import CachedRun, LogCache
@@ -209,3 +211,42 @@ def test_cached_records_add_no_object_the_garbage_collector_tracks() -> None:
     gc.collect()
     assert len(gc.get_objects()) - before < 50
     assert [b.base_offset for b in cache.get(2, 998, 2000, 1 << 20)] == [998, 999]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.integers(40, 400), st.booleans()), min_size=1, max_size=80
+    ),
+    st.integers(0, 6_000),
+)
+def test_eviction_keeps_sizes_in_step_and_every_stream_contiguous(
+    puts: list[tuple[int, int, bool]], max_size: int
+) -> None:
+    cache = LogCache(max_size=max_size)
+    nexts: dict[int, int] = {}
+    wal = 0
+    for stream, size, upload in puts:
+        offset = nexts.get(stream, 0)
+        cache.put(StreamRecordBatch(stream, 0, offset, 1, b"x" * (size - 33)), wal, wal + size + 16)
+        nexts[stream] = offset + 1
+        wal += size + 16
+        if upload:
+            block = cache.seal()
+            assert block is not None
+            cache.mark_uploaded(block)
+            # evicted down to the limit, or to what is not uploaded yet if that is more
+            assert cache.size <= max(max_size, cache.unuploaded_size)
+    blocks = list(cache._blocks)
+    assert cache.size == sum(b.size for b in blocks)
+    unuploaded = sum(b.size for b in blocks if not b.uploaded)
+    assert cache.unuploaded_size == unuploaded
+    for b in blocks:
+        assert b.size == sum(b.stream_sizes.values())
+        for stream, run_ in b.records.items():
+            assert b.stream_sizes[stream] == sum(r.size for r in run_)
+            assert len(b.wal_positions[stream]) == 2 * len(run_)
+    for stream, end in nexts.items():
+        got = cache.get(stream, 0, end, 1 << 30)
+        if got:  # the newest records, each stream's to its end, without a gap
+            assert [r.base_offset for r in got] == list(range(got[0].base_offset, end))
