@@ -62,7 +62,12 @@ them; a first ``produce()`` racing librdkafka's start-up held records ~105 ms). 
   go up to 2 ms early), and each one's latency counts from the later of its send and the
   moment it was due, not from when the client got to send a late one;
 * consume MB/s: a Consumer assign()ed to every partition from offset 0 (no group join, Tansu's
-  take ~20 s), record bytes / time from assign() until the expected record count has arrived.
+  take ~20 s), record bytes / time from assign() until the expected record count has arrived;
+  the case's records are read ``--reads`` times (3), each by a new consumer, and the median
+  read is reported. A saturated read of 512 MiB of 1 KiB records lasts under half a second,
+  with this process's consumer taking ~1.4 of the 2 cores: one read of the same broker ranged
+  838-1,319 MB/s in three in a row (a slow read: the client spending more CPU per byte while
+  the broker idled);
   Records are counted, offsets are not trusted (Tansu's high watermark is wrong after
   multi-record batches). A case that does not finish within ``--timeout`` is reported as a
   timeout with what arrived by then. The consumer's ``fetch.queue.backoff.ms`` is
@@ -784,6 +789,28 @@ class CpuUse:
         used = [self.seconds[w] for w in who if w in self.seconds]
         return sum(used) / (self.nbytes / 1e9) if used and self.nbytes else None
 
+    @staticmethod
+    def summed(parts: list[CpuUse], nbytes: int) -> CpuUse:
+        """Several windows' use as one (``nbytes`` went through in all of them): seconds,
+        faults and steal added up, the host's slowest slowdown among them."""
+        seconds: dict[str, float] = {}
+        faults: dict[str, int] = {}
+        for part in parts:
+            for k, v in part.seconds.items():
+                seconds[k] = seconds.get(k, 0.0) + v
+            for k, n in part.major_faults.items():
+                faults[k] = faults.get(k, 0) + n
+        steals = [p.steal_s for p in parts]
+        slowdowns = [p.slowdown for p in parts if p.slowdown is not None]
+        return CpuUse(
+            sum(p.wall_s for p in parts),
+            seconds,
+            nbytes,
+            faults,
+            None if None in steals else sum(s for s in steals if s is not None),
+            max(slowdowns) if slowdowns else None,
+        )
+
 
 BROKER_PROCESSES = ("broker", "worker")  # the broker's own CPU: automq-py's worker is part of it
 
@@ -798,7 +825,8 @@ class Result:
     client: str = "python"
     mode: str = ""  # --suite: which of SUITE_MODES the case ran in
     produce_mbs: float | None = None
-    consume_mbs: float | None = None
+    consume_mbs: float | None = None  # the median of consume_reads
+    consume_reads: list[float] = field(default_factory=list)  # MB/s of each read, in order
     p50_ms: float | None = None
     p99_ms: float | None = None
     # --clients java: the rest of kafka-producer-perf-test's summary
@@ -827,7 +855,7 @@ class Result:
     gets: int | None = None  # --cold, automq-py: GETs of the restarted broker
     get_bytes: int | None = None
     produce_cpu: CpuUse | None = None  # first produce() to the last acknowledgement
-    consume_cpu: CpuUse | None = None  # assign() to the last record
+    consume_cpu: CpuUse | None = None  # assign() to the last record, summed over the reads
     # responses the consumer's librdkafka received from the broker, and their bytes
     fetched: tuple[int, int] = (0, 0)
     loop_lag: str | None = None  # --cold, automq-py: the restarted broker's event-loop lag
@@ -1173,12 +1201,55 @@ def consume(
     partitions: int,
     args: argparse.Namespace,
     result: Result,
-    consumed: Callable[[], None] | None = None,
+    meter: Callable[[], Callable[[], CpuUse]] | None = None,
+    reads: int = 1,
 ) -> None:
-    """Read the case's records back; ``consumed`` is called once the last has arrived."""
+    """Read the case's records back ``reads`` times, each by a new consumer, and report the
+    median read's MB/s (``result.consume_reads``: every read's); ``meter`` (``cpu_use`` of the
+    broker) gives the CPU the reads took, summed over them."""
     expected = result.produced
     if expected == 0:
         return
+    used: list[CpuUse] = []
+    for read in range(reads):
+        since = meter() if meter is not None else None
+        last = read == reads - 1
+
+        def done(since: Callable[[], CpuUse] | None = since) -> None:
+            if since is not None:
+                used.append(since())
+
+        got, nbytes, elapsed = read_once(bootstrap, topic, partitions, args, result, done, last)
+        if elapsed > 0 and got:
+            result.consume_reads.append(nbytes / elapsed / 1e6)
+        result.consumed, result.consumed_bytes = got, nbytes
+        if nbytes != got * args.record_size:
+            result.notes.append(f"consumed {nbytes} bytes for {got} records")
+        if got < expected:
+            result.notes.append(f"consume TIMEOUT after {args.timeout}s ({got}/{expected} records)")
+            break
+    if result.consume_reads:
+        result.consume_mbs = statistics.median(result.consume_reads)
+    if used:
+        result.consume_cpu = CpuUse.summed(used, result.consumed_bytes * len(used))
+    if not last:  # stopped early: the last consumer's statistics were not awaited
+        result.fetched = (0, 0)
+
+
+def read_once(
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    args: argparse.Namespace,
+    result: Result,
+    done: Callable[[], None],
+    last: bool,
+) -> tuple[int, int, float]:
+    """One consumer's read of the case's records from offset 0: (records, bytes, seconds from
+    assign() to the last record); ``done`` is called once the last has arrived. ``last``: wait
+    one more statistics window afterwards, for the fetch responses the whole read took
+    (``result.fetched``)."""
+    expected = result.produced
     stats_seen = 0
 
     def stats(raw: str) -> None:
@@ -1235,26 +1306,18 @@ def consume(
             if args.timeline and n:
                 received.append((time.perf_counter() - t0, nbytes))
         elapsed = time.perf_counter() - t0
-        if consumed is not None:
-            consumed()
-        # one more statistics window, for the fetch responses the whole read took
-        await_stats(consumer, lambda: stats_seen, CONSUMER_STATS_INTERVAL_S)
+        done()
+        if last:
+            await_stats(consumer, lambda: stats_seen, CONSUMER_STATS_INTERVAL_S)
     finally:
         gc.unfreeze()
         bar.close()
         consumer.close()
-    result.consumed = got
-    result.consumed_bytes = nbytes
-    if got:
-        result.consume_mbs = nbytes / elapsed / 1e6
     if received:
         print_consume_timeline(received)
-    if nbytes != got * args.record_size:
-        result.notes.append(f"consumed {nbytes} bytes for {got} records")
     if errors:
         result.notes.append(f"consume errors: {len(errors)}+ e.g. {errors[0]}")
-    if got < expected:
-        result.notes.append(f"consume TIMEOUT after {args.timeout}s ({got}/{expected} records)")
+    return got, nbytes, elapsed
 
 
 def print_consume_timeline(received: list[tuple[float, int]], bucket_s: float = 0.25) -> None:
@@ -1551,14 +1614,8 @@ def run_case(broker: Broker, partitions: int, args: argparse.Namespace, result: 
         restart(broker)
     # CPU time the broker (and the S3 server) spent serving the consume: unlike MB/s it does not
     # depend on what else the machine is running
-    cpu = cpu_use(broker)
-
-    def consumed() -> None:
-        result.consume_cpu = cpu()
-
-    consume(broker.bootstrap, topic, partitions, args, result, consumed)
-    if result.consume_cpu is not None:
-        result.consume_cpu.nbytes = result.consumed_bytes
+    reads = 1 if args.cold else args.reads  # (a cold read is the first only)
+    consume(broker.bootstrap, topic, partitions, args, result, lambda: cpu_use(broker), reads)
     if args.cold and broker.name.startswith("automq"):
         # the counters are logged at stop; the next case (if any) starts it again
         code = broker.stop()
@@ -1723,6 +1780,13 @@ def print_case(broker: Broker, result: Result) -> None:
         print(
             f"  {broker.name} consumer's librdkafka received {result.fetched[0]}"
             f" responses, {result.fetched[1] / 1e6:.1f} MB",
+            flush=True,
+        )
+    if len(result.consume_reads) > 1:
+        print(
+            f"  {broker.name} consume reads: "
+            + ", ".join(f"{mbs:.1f}" for mbs in result.consume_reads)
+            + " MB/s (the median reported)",
             flush=True,
         )
     print_cores(broker.name, "consuming", result.consume_cpu)
@@ -2260,6 +2324,13 @@ def parse_args() -> argparse.Namespace:
         type=float,
         default=180,
         help="seconds allowed to produce, and to consume (180)",
+    )
+    parser.add_argument(
+        "--reads",
+        type=int,
+        default=3,
+        help="times each case's records are read back, each by a new consumer; the median "
+        "read's MB/s is reported, the CPU per GB is over all of them (3; --cold: 1)",
     )
     parser.add_argument(
         "--brokers",
