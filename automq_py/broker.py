@@ -202,6 +202,8 @@ class Broker:
         self.server = SocketServer(
             apis,
             max_request_size=config.socket_request_max_bytes,
+            send_buffer_bytes=config.socket_send_buffer_bytes,
+            receive_buffer_bytes=config.socket_receive_buffer_bytes,
             idle_timeout_s=config.connections_max_idle_ms / 1000,
             authentication=AuthenticationSettings(
                 security.connections_max_reauth_ms,

@@ -42,8 +42,16 @@ Serve = Callable[["FrameConnection"], Coroutine[Any, Any, None]]
 
 
 class FrameConnection(asyncio.BufferedProtocol):
-    def __init__(self, serve: Serve, max_frame_size: int, max_queued: int = MAX_QUEUED) -> None:
+    def __init__(
+        self,
+        serve: Serve,
+        max_frame_size: int,
+        max_queued: int = MAX_QUEUED,
+        *,
+        send_buffer_bytes: int = -1,
+    ) -> None:
         self._serve = serve
+        self._send_buffer_bytes = send_buffer_bytes  # SO_SNDBUF (-1: the OS's, which grows it)
         self._loop = asyncio.get_running_loop()
         self.max_frame_size = max_frame_size
         self._max_queued = max_queued
@@ -75,6 +83,8 @@ class FrameConnection(asyncio.BufferedProtocol):
         # (uvloop's transports are not asyncio.Transport subclasses; they have its methods)
         self._transport = cast(asyncio.Transport, transport)
         sock = transport.get_extra_info("socket")
+        if sock is not None and self._send_buffer_bytes > 0:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self._send_buffer_bytes)
         self._sock = sock if _QUICKACK is not None and sock is not None else None
         self._quickack()
         # TLS has no half-closed connections: its transport closes at the client's EOF

@@ -26,6 +26,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import socket
 import ssl
 import time
 from collections.abc import Callable
@@ -92,11 +93,17 @@ class SocketServer:
         *,
         max_request_size: int,
         idle_timeout_s: float,
+        send_buffer_bytes: int = -1,
+        receive_buffer_bytes: int = -1,
         authentication: AuthenticationSettings | None = None,
         request_phases: bool = True,
     ) -> None:
         self.apis = apis
         self.max_request_size = max_request_size
+        # SO_SNDBUF of each connection, SO_RCVBUF of each listening socket (its connections
+        # inherit it, and the window scale their handshake agrees on follows it); -1: the OS's
+        self.send_buffer_bytes = send_buffer_bytes
+        self.receive_buffer_bytes = receive_buffer_bytes
         self.idle_timeout_s = idle_timeout_s
         self.authentication = authentication or AuthenticationSettings()
         self._servers: list[tuple[Endpoint, asyncio.Server]] = []
@@ -123,7 +130,9 @@ class SocketServer:
         for endpoint in endpoints:
             server = await loop.create_server(
                 lambda e=endpoint: FrameConnection(
-                    lambda conn: self._serve(conn, e), self._first_frame_limit(e)
+                    lambda conn: self._serve(conn, e),
+                    self._first_frame_limit(e),
+                    send_buffer_bytes=self.send_buffer_bytes,
                 ),
                 endpoint.host,
                 endpoint.port,
@@ -131,6 +140,9 @@ class SocketServer:
                 ssl_handshake_timeout=SSL_HANDSHAKE_TIMEOUT_S if endpoint.ssl else None,
                 start_serving=False,
             )
+            if self.receive_buffer_bytes > 0:
+                for sock in server.sockets:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.receive_buffer_bytes)
             self._servers.append((endpoint, server))
         # every port is bound before any accepts, and the first listener (where clients
         # bootstrap and supervisors look for readiness) accepts last: once it answers, all do

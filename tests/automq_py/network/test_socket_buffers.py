@@ -1,0 +1,104 @@
+"""Kafka's socket.send.buffer.bytes and socket.receive.buffer.bytes on real sockets: the send
+buffer set on each accepted connection, the receive buffer on each listening socket (whose
+connections inherit it), and -1 leaving both to the OS. Linux reports twice the size asked for
+(the kernel's own bookkeeping, as its socket(7) says)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from typing import Any
+
+from automq_py.apis import KafkaApis
+from automq_py.network.frames import FrameConnection
+from automq_py.network.server import SocketServer
+
+
+async def _ignore(_: FrameConnection) -> None:
+    return None
+
+
+class SocketTransport:
+    """A transport over a real accepted TCP socket (only its options are used)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def get_extra_info(self, name: str) -> Any:
+        return self.sock if name == "socket" else None
+
+
+def _sndbuf(sock: socket.socket) -> int:
+    return sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+
+
+async def test_an_accepted_connection_takes_the_send_buffer_asked_for() -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    clients, accepted = [], []
+    try:
+        for _ in range(2):
+            clients.append(socket.create_connection(server.getsockname()))
+            accepted.append(server.accept()[0])
+        untouched = _sndbuf(accepted[1])
+        conn = FrameConnection(_ignore, 1 << 20, send_buffer_bytes=48 * 1024)
+        conn.connection_made(SocketTransport(accepted[0]))  # type: ignore[arg-type]
+        assert _sndbuf(accepted[0]) == 2 * 48 * 1024
+        default = FrameConnection(_ignore, 1 << 20)  # -1: the OS's
+        default.connection_made(SocketTransport(accepted[1]))  # type: ignore[arg-type]
+        assert _sndbuf(accepted[1]) == untouched
+        for c in (conn, default):
+            if c.task is not None:
+                await c.task
+    finally:
+        for s in (*clients, *accepted, server):
+            s.close()
+
+
+async def test_the_servers_listeners_and_connections_take_both_sizes() -> None:
+    server = SocketServer(
+        KafkaApis(ctx=None),  # type: ignore[arg-type]  # no request is sent
+        max_request_size=1 << 20,
+        idle_timeout_s=30,
+        send_buffer_bytes=40 * 1024,
+        receive_buffer_bytes=56 * 1024,
+    )
+    await server.start("127.0.0.1", 0)
+    try:
+        listeners = [sock for _, srv in server._servers for sock in srv.sockets]
+        assert [s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) for s in listeners] == [
+            2 * 56 * 1024
+        ]
+        _, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        try:
+            accepted = await _accepted_socket(server.port)
+            try:
+                assert _sndbuf(accepted) == 2 * 40 * 1024
+                assert accepted.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) == 2 * 56 * 1024
+            finally:
+                accepted.close()  # (a duplicate of the server's descriptor)
+        finally:
+            writer.close()
+    finally:
+        await server.stop()
+
+
+async def _accepted_socket(port: int) -> socket.socket:
+    """A duplicate of the server's side of the one connection to ``port`` (this process holds
+    both ends): the descriptor whose local port is ``port`` and that has a peer."""
+    for _ in range(100):
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError, ValueError):
+                if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                    continue
+                sock = socket.socket(fileno=os.dup(int(fd)))
+                try:
+                    if sock.family == socket.AF_INET and sock.getsockname()[1] == port:
+                        sock.getpeername()  # (a listener has none: OSError)
+                        return sock
+                except OSError:
+                    pass
+                sock.close()
+        await asyncio.sleep(0.01)  # not accepted yet
+    raise AssertionError(f"no accepted connection on port {port}")
