@@ -65,9 +65,9 @@ them; a first ``produce()`` racing librdkafka's start-up held records ~105 ms). 
   take ~20 s), record bytes / time from assign() until the expected record count has arrived;
   the case's records are read ``--reads`` times (3), each by a new consumer, and the median
   read is reported. A saturated read of 512 MiB of 1 KiB records lasts under half a second,
-  with this process's consumer taking ~1.4 of the 2 cores: one read of the same broker ranged
-  838-1,319 MB/s in three in a row (a slow read: the client spending more CPU per byte while
-  the broker idled);
+  with this process's consumer taking ~1.3 of the 2 cores, and runs in one of two states
+  (bench/README.md, "Saturated"): one read of the same broker ranged 838-1,319 MB/s in three
+  in a row.
   Records are counted, offsets are not trusted (Tansu's high watermark is wrong after
   multi-record batches). A case that does not finish within ``--timeout`` is reported as a
   timeout with what arrived by then. The consumer's ``fetch.queue.backoff.ms`` is
@@ -1211,6 +1211,7 @@ def consume(
     if expected == 0:
         return
     used: list[CpuUse] = []
+    read_bytes = 0
     for read in range(reads):
         since = meter() if meter is not None else None
         last = read == reads - 1
@@ -1223,6 +1224,7 @@ def consume(
         if elapsed > 0 and got:
             result.consume_reads.append(nbytes / elapsed / 1e6)
         result.consumed, result.consumed_bytes = got, nbytes
+        read_bytes += nbytes
         if nbytes != got * args.record_size:
             result.notes.append(f"consumed {nbytes} bytes for {got} records")
         if got < expected:
@@ -1231,7 +1233,7 @@ def consume(
     if result.consume_reads:
         result.consume_mbs = statistics.median(result.consume_reads)
     if used:
-        result.consume_cpu = CpuUse.summed(used, result.consumed_bytes * len(used))
+        result.consume_cpu = CpuUse.summed(used, read_bytes)
     if not last:  # stopped early: the last consumer's statistics were not awaited
         result.fetched = (0, 0)
 
@@ -2436,7 +2438,10 @@ def parse_args() -> argparse.Namespace:
         help="print each 250 ms of a produce case with records over 10 ms (where the tail is),"
         " and the MB a consume received in each 250 ms (where it stalled)",
     )
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.reads < 1:
+        parser.error(f"--reads must be at least 1, got {args.reads}")
+    return args
 
 
 DEFAULT_WAL_CACHE_MIB = 512  # automq-py's s3.wal.cache.size default
