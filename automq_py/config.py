@@ -108,6 +108,11 @@ def _prop(name: str, default: Any, type: ConfigType, minimum: int | None, doc: s
     return config_field(name, default, type, doc, minimum=minimum)
 
 
+def _buffer_size(value: int) -> str | None:
+    """A socket buffer property's rule: bytes, or -1 for the OS's default."""
+    return None if value == -1 or value > 0 else "must be -1 (the OS default) or above 0"
+
+
 def _composite(
     name: str, default: Any, type: ConfigType, doc: str, minimum: int | None = None
 ) -> ConfigKey:
@@ -342,15 +347,17 @@ class BrokerConfig:
     # both default to it here (Kafka's defaults are 102400). Measured on loopback, three or more
     # runs each, alternated: at a 100 KiB receive buffer a Produce request of ~750 KB arrives a
     # window at a time, each waiting for the event loop's read, and saturated 1 KiB produce fell
-    # from 547-654 to 385-572 MB/s, its CPU from 1.4-1.6 to 1.8-2.3 s/GB; at a 100 KiB send
-    # buffer saturated consumes read no faster and produce was 4-7% slower.
+    # from 547-654 to 385-576 MB/s, its CPU from 1.4-1.7 to 1.8-2.3 s/GB, though the 1 KiB
+    # consumes then kept out of a slow state they otherwise fell into in a third of the reads
+    # (bench/README.md, "Saturated"); at a 100 KiB send buffer alone saturated consumes read no
+    # faster and produce was 4-7% slower.
     socket_send_buffer_bytes: int = config_field(
         "socket.send.buffer.bytes",
         -1,
         ConfigType.INT,
         "SO_SNDBUF of the server's connections, bytes (-1: the OS default, which grows the "
         "buffer with the connection; Kafka's default is 102400)",
-        check=lambda v: None if v == -1 or v > 0 else "must be -1 (the OS default) or above 0",
+        check=_buffer_size,
     )
     socket_receive_buffer_bytes: int = config_field(
         "socket.receive.buffer.bytes",
@@ -358,7 +365,7 @@ class BrokerConfig:
         ConfigType.INT,
         "SO_RCVBUF of the server's sockets, bytes (-1: the OS default, which grows the buffer "
         "with the connection; Kafka's default is 102400)",
-        check=lambda v: None if v == -1 or v > 0 else "must be -1 (the OS default) or above 0",
+        check=_buffer_size,
     )
     connections_max_idle_ms: int = _prop(
         "connections.max.idle.ms",
