@@ -9,25 +9,11 @@ import asyncio
 import contextlib
 import os
 import socket
-from typing import Any
 
 from automq_py.apis import KafkaApis
 from automq_py.network.frames import FrameConnection
 from automq_py.network.server import SocketServer
-
-
-async def _ignore(_: FrameConnection) -> None:
-    return None
-
-
-class SocketTransport:
-    """A transport over a real accepted TCP socket (only its options are used)."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-
-    def get_extra_info(self, name: str) -> Any:
-        return self.sock if name == "socket" else None
+from tests.automq_py.network.test_frames import SocketTransport, _ignore
 
 
 def _sndbuf(sock: socket.socket) -> int:
