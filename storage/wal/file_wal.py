@@ -20,9 +20,9 @@ queued up while its previous write ran and writes it with one ``pwritev``. The f
 ``O_DSYNC``, so the write returns once the data is durable (as ``fdatasync`` after it would
 make it, for one system call and one hand-back of the GIL less per commit); the thread then
 hands the results to the event loop, which acknowledges the records in offset order. The
-thread also serves the header writes. Each write is followed by
-zeros up to the next page boundary (never over a live byte): a write ending inside a page the
-kernel does not hold would first read that page from the disk, one more wait per commit.
+thread also serves the header writes. A batch's bytes are its records, the padding at a lap's
+end, and zeros up to the next page boundary, so that no write reads a page from the disk first
+(``storage.wal.batch``); the file is created, opened and read back by ``storage.wal.ring_file``.
 
 Inline commits: when the writer thread is idle, the appends submitted in one pass of the event
 loop (up to ``INLINE_COMMIT_MAX`` bytes) are written by the loop itself, at the start of its
@@ -37,24 +37,12 @@ there a stalled or busy disk delays acknowledgements, not the loop. A lone slow 
 beside a busy neighbour (an S3 server on the same cores) they come a few times a second, and
 the thread's hand-backs under that contention cost more than the write.
 
-Asynchronous commits: where the kernel offers io_uring (``storage.wal.uring``), the loop does
-not wait for its commits at all. It copies the batch, and the zeros up to its page's end, into a
-staging buffer, submits it as one write of the same ``O_DSYNC`` descriptor, and goes on serving;
-when the write completes (the kernel's worker made it, durable) the loop acknowledges the batch
-and commits at once what queued meanwhile (up to ``ASYNC_COMMIT_MAX`` bytes). A disk that holds a
-write then delays acknowledgements, never the loop, and no Python thread hands results back.
-What is submitted while a write is in flight goes out as one more write queued behind it
-(``ASYNC_IN_FLIGHT`` in all), which the kernel starts as soon as the one before it completes,
-not a pass of the loop later: a client's burst (librdkafka sends a Produce request per
-partition) is written as its requests are read, the later ones no longer waiting for the first
-one's write to be acknowledged before their own is even submitted. The writes land in order
-(``IOSQE_IO_DRAIN``), each starting where the one before it ended, and are acknowledged in
-order. The kernel's workers that make them run at real-time priority where the process may set
-it (``storage.wal.iowq``). The ring's writes hold ``_commit_lock`` like any commit, from the
-first submitted to the last completed; the writer thread still takes larger batches, those with
-padding in them, and the header writes. Once a second (``RING_CHECK_S``) the loop also looks
-for a completion the eventfd did not announce: one left unreaped would hold every commit after
-it, and the writer thread's header writes (a WAL's trim), for good.
+Asynchronous commits: where the kernel offers io_uring, the loop does not wait for its commits
+at all. It submits each batch as one write of the same ``O_DSYNC`` descriptor, one more queued
+behind one in flight, and acknowledges a batch when the eventfd says its write completed
+(``storage.wal.async_commits``). The ring's writes hold ``_commit_lock`` like any commit, from
+the first submitted to the last completed; the writer thread still takes larger batches, those
+with padding in them, and the header writes.
 
 Torn tails: at most ``window`` bytes (kept in the header) are ever written past the last
 fsync. After a crash, recovery stops at the first invalid record and zeroes the next ``window``
@@ -68,24 +56,24 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
-import itertools
 import logging
-import mmap
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+from storage.wal import async_commits, record, ring_file
+from storage.wal import batch as wal_batch
 from storage.wal import header as wal_header
-from storage.wal import record, ring_file
+from storage.wal.async_commits import AsyncCommits
+from storage.wal.batch import Acked, Pending, Write
 from storage.wal.errors import WALError
-from storage.wal.header import HEADER_AREA_SIZE, SLOT_SIZE, WALHeader
+from storage.wal.header import WALHeader
 from storage.wal.interface import WALAppendResult, WALRecord, WALStats, spread
 from storage.wal.iowq import WorkerPriority
-from storage.wal.record import HEADER_SIZE, Buffer
-from storage.wal.ring_file import ZEROS_VIEW, lap_end, pwrite_all
-from storage.wal.uring import RingWriter, open_ring
+from storage.wal.record import HEADER_SIZE
+from storage.wal.ring_file import pwrite_all
 
 logger = logging.getLogger(__name__)
 
@@ -105,28 +93,6 @@ INLINE_STALL_S = 0.02
 INLINE_SLOW_S = 0.005
 INLINE_SLOW_RUN = 2
 INLINE_PAUSE_S = 1.0
-# Most bytes one asynchronous commit writes (see "Asynchronous commits" above); larger batches
-# go to the writer thread.
-ASYNC_COMMIT_MAX = 4 * 1024 * 1024
-# Asynchronous commits in flight at once: one being written, one queued behind it in the kernel
-# (a batch that would end past the window from the last durable byte waits for them).
-ASYNC_IN_FLIGHT = 2
-# How often the loop looks for completed asynchronous commits nobody announced (_check_ring)
-RING_CHECK_S = 1.0
-# a completion this long after the one before may have come from a worker the kernel made
-# meanwhile, at normal priority (``storage.wal.iowq``): look for it at once
-IOWQ_IDLE_S = 2.0
-_PAGE_SIZE = mmap.PAGESIZE  # the page cache's unit: a write ending inside a page reads it first
-
-
-@dataclass(slots=True)
-class _Pending:
-    parts: list[Buffer]
-    size: int  # the record's, header included
-    future: asyncio.Future[WALAppendResult]
-    on_done: Callable[[asyncio.Future[WALAppendResult]], object] | None
-    submitted: float  # time.perf_counter() at submit, for the append-wait figures
-    taken: float = 0.0  # ... when the writer took it into a batch
 
 
 @dataclass(slots=True)
@@ -135,29 +101,6 @@ class _HeaderRequest:
     window: int | None
     shutdown_clean: bool
     future: asyncio.Future[None]
-
-
-@dataclass(slots=True, frozen=True)
-class _Write:
-    """One item of a batch as laid out in the ring: a record, or padding up to ``lap_end``."""
-
-    offset: int
-    size: int
-    parts: list[Buffer] | None  # None: padding
-    lap_end: int = 0
-
-
-@dataclass(slots=True)
-class _RingBatch:
-    """An asynchronous commit in flight: its appends, the bytes it writes, the staging buffer
-    they are in, when it was submitted, and whether another was in flight then."""
-
-    acked: list[tuple[_Pending, int, int]]
-    length: int
-    buffer: int
-    started: float
-    behind: bool
-    result: int | None = None  # once completed: bytes written, or a negative errno
 
 
 class FileWAL:
@@ -186,7 +129,7 @@ class FileWAL:
         self._loop = asyncio.get_running_loop()
         # Shared with the writer thread, under _cond: appends and header writes queued for it.
         self._cond = threading.Condition()
-        self._queue: collections.deque[_Pending] = collections.deque()
+        self._queue: collections.deque[Pending] = collections.deque()
         self._header_requests: collections.deque[_HeaderRequest] = collections.deque()
         self._writer_idle = False  # waiting for work: the next submit wakes it
         # held while a batch is planned and written, or the header written: by the writer
@@ -197,13 +140,9 @@ class FileWAL:
         self._inline_commits = 0
         self._inline_paused_until = 0.0  # time.monotonic(): commits go to the thread until
         self._inline_slow_run = 0  # inline writes in a row that took INLINE_SLOW_S or more
-        # the event loop's asynchronous commits (None: no io_uring here)
-        self._ring: RingWriter | None = None
-        self._ring_batches: collections.deque[_RingBatch] = collections.deque()  # in flight
-        self._ring_commits = 0
-        self._ring_check: asyncio.TimerHandle | None = None  # see _check_ring
-        self._iowq: WorkerPriority | None = None  # the ring's workers at real-time priority
-        self._ring_done_at = 0.0  # time.perf_counter() of the last completion
+        # the event loop's asynchronous commits (None: no io_uring here, or no longer)
+        self._async: AsyncCommits | None = None
+        self._async_commits = 0  # acknowledged
         # see WriteAheadLog.after_acknowledgements
         self.after_acknowledgements: list[Callable[[], object]] = []
         self._writer_done = False  # it has taken its last request
@@ -252,65 +191,10 @@ class FileWAL:
         """
         if capacity < MIN_CAPACITY:
             raise WALError(f"s3.wal.capacity must be at least {MIN_CAPACITY} bytes, got {capacity}")
-        created = not os.path.exists(path)
-        if created:
-            # the broker's largest file, reserved in full now: say how big
-            logger.info(
-                "WAL %s: preallocating %d bytes (%.1f MiB: s3.wal.capacity %d + %d header bytes)%s",
-                path,
-                HEADER_AREA_SIZE + capacity,
-                (HEADER_AREA_SIZE + capacity) / (1 << 20),
-                capacity,
-                HEADER_AREA_SIZE,
-                " and writing zeros through them (s3.wal.init.zero)" if init_zero else "",
-            )
-            started = time.monotonic()
-            await asyncio.to_thread(
-                ring_file.create_file, path, capacity, node_id, DEFAULT_WINDOW, init_zero
-            )
-            if init_zero:
-                elapsed = time.monotonic() - started
-                logger.info(
-                    "WAL %s: %.1f MiB of zeros written in %.1f s (%.0f MB/s)",
-                    path,
-                    (HEADER_AREA_SIZE + capacity) / (1 << 20),
-                    elapsed,
-                    (HEADER_AREA_SIZE + capacity) / max(elapsed, 1e-6) / 1e6,
-                )
-        # O_DSYNC: a write returns once its data is durable, so a group commit is one
-        # pwritev, not a pwritev and an fdatasync (one less hand-back of the GIL per commit)
-        fd = os.open(path, os.O_RDWR | os.O_DSYNC)
+        fd, found, created = await ring_file.open_file(
+            path, capacity, node_id, DEFAULT_WINDOW, init_zero
+        )
         try:
-            await ring_file.lock(fd, path)
-            copies = [os.pread(fd, wal_header.ENCODED_SIZE, slot * SLOT_SIZE) for slot in (0, 1)]
-            found, problems = wal_header.choose(copies)
-            for problem in problems:
-                logger.warning(
-                    "WAL %s: header %s; using the copy with generation %d",
-                    path,
-                    problem,
-                    found.generation,
-                )
-            if found.capacity != capacity:
-                raise WALError(
-                    f"WAL file {path} has capacity {found.capacity} bytes but s3.wal.capacity is"
-                    f" {capacity}; the capacity of an existing WAL cannot change"
-                )
-            if found.node_id != node_id:
-                raise WALError(
-                    f"WAL file {path} belongs to node {found.node_id}, not node {node_id}"
-                )
-            size = os.fstat(fd).st_size
-            if size < HEADER_AREA_SIZE + capacity:
-                # Only reachable by truncating the file from outside; the missing tail reads as
-                # zeros, which recovery treats as the end of the log.
-                logger.warning(
-                    "WAL %s is %d bytes, expected %d; extending it",
-                    path,
-                    size,
-                    HEADER_AREA_SIZE + capacity,
-                )
-                ring_file.preallocate(fd, HEADER_AREA_SIZE + capacity)
             wal = cls(path, fd, found, created=created)
             wal._inline_max = inline_commit_max
             # Mark the log unclean before anything is written, so a crash from here on is
@@ -324,7 +208,9 @@ class FileWAL:
             os.close(fd)
             raise
         if use_io_uring and inline_commit_max > 0:
-            wal._start_ring(realtime_io)
+            wal._async = AsyncCommits.open(
+                fd, path, capacity, wal._ring_done, realtime_io=realtime_io
+            )
         wal._thread = threading.Thread(
             target=wal._writer_main, name=f"wal-writer:{os.path.basename(path)}", daemon=True
         )
@@ -339,7 +225,7 @@ class FileWAL:
     def io_priority(self) -> WorkerPriority | None:
         """The io_uring workers' real-time priority (how many were raised, or why it was
         refused); None without an io_uring or with ``realtime_io`` off."""
-        return self._iowq
+        return self._async.iowq if self._async is not None else None
 
     @property
     def capacity(self) -> int:
@@ -384,9 +270,9 @@ class FileWAL:
 
         return (
             f"{self._fsyncs} group commits ({self._inline_commits} on the event loop"
-            f"{f', {self._ring_commits} of them asynchronous' if self._ring_commits else ''}): "
+            f"{f', {self._async_commits} of them asynchronous' if self._async_commits else ''}): "
             f"O_DSYNC write {spread(self._write_times)}"
-            f"{' (those not queued behind another)' if self._ring_commits else ''};"
+            f"{' (those not queued behind another)' if self._async_commits else ''};"
             f" {len(self._wait_times)} appends: queued {spread(self._queued_times)},"
             f" acknowledged {spread(self._wait_times)}"
         )
@@ -423,7 +309,8 @@ class FileWAL:
             max(end, self._previous_flushed) + self._previous_window, self._trim + self._capacity
         )
         try:
-            self._zero(end, wipe_end)
+            # (once, at startup: inline rather than in a thread)
+            ring_file.zero_range(self._fd, end, wipe_end, self._capacity)
         except OSError as exc:
             failure = WALError(f"WAL {self._path}: zeroing the tail after recovery failed: {exc}")
             self._enter_failed(failure)
@@ -455,19 +342,6 @@ class FileWAL:
                 count,
                 self._trim,
             )
-
-    def _zero(self, start: int, end: int) -> None:
-        """Zero logical range ``[start, end)`` of the ring and fdatasync; runs once at startup,
-        so it is done inline rather than in a thread."""
-        offset = start
-        while offset < end:
-            stop = min(end, lap_end(offset, self._capacity))
-            ring_file.pwrite_zeros(
-                self._fd, HEADER_AREA_SIZE + offset % self._capacity, stop - offset
-            )
-            offset = stop
-        if end > start:
-            os.fdatasync(self._fd)
 
     # --- appends --------------------------------------------------------------------------
 
@@ -513,7 +387,7 @@ class FileWAL:
         future: asyncio.Future[WALAppendResult] = self._loop.create_future()
         self._unwritten += size
         with self._cond:
-            self._queue.append(_Pending(parts, size, future, on_done, time.perf_counter()))
+            self._queue.append(Pending(parts, size, future, on_done, time.perf_counter()))
             if self._writer_idle:
                 if self._inline_max > 0:
                     self._schedule_inline()  # what else this pass submits joins the commit
@@ -528,7 +402,7 @@ class FileWAL:
         those writes made ready until it had handled them all. What queued meanwhile waits for
         ``commit_now``, called once the connection has handled them, so the requests read
         together still go out as one write."""
-        if self._ring_batches and self._ring is not None and self._ring.completed():
+        if self._async is not None and self._async.completed():
             self._ring_done(commit_queued=False)
 
     def _schedule_inline(self) -> None:
@@ -543,7 +417,7 @@ class FileWAL:
         about to wait for its next request) has nothing more to add to it. A write in flight
         that has completed meanwhile is acknowledged first, not a pass later when the loop
         reads its eventfd: what queued behind it then goes out in this commit."""
-        if self._ring_batches and self._ring is not None and self._ring.completed():
+        if self._async is not None and self._async.completed():
             self._ring_done()
         if self._inline_scheduled:
             self._commit_inline()
@@ -556,11 +430,11 @@ class FileWAL:
         self._inline_scheduled = False
         if not self._queue:
             return
-        if self._ring_batches:
+        if self._async is not None and self._async.batches:
             self._submit_behind()
             return
         size = sum(pending.size for pending in self._queue)
-        ring = self._ring is not None
+        ring = self._async is not None
         if not (self._loop_may_commit(size) and self._commit_lock.acquire(blocking=False)):
             with self._cond:
                 self._cond.notify()
@@ -604,8 +478,8 @@ class FileWAL:
         larger than its kind of commit takes (through the io_uring, or written on the loop
         while no slow write paused that), the WAL neither failed nor closing, and room enough
         left in the ring that the commit never waits for a trim."""
-        if self._ring is not None:
-            fits = size <= ASYNC_COMMIT_MAX
+        if self._async is not None:
+            fits = size <= async_commits.ASYNC_COMMIT_MAX
         else:
             fits = size <= self._inline_max and time.monotonic() >= self._inline_paused_until
         return (
@@ -623,82 +497,21 @@ class FileWAL:
 
     # --- asynchronous commits -------------------------------------------------------------
 
-    def _start_ring(self, realtime_io: bool = True) -> None:
-        """Have the event loop submit its commits to an io_uring, where the kernel allows;
-        ``realtime_io``: its workers at real-time priority."""
-        writer, why = open_ring(self._fd, ASYNC_COMMIT_MAX + _PAGE_SIZE, ASYNC_IN_FLIGHT)
-        if writer is None:
-            logger.info("WAL %s: commits are written on the event loop: %s", self._path, why)
-            return
-        self._ring = writer
-        if realtime_io:
-            self._iowq = WorkerPriority()
-        self._loop.add_reader(writer.eventfd, self._ring_done)
-        self._ring_check = self._loop.call_later(RING_CHECK_S, self._check_ring)
-        logger.debug("WAL %s: the event loop's commits are written by an io_uring", self._path)
-
-    def _check_ring(self) -> None:
-        """Every ``RING_CHECK_S``: acknowledge writes in flight that have completed without
-        the eventfd saying so. The appends behind a completion nobody reaps would wait for
-        it forever, and so would the writer thread, for the commit lock."""
-        if self._ring is None or self._closed:
-            return
-        if self._ring_batches and self._ring.completed():
-            logger.warning(
-                "WAL %s: an io_uring write had completed unannounced; acknowledged now", self._path
-            )
-            self._ring_done()
-        if self._iowq is not None:
-            self._iowq.raise_new()
-        self._ring_check = self._loop.call_later(RING_CHECK_S, self._check_ring)
-
     def _stop_ring(self) -> None:
-        writer, self._ring = self._ring, None
-        if writer is not None:
-            self._loop.remove_reader(writer.eventfd)
-            writer.close()
-        if self._ring_check is not None:
-            self._ring_check.cancel()
-            self._ring_check = None
+        commits, self._async = self._async, None
+        if commits is not None:
+            commits.close()
 
-    def _submit_to_ring(self, acked: list[tuple[_Pending, int, int]], writes: list[_Write]) -> bool:
-        """Under the commit lock, on the event loop: copy one batch, and the zeros up to its
-        page's end, into a free staging buffer and submit it as one write, behind those in
-        flight. False: not so (the batch is not one contiguous run of the ring: padding in
-        it, or a jump to the next lap; or the kernel refused it); the caller writes it on the
+    def _submit_to_ring(self, acked: list[Acked], writes: list[Write]) -> bool:
+        """Under the commit lock, on the event loop: submit one batch as one write, behind
+        those in flight. False: not so (``AsyncCommits.submit``); the caller writes it on the
         loop, or puts it back while others are in flight."""
-        writer = self._ring
-        if writer is None or any(write.parts is None for write in writes):
+        commits = self._async
+        if commits is None:
             return False
-        if any(b.offset != a.offset + a.size for a, b in itertools.pairwise(writes)):
-            return False  # a jump to the next lap without padding (under 24 bytes were left)
-        end = acked[-1][2]
-        fill = self._page_fill(end)
-        length = end - writes[0].offset + fill
-        used = {batch.buffer for batch in self._ring_batches}
-        buffer = next(i for i in range(len(writer.staging)) if i not in used)
-        staging = writer.staging[buffer]
-        if length > len(staging):
-            return False
-        at = 0
-        for write in writes:
-            for part in record.encode(write.offset, write.parts or ()):
-                view = memoryview(part).cast("B")
-                staging[at : at + len(view)] = view
-                at += len(view)
-        staging[at : at + fill] = ZEROS_VIEW[:fill]
-        started = time.perf_counter()
-        behind = bool(self._ring_batches)
         try:
-            writer.submit(
-                buffer,
-                HEADER_AREA_SIZE + writes[0].offset % self._capacity,
-                length,
-                after_others=behind,
-            )
+            return commits.submit(acked, writes, self._page_fill(acked[-1][2]))
         except OSError as exc:
-            if behind:  # tried again once those in flight are done
-                return False
             logger.warning(
                 "WAL %s: the io_uring refused a write (%s); commits are written on the event "
                 "loop from now on",
@@ -707,15 +520,13 @@ class FileWAL:
             )
             self._stop_ring()
             return False
-        self._ring_batches.append(_RingBatch(acked, length, buffer, started, behind))
-        return True
 
     def _submit_behind(self) -> None:
         """On the event loop, with asynchronous commits in flight (the commit lock held for
         them): submit what queued as one more, unless enough are in flight, the writer thread
         has work waiting for the lock, or the batch is not the ring's to write (too large,
         padding in it, past the window): then it waits for those in flight."""
-        if self._ring is None or len(self._ring_batches) >= len(self._ring.staging):
+        if self._async is None or self._async.full:
             return
         size = sum(pending.size for pending in self._queue)
         if not self._loop_may_commit(size) or self._writer_has_work():
@@ -729,23 +540,15 @@ class FileWAL:
         """On the event loop, when the eventfd says writes in flight have completed:
         acknowledge their batches in order, then commit what queued meanwhile: now, or
         (not ``commit_queued``) at the loop's next pass or ``commit_now``, whichever is first."""
-        writer = self._ring
-        if writer is None:
+        commits = self._async
+        if commits is None:
             return
-        completed = writer.reap()
-        if not completed:
+        now = commits.reap()
+        if now is None:
             return
-        for buffer, result in completed:
-            for batch in self._ring_batches:
-                if batch.buffer == buffer and batch.result is None:
-                    batch.result = result
-                    break
-        now = time.perf_counter()
-        if self._iowq is not None and now - self._ring_done_at >= IOWQ_IDLE_S:
-            self._loop.call_soon(self._iowq.raise_new)
-        self._ring_done_at = now
-        while self._ring_batches and self._ring_batches[0].result is not None:
-            batch = self._ring_batches.popleft()
+        in_flight = commits.batches
+        while in_flight and in_flight[0].result is not None:
+            batch = in_flight.popleft()
             failure = self._failed
             if failure is None and batch.result != batch.length:
                 result = batch.result or 0
@@ -756,7 +559,7 @@ class FileWAL:
                 )
                 # failed before the lock is let go: the writer thread must not plan from here
                 self._fail_batch(batch.acked, reason, None, on_loop=True)
-                if not self._ring_batches:
+                if not in_flight:
                     self._commit_lock.release()
                 continue
             if failure is None:
@@ -765,8 +568,8 @@ class FileWAL:
                 # the log's end moves past it before the writer thread may take the lock
                 self._count_commit(batch.acked, batch.acked[-1][2] - batch.acked[0][1])
                 self._inline_commits += 1
-                self._ring_commits += 1
-            if not self._ring_batches:
+                self._async_commits += 1
+            if not in_flight:
                 self._commit_lock.release()
             # (after a failed write, this one's records follow a hole in the log: failed too)
             self._complete(batch.acked, 0, failure)
@@ -827,9 +630,7 @@ class FileWAL:
         with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(callback, *args)
 
-    def _plan_batch(
-        self, *, blocking: bool = True
-    ) -> tuple[list[tuple[_Pending, int, int]], list[_Write]] | None:
+    def _plan_batch(self, *, blocking: bool = True) -> tuple[list[Acked], list[Write]] | None:
         """Take queued appends into one batch and give each its offset.
 
         The batch ends at the queue end, at the window, or at a record the ring has no room for
@@ -837,11 +638,12 @@ class FileWAL:
         ``trim()``) or the close arrives, and ``None`` is returned so the caller serves it.
         Not ``blocking`` (the event loop's inline commit), the batch just ends there.
         """
-        acked: list[tuple[_Pending, int, int]] = []
-        writes: list[_Write] = []
+        acked: list[Acked] = []
+        writes: list[Write] = []
         dropped = 0
         # after the asynchronous commits in flight, if any (only the loop plans while they are)
-        cursor = self._ring_batches[-1].acked[-1][2] if self._ring_batches else self._next
+        in_flight = self._async.batches if self._async is not None else None
+        cursor = in_flight[-1].acked[-1][2] if in_flight else self._next
         taken = time.perf_counter()
         while self._queue:
             pending = self._queue[0]
@@ -881,17 +683,15 @@ class FileWAL:
             self._queue.popleft()
             pending.taken = taken
             if padding is not None and padding >= self._trim:
-                writes.append(_Write(padding, HEADER_SIZE, None, start))
-            writes.append(_Write(start, size, pending.parts))
+                writes.append(Write(padding, HEADER_SIZE, None, start))
+            writes.append(Write(start, size, pending.parts))
             acked.append((pending, start, start + size))
             cursor = start + size
         if dropped:
             self._post(self._complete, [], dropped, None)
         return (acked, writes) if acked else None
 
-    def _commit(
-        self, acked: list[tuple[_Pending, int, int]], writes: list[_Write], *, inline: bool = False
-    ) -> None:
+    def _commit(self, acked: list[Acked], writes: list[Write], *, inline: bool = False) -> None:
         """Write and fsync one batch, then hand its results to the event loop (``inline``:
         on it, acknowledged at once)."""
         try:
@@ -909,7 +709,7 @@ class FileWAL:
         else:
             self._post(self._complete, acked, 0, None)
 
-    def _count_commit(self, acked: list[tuple[_Pending, int, int]], written: int) -> None:
+    def _count_commit(self, acked: list[Acked], written: int) -> None:
         """A batch is durable: the file's next offset moves past it."""
         self._next = acked[-1][2]
         self._fsyncs += 1
@@ -918,7 +718,7 @@ class FileWAL:
 
     def _fail_batch(
         self,
-        acked: list[tuple[_Pending, int, int]],
+        acked: list[Acked],
         reason: str,
         cause: BaseException | None,
         *,
@@ -942,9 +742,7 @@ class FileWAL:
         else:
             self._post(self._enter_failed, failure)
 
-    def _complete(
-        self, acked: list[tuple[_Pending, int, int]], dropped: int, failure: WALError | None
-    ) -> None:
+    def _complete(self, acked: list[Acked], dropped: int, failure: WALError | None) -> None:
         """On the event loop: a batch was written (or failed), or cancelled appends dropped."""
         self._unwritten -= dropped + sum(stop - start for _, start, stop in acked)
         now = time.perf_counter()
@@ -964,27 +762,11 @@ class FileWAL:
                     logger.exception("WAL %s: a completion callback failed", self._path)
         _call_each(self.after_acknowledgements, self._path)
 
-    def _write_and_sync(self, writes: list[_Write]) -> None:
+    def _write_and_sync(self, writes: list[Write]) -> None:
         """Encode and durably write one batch: one vectored write per contiguous run of the
         ring (the file is open with O_DSYNC)."""
-        runs: list[tuple[int, list[Buffer]]] = []
-        contiguous_at = -1
-        for write in writes:
-            position = HEADER_AREA_SIZE + write.offset % self._capacity
-            if write.parts is None:
-                buffers: list[Buffer] = [record.encode_padding(write.offset, write.lap_end)]
-            else:
-                buffers = record.encode(write.offset, write.parts)
-            if position == contiguous_at:
-                runs[-1][1].extend(buffers)
-            else:
-                runs.append((position, buffers))
-            # Padding is followed by a jump to the ring start, never by contiguous bytes.
-            contiguous_at = -1 if write.parts is None else position + write.size
-        if writes[-1].parts is not None:
-            fill = self._page_fill(writes[-1].offset + writes[-1].size)
-            if fill:
-                runs[-1][1].append(ZEROS_VIEW[:fill])
+        fill = self._page_fill(writes[-1].offset + writes[-1].size)
+        runs = wal_batch.write_runs(writes, self._capacity, fill)
         started = time.perf_counter()
         for position, buffers in runs:
             pwrite_all(self._fd, buffers, position)
@@ -992,18 +774,12 @@ class FileWAL:
         self._write_times.append(time.perf_counter() - started)
 
     def _page_fill(self, end: int) -> int:
-        """How many zero bytes to write after a batch ending at offset ``end`` so that the write
-        ends on a page boundary: a write ending inside a page the kernel does not hold would
-        first read that page from the disk, a synchronous read on every commit. The next commit
-        starts in this page, which the write left cached. Never past the lap end, nor over the
-        oldest live byte; zeros past the log end read as its end, as the free ring does."""
-        fill = -(HEADER_AREA_SIZE + end % self._capacity) % _PAGE_SIZE
-        stop = min(end + fill, lap_end(end, self._capacity), self._trim + self._capacity)
-        return max(0, stop - end)
+        """The zeros to write after a batch ending at ``end`` (``batch.page_fill``)."""
+        return wal_batch.page_fill(end, self._capacity, self._trim)
 
     def _fail_queued(self, failure: WALError) -> None:
         """In the writer thread: fail every queued append."""
-        failed: list[tuple[_Pending, int, int]] = []
+        failed: list[Acked] = []
         with self._cond:
             while self._queue:
                 pending = self._queue.popleft()
@@ -1152,13 +928,12 @@ class FileWAL:
             logger.info("WAL %s: %s", self._path, self.timing_summary())
         finally:
             self._closed = True
+            if self._async is not None:
+                self._async.stop_checking()
             if self._thread is not None:
                 await asyncio.to_thread(self._thread.join)
-            if self._ring_check is not None:
-                self._ring_check.cancel()
-                self._ring_check = None
-            if not self._ring_batches:  # (else the kernel may still read their buffers)
-                self._stop_ring()
+            if self._async is not None and not self._async.batches:
+                self._stop_ring()  # (else the kernel may still read the buffers in flight)
             os.close(self._fd)
 
 

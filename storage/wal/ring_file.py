@@ -1,5 +1,6 @@
-"""The file under a :class:`~storage.wal.file_wal.FileWAL`: its creation, its lock, writes at a
-position, and the ring read back from the trim point (:func:`scan`).
+"""The file under a :class:`~storage.wal.file_wal.FileWAL`: its creation and opening
+(:func:`open_file`), its lock, writes at a position, and the ring read back from the trim point
+(:func:`scan`).
 
 Positions: the record at logical offset ``o`` lies at file position ``HEADER_AREA_SIZE + o %
 capacity``; a lap is ``capacity`` logical bytes, and no record crosses the end of one
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from storage.wal import header as wal_header
 from storage.wal import record
 from storage.wal.errors import CorruptRecordError, WALError
-from storage.wal.header import HEADER_AREA_SIZE, SLOT_COUNT, WALHeader
+from storage.wal.header import HEADER_AREA_SIZE, SLOT_COUNT, SLOT_SIZE, WALHeader
 from storage.wal.interface import WALRecord
 from storage.wal.record import HEADER_SIZE, Buffer
 
@@ -129,6 +130,17 @@ def pwrite_zeros(fd: int, position: int, length: int) -> None:
         position += n
 
 
+def zero_range(fd: int, start: int, end: int, capacity: int) -> None:
+    """Zero logical range ``[start, end)`` of the ring and fdatasync."""
+    offset = start
+    while offset < end:
+        stop = min(end, lap_end(offset, capacity))
+        pwrite_zeros(fd, HEADER_AREA_SIZE + offset % capacity, stop - offset)
+        offset = stop
+    if end > start:
+        os.fdatasync(fd)
+
+
 def write_zeros(fd: int, size: int) -> None:
     """Write zeros over ``[0, size)`` of ``fd`` and make them durable.
 
@@ -175,6 +187,73 @@ def create_file(
         os.close(fd)
     os.replace(tmp, path)
     fsync_dir(path)
+
+
+async def open_file(
+    path: str, capacity: int, node_id: int, window: int, init_zero: bool
+) -> tuple[int, WALHeader, bool]:
+    """Open the WAL file at ``path``, creating it (``create_file``) if it does not exist, and
+    take it for this process (``lock``): the descriptor, the header found, and whether the
+    file was created. The descriptor is ``O_DSYNC``: a write returns once its data is durable,
+    so a group commit is one ``pwritev``, not a ``pwritev`` and an ``fdatasync`` (one less
+    hand-back of the GIL per commit). A file of another capacity or node id is refused."""
+    created = not os.path.exists(path)
+    if created:
+        # the broker's largest file, reserved in full now: say how big
+        logger.info(
+            "WAL %s: preallocating %d bytes (%.1f MiB: s3.wal.capacity %d + %d header bytes)%s",
+            path,
+            HEADER_AREA_SIZE + capacity,
+            (HEADER_AREA_SIZE + capacity) / (1 << 20),
+            capacity,
+            HEADER_AREA_SIZE,
+            " and writing zeros through them (s3.wal.init.zero)" if init_zero else "",
+        )
+        started = time.monotonic()
+        await asyncio.to_thread(create_file, path, capacity, node_id, window, init_zero)
+        if init_zero:
+            elapsed = time.monotonic() - started
+            logger.info(
+                "WAL %s: %.1f MiB of zeros written in %.1f s (%.0f MB/s)",
+                path,
+                (HEADER_AREA_SIZE + capacity) / (1 << 20),
+                elapsed,
+                (HEADER_AREA_SIZE + capacity) / max(elapsed, 1e-6) / 1e6,
+            )
+    fd = os.open(path, os.O_RDWR | os.O_DSYNC)
+    try:
+        await lock(fd, path)
+        copies = [os.pread(fd, wal_header.ENCODED_SIZE, slot * SLOT_SIZE) for slot in (0, 1)]
+        found, problems = wal_header.choose(copies)
+        for problem in problems:
+            logger.warning(
+                "WAL %s: header %s; using the copy with generation %d",
+                path,
+                problem,
+                found.generation,
+            )
+        if found.capacity != capacity:
+            raise WALError(
+                f"WAL file {path} has capacity {found.capacity} bytes but s3.wal.capacity is"
+                f" {capacity}; the capacity of an existing WAL cannot change"
+            )
+        if found.node_id != node_id:
+            raise WALError(f"WAL file {path} belongs to node {found.node_id}, not node {node_id}")
+        size = os.fstat(fd).st_size
+        if size < HEADER_AREA_SIZE + capacity:
+            # Only reachable by truncating the file from outside; the missing tail reads as
+            # zeros, which recovery treats as the end of the log.
+            logger.warning(
+                "WAL %s is %d bytes, expected %d; extending it",
+                path,
+                size,
+                HEADER_AREA_SIZE + capacity,
+            )
+            preallocate(fd, HEADER_AREA_SIZE + capacity)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, found, created
 
 
 class RingReader:

@@ -421,8 +421,9 @@ async def test_a_failed_wal_write_is_a_storage_error_and_the_connection_stays(
 
         wal = broker.storage.wal
         monkeypatch.setattr(wal, "_write_and_sync", disk_failed)  # the writer thread's writes
-        ring = getattr(wal, "_ring", None)
-        assert ring is not None  # the event loop's: through an io_uring, on this machine
+        commits = getattr(wal, "_async", None)
+        assert commits is not None  # the event loop's: through an io_uring, on this machine
+        ring = commits.writer
         real_reap = ring.reap
 
         def failed_reap() -> list[tuple[int, int]]:  # each completed write: the disk's error

@@ -25,7 +25,7 @@ def body_for(seq: int) -> bytes:
 
 async def main(path: str, capacity: int, first_seq: int, inline_max: int) -> None:
     wal = await FileWAL.open(path, capacity, inline_commit_max=inline_max)
-    print(f"M {'ring' if wal._ring is not None else 'loop'}", flush=True)
+    print(f"M {'ring' if wal._async is not None else 'loop'}", flush=True)
     for _ in wal.recover():
         pass
     seqs = itertools.count(first_seq)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from storage.wal import FileWAL, WALError, file_wal, uring
+from storage.wal import FileWAL, WALError, async_commits, uring
 from storage.wal.header import HEADER_AREA_SIZE
 from storage.wal.interface import WALAppendResult
 from storage.wal.record import HEADER_SIZE
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.timeout(60)
 
 async def open_ring_wal(path: Path, capacity: int = CAPACITY, inline: int = 4096) -> FileWAL:
     wal = await FileWAL.open(str(path), capacity, inline_commit_max=inline)
-    assert wal._ring is not None, "this machine's kernel offers io_uring"
+    assert wal._async is not None, "this machine's kernel offers io_uring"
     return wal
 
 
@@ -97,9 +97,9 @@ async def completed_write_with_appends_queued(
     more queued behind it."""
     first = wal.submit(b"alone")
     await asyncio.sleep(0)
-    assert wal._ring is not None and len(wal._ring_batches) == 1
+    assert wal._async is not None and len(wal._async.batches) == 1
     queued = [wal.submit(f"queued {i}".encode()) for i in range(3)]
-    await_completions(wal._ring)
+    await_completions(wal._async.writer)
     assert not first.done()
     return first, queued
 
@@ -114,10 +114,10 @@ async def test_the_loops_commits_go_through_the_ring_and_are_durable(tmp_path: P
     path = tmp_path / "wal"
     wal = await open_ring_wal(path)
     await asyncio.gather(*(wal.append(f"first {i}".encode()) for i in range(10)))
-    assert wal._ring_commits == 1 and wal.stats.fsyncs == 1  # one pass, one write
+    assert wal._async_commits == 1 and wal.stats.fsyncs == 1  # one pass, one write
     assert "(1 on the event loop, 1 of them asynchronous)" in wal.timing_summary()
     second = await asyncio.gather(*(wal.append(bytes([i]) * 700) for i in range(3)))
-    assert wal._ring_commits == 2
+    assert wal._async_commits == 2
     end = second[-1].next_offset  # the write was zero-filled to its page's end
     page_end = -(-(HEADER_AREA_SIZE + end) // mmap.PAGESIZE) * mmap.PAGESIZE
     assert file_bytes(path, HEADER_AREA_SIZE + end, page_end - HEADER_AREA_SIZE - end) == bytes(
@@ -138,13 +138,13 @@ async def test_appends_while_a_write_is_in_flight_form_the_next_one_queued_behin
     try:
         first = wal.submit(b"alone")
         await asyncio.sleep(0)  # the commit is made at the loop's next pass: now in flight
-        assert len(wal._ring_batches) == 1 and not first.done()
+        assert len(wal._async.batches) == 1 and not first.done()
         rest = [wal.submit(f"queued {i}".encode()) for i in range(5)]
         await asyncio.sleep(0)  # submitted at once, behind the first
-        assert len(wal._ring_batches) == 2 and wal._ring_batches[1].behind
+        assert len(wal._async.batches) == 2 and wal._async.batches[1].behind
         assert not any(f.done() for f in rest)
         await asyncio.gather(first, *rest)
-        assert wal.stats.fsyncs == 2 and wal._ring_commits == 2
+        assert wal.stats.fsyncs == 2 and wal._async_commits == 2
         offsets = [f.result().offset for f in (first, *rest)]
         assert offsets == sorted(offsets)
     finally:
@@ -162,13 +162,13 @@ async def test_commit_now_acknowledges_a_completed_write_and_sends_what_queued_b
         first, queued = await completed_write_with_appends_queued(wal)
         wal.commit_now()
         assert first.done() and first.result().offset == 0
-        assert wal._ring_commits == 1 and len(wal._ring_batches) == 1  # the queued ones
+        assert wal._async_commits == 1 and len(wal._async.batches) == 1  # the queued ones
         assert not any(f.done() for f in queued)
         results = await asyncio.gather(*queued)
-        assert wal._ring_commits == 2
+        assert wal._async_commits == 2
         assert [r.offset for r in results] == sorted(r.offset for r in results)
         wal.commit_now()  # nothing in flight, nothing queued: nothing happens
-        assert not wal._ring_batches
+        assert not wal._async.batches
     finally:
         await wal.close()
 
@@ -186,13 +186,13 @@ async def test_acknowledge_completed_answers_a_completed_write_and_leaves_the_qu
         first, queued = await completed_write_with_appends_queued(wal)
         wal.acknowledge_completed()
         assert first.done() and first.result().offset == 0
-        assert wal._ring_commits == 1 and not wal._ring_batches  # the queued ones wait
+        assert wal._async_commits == 1 and not wal._async.batches  # the queued ones wait
         assert not any(f.done() for f in queued)
         wal.acknowledge_completed()  # nothing in flight now
         wal.commit_now()
-        assert len(wal._ring_batches) == 1  # the three in one write
+        assert len(wal._async.batches) == 1  # the three in one write
         results = await asyncio.gather(*queued)
-        assert wal._ring_commits == 2 and wal.stats.fsyncs == 2
+        assert wal._async_commits == 2 and wal.stats.fsyncs == 2
         assert [r.offset for r in results] == sorted(r.offset for r in results)
     finally:
         await wal.close()
@@ -212,11 +212,11 @@ async def test_appends_waiting_for_a_write_acknowledged_between_requests_still_g
         await asyncio.sleep(0)  # submitted behind the first
         third = wal.submit(b"third")
         await asyncio.sleep(0)  # no room for a third write in flight: it waits
-        assert wal._ring is not None and len(wal._ring_batches) == 2
+        assert wal._async is not None and len(wal._async.batches) == 2
         assert not wal._inline_scheduled and len(wal._queue) == 1
-        await_completions(wal._ring, 2)
+        await_completions(wal._async.writer, 2)
         wal.acknowledge_completed()
-        assert first.done() and second.done() and not wal._ring_batches
+        assert first.done() and second.done() and not wal._async.batches
         assert (await asyncio.wait_for(third, 5)).offset > second.result().offset
     finally:
         await wal.close()
@@ -228,7 +228,7 @@ async def test_ring_and_thread_commits_over_many_laps_never_lose_a_record(
     """The ring's commits beside the thread's (batches over ASYNC_COMMIT_MAX) and the loop's
     own (padding at a lap end), the zeros after each stopping at the oldest live byte, with the
     WAL closed and recovered every few rounds."""
-    monkeypatch.setattr(file_wal, "ASYNC_COMMIT_MAX", 3000)
+    monkeypatch.setattr(async_commits, "ASYNC_COMMIT_MAX", 3000)
     capacity = 16 * 1024
     path = tmp_path / "wal"
     rng = random.Random(7)
@@ -241,7 +241,7 @@ async def test_ring_and_thread_commits_over_many_laps_never_lose_a_record(
         for body, result in zip(bodies, results, strict=True):
             live.append((result.offset, result.next_offset, body))
         if round_ % 6 == 5:
-            ring += wal._ring_commits
+            ring += wal._async_commits
             thread += wal.stats.fsyncs - wal._inline_commits
         wal = await trim_and_check(
             wal, path, live, rng, capacity=capacity, inline=256, reopen_now=round_ % 6 == 5
@@ -256,7 +256,7 @@ async def test_a_failed_ring_write_fails_the_batch_and_every_later_append(
 ) -> None:
     wal = await open_ring_wal(tmp_path / "wal")
     await wal.append(b"durable")
-    assert wal._ring_commits == 1
+    assert wal._async_commits == 1
     real_reap = RingWriter.reap
 
     def failing_reap(self: RingWriter) -> list[tuple[int, int]]:
@@ -289,7 +289,9 @@ async def test_writes_queued_behind_others_land_in_order_over_many_laps(tmp_path
                 body = rng.randbytes(rng.randint(0, 900))
                 futures.append((body, wal.submit(body)))
             await asyncio.sleep(0)
-            behind += [b for b in wal._ring_batches if b.behind and not any(b is x for x in behind)]
+            behind += [
+                b for b in wal._async.batches if b.behind and not any(b is x for x in behind)
+            ]
         for body, future in futures:
             result = await future
             live.append((result.offset, result.next_offset, body))
@@ -325,7 +327,7 @@ async def test_a_write_behind_a_failed_one_is_not_acknowledged(
     await asyncio.sleep(0)
     second = wal.submit(b"lost second")
     await asyncio.sleep(0)
-    assert [batch.behind for batch in wal._ring_batches] == [False, True]
+    assert [batch.behind for batch in wal._async.batches] == [False, True]
     results = await asyncio.gather(first, second, return_exceptions=True)
     await failed_for_good(wal, results, monkeypatch)
 
@@ -409,10 +411,11 @@ async def test_a_completion_no_eventfd_announced_is_acknowledged_by_the_periodic
 ) -> None:
     """Appends behind an io_uring write whose completion nothing announced are acknowledged
     all the same, within a check's period, and later ones go on."""
-    monkeypatch.setattr(file_wal, "RING_CHECK_S", 0.05)
+    monkeypatch.setattr(async_commits, "RING_CHECK_S", 0.05)
     wal = await open_ring_wal(tmp_path / "wal")
-    assert wal._ring is not None
-    asyncio.get_running_loop().remove_reader(wal._ring.eventfd)  # the announcements go nowhere
+    assert wal._async is not None
+    # the announcements go nowhere
+    asyncio.get_running_loop().remove_reader(wal._async.writer.eventfd)
     results = await asyncio.wait_for(
         asyncio.gather(*(wal.append(f"record {i}".encode()) for i in range(20))), 5
     )

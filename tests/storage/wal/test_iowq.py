@@ -65,7 +65,7 @@ def io_workers() -> list[int]:
 async def test_the_wals_io_uring_workers_run_at_real_time_priority(tmp_path: Path) -> None:
     wal = await FileWAL.open(str(tmp_path / "wal"), CAPACITY, inline_commit_max=4096)
     try:
-        assert wal._ring is not None, "this machine's kernel offers io_uring"
+        assert wal._async is not None, "this machine's kernel offers io_uring"
         assert wal.io_priority is not None
         for i in range(20):
             await wal.append(b"record %d" % i)
@@ -90,7 +90,7 @@ async def test_realtime_io_false_leaves_the_workers_alone(tmp_path: Path) -> Non
         str(tmp_path / "wal"), CAPACITY, inline_commit_max=4096, realtime_io=False
     )
     try:
-        assert wal._ring is not None
+        assert wal._async is not None
         assert wal.io_priority is None
         await wal.append(b"record")
     finally:
