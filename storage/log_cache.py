@@ -146,6 +146,31 @@ class CachedRun(Sequence[StreamRecordBatch]):
             i += 1
         return out
 
+    def take_whole(
+        self, i: int, end: int, max_bytes: int, taken: int, first_free: bool, out: list[memoryview]
+    ) -> tuple[int, int, bool]:
+        """Append to ``out`` the payloads of the records from position ``i`` on that start
+        before ``end``, while the bytes taken (``taken`` so far) stay within ``max_bytes``; the
+        first regardless when ``first_free``. Returns the bytes taken, the offset after the last
+        record taken (-1 if none) and whether the budget stopped it. The fetch path's loop: no
+        record objects are built."""
+        bases, ends, payloads = self.bases, self.ends, self.payloads
+        key = self.first + i
+        count = len(ends)
+        stop = -1
+        while i < count and bases[i] < end:
+            payload = payloads[key]
+            size = len(payload)
+            if taken + size > max_bytes and not first_free:
+                return taken, stop, True
+            first_free = False
+            out.append(memoryview(payload))
+            taken += size
+            stop = ends[i]
+            i += 1
+            key += 1
+        return taken, stop, False
+
 
 @dataclass(slots=True)
 class LogCacheBlock:
@@ -366,6 +391,39 @@ class LogCache:
         """The WAL offset below which every record has been uploaded."""
         pending = [b.wal_start for b in self._blocks if not b.uploaded and b.wal_start >= 0]
         return min(pending) if pending else fallback
+
+    def read_whole(
+        self, stream_id: int, start: int, end: int, max_bytes: int, min_one: bool
+    ) -> tuple[list[memoryview], int] | None:
+        """The payloads of a stream's cached records from the one holding ``start``, whole,
+        none starting at or after ``end``, while their bytes stay within ``max_bytes`` (the first
+        however large when ``min_one``), and the offset after the last (``start`` if none).
+        None when the cache does not hold ``start``: the caller reads from object storage."""
+        out: list[memoryview] = []
+        taken = 0
+        pos = start
+        found = False
+        for block in self._blocks:
+            run = block.records.get(stream_id)
+            if run is None:
+                continue
+            ends = run.ends
+            if not ends or ends[-1] <= pos:
+                continue
+            i = bisect.bisect_right(ends, pos)
+            if found:
+                if run.bases[i] != pos:
+                    break  # not contiguous (a stream's records are in order: never seen)
+            elif run.bases[i] > pos:
+                return None  # the cache's records of the stream start after ``start``
+            found = True
+            taken, stop, full = run.take_whole(i, end, max_bytes, taken, min_one and not out, out)
+            if stop < 0:
+                break
+            pos = stop
+            if full or pos >= end:
+                break
+        return (out, pos) if found else None
 
     def get(self, stream_id: int, start: int, end: int, max_bytes: int) -> list[StreamRecordBatch]:
         """Cached records of a stream from ``start`` on: a contiguous run, possibly empty.

@@ -643,6 +643,31 @@ class S3Storage:
                 size += b.size
         return cold
 
+    async def read_whole(
+        self, stream_id: int, start: int, end: int, max_bytes: int, min_one: bool
+    ) -> tuple[list[memoryview], int]:
+        """The payloads of the batches from the one holding ``start``, whole, none starting at
+        or after ``end``, while their bytes stay within ``max_bytes`` (the first however large
+        when ``min_one``), and the offset after the last (``start`` if none): a fetch's read.
+        From the LogCache when it holds ``start``, without a batch object per record (a fetch
+        of small batches takes hundreds); else as :meth:`read` reads."""
+        hot = self.cache.read_whole(stream_id, start, end, max_bytes, min_one)
+        if hot is not None:
+            return hot
+        out: list[memoryview] = []
+        taken = 0
+        pos = start
+        for batch in await self.read(stream_id, start, end, max(max_bytes, 1)):
+            if batch.base_offset >= end:
+                break
+            size = len(batch.payload)
+            if taken + size > max_bytes and (out or not min_one):
+                break
+            out.append(memoryview(batch.payload))
+            taken += size
+            pos = batch.last_offset
+        return out, pos
+
     async def prefetch_streams(self, stream_ids: Collection[int]) -> int:
         """Bring the data of these streams (each about to be read whole) into the block cache
         with one GET per object that holds several of them and is at most

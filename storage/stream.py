@@ -131,18 +131,35 @@ class S3Stream:
     async def fetch(self, start: int, end: int = -1, max_bytes: int = 1 << 20) -> FetchResult:
         """Batches from the one holding ``start`` towards ``end`` (-1: the confirmed end), about
         ``max_bytes`` but at least one batch when any is available."""
-        self._check_not_fenced()  # a fenced owner's cache may hold offsets the new owner reused
         confirmed = self.confirmed_offset
+        stop = self._read_end(start, end, confirmed)
+        batches = (
+            [] if start >= stop else await self.storage.read(self.stream_id, start, stop, max_bytes)
+        )
+        return FetchResult(batches, self.start_offset, confirmed)
+
+    async def read_whole(
+        self, start: int, end: int, max_bytes: int, min_one: bool
+    ) -> tuple[list[memoryview], int]:
+        """The payloads of the batches from the one holding ``start``, whole, none starting at
+        or after ``end`` (-1: the confirmed end), while their bytes stay within ``max_bytes``
+        (the first however large when ``min_one``), and the offset after the last (``start``
+        if none): a consumer's fetch (``S3Storage.read_whole``)."""
+        stop = self._read_end(start, end, self.confirmed_offset)
+        if start >= stop:
+            return [], start
+        return await self.storage.read_whole(self.stream_id, start, stop, max_bytes, min_one)
+
+    def _read_end(self, start: int, end: int, confirmed: int) -> int:
+        """Where a read from ``start`` towards ``end`` (-1: the confirmed end) stops; raises
+        OffsetOutOfRangeError when ``start`` is outside the stream."""
+        self._check_not_fenced()  # a fenced owner's cache may hold offsets the new owner reused
         if start < self.start_offset or start > confirmed:
             raise OffsetOutOfRangeError(
                 f"stream {self.stream_id}: offset {start} outside [{self.start_offset}, "
                 f"{confirmed}]"
             )
-        stop = confirmed if end < 0 else min(end, confirmed)
-        batches = (
-            [] if start >= stop else await self.storage.read(self.stream_id, start, stop, max_bytes)
-        )
-        return FetchResult(batches, self.start_offset, confirmed)
+        return confirmed if end < 0 else min(end, confirmed)
 
     async def trim(self, new_start_offset: int) -> None:
         """Discard offsets below ``new_start_offset``; their objects are freed once unused."""

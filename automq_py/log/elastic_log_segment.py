@@ -223,22 +223,10 @@ class ElasticLogSegment:
         end = self.next_offset if max_offset is None else min(self.next_offset, max_offset)
         if offset >= end:
             return [], offset
-        result = await self.log_stream.fetch(
-            self.to_stream(offset), self.to_stream(end), max(max_bytes, 1)
+        views, stop = await self.log_stream.read_whole(
+            self.to_stream(offset), self.to_stream(end), max_bytes, min_one
         )
-        out: list[memoryview] = []
-        total = 0
-        pos = offset
-        for batch in result.batches:
-            if self.to_kafka(batch.base_offset) >= end:
-                break
-            size = len(batch.payload)
-            if total + size > max_bytes and (out or not min_one):
-                break
-            out.append(memoryview(batch.payload))
-            total += size
-            pos = self.to_kafka(batch.last_offset)
-        return out, pos
+        return views, (self.to_kafka(stop) if views else offset)
 
     async def batches(self, offset: int) -> AsyncGenerator[BatchView, None]:
         """Every batch from the one holding ``offset`` to the segment's end, headers parsed."""

@@ -250,3 +250,77 @@ def test_eviction_keeps_sizes_in_step_and_every_stream_contiguous(
         got = cache.get(stream, 0, end, 1 << 30)
         if got:  # the newest records, each stream's to its end, without a gap
             assert [r.base_offset for r in got] == list(range(got[0].base_offset, end))
+
+
+def whole_reference(
+    cache: LogCache, stream: int, start: int, end: int, max_bytes: int, min_one: bool
+) -> tuple[list[bytes], int] | None:
+    """What a fetch reads, from ``get``'s records: whole batches from the one holding
+    ``start``, none at or after ``end``, within ``max_bytes`` (the first regardless with
+    ``min_one``); None if the cache does not hold ``start``."""
+    got = cache.get(stream, start, end, 1 << 40)
+    if not got or got[0].base_offset > start:
+        return None
+    out: list[bytes] = []
+    taken, pos = 0, start
+    for record in got:
+        size = len(record.payload)
+        if taken + size > max_bytes and (out or not min_one):
+            break
+        out.append(bytes(record.payload))
+        taken += size
+        pos = record.last_offset
+    return out, pos
+
+
+def test_a_whole_batch_read_stops_at_the_budget_and_crosses_blocks() -> None:
+    cache = LogCache(max_size=1 << 20)
+    wal = fill(cache, [1, 2], range(0, 5), 100)
+    cache.seal()
+    fill(cache, [1, 2], range(5, 10), 100, wal)
+    views, stop = cache.read_whole(1, 3, 100, 4 * 67, True) or ([], -1)
+    assert [len(v) for v in views] == [67] * 4 and stop == 7  # records 3-6: two blocks
+    views, stop = cache.read_whole(1, 3, 5, 1 << 20, True) or ([], -1)
+    assert len(views) == 2 and stop == 5  # none starting at or after ``end``
+    # the first record however large, or none when the fetch may return nothing
+    assert [len(v) for v in (cache.read_whole(1, 3, 100, 10, True) or ([], 0))[0]] == [67]
+    assert cache.read_whole(1, 3, 100, 10, False) == ([], 3)
+    assert cache.read_whole(3, 0, 100, 1 << 20, True) is None  # a stream it does not hold
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(34, 400), st.booleans()), min_size=1, max_size=60),
+    st.integers(0, 70),
+    st.integers(0, 70),
+    st.integers(0, 5_000),
+    st.booleans(),
+    st.integers(0, 20_000),
+)
+def test_a_whole_batch_read_is_what_get_and_the_fetch_budget_give(
+    puts: list[tuple[int, bool]],
+    start: int,
+    length: int,
+    max_bytes: int,
+    min_one: bool,
+    max_size: int,
+) -> None:
+    cache = LogCache(max_size=max_size)
+    wal = 0
+    for offset, (size, upload) in enumerate(puts):
+        cache.put(
+            StreamRecordBatch(1, 0, offset, 1, bytes([offset % 251]) * (size - 33)),
+            wal,
+            wal + size + 16,
+        )
+        wal += size + 16
+        if upload:
+            block = cache.seal()
+            assert block is not None
+            cache.mark_uploaded(block)  # evicts the oldest records over max_size
+    end = min(start + length, len(puts))
+    if start >= end:
+        return
+    got = cache.read_whole(1, start, end, max_bytes, min_one)
+    expected = whole_reference(cache, 1, start, end, max_bytes, min_one)
+    assert (None if got is None else ([bytes(v) for v in got[0]], got[1])) == expected
