@@ -261,16 +261,12 @@ def whole_reference(
     got = cache.get(stream, start, end, 1 << 40)
     if not got or got[0].base_offset > start:
         return None
-    out: list[bytes] = []
-    taken, pos = 0, start
-    for record in got:
-        size = len(record.payload)
-        if taken + size > max_bytes and (out or not min_one):
-            break
-        out.append(bytes(record.payload))
-        taken += size
-        pos = record.last_offset
-    return out, pos
+    sizes = [len(record.payload) for record in got]
+    count = 0  # the longest prefix within the budget; one however large with min_one
+    while count < len(got) and (sum(sizes[: count + 1]) <= max_bytes or (min_one and not count)):
+        count += 1
+    taken = got[:count]
+    return [bytes(r.payload) for r in taken], (taken[-1].last_offset if taken else start)
 
 
 def test_a_whole_batch_read_stops_at_the_budget_and_crosses_blocks() -> None:
