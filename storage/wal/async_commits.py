@@ -83,7 +83,6 @@ class AsyncCommits:
     ) -> None:
         self.writer = writer
         self.batches: collections.deque[RingBatch] = collections.deque()
-        self.commits = 0  # acknowledged
         # the ring's workers at real-time priority (None: not asked for)
         self.iowq = WorkerPriority() if realtime_io else None
         self._path = path
