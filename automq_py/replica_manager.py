@@ -4,10 +4,10 @@ fetches are orchestrated here, as in Kafka's ReplicaManager.
 ``append_records`` checks each entry (acks, topic, partition, internal topics), starts every
 partition's append in request order (offsets assigned, WAL writes started) and returns the
 future of the results: the wait for durability is the only part that runs concurrently with
-what the connection does next. ``fetch_messages`` reads the partitions asked for and, while
-fewer than ``min_bytes`` came back, waits on those partitions alone for their high watermark
-to move (Kafka's delayed fetch). A storage failure is the failing partition's error code (one
-mapping, :mod:`automq_py.errors`); the other partitions carry on.
+what the connection does next. ``fetch_messages`` hands the partitions asked for to
+:class:`automq_py.fetch_reader.FetchReader` (Kafka's readFromLog and delayed fetch), which opens
+them through :meth:`ReplicaManager.partition`. A storage failure is the failing partition's
+error code (one mapping, :mod:`automq_py.errors`); the other partitions carry on.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from typing import Any, Protocol
 
 from automq_py.controller import membership
 from automq_py.errors import NotLeaderError, describe, kafka_error, partition_failed
+from automq_py.fetch_reader import FetchData, FetchEntry, FetchReader
 from automq_py.log.elastic_log import ElasticLog, LogCreatedElsewhereError, meta_stream_key
 from automq_py.log.log_config import LogConfig
-from automq_py.log.txn_index import AbortedTxn
 from automq_py.loop_lag import collector_paused
 from automq_py.metadata_cache import ClusterMetadataCache
 from automq_py.metrics.topic_stats import BrokerTopicStats
@@ -35,7 +35,6 @@ from automq_py.partition import AppendResult, Partition, PendingAppend
 from automq_py.refused_batches import RETRIED, RefusedBatches
 from automq_py.topic_config import effective_topic_config
 from automq_py.topics import TopicError, TopicInfo
-from protocol import record_batch
 from protocol.errors import ErrorCode
 from storage.metadata.image import MetadataImage
 from storage.metadata.model import StreamState
@@ -81,34 +80,6 @@ class AppendEntry:
     @property
     def key(self) -> tuple[str, int]:
         return (self.topic.name if self.topic is not None else self.name or "", self.index)
-
-
-@dataclass(slots=True, frozen=True)
-class FetchEntry:
-    """One partition to read: from ``offset``, at most ``max_bytes`` of it."""
-
-    topic: TopicInfo | None
-    index: int
-    offset: int
-    max_bytes: int
-    error: ErrorCode = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-
-
-@dataclass(slots=True)
-class FetchData:
-    """What a fetch read from one partition (Kafka's ``FetchPartitionData``)."""
-
-    error: ErrorCode
-    high_watermark: int = -1
-    log_start_offset: int = -1
-    records: list[memoryview] | None = None
-    last_stable_offset: int = -1
-    # read_committed: the aborted transactions with data among ``records`` (else None)
-    aborted: list[AbortedTxn] | None = None
-
-    @property
-    def size(self) -> int:
-        return sum(len(r) for r in self.records) if self.records else 0
 
 
 @dataclass(slots=True, frozen=True)
@@ -181,6 +152,7 @@ class ReplicaManager:
         # partitions taken over whose MetaStreams are being read into memory together: their
         # opens wait for it rather than each reading its own
         self._prefetching: dict[tuple[str, int], asyncio.Future[None]] = {}
+        self._reader = FetchReader(self.partition, self._read_failed, self.topic_stats)
 
     def log_config(self, topic: TopicInfo) -> LogConfig:
         if self._configs_of is not self.topic_defaults:  # the defaults changed: parse anew
@@ -811,121 +783,15 @@ class ReplicaManager:
         max_wait_s: float,
         read_committed: bool = False,
     ) -> list[FetchData]:
-        """Read every entry (the first partition with data returns at least one batch, even
-        past ``max_bytes``); while fewer than ``min_bytes`` came back and no partition failed,
-        wait up to ``max_wait_s`` for one of them to get new data, and read again.
-        ``read_committed`` (isolation level 1) reads up to each partition's last stable offset
-        and lists the aborted transactions among what it returns."""
-        deadline = time.monotonic() + max(0.0, max_wait_s)
-        while True:
-            partitions: list[Partition | None] = []
-            results = await self._read_all(entries, max_bytes, partitions, read_committed)
-            total = sum(r.size for r in results)
-            remaining = deadline - time.monotonic()
-            if (
-                total >= min_bytes
-                or remaining <= 0
-                or any(r.error != ErrorCode.NONE for r in results)
-            ):
-                stats = self.topic_stats
-                for entry, r in zip(entries, results, strict=True):
-                    if entry.topic is not None:
-                        stats.fetched(entry.topic.name, r.size, r.error != ErrorCode.NONE)
-                return results
-            waiting = [
-                (p, r.high_watermark)
-                for p, r in zip(partitions, results, strict=True)
-                if p is not None
-            ]
-            if not waiting:
-                return results
-            await _wait_for_data(waiting, remaining)
-
-    async def _read_all(
-        self,
-        entries: Sequence[FetchEntry],
-        max_bytes: int,
-        partitions: list[Partition | None],
-        read_committed: bool,
-    ) -> list[FetchData]:
-        """Kafka's readFromLog: each partition reads at most its own max_bytes and what is
-        left of the request's ``max_bytes``, whole batches only, except that until one
-        partition has returned data a read returns at least one batch, however large. So
-        only the first batch of the first partition with data may go past either limit."""
-        # open the partitions concurrently: a first open after a start reads from object storage
-        opened = await asyncio.gather(*(self._open_for_read(entry) for entry in entries))
-        partitions.extend(p if isinstance(p, Partition) else None for p in opened)
-        early: list[FetchData] | None = None
-        if all(e.max_bytes > 0 for e in entries) and sum(e.max_bytes for e in entries) <= max_bytes:
-            # every partition's limit fits in max_bytes: each read's limit is its own, so
-            # they run concurrently (a cold read waits for object storage), strictly within
-            # it; the walk below redoes the few that the at-least-one-batch rule changes
-            early = list(
-                await asyncio.gather(
-                    *(
-                        self._read_partition(entry, p, entry.max_bytes, read_committed, False)
-                        if isinstance(p, Partition)
-                        else _done(p)
-                        for entry, p in zip(entries, opened, strict=True)
-                    )
-                )
-            )
-        total = 0
-        results: list[FetchData] = []
-        for i, (entry, p) in enumerate(zip(entries, opened, strict=True)):
-            if not isinstance(p, Partition):
-                results.append(p)
-                continue
-            min_one = total == 0  # no partition has returned data yet
-            limit = min(entry.max_bytes, max(max_bytes - total, 0))
-            data = early[i] if early is not None else None
-            if (
-                data is None
-                or limit != entry.max_bytes
-                # the strict read found nothing: its first batch may be past the limit
-                or (min_one and data.size == 0 and data.error == ErrorCode.NONE)
-            ):
-                data = await self._read_partition(entry, p, limit, read_committed, min_one)
-            total += data.size
-            results.append(data)
-        return results
-
-    async def _open_for_read(self, entry: FetchEntry) -> Partition | FetchData:
-        """The entry's partition, or the FetchData of its error."""
-        topic = entry.topic
-        if topic is None or not 0 <= entry.index < topic.partitions:
-            return FetchData(entry.error)
-        try:
-            return await self.partition(topic, entry.index)
-        except Exception as e:
-            return FetchData(self._read_failed(entry, e))
-
-    async def _read_partition(
-        self,
-        entry: FetchEntry,
-        partition: Partition,
-        limit: int,
-        read_committed: bool,
-        min_one: bool,
-    ) -> FetchData:
-        """Read ``entry``'s partition: whole batches up to ``limit`` bytes, at least one
-        (however large) when ``min_one``."""
-        hw, start = partition.high_watermark, partition.log_start_offset
-        lso = partition.last_stable_offset
-        data = FetchData(ErrorCode.NONE, hw, start, [], lso, [] if read_committed else None)
-        end = lso if read_committed else hw
-        if entry.offset < start or entry.offset > partition.log_end_offset:
-            data.error = ErrorCode.OFFSET_OUT_OF_RANGE
-        elif entry.offset < end and (limit > 0 or min_one):
-            try:
-                data.records = await partition.read(entry.offset, limit, end, min_one=min_one)
-                if read_committed and data.records:
-                    data.aborted = await partition.log.aborted_transactions(
-                        entry.offset, _records_end(data.records[-1], entry.offset)
-                    )
-            except Exception as e:  # out of range (a trim raced), or storage failing
-                data.error = self._read_failed(entry, e)
-        return data
+        """Read every entry's partition and wait for data as Kafka's delayed fetch does
+        (:meth:`FetchReader.fetch`)."""
+        return await self._reader.fetch(
+            entries,
+            max_bytes=max_bytes,
+            min_bytes=min_bytes,
+            max_wait_s=max_wait_s,
+            read_committed=read_committed,
+        )
 
     # -- log dirs --------------------------------------------------------------------------------
 
@@ -1023,35 +889,3 @@ def _complete_moves(
 def _unless_failed(answer: AppendResult, code: ErrorCode) -> AppendResult:
     """``code`` in place of a successful answer; a failed one stays as it is."""
     return answer if answer.error != ErrorCode.NONE else AppendResult(code)
-
-
-async def _wait_for_data(partitions: list[tuple[Partition, int]], timeout: float) -> None:
-    """Wait until one of ``partitions`` has new data (its high watermark moves from the one
-    read), or ``timeout``."""
-    waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    for p, _ in partitions:
-        p.add_data_waiter(waiter)
-    try:
-        # data may have arrived between the read and now
-        if any(p.high_watermark != hw for p, hw in partitions):
-            return
-        await asyncio.wait_for(asyncio.shield(waiter), timeout)
-    except TimeoutError:
-        pass
-    finally:
-        for p, _ in partitions:
-            p.remove_data_waiter(waiter)
-        if not waiter.done():
-            waiter.cancel()
-
-
-async def _done(data: FetchData) -> FetchData:
-    return data
-
-
-def _records_end(view: memoryview, end: int) -> int:
-    """The offset after the last batch in ``view`` (a read returns whole batches, several
-    per buffer): where a read_committed fetch's aborted-transaction lookup ends."""
-    for header, _ in record_batch.iter_batches(view):
-        end = header.last_offset + 1
-    return end

@@ -17,9 +17,9 @@ from typing import Any
 
 from automq_py.apis.context import BrokerContext
 from automq_py.errors import partition_failed
+from automq_py.fetch_reader import FetchData, FetchEntry
 from automq_py.log.elastic_log import LogOffsetOutOfRangeError
 from automq_py.partition import Partition
-from automq_py.replica_manager import FetchData, FetchEntry
 from automq_py.security.acls import AclOperation, ResourceType
 from automq_py.security.quotas import FETCH as FETCH_QUOTA
 from automq_py.security.session import SESSION, THROTTLE_MS

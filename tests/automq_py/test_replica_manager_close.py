@@ -7,7 +7,8 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from automq_py.replica_manager import AppendEntry, FetchEntry, ReplicaManager
+from automq_py.fetch_reader import FetchEntry
+from automq_py.replica_manager import AppendEntry, ReplicaManager
 from automq_py.topics import TopicInfo
 from protocol.errors import ErrorCode
 from storage.config import S3StreamConfig

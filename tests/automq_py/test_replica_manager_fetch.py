@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
+from automq_py.fetch_reader import FetchEntry
 from automq_py.partition import Partition
-from automq_py.replica_manager import AppendEntry, FetchEntry, ReplicaManager
+from automq_py.replica_manager import AppendEntry, ReplicaManager
 from automq_py.topics import TopicInfo
 from protocol.errors import ErrorCode
 from protocol.records import RecordInput, build_batch

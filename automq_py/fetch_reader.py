@@ -1,0 +1,223 @@
+"""A fetch's read: Kafka's ``ReplicaManager.readFromLog`` and its delayed fetch.
+
+:class:`FetchReader` reads the partitions a Fetch asks for, whole batches within each
+partition's and the request's byte limits, and while fewer than ``min_bytes`` came back waits on
+those partitions alone for their high watermark to move, up to ``max_wait`` (Kafka's
+``DelayedFetch``). A partition that fails to open or read is its own error code; the others
+carry on. The replica manager owns the partitions and hands the reader its way of opening one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from automq_py.log.txn_index import AbortedTxn
+from automq_py.metrics.topic_stats import BrokerTopicStats
+from automq_py.partition import Partition
+from automq_py.topics import TopicInfo
+from protocol import record_batch
+from protocol.errors import ErrorCode
+
+
+@dataclass(slots=True, frozen=True)
+class FetchEntry:
+    """One partition to read: from ``offset``, at most ``max_bytes`` of it."""
+
+    topic: TopicInfo | None
+    index: int
+    offset: int
+    max_bytes: int
+    error: ErrorCode = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+
+@dataclass(slots=True)
+class FetchData:
+    """What a fetch read from one partition (Kafka's ``FetchPartitionData``)."""
+
+    error: ErrorCode
+    high_watermark: int = -1
+    log_start_offset: int = -1
+    records: list[memoryview] | None = None
+    last_stable_offset: int = -1
+    # read_committed: the aborted transactions with data among ``records`` (else None)
+    aborted: list[AbortedTxn] | None = None
+
+    @property
+    def size(self) -> int:
+        return sum(len(r) for r in self.records) if self.records else 0
+
+
+class FetchReader:
+    """Reads fetches through ``partition`` (the replica manager's: opens a partition this
+    broker leads, or raises); ``failed`` maps a partition's open or read failure to its code;
+    ``stats`` counts what each topic's fetches returned."""
+
+    def __init__(
+        self,
+        partition: Callable[[TopicInfo, int], Awaitable[Partition]],
+        failed: Callable[[FetchEntry, BaseException], ErrorCode],
+        stats: BrokerTopicStats,
+    ) -> None:
+        self._partition = partition
+        self._failed = failed
+        self._stats = stats
+
+    async def fetch(
+        self,
+        entries: Sequence[FetchEntry],
+        *,
+        max_bytes: int,
+        min_bytes: int,
+        max_wait_s: float,
+        read_committed: bool = False,
+    ) -> list[FetchData]:
+        """Read every entry (the first partition with data returns at least one batch, even
+        past ``max_bytes``); while fewer than ``min_bytes`` came back and no partition failed,
+        wait up to ``max_wait_s`` for one of them to get new data, and read again.
+        ``read_committed`` (isolation level 1) reads up to each partition's last stable offset
+        and lists the aborted transactions among what it returns."""
+        deadline = time.monotonic() + max(0.0, max_wait_s)
+        while True:
+            partitions: list[Partition | None] = []
+            results = await self._read_all(entries, max_bytes, partitions, read_committed)
+            total = sum(r.size for r in results)
+            remaining = deadline - time.monotonic()
+            if (
+                total >= min_bytes
+                or remaining <= 0
+                or any(r.error != ErrorCode.NONE for r in results)
+            ):
+                stats = self._stats
+                for entry, r in zip(entries, results, strict=True):
+                    if entry.topic is not None:
+                        stats.fetched(entry.topic.name, r.size, r.error != ErrorCode.NONE)
+                return results
+            waiting = [
+                (p, r.high_watermark)
+                for p, r in zip(partitions, results, strict=True)
+                if p is not None
+            ]
+            if not waiting:
+                return results
+            await _wait_for_data(waiting, remaining)
+
+    async def _read_all(
+        self,
+        entries: Sequence[FetchEntry],
+        max_bytes: int,
+        partitions: list[Partition | None],
+        read_committed: bool,
+    ) -> list[FetchData]:
+        """Kafka's readFromLog: each partition reads at most its own max_bytes and what is
+        left of the request's ``max_bytes``, whole batches only, except that until one
+        partition has returned data a read returns at least one batch, however large. So
+        only the first batch of the first partition with data may go past either limit."""
+        # open the partitions concurrently: a first open after a start reads from object storage
+        opened = await asyncio.gather(*(self._open_for_read(entry) for entry in entries))
+        partitions.extend(p if isinstance(p, Partition) else None for p in opened)
+        early: list[FetchData] | None = None
+        if all(e.max_bytes > 0 for e in entries) and sum(e.max_bytes for e in entries) <= max_bytes:
+            # every partition's limit fits in max_bytes: each read's limit is its own, so
+            # they run concurrently (a cold read waits for object storage), strictly within
+            # it; the walk below redoes the few that the at-least-one-batch rule changes
+            early = list(
+                await asyncio.gather(
+                    *(
+                        self._read_partition(entry, p, entry.max_bytes, read_committed, False)
+                        if isinstance(p, Partition)
+                        else _done(p)
+                        for entry, p in zip(entries, opened, strict=True)
+                    )
+                )
+            )
+        total = 0
+        results: list[FetchData] = []
+        for i, (entry, p) in enumerate(zip(entries, opened, strict=True)):
+            if not isinstance(p, Partition):
+                results.append(p)
+                continue
+            min_one = total == 0  # no partition has returned data yet
+            limit = min(entry.max_bytes, max(max_bytes - total, 0))
+            data = early[i] if early is not None else None
+            if (
+                data is None
+                or limit != entry.max_bytes
+                # the strict read found nothing: its first batch may be past the limit
+                or (min_one and data.size == 0 and data.error == ErrorCode.NONE)
+            ):
+                data = await self._read_partition(entry, p, limit, read_committed, min_one)
+            total += data.size
+            results.append(data)
+        return results
+
+    async def _open_for_read(self, entry: FetchEntry) -> Partition | FetchData:
+        """The entry's partition, or the FetchData of its error."""
+        topic = entry.topic
+        if topic is None or not 0 <= entry.index < topic.partitions:
+            return FetchData(entry.error)
+        try:
+            return await self._partition(topic, entry.index)
+        except Exception as e:
+            return FetchData(self._failed(entry, e))
+
+    async def _read_partition(
+        self,
+        entry: FetchEntry,
+        partition: Partition,
+        limit: int,
+        read_committed: bool,
+        min_one: bool,
+    ) -> FetchData:
+        """Read ``entry``'s partition: whole batches up to ``limit`` bytes, at least one
+        (however large) when ``min_one``."""
+        hw, start = partition.high_watermark, partition.log_start_offset
+        lso = partition.last_stable_offset
+        data = FetchData(ErrorCode.NONE, hw, start, [], lso, [] if read_committed else None)
+        end = lso if read_committed else hw
+        if entry.offset < start or entry.offset > partition.log_end_offset:
+            data.error = ErrorCode.OFFSET_OUT_OF_RANGE
+        elif entry.offset < end and (limit > 0 or min_one):
+            try:
+                data.records = await partition.read(entry.offset, limit, end, min_one=min_one)
+                if read_committed and data.records:
+                    data.aborted = await partition.log.aborted_transactions(
+                        entry.offset, _records_end(data.records[-1], entry.offset)
+                    )
+            except Exception as e:  # out of range (a trim raced), or storage failing
+                data.error = self._failed(entry, e)
+        return data
+
+
+async def _wait_for_data(partitions: list[tuple[Partition, int]], timeout: float) -> None:
+    """Wait until one of ``partitions`` has new data (its high watermark moves from the one
+    read), or ``timeout``."""
+    waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    for p, _ in partitions:
+        p.add_data_waiter(waiter)
+    try:
+        # data may have arrived between the read and now
+        if any(p.high_watermark != hw for p, hw in partitions):
+            return
+        await asyncio.wait_for(asyncio.shield(waiter), timeout)
+    except TimeoutError:
+        pass
+    finally:
+        for p, _ in partitions:
+            p.remove_data_waiter(waiter)
+        if not waiter.done():
+            waiter.cancel()
+
+
+async def _done(data: FetchData) -> FetchData:
+    return data
+
+
+def _records_end(view: memoryview, end: int) -> int:
+    """The offset after the last batch in ``view`` (a read returns whole batches, several
+    per buffer): where a read_committed fetch's aborted-transaction lookup ends."""
+    for header, _ in record_batch.iter_batches(view):
+        end = header.last_offset + 1
+    return end
