@@ -11,7 +11,7 @@ import os
 import socket
 
 from automq_py.apis import KafkaApis
-from automq_py.network.frames import FrameConnection
+from automq_py.network.frames import RESPONSE_SEND_BUFFER, FrameConnection
 from automq_py.network.server import SocketServer
 from tests.automq_py.network.test_frames import SocketTransport, _ignore
 
@@ -88,3 +88,60 @@ async def _accepted_socket(port: int) -> socket.socket:
                 sock.close()
         await asyncio.sleep(0.01)  # not accepted yet
     raise AssertionError(f"no accepted connection on port {port}")
+
+
+async def _serve_once(payload: bytes, send_buffer_bytes: int) -> int:
+    """Serve one connection that writes ``payload`` as one response while the client reads
+    nothing yet; the server side's SO_SNDBUF once written, and the payload read back whole."""
+    written: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    async def serve(conn: FrameConnection) -> None:
+        conn.writelines([payload])
+        sock = conn.get_extra_info("socket")
+        written.set_result(sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF))
+        await conn.drain()
+
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(
+        lambda: FrameConnection(serve, 1 << 20, send_buffer_bytes=send_buffer_bytes),
+        "127.0.0.1",
+        0,
+    )
+    try:
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            sndbuf = await asyncio.wait_for(written, 10)
+            assert await reader.readexactly(len(payload)) == payload
+            return sndbuf
+        finally:
+            writer.close()
+    finally:
+        server.close()
+
+
+def _wmem_max() -> int:
+    with open("/proc/sys/net/core/wmem_max") as f:
+        return int(f.read())
+
+
+async def test_a_response_that_does_not_fit_widens_the_oss_send_buffer() -> None:
+    """A consumer's fetch of several MiB: the connection's send buffer, left to the OS, is
+    raised once to what RESPONSE_SEND_BUFFER asks (within net.core.wmem_max), so the next
+    such response goes into the socket in one write."""
+    payload = os.urandom(16 * 1024 * 1024)  # more than any buffer takes at once
+    asked = min(RESPONSE_SEND_BUFFER, _wmem_max())
+    sndbuf = await _serve_once(payload, -1)
+    assert sndbuf >= 2 * asked
+
+
+async def test_a_send_buffer_set_by_the_property_is_never_widened() -> None:
+    payload = os.urandom(4 * 1024 * 1024)
+    assert await _serve_once(payload, 48 * 1024) == 2 * 48 * 1024
+
+
+async def test_a_response_that_fits_leaves_the_oss_send_buffer_alone() -> None:
+    """A Produce acknowledgement fits: the OS keeps sizing the buffer (not raised, not
+    locked)."""
+    sndbuf = await _serve_once(b"x" * 1000, -1)
+    assert sndbuf < 2 * min(RESPONSE_SEND_BUFFER, _wmem_max())
