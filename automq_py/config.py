@@ -349,7 +349,8 @@ class BrokerConfig:
         -1,
         ConfigType.INT,
         "SO_SNDBUF of the server's connections, bytes (-1: the OS default, which grows the "
-        "buffer with the connection; Kafka's default is 102400)",
+        "buffer with the connection, raised once to 4 MiB, within net.core.wmem_max, when a "
+        "response does not fit; Kafka's default is 102400)",
         check=_buffer_size,
     )
     socket_receive_buffer_bytes: int = config_field(
