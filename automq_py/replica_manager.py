@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from automq_py.controller import membership
 from automq_py.errors import NotLeaderError, describe, kafka_error, partition_failed
-from automq_py.fetch_reader import FetchData, FetchEntry, FetchReader
+from automq_py.fetch_reader import FetchEntry, FetchReader
 from automq_py.log.elastic_log import ElasticLog, LogCreatedElsewhereError, meta_stream_key
 from automq_py.log.log_config import LogConfig
 from automq_py.loop_lag import collector_paused
@@ -152,7 +152,8 @@ class ReplicaManager:
         # partitions taken over whose MetaStreams are being read into memory together: their
         # opens wait for it rather than each reading its own
         self._prefetching: dict[tuple[str, int], asyncio.Future[None]] = {}
-        self._reader = FetchReader(self.partition, self._read_failed, self.topic_stats)
+        # a fetch's read and its wait for data (Kafka's readFromLog and delayed fetch)
+        self.fetch_messages = FetchReader(self.partition, self._read_failed, self.topic_stats).fetch
 
     def log_config(self, topic: TopicInfo) -> LogConfig:
         if self._configs_of is not self.topic_defaults:  # the defaults changed: parse anew
@@ -771,27 +772,6 @@ class ReplicaManager:
             return await partition.start_append(entry.records, deadline)
         except Exception as e:
             return self._append_failed(entry, e)
-
-    # -- fetch -----------------------------------------------------------------------------------
-
-    async def fetch_messages(
-        self,
-        entries: Sequence[FetchEntry],
-        *,
-        max_bytes: int,
-        min_bytes: int,
-        max_wait_s: float,
-        read_committed: bool = False,
-    ) -> list[FetchData]:
-        """Read every entry's partition and wait for data as Kafka's delayed fetch does
-        (:meth:`FetchReader.fetch`)."""
-        return await self._reader.fetch(
-            entries,
-            max_bytes=max_bytes,
-            min_bytes=min_bytes,
-            max_wait_s=max_wait_s,
-            read_committed=read_committed,
-        )
 
     # -- log dirs --------------------------------------------------------------------------------
 
