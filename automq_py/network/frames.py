@@ -64,6 +64,7 @@ class FrameConnection(asyncio.BufferedProtocol):
         self.max_frame_size = max_frame_size
         self._max_queued = max_queued
         self._transport: asyncio.Transport | None = None
+        self._socket: Any = None  # the transport's socket (None: it has none)
         self._sock: Any = None  # the TCP socket asked for quick ACKs (None: not asked)
         self._tls = False
         self.task: asyncio.Task[None] | None = None
