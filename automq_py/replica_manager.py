@@ -26,8 +26,14 @@ from typing import Any, Protocol
 from automq_py.controller import membership
 from automq_py.errors import NotLeaderError, describe, kafka_error, partition_failed
 from automq_py.fetch_reader import FetchEntry, FetchReader
-from automq_py.log.elastic_log import ElasticLog, LogCreatedElsewhereError, meta_stream_key
+from automq_py.log.elastic_log import ElasticLog
 from automq_py.log.log_config import LogConfig
+from automq_py.log.log_loader import (
+    LogCreatedElsewhereError,
+    destroy_log,
+    meta_stream_key,
+    open_log,
+)
 from automq_py.loop_lag import collector_paused
 from automq_py.metadata_cache import ClusterMetadataCache
 from automq_py.metrics.topic_stats import BrokerTopicStats
@@ -219,7 +225,7 @@ class ReplicaManager:
                 except ValueError:
                     continue  # not a partition's key
                 try:
-                    streams += await ElasticLog.destroy(
+                    streams += await destroy_log(
                         self.client, metadata, key, self.storage.node_epoch
                     )
                     logs += 1
@@ -297,7 +303,7 @@ class ReplicaManager:
             if prefetching is not None:
                 await asyncio.shield(prefetching)
         try:
-            elastic_log = await ElasticLog.open(
+            elastic_log = await open_log(
                 self.client,
                 self.storage.metadata,
                 self.storage.config.namespace,

@@ -39,12 +39,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from automq_py.apis.context import BrokerContext
-from automq_py.log.elastic_log import (
-    STREAM_ID,
-    CleanedBatch,
-    CleanedSegmentError,
-    meta_stream_key,
-)
+from automq_py.log.elastic_log import CleanedBatch, CleanedSegmentError
+from automq_py.log.log_loader import STREAM_ID, meta_stream_key
 from automq_py.log.txn_index import AbortedTxn
 from automq_py.security.acls import AclOperation
 from automq_py.topics import TopicInfo

@@ -7,5 +7,6 @@
 * ``leader_epoch_cache`` - leader epoch -> start offset, as plain data
 * ``log_config`` - the topic properties a log uses
 * ``elastic_log_segment`` - one segment: offset mapping, append, read, scan, recovery
-* ``elastic_log`` - the partition log: open/create, roll, truncate, read, timestamps, close
+* ``elastic_log`` - the partition log: append, roll, truncate, read, timestamps, close
+* ``log_loader`` - opening a log: the MetaStream found or created, recovery, producer state
 """

@@ -1,12 +1,11 @@
 """ElasticLog: a Kafka partition as a MetaStream plus data streams (AutoMQ's ``ElasticLog``).
 
-The metadata KV maps ``<namespace>/<topicId>/<partition>`` to the MetaStream id (an 8-byte
-big-endian long). The MetaStream holds ``PARTITION`` (log start offset, clean shutdown flag),
-``LOG`` (stream ids and segments, see :mod:`automq_py.log.elastic_log_meta`),
-``LEADER_EPOCH_CHECKPOINT`` and ``PRODUCER_SNAPSHOTS`` (see :mod:`automq_py.producer_state`).
-The segments are slices of the ``log`` (record batches) and ``tim`` (time index) streams;
-``txn`` (the aborted-transaction index, :mod:`automq_py.log.txn_index`) stays -1 until the
-partition's first aborted transaction.
+The MetaStream holds ``PARTITION`` (log start offset, clean shutdown flag), ``LOG`` (stream ids
+and segments, see :mod:`automq_py.log.elastic_log_meta`), ``LEADER_EPOCH_CHECKPOINT`` and
+``PRODUCER_SNAPSHOTS`` (see :mod:`automq_py.producer_state`). The segments are slices of the
+``log`` (record batches) and ``tim`` (time index) streams; ``txn`` (the aborted-transaction
+index, :mod:`automq_py.log.txn_index`) stays -1 until the partition's first aborted
+transaction. :mod:`automq_py.log.log_loader` finds or creates the MetaStream and opens the log.
 
 Every stream is opened at the partition's epoch, so opening the log on a new owner fences the
 old one. ``LOG`` is written when a segment is created, rolled or dropped and on close; the
@@ -30,8 +29,6 @@ import bisect
 import dataclasses
 import itertools
 import logging
-import struct
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -39,7 +36,6 @@ from automq_py.log import meta_stream_record as keys
 from automq_py.log.elastic_log_meta import (
     CLEANED_SUFFIX,
     LOG_STREAM,
-    NO_STREAM,
     NO_TIMESTAMP,
     NOOP_OFFSET,
     TIME_STREAM,
@@ -54,8 +50,6 @@ from automq_py.log.elastic_log_segment import ElasticLogSegment
 from automq_py.log.leader_epoch_cache import LeaderEpochCache
 from automq_py.log.log_config import LogConfig
 from automq_py.log.meta_stream import MetaStream
-from automq_py.log.meta_stream_record import LeaderEpochCheckpoint
-from automq_py.log.time_index import SegmentTimeIndex
 from automq_py.log.txn_index import (
     ENTRY_SIZE,
     AbortedTxn,
@@ -63,17 +57,14 @@ from automq_py.log.txn_index import (
     decode_entries,
     encode_entry,
 )
-from automq_py.producer_state import InvalidProducerSnapshotError, ProducerStateManager
+from automq_py.producer_state import ProducerStateManager
 from protocol import control_records
 from protocol.record_batch import InvalidRecordBatchError, RecordBatchHeader, parse_header
 from storage.errors import OffsetOutOfRangeError, StreamClosedError
-from storage.metadata.manager import MetadataManager
 from storage.retention import SegmentInfo
 from storage.stream import S3Stream, StreamClient, close_streams
 
 log = logging.getLogger(__name__)
-
-STREAM_ID = struct.Struct(">q")
 
 
 class LogOffsetOutOfRangeError(OffsetOutOfRangeError):
@@ -88,36 +79,11 @@ class LogOffsetOutOfRangeError(OffsetOutOfRangeError):
         self.log_end_offset = log_end_offset
 
 
-class CorruptLogMetaError(RuntimeError):
-    """The MetaStream's records do not describe a usable log."""
-
-
-def meta_stream_key(namespace: str, topic_id: str, partition: int) -> str:
-    """The metadata KV key holding a partition's MetaStream id."""
-    return f"{namespace}/{topic_id}/{partition}"
-
-
-def _meta_stream_id(metadata: MetadataManager, key: str) -> int | None:
-    """The MetaStream id KV ``key`` holds, None if it holds none."""
-    raw = metadata.get_kv(key)
-    if raw is None:
-        return None
-    if len(raw) != STREAM_ID.size:
-        raise CorruptLogMetaError(f"KV {key!r} holds {len(raw)} bytes, not an 8-byte id")
-    (stream_id,) = STREAM_ID.unpack(raw)
-    return int(stream_id)
-
-
 # partitions about to be handed over have their tails uploaded first (while still served) when
 # these average at least this many bytes per stream: for a broker's 10,000 nearly empty
 # partitions an upload's cost is per stream (their blocks, 20,000 ranges committed), paid again
 # at the close for nothing
 TAILS_FIRST_MIN_AVERAGE = 4096
-
-
-class LogCreatedElsewhereError(RuntimeError):
-    """The partition's log was created by another broker while this one was creating it (its
-    leadership moved meanwhile): open it again once that broker has handed it over."""
 
 
 class CleanedSegmentError(ValueError):
@@ -133,7 +99,7 @@ class CleanedBatch:
     count: int
 
 
-def _marker(header: RecordBatchHeader, batch: bytes | memoryview) -> tuple[bool, int] | None:
+def batch_marker(header: RecordBatchHeader, batch: bytes | memoryview) -> tuple[bool, int] | None:
     """``(is_commit, coordinator_epoch)`` of a control batch; None for data batches and for
     an empty or unreadable control batch."""
     if not header.is_control or header.records_count == 0:
@@ -144,12 +110,8 @@ def _marker(header: RecordBatchHeader, batch: bytes | memoryview) -> tuple[bool,
         return None
 
 
-def _wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 class ElasticLog:
-    """One partition's log. Build it with :meth:`open`."""
+    """One partition's log. Open it with :func:`automq_py.log.log_loader.open_log`."""
 
     def __init__(
         self,
@@ -161,6 +123,7 @@ class ElasticLog:
         segments: list[ElasticLogSegment],
         partition_meta: ElasticPartitionMeta,
         leader_epochs: LeaderEpochCache,
+        producer_state: ProducerStateManager,
         config: LogConfig,
         epoch: int,
         clock: Callable[[], int],
@@ -177,259 +140,11 @@ class ElasticLog:
         self._clock = clock
         self._lock = asyncio.Lock()  # appends, rolls, meta writes: one at a time
         self._closed = False
-        self.producer_state = ProducerStateManager()
+        self.producer_state = producer_state
         # the aborted-transaction index, (stream name, position, entry), read on first use
         self._aborted: list[tuple[str, int, AbortedTxn]] | None = None
         self._aborted_lock = asyncio.Lock()
         self._cleaner_lock = asyncio.Lock()  # one key-compaction swap at a time
-
-    # -- open ------------------------------------------------------------------------------------
-
-    @classmethod
-    async def open(
-        cls,
-        client: StreamClient,
-        metadata: MetadataManager,
-        namespace: str,
-        topic_id: str,
-        partition: int,
-        epoch: int,
-        config: LogConfig,
-        *,
-        clock: Callable[[], int] | None = None,
-    ) -> ElasticLog:
-        """Open (or create) the partition's log at ``epoch``, fencing any previous owner."""
-        clock = clock or _wall_clock_ms
-        key = meta_stream_key(namespace, topic_id, partition)
-        stream_id = _meta_stream_id(metadata, key)
-        if stream_id is None:
-            # created and named in one change: a retry after a crash reuses it instead of
-            # leaking it, and a broker that named one first keeps it
-            created = await client.create_and_open_named(key, STREAM_ID.pack, epoch)
-            if created is None:
-                raise LogCreatedElsewhereError(
-                    f"partition {topic_id}-{partition}: another broker created its log meanwhile"
-                )
-            stream = created
-        else:
-            stream = await client.open(stream_id, epoch)
-        meta_stream = MetaStream(stream)
-        await meta_stream.replay()
-        if meta_stream.get(keys.LOG) is None:
-            return await cls._create(client, meta_stream, epoch, config, clock)
-        return await cls._load(client, meta_stream, epoch, config, clock)
-
-    @classmethod
-    async def destroy(
-        cls, client: StreamClient, metadata: MetadataManager, key: str, epoch: int
-    ) -> int:
-        """Delete the streams of the (closed) log whose MetaStream id KV ``key`` holds, then
-        the key: its topic was deleted. Returns how many streams were deleted. Safe to repeat
-        after a crash: the key goes last, so whatever is left is found again."""
-        meta_id = _meta_stream_id(metadata, key)
-        if meta_id is None:
-            return 0
-        streams: list[int] = []
-        if metadata.stream(meta_id) is not None:
-            meta_stream = MetaStream(await client.open(meta_id, epoch))
-            await meta_stream.replay()
-            log_meta = meta_stream.get(keys.LOG)
-            await meta_stream.close()
-            if log_meta is not None:
-                decoded = ElasticLogMeta.decode(log_meta)
-                streams = [sid for sid in decoded.stream_map.values() if sid >= 0]
-            streams.append(meta_id)  # the MetaStream last: it names the others
-        for stream_id in streams:
-            await client.destroy(stream_id, epoch)
-        await metadata.delete_kv(key)
-        return len(streams)
-
-    @classmethod
-    async def _create(
-        cls,
-        client: StreamClient,
-        meta_stream: MetaStream,
-        epoch: int,
-        config: LogConfig,
-        clock: Callable[[], int],
-    ) -> ElasticLog:
-        log_stream, time_stream = await client.create_and_open_many(2, epoch)
-        streams = {LOG_STREAM: log_stream, TIME_STREAM: time_stream}
-        stream_map = {
-            LOG_STREAM: log_stream.stream_id,
-            TIME_STREAM: time_stream.stream_id,
-            TXN_STREAM: NO_STREAM,
-        }
-        first = ElasticStreamSegmentMeta.new_active(
-            0, clock(), log_stream.next_offset, time_stream.next_offset, 0
-        )
-        elastic_log = cls(
-            client=client,
-            meta_stream=meta_stream,
-            streams=streams,
-            stream_map=stream_map,
-            segments=[],
-            partition_meta=ElasticPartitionMeta(),
-            leader_epochs=LeaderEpochCache(),
-            config=config,
-            epoch=epoch,
-            clock=clock,
-        )
-        elastic_log._segments.append(elastic_log._segment(first))
-        # the records AutoMQ writes for a new partition, in its order
-        await meta_stream.put(keys.PARTITION, elastic_log._partition_meta.encode())
-        await elastic_log._persist_log_meta()
-        await elastic_log._persist_leader_epochs()
-        log.info("created log with MetaStream %d, streams %s", meta_stream.stream_id, stream_map)
-        return elastic_log
-
-    @classmethod
-    async def _load(
-        cls,
-        client: StreamClient,
-        meta_stream: MetaStream,
-        epoch: int,
-        config: LogConfig,
-        clock: Callable[[], int],
-    ) -> ElasticLog:
-        log_meta = ElasticLogMeta.decode(meta_stream.get(keys.LOG) or b"")
-        raw_partition = meta_stream.get(keys.PARTITION)
-        partition_meta = (
-            ElasticPartitionMeta.decode(raw_partition) if raw_partition else ElasticPartitionMeta()
-        )
-        raw_epochs = meta_stream.get(keys.LEADER_EPOCH_CHECKPOINT)
-        epochs = LeaderEpochCache(
-            LeaderEpochCheckpoint.decode(raw_epochs).entries if raw_epochs else ()
-        )
-        if not log_meta.segment_metas:
-            raise CorruptLogMetaError(f"MetaStream {meta_stream.stream_id}: LOG has no segments")
-        names = [name for name, sid in log_meta.stream_map.items() if sid != NO_STREAM]
-        # together: opens of the same moment share one metadata change
-        opened = await asyncio.gather(
-            *(client.open(log_meta.stream_map[name], epoch) for name in names)
-        )
-        streams = dict(zip(names, opened, strict=True))
-        elastic_log = cls(
-            client=client,
-            meta_stream=meta_stream,
-            streams=streams,
-            stream_map=dict(log_meta.stream_map),
-            segments=[],
-            partition_meta=partition_meta,
-            leader_epochs=epochs,
-            config=config,
-            epoch=epoch,
-            clock=clock,
-        )
-        elastic_log._segments.extend(elastic_log._segment(m) for m in log_meta.segment_metas)
-        first_base = elastic_log._segments[0].base_offset
-        if partition_meta.start_offset < first_base:
-            elastic_log._partition_meta = dataclasses.replace(
-                partition_meta, start_offset=first_base
-            )
-        if not partition_meta.cleaned_shutdown:
-            await elastic_log._recover()
-        await elastic_log._load_producer_state(partition_meta.cleaned_shutdown)
-        # from now on a crash must be noticed on the next open
-        elastic_log._partition_meta = dataclasses.replace(
-            elastic_log._partition_meta, cleaned_shutdown=False
-        )
-        await meta_stream.put(keys.PARTITION, elastic_log._partition_meta.encode())
-        # the partition's opening is logged by its owner; a recovery is worth a line of its own
-        (log.debug if partition_meta.cleaned_shutdown else log.info)(
-            "opened log with MetaStream %d at epoch %d: [%d, %d), %d segments%s",
-            meta_stream.stream_id,
-            epoch,
-            elastic_log.log_start_offset,
-            elastic_log.log_end_offset,
-            len(elastic_log._segments),
-            "" if partition_meta.cleaned_shutdown else ", recovered after an unclean stop",
-        )
-        return elastic_log
-
-    def _segment(self, meta: ElasticStreamSegmentMeta) -> ElasticLogSegment:
-        log_name = LOG_STREAM + meta.stream_suffix
-        time_name = TIME_STREAM + meta.stream_suffix
-        if log_name not in self._streams or time_name not in self._streams:
-            raise CorruptLogMetaError(
-                f"segment {meta.base_offset} needs streams {log_name!r} and {time_name!r}, "
-                f"the stream map has {self._stream_map}"
-            )
-        time_index = SegmentTimeIndex(
-            self._streams[time_name],
-            meta.base_offset,
-            meta.time,
-            meta.time_index_last_entry,
-            index_interval_bytes=self.config.index_interval_bytes,
-            max_entries=self.config.max_time_index_entries,
-        )
-        return ElasticLogSegment(meta, self._streams[log_name], time_index)
-
-    async def _recover(self) -> None:
-        """After an unclean stop: rebuild the active segment's state from its batches."""
-        active = self._segments[-1]
-        if active.log_stream.confirmed_offset < active.log_slice.start:
-            raise CorruptLogMetaError(
-                f"log stream {active.log_stream.stream_id} ends at "
-                f"{active.log_stream.confirmed_offset}, before the active segment's slice "
-                f"{active.log_slice}"
-            )
-        changed = False
-        for epoch, offset in await active.recover():
-            latest = self._leader_epochs.latest_epoch
-            if latest is None or epoch > latest:
-                changed |= self._leader_epochs.assign(epoch, offset)
-        if changed:
-            await self._persist_leader_epochs()
-
-    async def _load_producer_state(self, clean: bool) -> None:
-        """Restore ``PRODUCER_SNAPSHOTS``, then replay the batches appended after it.
-
-        Without a usable snapshot only the active segment is replayed: every roll writes a
-        snapshot, so only a log from before snapshots existed lacks one, and reading all of its
-        segments back from object storage on open would cost more than the state is worth.
-        After a ``clean`` close there is nothing to replay without one: the close writes a
-        snapshot whenever it holds producer state (and replaying would read the whole active
-        segment back from object storage on the first fetch after a restart).
-        """
-        start = self._segments[-1].base_offset
-        raw = self.meta_stream.get(keys.PRODUCER_SNAPSHOTS)
-        if raw is None and clean:
-            return
-        if raw is not None:
-            try:
-                state, offset = ProducerStateManager.from_snapshot(raw)
-            except InvalidProducerSnapshotError as e:
-                log.error("MetaStream %d: ignoring PRODUCER_SNAPSHOTS: %s", self.meta_stream_id, e)
-            else:
-                if offset <= self.log_end_offset:
-                    self.producer_state, start = state, offset
-                else:  # a snapshot past the log end describes batches this log does not have
-                    log.warning(
-                        "MetaStream %d: producer snapshot at %d is past the log end %d",
-                        self.meta_stream_id,
-                        offset,
-                        self.log_end_offset,
-                    )
-        start = max(start, self.log_start_offset)
-        replayed = 0
-        now = self._clock()  # replayed producers count as seen now: expiry only errs late
-        for segment in self._segments:
-            if segment.next_offset <= start:
-                continue
-            async for view in segment.batches(start):
-                if view.header.last_offset >= start:
-                    self.producer_state.update(
-                        view.header, view.header.base_offset, now, _marker(view.header, view.data)
-                    )
-                    replayed += 1
-        if replayed:
-            log.info(
-                "MetaStream %d: producer state rebuilt from %d batches after offset %d",
-                self.meta_stream_id,
-                replayed,
-                start,
-            )
 
     # -- state -----------------------------------------------------------------------------------
 
@@ -619,7 +334,7 @@ class ElasticLog:
                 header = parse_header(batch)
             except InvalidRecordBatchError:
                 return  # not a Kafka batch (some tests append opaque payloads): no producer
-        self.producer_state.update(header, base_offset, now, _marker(header, batch))
+        self.producer_state.update(header, base_offset, now, batch_marker(header, batch))
 
     # -- key compaction --------------------------------------------------------------------------
 
@@ -673,7 +388,7 @@ class ElasticLog:
                 txn=txn_slice,
                 time_index_last_entry=TimestampOffset(NO_TIMESTAMP, base_offset),
             )
-            cleaned = self._segment(meta)
+            cleaned = ElasticLogSegment.of(meta, self._streams, self.config)
             durable: asyncio.Future[None] | None = None
             for batch in batches:
                 header = parse_header(batch.data)
@@ -833,7 +548,7 @@ class ElasticLog:
             self._streams[TIME_STREAM].next_offset,
             self._txn_next_offset(),
         )
-        self._segments.append(self._segment(meta))
+        self._segments.append(ElasticLogSegment.of(meta, self._streams, self.config))
         await self._persist_log_meta()
         # the state now covers exactly the batches below the new segment (Kafka's roll does too)
         await self._persist_producer_snapshot(meta.base_offset)

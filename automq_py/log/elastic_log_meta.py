@@ -52,6 +52,10 @@ TIME_STREAM = "tim"
 TXN_STREAM = "txn"
 
 
+class CorruptLogMetaError(RuntimeError):
+    """The MetaStream's records do not describe a usable log."""
+
+
 def _dumps(obj: object) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
 

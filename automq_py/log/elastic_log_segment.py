@@ -11,12 +11,15 @@ batch that holds it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
 
 from automq_py.log.elastic_log_meta import (
+    LOG_STREAM,
     NOOP_OFFSET,
+    TIME_STREAM,
+    CorruptLogMetaError,
     ElasticStreamSegmentMeta,
     SliceRange,
 )
@@ -56,6 +59,29 @@ class ElasticLogSegment:
         self.txn_slice = meta.txn
         self.first_batch_timestamp = meta.first_batch_timestamp
         self.time_index = time_index
+
+    @classmethod
+    def of(
+        cls, meta: ElasticStreamSegmentMeta, streams: Mapping[str, S3Stream], config: LogConfig
+    ) -> ElasticLogSegment:
+        """The segment ``meta`` describes, over its log and time index streams among the
+        log's open ``streams`` (by name: ``log``, ``tim``, or ``log.cleaned``...)."""
+        log_name = LOG_STREAM + meta.stream_suffix
+        time_name = TIME_STREAM + meta.stream_suffix
+        if log_name not in streams or time_name not in streams:
+            raise CorruptLogMetaError(
+                f"segment {meta.base_offset} needs streams {log_name!r} and {time_name!r}, "
+                f"the log has {sorted(streams)}"
+            )
+        time_index = SegmentTimeIndex(
+            streams[time_name],
+            meta.base_offset,
+            meta.time,
+            meta.time_index_last_entry,
+            index_interval_bytes=config.index_interval_bytes,
+            max_entries=config.max_time_index_entries,
+        )
+        return cls(meta, streams[log_name], time_index)
 
     # -- offsets ---------------------------------------------------------------------------------
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from automq_py.errors import describe, kafka_error
-from automq_py.log.elastic_log import CorruptLogMetaError, LogOffsetOutOfRangeError
+from automq_py.log.elastic_log import LogOffsetOutOfRangeError
+from automq_py.log.elastic_log_meta import CorruptLogMetaError
 from protocol.errors import ErrorCode
 from storage.errors import StorageFailedError, StreamClosedError, StreamFencedError
 from storage.metadata.model import ErrorCode as MetadataCode

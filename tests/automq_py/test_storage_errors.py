@@ -35,7 +35,7 @@ from kafka.protocol.producer import ProduceRequest, ProduceResponse
 
 from automq_py.broker import Broker
 from automq_py.config import BrokerConfig
-from automq_py.log.elastic_log import ElasticLog
+from automq_py.log.log_loader import open_log
 from protocol.errors import ErrorCode
 from protocol.records import RecordInput, build_batch, parse_records
 from storage.s3_storage import S3Storage
@@ -376,7 +376,7 @@ async def test_a_fenced_partition_answers_not_leader_and_the_connection_stays(
             metadata=storage.metadata,
         )
         try:
-            new_owner = await ElasticLog.open(
+            new_owner = await open_log(
                 StreamClient(other),
                 other.metadata,
                 other.config.namespace,

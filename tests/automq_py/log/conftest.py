@@ -11,6 +11,7 @@ from typing import Any
 import crc32c
 import pytest
 
+from automq_py.log import log_loader
 from automq_py.log.elastic_log import ElasticLog
 from automq_py.log.log_config import LogConfig
 from storage.config import S3StreamConfig
@@ -66,7 +67,7 @@ async def open_log(
     """Open partition ``partition`` of the test topic; ``config`` uses property names with
     ``_`` for ``.`` (``segment_bytes=2000``)."""
     props = {k.replace("_", "."): v for k, v in config.items()}
-    return await ElasticLog.open(
+    return await log_loader.open_log(
         StreamClient(storage),
         storage.metadata,
         NAMESPACE,

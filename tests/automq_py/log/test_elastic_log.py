@@ -13,13 +13,9 @@ import crc32c
 import pytest
 
 from automq_py.log import meta_stream_record as keys
-from automq_py.log.elastic_log import (
-    ElasticLog,
-    LogCreatedElsewhereError,
-    LogOffsetOutOfRangeError,
-    meta_stream_key,
-)
+from automq_py.log.elastic_log import ElasticLog, LogOffsetOutOfRangeError
 from automq_py.log.elastic_log_meta import LOG_STREAM, ElasticLogMeta, ElasticPartitionMeta
+from automq_py.log.log_loader import LogCreatedElsewhereError, meta_stream_key
 from automq_py.log.meta_stream import MetaStream
 from automq_py.log.meta_stream_record import LeaderEpochCheckpoint
 from protocol.record_batch import parse_header
