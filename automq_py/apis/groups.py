@@ -21,12 +21,9 @@ from typing import Any
 from automq_py.apis.context import CLIENT_HOST, BrokerContext, respond
 from automq_py.apis.metadata import AUTHORIZED_OPERATIONS_OMITTED
 from automq_py.coordinator.classic_group import ClassicGroup, ClassicState, JoinResult
+from automq_py.coordinator.classic_protocol import JoinRequest
 from automq_py.coordinator.consumer_group import ConsumerGroup
-from automq_py.coordinator.group_coordinator import (
-    NO_OFFSET,
-    GroupCoordinator,
-    JoinRequest,
-)
+from automq_py.coordinator.group_coordinator import NO_OFFSET, GroupCoordinator
 from automq_py.coordinator.offsets import OffsetCommit
 from automq_py.coordinator.records import OffsetValue
 from automq_py.security.acls import AclOperation, ResourceType

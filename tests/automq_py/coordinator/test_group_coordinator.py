@@ -13,11 +13,8 @@ import pytest
 from automq_py.broker import Broker
 from automq_py.config import BrokerConfig
 from automq_py.coordinator.classic_group import ClassicGroup, ClassicState
-from automq_py.coordinator.group_coordinator import (
-    OFFSETS_TOPIC,
-    GroupCoordinator,
-    JoinRequest,
-)
+from automq_py.coordinator.classic_protocol import JoinRequest
+from automq_py.coordinator.group_coordinator import OFFSETS_TOPIC, GroupCoordinator
 from automq_py.coordinator.offsets import OffsetCommit
 from automq_py.coordinator.runtime import partition_for
 from automq_py.topics import TopicInfo
