@@ -1,6 +1,6 @@
 """S3ObjectStore: the object store over S3 (or an S3-compatible server) through aiobotocore;
-ranged GETs, the cold read path's requests, go out through aiohttp directly, signed by
-:mod:`storage.operator.sigv4`.
+ranged GETs, the cold read path's requests, go out through aiohttp directly
+(:mod:`storage.operator.s3_get`), signed by :mod:`storage.operator.sigv4`.
 
 Every request runs under one semaphore (``max_concurrency``, also the connection pool size) and
 in our own retry loop: 5xx, throttling and connection errors are retried with exponential
@@ -12,26 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import contextlib
 import logging
-import os
 import random
 import socket
 import ssl
 import struct
 import time
 import urllib.parse
-import urllib.request
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any, TypeVar
-from xml.etree import ElementTree
 
 import aiohttp
 import botocore.exceptions
-import botocore.httpsession
-import yarl
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 from botocore.exceptions import ClientError
@@ -60,6 +54,12 @@ from storage.operator.base import (
     plan_compose,
     plan_put_parts,
     slice_buffers,
+)
+from storage.operator.s3_get import (
+    S3Getter,
+    session_credentials,
+    ssl_context,
+    static_credentials,
 )
 
 if TYPE_CHECKING:
@@ -154,7 +154,7 @@ class S3ObjectStore(ObjectStore):
         self._exit_stack = AsyncExitStack()
         self._session = get_session()
         self._client: S3Client | None = None
-        self._getter: _Getter | None = None
+        self._getter: S3Getter | None = None
         # paced PUTs go through a client of their own, whose sockets the kernel paces
         self._paced_client: S3Client | None = None
         self._paced_sockets: weakref.WeakSet[socket.socket] = weakref.WeakSet()
@@ -321,7 +321,7 @@ class S3ObjectStore(ObjectStore):
             assert client is not None
             return client
 
-    async def _get_getter(self) -> _Getter:
+    async def _get_getter(self) -> S3Getter:
         """The GET path (made on first use, after the client it takes its url from)."""
         if self._getter is not None:
             return self._getter
@@ -342,21 +342,23 @@ class S3ObjectStore(ObjectStore):
                     raise ObjectStoreError(f"{self!r}: no object url in {url.geturl()!r}")
                 if self._access_key and self._secret_key:
                     static = sigv4.Credentials(self._access_key, self._secret_key)
-                    credentials: Callable[[], Awaitable[sigv4.Credentials]] = _constant(static)
+                    credentials: Callable[[], Awaitable[sigv4.Credentials]] = static_credentials(
+                        static
+                    )
                 else:
-                    credentials = _session_credentials(await self._session.get_credentials())
-                ssl_context: ssl.SSLContext | bool = False
+                    credentials = session_credentials(await self._session.get_credentials())
+                tls: ssl.SSLContext | bool = False
                 if url.scheme == "https":
                     # (it reads the CA bundle: off the loop)
-                    ssl_context = await asyncio.to_thread(_ssl_context)
-                getter = _Getter(
+                    tls = await asyncio.to_thread(ssl_context)
+                getter = S3Getter(
                     origin=f"{url.scheme}://{url.netloc}",
                     host=url.netloc,
                     path_prefix=url.path[: -len(probe)],
                     region=client.meta.region_name or self.region,
                     credentials=credentials,
                     limit=self.max_concurrency,
-                    ssl_context=ssl_context,
+                    ssl_context=tls,
                 )
                 self._exit_stack.push_async_callback(getter.close)
                 self._getter = getter
@@ -819,125 +821,6 @@ def _bind(
     factory: Callable[[str], Awaitable[CompletedPartTypeDef]], upload_id: str
 ) -> Callable[[], Awaitable[CompletedPartTypeDef]]:
     return lambda: factory(upload_id)
-
-
-class _Getter:
-    """GetObject without botocore: one aiohttp session, each request signed by
-    :mod:`storage.operator.sigv4`. (Measured against SeaweedFS on this host: botocore's
-    machinery made a GET's fixed cost ~1.3 ms of the event loop's CPU, against ~0.35 ms, and a
-    4 MiB GET's 3.5-3.9 ms, against 2.1-2.3 ms.) Failures raise the ClientError botocore would
-    have, so :meth:`S3ObjectStore._call` retries and maps them alike. Unlike botocore, it does
-    not follow S3's redirect to a bucket's region: ``region`` has to be the bucket's."""
-
-    def __init__(
-        self,
-        *,
-        origin: str,
-        host: str,
-        path_prefix: str,
-        region: str,
-        credentials: Callable[[], Awaitable[sigv4.Credentials]],
-        limit: int,
-        ssl_context: ssl.SSLContext | bool,
-    ) -> None:
-        self._origin = origin
-        self._host = host
-        self._path_prefix = path_prefix
-        self._region = region
-        self._credentials = credentials
-        # HTTP(S)_PROXY and NO_PROXY, as botocore honours them; read once (aiohttp's
-        # trust_env reads them, and ~/.netrc in a thread, at every request)
-        proxies = urllib.request.getproxies()
-        scheme = origin.split(":", 1)[0]
-        self._proxy = None if urllib.request.proxy_bypass(host) else proxies.get(scheme)
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=limit, ssl=ssl_context),
-            # botocore's connect and read timeouts (see S3ObjectStore._new_client)
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=30),
-            auto_decompress=False,
-            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
-        )
-
-    @contextlib.asynccontextmanager
-    async def _open(self, key: str, byte_range: str) -> AsyncIterator[aiohttp.ClientResponse]:
-        """A signed GET of ``key`` (``byte_range`` as ``bytes=a-b``, or "" for all of it),
-        opened: the response, once its status is 200 or 206; otherwise S3's ClientError."""
-        path = self._path_prefix + urllib.parse.quote(key, safe="/~")
-        headers = {"range": byte_range} if byte_range else {}
-        amz_date = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        signed = sigv4.sign(
-            "GET", self._host, path, headers, await self._credentials(), self._region, amz_date
-        )
-        async with self._session.get(
-            yarl.URL(self._origin + path, encoded=True),
-            headers=signed,
-            allow_redirects=False,
-            proxy=self._proxy,
-        ) as response:
-            if response.status not in (200, 206):
-                body = await response.read()
-                raise ClientError(_error_response(response.status, body), "GetObject")
-            yield response
-
-    async def get_into(self, key: str, byte_range: str, buffer: memoryview) -> int:
-        """GET ``byte_range`` (``bytes=a-b``) into ``buffer``; the number of bytes read."""
-        async with self._open(key, byte_range) as response:
-            view = buffer
-            got = 0
-            # a short body raises aiohttp.ClientPayloadError, as in get
-            async for chunk in response.content.iter_any():
-                if got + len(chunk) > len(view):
-                    raise ObjectStoreError(f"GetObject {key}: more bytes than {byte_range}")
-                view[got : got + len(chunk)] = chunk
-                got += len(chunk)
-            return got
-
-    async def get(self, key: str, byte_range: str) -> bytes:
-        async with self._open(key, byte_range) as response:
-            return await response.read()  # a short body raises aiohttp.ClientPayloadError
-
-    async def close(self) -> None:
-        await self._session.close()
-
-
-def _ssl_context() -> ssl.SSLContext:
-    """The CAs botocore trusts: AWS_CA_BUNDLE, else its bundle (certifi's if installed)."""
-    return ssl.create_default_context(
-        cafile=os.environ.get("AWS_CA_BUNDLE") or botocore.httpsession.get_cert_path(True)
-    )
-
-
-def _error_response(status: int, body: bytes) -> Any:
-    """An S3 error (status and XML body) as botocore's ClientError carries it."""
-    code, message = str(status), ""
-    with contextlib.suppress(ElementTree.ParseError):
-        root = ElementTree.fromstring(body)
-        code = root.findtext("Code") or code
-        message = root.findtext("Message") or ""
-    return {
-        "Error": {"Code": code, "Message": message},
-        "ResponseMetadata": {"HTTPStatusCode": status},
-    }
-
-
-def _constant(credentials: sigv4.Credentials) -> Callable[[], Awaitable[sigv4.Credentials]]:
-    async def get() -> sigv4.Credentials:
-        return credentials
-
-    return get
-
-
-def _session_credentials(found: Any) -> Callable[[], Awaitable[sigv4.Credentials]]:
-    """botocore's credential chain (environment, profiles, instance roles), refreshed as the
-    session's own client has them refreshed."""
-
-    async def get() -> sigv4.Credentials:
-        if found is None:
-            raise botocore.exceptions.NoCredentialsError()
-        frozen = await found.get_frozen_credentials()
-        return sigv4.Credentials(frozen.access_key, frozen.secret_key, frozen.token)
-
-    return get
 
 
 def _retryable(error: ClientError) -> bool:
