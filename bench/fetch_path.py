@@ -27,11 +27,9 @@ import asyncio
 import gc
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -146,93 +144,72 @@ def fetch_request(topic: str, partitions: int, offset: int, correlation_id: int)
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
-    import logging
+    # this script's neighbour, whichever checkout's code the run imports (PYTHONPATH)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from produce_path import in_process_broker, split_frames
 
     from automq_py.apis.deferred import PendingResponse
-    from automq_py.broker import Broker
-    from automq_py.config import BrokerConfig
-    from bench.produce_path import split_frames
     from bench.produce_requests import TOPIC, encoded_burst
     from protocol.messages import decode_request
 
-    logging.disable(logging.INFO)
-    sys.setswitchinterval(0.0005)  # as `automq-py serve` sets it
-    directory = tempfile.mkdtemp(prefix="automq-fetch-path-")
-    try:
-        config = BrokerConfig.load(
-            None,
-            [f"log.dirs={directory}", "listeners=PLAINTEXT://127.0.0.1:0"],
-            None,
-            env={},
-            from_env=False,
-        )
-        broker = Broker(config)
-        await broker.start()
-        try:
-            assert broker.server is not None and broker.storage is not None
-            apis = broker.server.apis
-            await apis.ctx.topics.create(TOPIC, args.partitions)
-            produce = split_frames(encoded_burst(args.partitions, args.records, args.record_size))
-            for _ in range(args.batches):
-                requests = [
-                    decode_request(memoryview(bytearray(frame)), apis.supported)
-                    for frame in produce
-                ]
-                pending = await apis.handle_produce_batch(requests)
-                broker.storage.commit_now()
-                for response in pending:
-                    if isinstance(response, PendingResponse):
-                        if not response.future.done():
-                            await response.future
-                        response.response()
-            fetches = [
-                fetch_request(TOPIC, args.partitions, k * args.records, k)
-                for k in range(args.batches)
+    async with in_process_broker("automq-fetch-path-") as broker:
+        apis = broker.server.apis
+        await apis.ctx.topics.create(TOPIC, args.partitions)
+        produce = split_frames(encoded_burst(args.partitions, args.records, args.record_size))
+        for _ in range(args.batches):
+            requests = [
+                decode_request(memoryview(bytearray(frame)), apis.supported) for frame in produce
             ]
-            sizes: list[int] = []
+            pending = await apis.handle_produce_batch(requests)
+            broker.storage.commit_now()
+            for response in pending:
+                if isinstance(response, PendingResponse):
+                    if not response.future.done():
+                        await response.future
+                    response.response()
+        fetches = [
+            fetch_request(TOPIC, args.partitions, k * args.records, k) for k in range(args.batches)
+        ]
+        sizes: list[int] = []
 
-            async def fetch(frame: bytes) -> None:
-                out = await apis.handle(decode_request(frame, apis.supported))
-                if isinstance(out, PendingResponse):
-                    if not out.future.done():
-                        await out.future
-                    out = out.response()
-                assert out is not None
-                sizes.append(sum(len(b) for b in out))
+        async def fetch(frame: bytes) -> None:
+            out = await apis.handle(decode_request(frame, apis.supported))
+            if isinstance(out, PendingResponse):
+                if not out.future.done():
+                    await out.future
+                out = out.response()
+            assert out is not None
+            sizes.append(sum(len(b) for b in out))
 
-            for i in range(WARMUP_FETCHES):
+        for i in range(WARMUP_FETCHES):
+            await fetch(fetches[i % len(fetches)])
+        gc.collect()
+        cpu, wall = time.thread_time(), time.perf_counter()
+        for i in range(args.fetches):
+            await fetch(fetches[i % len(fetches)])
+        result: dict[str, Any] = {
+            "cpu_us": (time.thread_time() - cpu) / args.fetches * 1e6,
+            "wall_us": (time.perf_counter() - wall) / args.fetches * 1e6,
+            "mb": statistics.median(sizes) / 1e6,
+        }
+        if args.profile:
+            import cProfile
+            import io
+            import pstats
+
+            profile = cProfile.Profile()
+            passes = max(args.fetches // 4, 1)
+            profile.enable()
+            for i in range(passes):
                 await fetch(fetches[i % len(fetches)])
-            gc.collect()
-            cpu, wall = time.thread_time(), time.perf_counter()
-            for i in range(args.fetches):
-                await fetch(fetches[i % len(fetches)])
-            result: dict[str, Any] = {
-                "cpu_us": (time.thread_time() - cpu) / args.fetches * 1e6,
-                "wall_us": (time.perf_counter() - wall) / args.fetches * 1e6,
-                "mb": statistics.median(sizes) / 1e6,
-            }
-            if args.profile:
-                import cProfile
-                import io
-                import pstats
-
-                profile = cProfile.Profile()
-                passes = max(args.fetches // 4, 1)
-                profile.enable()
-                for i in range(passes):
-                    await fetch(fetches[i % len(fetches)])
-                profile.disable()
-                text = io.StringIO()
-                stats = pstats.Stats(profile, stream=text)
-                calls = stats.total_calls / passes  # type: ignore[attr-defined]
-                text.write(f"{calls:.0f} Python calls a fetch\n")
-                stats.sort_stats("tottime").print_stats(20)
-                result["profile"] = text.getvalue()
-            return result
-        finally:
-            await broker.stop()
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+            profile.disable()
+            text = io.StringIO()
+            stats = pstats.Stats(profile, stream=text)
+            calls = stats.total_calls / passes  # type: ignore[attr-defined]
+            text.write(f"{calls:.0f} Python calls a fetch\n")
+            stats.sort_stats("tottime").print_stats(20)
+            result["profile"] = text.getvalue()
+        return result
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -38,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -179,18 +181,20 @@ def split_frames(burst: bytes) -> list[bytes]:
     return frames
 
 
-async def measure(args: argparse.Namespace) -> dict[str, float]:
+@contextlib.asynccontextmanager
+async def in_process_broker(prefix: str) -> AsyncIterator[Any]:
+    """A broker with its defaults (file WAL, local object store, SQLite metadata) started in
+    this process, in a temporary directory named with ``prefix``, its heap set up as `automq-py
+    serve` sets it; stopped and its directory removed after."""
     import logging
 
-    from automq_py.apis.deferred import PendingResponse
     from automq_py.broker import Broker
     from automq_py.config import BrokerConfig
-    from protocol.messages import decode_request
     from storage.heap import keep_large_buffers_in_heap, pretouch_heap
 
     logging.disable(logging.INFO)
     sys.setswitchinterval(0.0005)  # as `automq-py serve` sets it
-    directory = tempfile.mkdtemp(prefix="automq-produce-path-")
+    directory = tempfile.mkdtemp(prefix=prefix)
     try:
         config = BrokerConfig.load(
             None,
@@ -206,101 +210,108 @@ async def measure(args: argparse.Namespace) -> dict[str, float]:
         await broker.start()
         try:
             assert broker.server is not None and broker.storage is not None
-            apis = broker.server.apis
-            await apis.ctx.topics.create(args.topic, args.partitions)
-            frames = split_frames(Path(args.burst_file).read_bytes())
-            wal = broker.storage.wal
-            # what the server calls once a connection has read nothing more (a checkout from
-            # before the storage's own: the WAL's)
-            commit_now = getattr(broker.storage, "commit_now", wal.commit_now)
-            submitted = [0.0]  # when the WAL's submit last returned (--phases)
-
-            # a burst's requests handled as one append, as the socket server does with the
-            # Produce requests it reads together (a checkout from before that: one by one)
-            batched = hasattr(apis, "handle_produce_batch")
-
-            async def one_by_one(phases: list[float] | None) -> list[Any]:
-                pending = []
-                for frame in frames:
-                    started = time.perf_counter()
-                    # writable, as the socket server hands a Produce frame over
-                    request = decode_request(memoryview(bytearray(frame)), apis.supported)
-                    decoded = time.perf_counter()
-                    pending.append(await apis.handle(request))
-                    if phases is not None:  # decode, to the WAL submit, after it
-                        handled = time.perf_counter()
-                        phases[0] += decoded - started
-                        phases[1] += submitted[0] - decoded
-                        phases[2] += handled - submitted[0]
-                return pending
-
-            async def burst(phases: list[float] | None = None) -> None:
-                if batched and phases is None:  # (--phases times each request)
-                    requests = [
-                        decode_request(memoryview(bytearray(frame)), apis.supported)
-                        for frame in frames
-                    ]
-                    pending = await apis.handle_produce_batch(requests)
-                else:
-                    pending = await one_by_one(phases)
-                commit_now()  # the connection has read nothing more: the burst's commit
-                for response in pending:
-                    # made ahead while the write is in flight, as the server does (a checkout
-                    # from before that has no prepare)
-                    prepare = getattr(response, "prepare", None)
-                    if prepare is not None and not response.future.done():
-                        prepare()
-                for response in pending:
-                    if isinstance(response, PendingResponse):
-                        if not response.future.done():
-                            await response.future
-                        response.response()
-
-            for _ in range(WARMUP_BURSTS):
-                await burst()
-            await asyncio.sleep(1.0)
-            gc.collect()
-            cpu, wall = time.thread_time(), time.perf_counter()
-            for _ in range(args.bursts):
-                await burst()
-            requests = args.bursts * args.partitions
-            result = {
-                "cpu_us": (time.thread_time() - cpu) / requests * 1e6,
-                "wall_us": (time.perf_counter() - wall) / requests * 1e6,
-            }
-            if args.calls:
-                import cProfile
-                import pstats
-
-                profile = cProfile.Profile()
-                profile.enable()
-                for _ in range(args.bursts // 4):
-                    await burst()
-                profile.disable()
-                calls = pstats.Stats(profile).total_calls  # type: ignore[attr-defined]
-                result["calls"] = calls / (args.bursts // 4 * args.partitions)
-            if args.phases:
-                submit = wal.submit
-
-                def timed_submit(*a: Any, **k: Any) -> Any:
-                    future = submit(*a, **k)
-                    submitted[0] = time.perf_counter()
-                    return future
-
-                wal.submit = timed_submit  # type: ignore[method-assign]
-                phases = [0.0, 0.0, 0.0]
-                for _ in range(args.bursts // 4):
-                    await burst(phases)
-                del wal.submit
-                per = args.bursts // 4 * args.partitions
-                result["decode_us"] = phases[0] / per * 1e6
-                result["to_submit_us"] = phases[1] / per * 1e6
-                result["after_submit_us"] = phases[2] / per * 1e6
-            return result
+            yield broker
         finally:
             await broker.stop()
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+async def measure(args: argparse.Namespace) -> dict[str, float]:
+    from automq_py.apis.deferred import PendingResponse
+    from protocol.messages import decode_request
+
+    async with in_process_broker("automq-produce-path-") as broker:
+        apis = broker.server.apis
+        await apis.ctx.topics.create(args.topic, args.partitions)
+        frames = split_frames(Path(args.burst_file).read_bytes())
+        wal = broker.storage.wal
+        # what the server calls once a connection has read nothing more (a checkout from
+        # before the storage's own: the WAL's)
+        commit_now = getattr(broker.storage, "commit_now", wal.commit_now)
+        submitted = [0.0]  # when the WAL's submit last returned (--phases)
+
+        # a burst's requests handled as one append, as the socket server does with the
+        # Produce requests it reads together (a checkout from before that: one by one)
+        batched = hasattr(apis, "handle_produce_batch")
+
+        async def one_by_one(phases: list[float] | None) -> list[Any]:
+            pending = []
+            for frame in frames:
+                started = time.perf_counter()
+                # writable, as the socket server hands a Produce frame over
+                request = decode_request(memoryview(bytearray(frame)), apis.supported)
+                decoded = time.perf_counter()
+                pending.append(await apis.handle(request))
+                if phases is not None:  # decode, to the WAL submit, after it
+                    handled = time.perf_counter()
+                    phases[0] += decoded - started
+                    phases[1] += submitted[0] - decoded
+                    phases[2] += handled - submitted[0]
+            return pending
+
+        async def burst(phases: list[float] | None = None) -> None:
+            if batched and phases is None:  # (--phases times each request)
+                requests = [
+                    decode_request(memoryview(bytearray(frame)), apis.supported) for frame in frames
+                ]
+                pending = await apis.handle_produce_batch(requests)
+            else:
+                pending = await one_by_one(phases)
+            commit_now()  # the connection has read nothing more: the burst's commit
+            for response in pending:
+                # made ahead while the write is in flight, as the server does (a checkout
+                # from before that has no prepare)
+                prepare = getattr(response, "prepare", None)
+                if prepare is not None and not response.future.done():
+                    prepare()
+            for response in pending:
+                if isinstance(response, PendingResponse):
+                    if not response.future.done():
+                        await response.future
+                    response.response()
+
+        for _ in range(WARMUP_BURSTS):
+            await burst()
+        await asyncio.sleep(1.0)
+        gc.collect()
+        cpu, wall = time.thread_time(), time.perf_counter()
+        for _ in range(args.bursts):
+            await burst()
+        requests = args.bursts * args.partitions
+        result = {
+            "cpu_us": (time.thread_time() - cpu) / requests * 1e6,
+            "wall_us": (time.perf_counter() - wall) / requests * 1e6,
+        }
+        if args.calls:
+            import cProfile
+            import pstats
+
+            profile = cProfile.Profile()
+            profile.enable()
+            for _ in range(args.bursts // 4):
+                await burst()
+            profile.disable()
+            calls = pstats.Stats(profile).total_calls  # type: ignore[attr-defined]
+            result["calls"] = calls / (args.bursts // 4 * args.partitions)
+        if args.phases:
+            submit = wal.submit
+
+            def timed_submit(*a: Any, **k: Any) -> Any:
+                future = submit(*a, **k)
+                submitted[0] = time.perf_counter()
+                return future
+
+            wal.submit = timed_submit  # type: ignore[method-assign]
+            phases = [0.0, 0.0, 0.0]
+            for _ in range(args.bursts // 4):
+                await burst(phases)
+            del wal.submit
+            per = args.bursts // 4 * args.partitions
+            result["decode_us"] = phases[0] / per * 1e6
+            result["to_submit_us"] = phases[1] / per * 1e6
+            result["after_submit_us"] = phases[2] / per * 1e6
+        return result
 
 
 if __name__ == "__main__":
