@@ -1,6 +1,6 @@
 """A group of Kafka's classic rebalance protocol (JoinGroup/SyncGroup/Heartbeat): its state,
-members and generation, as Kafka's ``ClassicGroup`` keeps them. Pure data and helpers; the
-:class:`~automq_py.coordinator.group_coordinator.GroupCoordinator` drives the transitions.
+members and generation, as Kafka's ``ClassicGroup`` keeps them. Pure data and helpers;
+:class:`~automq_py.coordinator.classic_protocol.ClassicProtocol` drives the transitions.
 
 States, as Kafka names them (DescribeGroups and ListGroups show these strings)::
 

@@ -60,6 +60,8 @@ def _now_ms() -> int:
 
 
 class ClassicProtocol:
+    """The classic protocol's requests and rebalances, over the coordinator's groups."""
+
     def __init__(
         self,
         config: GroupConfig,

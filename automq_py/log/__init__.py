@@ -8,5 +8,6 @@
 * ``log_config`` - the topic properties a log uses
 * ``elastic_log_segment`` - one segment: offset mapping, append, read, scan, recovery
 * ``elastic_log`` - the partition log: append, roll, truncate, read, timestamps, close
-* ``log_loader`` - opening a log: the MetaStream found or created, recovery, producer state
+* ``log_loader`` - opening a log (the MetaStream found or created, recovery, producer state),
+  and destroying a deleted topic's
 """

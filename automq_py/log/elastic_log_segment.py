@@ -71,7 +71,7 @@ class ElasticLogSegment:
         if log_name not in streams or time_name not in streams:
             raise CorruptLogMetaError(
                 f"segment {meta.base_offset} needs streams {log_name!r} and {time_name!r}, "
-                f"the log has {sorted(streams)}"
+                f"the log's open streams are {sorted(streams)}"
             )
         time_index = SegmentTimeIndex(
             streams[time_name],
