@@ -37,8 +37,9 @@ from automq_py.log.log_config import LogConfig
 from automq_py.log.meta_stream import MetaStream
 from automq_py.log.meta_stream_record import LeaderEpochCheckpoint
 from automq_py.producer_state import InvalidProducerSnapshotError, ProducerStateManager
+from storage.errors import StreamFencedError
 from storage.metadata.manager import MetadataManager
-from storage.stream import StreamClient
+from storage.stream import S3Stream, StreamClient, close_streams
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,8 @@ async def open_log(
     *,
     clock: Callable[[], int] | None = None,
 ) -> ElasticLog:
-    """Open (or create) the partition's log at ``epoch``, fencing any previous owner."""
+    """Open (or create) the partition's log at ``epoch``, fencing any previous owner. An open
+    that fails once it has opened streams closes them again before it raises."""
     clock = clock or _wall_clock_ms
     key = meta_stream_key(namespace, topic_id, partition)
     stream_id = _meta_stream_id(metadata, key)
@@ -97,10 +99,28 @@ async def open_log(
     else:
         stream = await client.open(stream_id, epoch)
     meta_stream = MetaStream(stream)
-    await meta_stream.replay()
-    if meta_stream.get(keys.LOG) is None:
-        return await _create(client, meta_stream, epoch, config, clock)
-    return await _load(client, meta_stream, epoch, config, clock)
+    opened = [stream]  # the streams this open has opened so far
+    try:
+        await meta_stream.replay()
+        if meta_stream.get(keys.LOG) is None:
+            return await _create(client, meta_stream, epoch, config, clock, opened)
+        return await _load(client, meta_stream, epoch, config, clock, opened)
+    except Exception:
+        # closed again (what the open wrote uploaded first), as a log that closes: the
+        # partition is not left open here at this epoch, and its next owner, here or on
+        # another broker (which waits for the MetaStream to close), opens it as after a
+        # handover
+        await _close_after_failure(opened, f"{topic_id}-{partition}")
+        raise
+
+
+async def _close_after_failure(streams: list[S3Stream], partition: str) -> None:
+    try:
+        await close_streams(streams[0].storage, streams)
+    except Exception as e:  # the failure that ended the open is what the caller hears of
+        # (fenced: another broker has the partition now, nothing here to close)
+        level = logging.DEBUG if isinstance(e, StreamFencedError) else logging.WARNING
+        log.log(level, "partition %s: closing the streams of a failed open: %r", partition, e)
 
 
 async def destroy_log(client: StreamClient, metadata: MetadataManager, key: str, epoch: int) -> int:
@@ -132,8 +152,10 @@ async def _create(
     epoch: int,
     config: LogConfig,
     clock: Callable[[], int],
+    opened: list[S3Stream],
 ) -> ElasticLog:
     log_stream, time_stream = await client.create_and_open_many(2, epoch)
+    opened += (log_stream, time_stream)
     streams = {LOG_STREAM: log_stream, TIME_STREAM: time_stream}
     stream_map = {
         LOG_STREAM: log_stream.stream_id,
@@ -175,6 +197,7 @@ async def _load(
     epoch: int,
     config: LogConfig,
     clock: Callable[[], int],
+    opened: list[S3Stream],
 ) -> ElasticLog:
     log_meta = ElasticLogMeta.decode(meta_stream.get(keys.LOG) or b"")
     raw_partition = meta_stream.get(keys.PARTITION)
@@ -189,10 +212,15 @@ async def _load(
         raise CorruptLogMetaError(f"MetaStream {meta_stream.stream_id}: LOG has no segments")
     names = [name for name, sid in log_meta.stream_map.items() if sid != NO_STREAM]
     # together: opens of the same moment share one metadata change
-    opened = await asyncio.gather(
-        *(client.open(log_meta.stream_map[name], epoch) for name in names)
+    outcomes = await asyncio.gather(
+        *(client.open(log_meta.stream_map[name], epoch) for name in names),
+        return_exceptions=True,
     )
-    streams = dict(zip(names, opened, strict=True))
+    streams = {n: s for n, s in zip(names, outcomes, strict=True) if isinstance(s, S3Stream)}
+    opened += streams.values()
+    failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
+    if failed is not None:
+        raise failed
     segments = [ElasticLogSegment.of(m, streams, config) for m in log_meta.segment_metas]
     clean = partition_meta.cleaned_shutdown
     start_offset = max(partition_meta.start_offset, segments[0].base_offset)

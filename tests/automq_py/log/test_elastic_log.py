@@ -4,6 +4,7 @@ reopen after a clean close and after a crash, truncation and fencing."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import struct
 from pathlib import Path
@@ -14,12 +15,19 @@ import pytest
 
 from automq_py.log import meta_stream_record as keys
 from automq_py.log.elastic_log import ElasticLog, LogOffsetOutOfRangeError
-from automq_py.log.elastic_log_meta import LOG_STREAM, ElasticLogMeta, ElasticPartitionMeta
+from automq_py.log.elastic_log_meta import (
+    CLEANED_SUFFIX,
+    LOG_STREAM,
+    CorruptLogMetaError,
+    ElasticLogMeta,
+    ElasticPartitionMeta,
+)
 from automq_py.log.log_loader import LogCreatedElsewhereError, meta_stream_key
 from automq_py.log.meta_stream import MetaStream
 from automq_py.log.meta_stream_record import LeaderEpochCheckpoint
 from protocol.record_batch import parse_header
 from storage.errors import StreamFencedError
+from storage.metadata.model import StreamState
 from storage.stream import StreamClient
 from tests.automq_py.log.conftest import (
     NAMESPACE,
@@ -227,6 +235,32 @@ async def test_reopen_after_a_crash_recovers_acknowledged_batches(tmp_path: Path
         await reopened.close()
     finally:
         await storage.close()
+
+
+async def test_a_log_that_fails_to_open_leaves_no_stream_open(
+    make_storage: StorageFactory,
+) -> None:
+    storage = await make_storage()
+    log = await open_log(storage)
+    await append_batches(log, [T0])
+    await log.close()
+    ids = [log.meta_stream_id, *(sid for sid in log.stream_map.values() if sid >= 0)]
+    # LOG names a segment whose streams the stream map lacks: the open fails after it has
+    # opened the MetaStream and the data streams
+    client = StreamClient(storage)
+    meta_stream = MetaStream(await client.open(log.meta_stream_id, 1))
+    await meta_stream.replay()
+    decoded = ElasticLogMeta.decode(meta_stream.get(keys.LOG) or b"")
+    bad = dataclasses.replace(decoded.segment_metas[0], stream_suffix=CLEANED_SUFFIX)
+    await meta_stream.put(keys.LOG, ElasticLogMeta(decoded.stream_map, (bad,)).encode())
+    await meta_stream.close()
+
+    with pytest.raises(CorruptLogMetaError, match=r"needs streams 'log\.cleaned'"):
+        await open_log(storage, epoch=2)
+    for sid in ids:  # closed again: the next owner opens them as after a handover
+        meta = storage.metadata.stream(sid)
+        assert meta is not None and meta.state is StreamState.CLOSED and meta.epoch == 2
+        assert not storage.is_open_here(sid)
 
 
 async def test_truncate_start_drops_whole_segments(make_storage: StorageFactory) -> None:
