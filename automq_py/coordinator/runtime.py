@@ -41,7 +41,7 @@ from protocol.records import Record, RecordInput, build_batch, parse_records
 log = logging.getLogger("automq.coordinator")
 
 LOAD_READ_BYTES = 1 << 20
-LOAD_RETRY_S = 1.0  # a new topic's partition that failed to load is tried again after this
+LOAD_RETRY_S = 1.0  # a partition that failed to load is tried again after this
 
 
 def java_string_hash(text: str) -> int:
@@ -129,7 +129,29 @@ class CoordinatorRuntime:
     def _load_in_background(self, topic: TopicInfo) -> None:
         for index in range(topic.partitions):
             if self.leads(index) and index not in self._loading:
-                self.spawn(self._load_partition(topic, index), f"loading {topic.name}-{index}")
+                self.spawn(self._load_retrying(topic, index), f"loading {topic.name}-{index}")
+
+    async def _load_retrying(self, topic: TopicInfo, index: int) -> None:
+        """Load partition ``index``, again every ``LOAD_RETRY_S`` after a failure while this
+        broker leads it (its keys' requests get COORDINATOR_LOAD_IN_PROGRESS meanwhile): a
+        previous leader slow to hand it over, or the object store down while it is read."""
+        while True:
+            try:
+                await self._load_partition(topic, index)
+                return
+            except Exception as e:
+                if self._stopped or not self.leads(index):
+                    return  # stopping, or led elsewhere now: not ours to load
+                log.warning(
+                    "loading %s-%d failed, retrying in %g s: %s", topic.name, index, LOAD_RETRY_S, e
+                )
+            self._loading.add(index)  # not started again by a leader change meanwhile
+            try:
+                await asyncio.sleep(LOAD_RETRY_S)
+            finally:
+                self._loading.discard(index)
+            if self._stopped or not self.leads(index) or index in self._loaded:
+                return
 
     def leads(self, index: int) -> bool:
         """Whether this broker leads partition ``index`` of the topic (coordinates its keys)."""

@@ -16,7 +16,7 @@ from automq_py.coordinator.classic_group import ClassicGroup, ClassicState
 from automq_py.coordinator.classic_protocol import JoinRequest
 from automq_py.coordinator.group_coordinator import OFFSETS_TOPIC, GroupCoordinator
 from automq_py.coordinator.offsets import OffsetCommit
-from automq_py.coordinator.runtime import partition_for
+from automq_py.coordinator.runtime import CoordinatorRuntime, partition_for
 from automq_py.topics import TopicInfo
 from protocol.errors import ErrorCode
 from tests.support.broker import free_port
@@ -209,6 +209,48 @@ async def test_a_new_offsets_topic_loads_the_partition_a_request_waits_for_first
         assert runtime._loaded == set(range(30))
     finally:
         await broker.stop()
+
+
+async def test_an_offsets_partition_that_fails_to_load_at_start_is_tried_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broker = Broker(_config(tmp_path / "data"))
+    await broker.start()
+    try:  # the offsets topic made, and a group stored in it
+        groups = _coordinator(broker)
+        joined = await groups.join_group(_join("g"))
+        synced = await groups.sync_group(
+            "g", joined.generation_id, joined.member_id, None, None, None, {joined.member_id: b"A"}
+        )
+        assert synced.error == ErrorCode.NONE
+    finally:
+        await broker.stop()
+
+    monkeypatch.setattr("automq_py.coordinator.runtime.LOAD_RETRY_S", 0.2)
+    real = CoordinatorRuntime._replay_partition
+    failed: list[int] = []
+
+    async def fail_once(runtime: CoordinatorRuntime, topic: TopicInfo, index: int) -> None:
+        if index == partition_for("g", 5) and not failed:
+            failed.append(index)
+            raise OSError("object store down")
+        await real(runtime, topic, index)
+
+    monkeypatch.setattr(CoordinatorRuntime, "_replay_partition", fail_once)
+    again = Broker(_config(tmp_path / "data"))
+    await again.start()
+    try:  # loaded at start, in the background: the failed partition is loaded on a retry
+        runtime = _coordinator(again).runtime
+        for _ in range(100):
+            if await runtime.ready("g") != ErrorCode.COORDINATOR_LOAD_IN_PROGRESS:
+                break
+            await asyncio.sleep(0.05)
+        assert failed
+        assert await runtime.ready("g") == ErrorCode.NONE
+        error, group = await _coordinator(again).describe_group("g")
+        assert error == ErrorCode.NONE and group is not None
+    finally:
+        await again.stop()
 
 
 async def test_a_new_offsets_topic_partition_that_fails_to_load_is_tried_again(
