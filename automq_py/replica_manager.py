@@ -838,6 +838,8 @@ class ReplicaManager:
             _, late = await asyncio.wait(list(self._opening.values()), timeout=CLOSE_OPEN_WAIT_S)
             for opening in late:
                 opening.cancel()
+            if late:  # a cancelled open closes the streams it opened (log_loader.open_log)
+                await asyncio.wait(late)
         if self._closing:
             await asyncio.wait(list(self._closing.values()))
         # all at once: the cache's blocks upload as they are (objects of the usual sizes),

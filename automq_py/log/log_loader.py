@@ -83,7 +83,8 @@ async def open_log(
     clock: Callable[[], int] | None = None,
 ) -> ElasticLog:
     """Open (or create) the partition's log at ``epoch``, fencing any previous owner. An open
-    that fails once it has opened streams closes them again before it raises."""
+    that fails or is cancelled once it has opened streams closes them again before it
+    raises."""
     clock = clock or _wall_clock_ms
     key = meta_stream_key(namespace, topic_id, partition)
     stream_id = _meta_stream_id(metadata, key)
@@ -105,11 +106,11 @@ async def open_log(
         if meta_stream.get(keys.LOG) is None:
             return await _create(client, meta_stream, epoch, config, clock, opened)
         return await _load(client, meta_stream, epoch, config, clock, opened)
-    except Exception:
+    except BaseException:
         # closed again (what the open wrote uploaded first), as a log that closes: the
         # partition is not left open here at this epoch, and its next owner, here or on
         # another broker (which waits for the MetaStream to close), opens it as after a
-        # handover
+        # handover. Cancelled too (a broker stopping cancels the opens that outlast it).
         await _close_after_failure(opened, f"{topic_id}-{partition}")
         raise
 

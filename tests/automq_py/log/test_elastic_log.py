@@ -13,6 +13,7 @@ from typing import Any
 import crc32c
 import pytest
 
+from automq_py.log import log_loader
 from automq_py.log import meta_stream_record as keys
 from automq_py.log.elastic_log import ElasticLog, LogOffsetOutOfRangeError
 from automq_py.log.elastic_log_meta import (
@@ -260,6 +261,33 @@ async def test_a_log_that_fails_to_open_leaves_no_stream_open(
     for sid in ids:  # closed again: the next owner opens them as after a handover
         meta = storage.metadata.stream(sid)
         assert meta is not None and meta.state is StreamState.CLOSED and meta.epoch == 2
+        assert not storage.is_open_here(sid)
+
+
+async def test_a_cancelled_open_leaves_no_stream_open(
+    make_storage: StorageFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    storage = await make_storage()
+    log = await open_log(storage)
+    await append_batches(log, [T0])
+    await log.close()
+    ids = [log.meta_stream_id, *(sid for sid in log.stream_map.values() if sid >= 0)]
+    replaying = asyncio.Event()
+
+    async def slow_replay(*args: Any) -> None:  # a replay from object storage that lasts
+        replaying.set()
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(log_loader, "_load_producer_state", slow_replay)
+    opening = asyncio.create_task(open_log(storage, epoch=1))
+    await replaying.wait()
+    assert all(storage.is_open_here(sid) for sid in ids)
+    opening.cancel()  # as a stopping broker cancels the opens that outlast it
+    with pytest.raises(asyncio.CancelledError):
+        await opening
+    for sid in ids:
+        meta = storage.metadata.stream(sid)
+        assert meta is not None and meta.state is StreamState.CLOSED and meta.epoch == 1
         assert not storage.is_open_here(sid)
 
 
