@@ -271,9 +271,10 @@ class StreamClient:
 
     async def destroy(self, stream_id: int, epoch: int) -> None:
         """Delete ``stream_id`` for good (its topic was deleted): a stream still open (by an
-        owner that crashed, or here) is first taken over at ``epoch`` or its own newer one and
-        closed, without uploading what this node cached of it; the metadata then frees its
-        objects for the GC job. A stream already gone is fine (retries are safe)."""
+        owner that crashed, another node, or here) is first taken over at ``epoch`` or one past
+        its own, whichever is newer, and closed, without uploading what this node cached of it;
+        the metadata then frees its objects for the GC job. A stream already gone is fine
+        (retries are safe)."""
         s = self.storage
         meta = s.metadata.stream(stream_id)
         if meta is None:
@@ -281,7 +282,8 @@ class StreamClient:
         if s.is_open_here(stream_id):
             await s.drain(stream_id)
         s.drop_stream(stream_id)
-        epoch = max(epoch, meta.epoch)
+        # (at its own epoch, another node's range would refuse it)
+        epoch = max(epoch, meta.epoch + 1)
         if meta.state is not StreamState.CLOSED:
             await s.metadata.open_stream(s.node_id, s.node_epoch, stream_id, epoch)
             await s.metadata.close_stream(s.node_id, s.node_epoch, stream_id, epoch)

@@ -132,8 +132,11 @@ async def destroy_log(client: StreamClient, metadata: MetadataManager, key: str,
     if meta_id is None:
         return 0
     streams: list[int] = []
-    if metadata.stream(meta_id) is not None:
-        meta_stream = MetaStream(await client.open(meta_id, epoch))
+    meta = metadata.stream(meta_id)
+    if meta is not None:
+        # its epoch is the partition's last leader epoch, which may be past ``epoch`` (a
+        # cluster's leaders move), and at its own another node's: read at a newer one
+        meta_stream = MetaStream(await client.open(meta_id, max(epoch, meta.epoch + 1)))
         await meta_stream.replay()
         log_meta = meta_stream.get(keys.LOG)
         await meta_stream.close()

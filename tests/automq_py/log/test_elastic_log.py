@@ -29,6 +29,7 @@ from automq_py.log.meta_stream_record import LeaderEpochCheckpoint
 from protocol.record_batch import parse_header
 from storage.errors import StreamFencedError
 from storage.metadata.model import StreamState
+from storage.s3_storage import S3Storage
 from storage.stream import StreamClient
 from tests.automq_py.log.conftest import (
     NAMESPACE,
@@ -289,6 +290,45 @@ async def test_a_cancelled_open_leaves_no_stream_open(
         meta = storage.metadata.stream(sid)
         assert meta is not None and meta.state is StreamState.CLOSED and meta.epoch == 1
         assert not storage.is_open_here(sid)
+
+
+async def test_a_deleted_topics_log_is_destroyed_from_an_older_epoch(
+    make_storage: StorageFactory,
+) -> None:
+    # a cluster's partition is opened at its leader epoch, which moves past the node epochs of
+    # the brokers that delete its topic's logs
+    storage = await make_storage()
+    log = await open_log(storage, epoch=5)
+    await append_batches(log, [T0])
+    await log.close()
+    ids = [log.meta_stream_id, *(sid for sid in log.stream_map.values() if sid >= 0)]
+    key = meta_stream_key(NAMESPACE, TOPIC_ID, 0)
+    assert await log_loader.destroy_log(StreamClient(storage), storage.metadata, key, 1) == 3
+    assert storage.metadata.get_kv(key) is None
+    assert all(storage.metadata.stream(sid) is None for sid in ids)
+
+
+async def test_a_log_another_node_closed_is_destroyed(
+    make_storage: StorageFactory, tmp_path: Path
+) -> None:
+    storage = await make_storage()
+    other = await S3Storage.start(
+        dataclasses.replace(
+            storage.config, node_id=storage.config.node_id + 1, wal_path=str(tmp_path / "other")
+        ),
+        store=storage.store,
+        metadata=storage.metadata,
+    )
+    try:  # the other node led the partition at epoch 1, and closed it as its topic went
+        log = await open_log(other, epoch=1)
+        await append_batches(log, [T0])
+        await log.close()
+    finally:
+        await other.close()
+    ids = [log.meta_stream_id, *(sid for sid in log.stream_map.values() if sid >= 0)]
+    key = meta_stream_key(NAMESPACE, TOPIC_ID, 0)
+    assert await log_loader.destroy_log(StreamClient(storage), storage.metadata, key, 1) == 3
+    assert all(storage.metadata.stream(sid) is None for sid in ids)
 
 
 async def test_truncate_start_drops_whole_segments(make_storage: StorageFactory) -> None:
