@@ -42,6 +42,7 @@ from automq_py.refused_batches import RETRIED, RefusedBatches
 from automq_py.topic_config import effective_topic_config
 from automq_py.topics import TopicError, TopicInfo
 from protocol.errors import ErrorCode
+from storage.errors import StorageFailedError
 from storage.metadata.image import MetadataImage
 from storage.metadata.model import StreamState
 from storage.metadata.records import Record
@@ -60,6 +61,11 @@ HANDOFF_TIMEOUT_S = 10.0
 REQUEST_OPEN_WAIT_S = 0.5
 # how long closing the broker waits for partitions still opening
 CLOSE_OPEN_WAIT_S = 3.0
+# a close of partitions led elsewhere now that failed (the metadata store or the object store
+# unreachable) is tried again after this, doubling up to CLOSE_RETRY_MAX_S: until it is
+# closed, the partition's new leader waits for it (see _await_handoff)
+CLOSE_RETRY_S = 0.5
+CLOSE_RETRY_MAX_S = 10.0
 # how long a leader uploads the tails of partitions it is to hand over before it hands them over
 # regardless (their close then uploads what is left)
 HANDOVER_PREPARE_S = 10.0
@@ -148,6 +154,7 @@ class ReplicaManager:
         self._handovers: dict[tuple[str, int], int] = {}
         self._handing_over: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self._stopping = False  # close() has begun: failed closes are not tried again
         # topics whose partitions were closed to be deleted, by id (a new topic may take the
         # name): never opened again; a request that raced the deletion is told the topic is
         # gone, as Kafka's getPartitionOrException does once the metadata dropped it
@@ -382,17 +389,37 @@ class ReplicaManager:
         await asyncio.sleep(0)  # let the other partitions of this change join the batch
         self._batch = None
         started = time.monotonic()
+        named = ", ".join(f"{p.topic}-{p.index}" for p in list(batch.values())[:5]) + (
+            ", ..." if len(batch) > 5 else ""
+        )
+        delay = CLOSE_RETRY_S
         try:
-            await ElasticLog.close_many([p.log for p in batch.values()])
+            while True:
+                try:
+                    # (a retry closes what the failed attempt left open: ElasticLog._seal)
+                    await ElasticLog.close_many([p.log for p in batch.values()])
+                    break
+                except Exception as e:
+                    if self._stopping or not _close_may_succeed(e):
+                        log.warning(
+                            "closing %d partitions led elsewhere now (%s): %s", len(batch), named, e
+                        )
+                        return
+                    log.warning(
+                        "closing %d partitions led elsewhere now (%s) failed, retrying in %g s: %s",
+                        len(batch),
+                        named,
+                        delay,
+                        e,
+                    )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, CLOSE_RETRY_MAX_S)
             log.info(
                 "closed %d partitions led elsewhere now in %.0f ms (%s)",
                 len(batch),
                 (time.monotonic() - started) * 1000,
-                ", ".join(f"{p.topic}-{p.index}" for p in list(batch.values())[:5])
-                + (", ..." if len(batch) > 5 else ""),
+                named,
             )
-        except Exception as e:
-            log.warning("closing %d partitions led elsewhere now: %s", len(batch), e)
         finally:
             for key in batch:
                 self._closing.pop(key, None)
@@ -830,6 +857,7 @@ class ReplicaManager:
             await asyncio.wait(list(self._closing.values()))
 
     async def close(self) -> None:
+        self._stopping = True
         for task in list(self._background):
             task.cancel()
         if self._background:
@@ -872,6 +900,15 @@ def _complete_moves(
         for r in membership.complete_move(image, node, name, index, target)
     ]
     return records, None
+
+
+def _close_may_succeed(error: Exception) -> bool:
+    """Whether a close that failed with ``error`` may succeed if tried again: not once the
+    streams are fenced (another leader has them, or this broker was fenced) or the storage has
+    failed (the WAL)."""
+    if isinstance(error, StorageFailedError):
+        return False
+    return kafka_error(error) is not ErrorCode.NOT_LEADER_OR_FOLLOWER
 
 
 def _unless_failed(answer: AppendResult, code: ErrorCode) -> AppendResult:

@@ -40,6 +40,8 @@ class S3Stream:
         self.start_offset = start_offset
         self.next_offset = next_offset
         self.closed = False
+        # a close begun and not committed (it failed partway): the next close finishes it
+        self.close_pending = False
         storage.register_stream(stream_id, epoch, next_offset, self._append_failed)
 
     @property
@@ -185,29 +187,22 @@ class S3Stream:
         self.start_offset = new_start_offset
 
     async def close(self) -> None:
-        """Upload this stream's cached data and close it in the metadata."""
-        if self.closed:
-            return
-        self.closed = True
-        await self.storage.drain(self.stream_id)
-        await self.storage.upload_streams([self.stream_id])
-        await _fenced_as_error(
-            self.storage.metadata.close_stream(
-                self.storage.node_id, self.storage.node_epoch, self.stream_id, self.epoch
-            )
-        )
-        self.storage.unregister_stream(self.stream_id, self.epoch)
+        """Upload this stream's cached data and close it in the metadata (again, after a
+        close that failed partway)."""
+        await close_streams(self.storage, [self])
 
 
 async def close_streams(storage: S3Storage, streams: Sequence[S3Stream]) -> None:
     """Close many streams as one: their cached data uploaded together (and nothing else the
     cache holds), then one metadata change closing them all (a broker handing many partitions
-    over, or stopping)."""
-    open_streams = [s for s in streams if not s.closed]
+    over, or stopping). Streams already closed are left out, but for those whose close failed
+    partway: this one finishes it."""
+    open_streams = [s for s in streams if not s.closed or s.close_pending]
     if not open_streams:
         return
     for stream in open_streams:
         stream.closed = True
+        stream.close_pending = True
     await asyncio.gather(*(storage.drain(s.stream_id) for s in open_streams))
     await storage.upload_streams([s.stream_id for s in open_streams])
     await _fenced_as_error(
@@ -216,6 +211,7 @@ async def close_streams(storage: S3Storage, streams: Sequence[S3Stream]) -> None
         )
     )
     for stream in open_streams:
+        stream.close_pending = False
         storage.unregister_stream(stream.stream_id, stream.epoch)
 
 

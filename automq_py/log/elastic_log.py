@@ -627,7 +627,7 @@ class ElasticLog:
         failed: BaseException | None = None
         for outcome in sealed:
             if isinstance(outcome, BaseException):
-                failed = outcome  # its streams stay open: the next owner's epoch fences them
+                failed = outcome  # its streams stay open: a later close_many closes them
             else:
                 streams += outcome
         if streams:
@@ -665,10 +665,14 @@ class ElasticLog:
         return True
 
     async def _seal(self) -> list[S3Stream]:
-        """Write the final meta and refuse further use; the streams left to close."""
+        """Write the final meta and refuse further use; the streams to close. Once sealed
+        (or after a seal that failed partway), the same streams: :func:`close_streams` closes
+        those whose close has not been committed, so a close that failed is finished by the
+        next, without the final meta when its writes failed (the next open then recovers)."""
         async with self._lock:
+            streams = [*self._streams.values(), self.meta_stream.stream]
             if self._closed:
-                return []
+                return streams
             self._closed = True
             active = self._segments[-1]
             await active.time_index.maybe_append(active.time_index.max_so_far)
@@ -678,7 +682,7 @@ class ElasticLog:
                 self._partition_meta, recover_offset=self.log_end_offset, cleaned_shutdown=True
             )
             await self.meta_stream.put(keys.PARTITION, self._partition_meta.encode())
-            return [*self._streams.values(), self.meta_stream.stream]
+            return streams
 
     def _check_open(self) -> None:
         if self._closed:
