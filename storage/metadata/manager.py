@@ -307,6 +307,9 @@ class MetadataManager:
             records: list[Record] = []
             outcomes: list[Exception | None] = []
             for item in batch:
+                if item.done.done():  # its caller was cancelled: opened, no one would close it
+                    outcomes.append(None)
+                    continue
                 try:
                     records += control.open_stream(
                         image, item.node_id, item.node_epoch, item.stream_id, item.epoch

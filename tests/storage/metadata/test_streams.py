@@ -89,6 +89,20 @@ async def test_opens_requested_together_share_one_change(manager: MetadataManage
     assert persisted == 1  # the repeated open of one stream changed nothing
 
 
+async def test_an_open_whose_caller_was_cancelled_is_left_out(manager: MetadataManager) -> None:
+    """(a broker stopping cancels the opens that outlast it: none is left open behind it)"""
+    node = await manager.register_node(1)
+    ids = [await manager.create_stream(1, node) for _ in range(2)]
+    cancelled = asyncio.create_task(manager.open_stream(1, node, ids[0], 3))
+    await asyncio.sleep(0)  # queued with the next change
+    cancelled.cancel()
+    opened = await manager.open_stream(1, node, ids[1], 3)
+    assert opened.state is StreamState.OPENED
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    assert manager.image.streams[ids[0]].state is StreamState.CLOSED
+
+
 async def test_a_waiter_for_a_change_wakes_at_the_next_one_or_its_timeout(
     manager: MetadataManager,
 ) -> None:
