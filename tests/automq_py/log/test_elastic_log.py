@@ -239,14 +239,27 @@ async def test_reopen_after_a_crash_recovers_acknowledged_batches(tmp_path: Path
         await storage.close()
 
 
+async def closed_log(storage: S3Storage, **options: Any) -> tuple[ElasticLog, list[int]]:
+    """A log holding a batch, closed; its streams' ids, the MetaStream's first."""
+    log = await open_log(storage, **options)
+    await append_batches(log, [T0])
+    await log.close()
+    return log, [log.meta_stream_id, *(sid for sid in log.stream_map.values() if sid >= 0)]
+
+
+def assert_closed(storage: S3Storage, ids: list[int], epoch: int) -> None:
+    """The streams are closed at ``epoch`` and no longer open here."""
+    for sid in ids:
+        meta = storage.metadata.stream(sid)
+        assert meta is not None and meta.state is StreamState.CLOSED and meta.epoch == epoch
+        assert not storage.is_open_here(sid)
+
+
 async def test_a_log_that_fails_to_open_leaves_no_stream_open(
     make_storage: StorageFactory,
 ) -> None:
     storage = await make_storage()
-    log = await open_log(storage)
-    await append_batches(log, [T0])
-    await log.close()
-    ids = [log.meta_stream_id, *(sid for sid in log.stream_map.values() if sid >= 0)]
+    log, ids = await closed_log(storage)
     # LOG names a segment whose streams the stream map lacks: the open fails after it has
     # opened the MetaStream and the data streams
     client = StreamClient(storage)
@@ -259,20 +272,14 @@ async def test_a_log_that_fails_to_open_leaves_no_stream_open(
 
     with pytest.raises(CorruptLogMetaError, match=r"needs streams 'log\.cleaned'"):
         await open_log(storage, epoch=2)
-    for sid in ids:  # closed again: the next owner opens them as after a handover
-        meta = storage.metadata.stream(sid)
-        assert meta is not None and meta.state is StreamState.CLOSED and meta.epoch == 2
-        assert not storage.is_open_here(sid)
+    assert_closed(storage, ids, 2)  # the next owner opens them as after a handover
 
 
 async def test_a_cancelled_open_leaves_no_stream_open(
     make_storage: StorageFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     storage = await make_storage()
-    log = await open_log(storage)
-    await append_batches(log, [T0])
-    await log.close()
-    ids = [log.meta_stream_id, *(sid for sid in log.stream_map.values() if sid >= 0)]
+    _, ids = await closed_log(storage)
     replaying = asyncio.Event()
 
     async def slow_replay(*args: Any) -> None:  # a replay from object storage that lasts
@@ -286,10 +293,7 @@ async def test_a_cancelled_open_leaves_no_stream_open(
     opening.cancel()  # as a stopping broker cancels the opens that outlast it
     with pytest.raises(asyncio.CancelledError):
         await opening
-    for sid in ids:
-        meta = storage.metadata.stream(sid)
-        assert meta is not None and meta.state is StreamState.CLOSED and meta.epoch == 1
-        assert not storage.is_open_here(sid)
+    assert_closed(storage, ids, 1)
 
 
 async def test_a_deleted_topics_log_is_destroyed_from_an_older_epoch(
@@ -298,10 +302,7 @@ async def test_a_deleted_topics_log_is_destroyed_from_an_older_epoch(
     # a cluster's partition is opened at its leader epoch, which moves past the node epochs of
     # the brokers that delete its topic's logs
     storage = await make_storage()
-    log = await open_log(storage, epoch=5)
-    await append_batches(log, [T0])
-    await log.close()
-    ids = [log.meta_stream_id, *(sid for sid in log.stream_map.values() if sid >= 0)]
+    _, ids = await closed_log(storage, epoch=5)
     key = meta_stream_key(NAMESPACE, TOPIC_ID, 0)
     assert await log_loader.destroy_log(StreamClient(storage), storage.metadata, key, 1) == 3
     assert storage.metadata.get_kv(key) is None
@@ -320,12 +321,9 @@ async def test_a_log_another_node_closed_is_destroyed(
         metadata=storage.metadata,
     )
     try:  # the other node led the partition at epoch 1, and closed it as its topic went
-        log = await open_log(other, epoch=1)
-        await append_batches(log, [T0])
-        await log.close()
+        _, ids = await closed_log(other, epoch=1)
     finally:
         await other.close()
-    ids = [log.meta_stream_id, *(sid for sid in log.stream_map.values() if sid >= 0)]
     key = meta_stream_key(NAMESPACE, TOPIC_ID, 0)
     assert await log_loader.destroy_log(StreamClient(storage), storage.metadata, key, 1) == 3
     assert all(storage.metadata.stream(sid) is None for sid in ids)
