@@ -40,8 +40,9 @@ class S3Stream:
         self.start_offset = start_offset
         self.next_offset = next_offset
         self.closed = False
-        # a close begun and not committed (it failed partway): the next close finishes it
-        self.close_pending = False
+        # a close that failed partway: the next close tries again (one still in progress is not
+        # joined by another)
+        self.close_failed = False
         storage.register_stream(stream_id, epoch, next_offset, self._append_failed)
 
     @property
@@ -195,23 +196,27 @@ class S3Stream:
 async def close_streams(storage: S3Storage, streams: Sequence[S3Stream]) -> None:
     """Close many streams as one: their cached data uploaded together (and nothing else the
     cache holds), then one metadata change closing them all (a broker handing many partitions
-    over, or stopping). Streams already closed are left out, but for those whose close failed
-    partway: this one finishes it."""
-    open_streams = [s for s in streams if not s.closed or s.close_pending]
+    over, or stopping). Streams already closed, or closing, are left out, but for those whose
+    close failed: this one tries again."""
+    open_streams = [s for s in streams if not s.closed or s.close_failed]
     if not open_streams:
         return
     for stream in open_streams:
         stream.closed = True
-        stream.close_pending = True
-    await asyncio.gather(*(storage.drain(s.stream_id) for s in open_streams))
-    await storage.upload_streams([s.stream_id for s in open_streams])
-    await _fenced_as_error(
-        storage.metadata.close_streams(
-            storage.node_id, storage.node_epoch, [(s.stream_id, s.epoch) for s in open_streams]
+        stream.close_failed = False
+    try:
+        await asyncio.gather(*(storage.drain(s.stream_id) for s in open_streams))
+        await storage.upload_streams([s.stream_id for s in open_streams])
+        await _fenced_as_error(
+            storage.metadata.close_streams(
+                storage.node_id, storage.node_epoch, [(s.stream_id, s.epoch) for s in open_streams]
+            )
         )
-    )
+    except BaseException:
+        for stream in open_streams:
+            stream.close_failed = True
+        raise
     for stream in open_streams:
-        stream.close_pending = False
         storage.unregister_stream(stream.stream_id, stream.epoch)
 
 

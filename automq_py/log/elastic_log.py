@@ -666,8 +666,8 @@ class ElasticLog:
 
     async def _seal(self) -> list[S3Stream]:
         """Write the final meta and refuse further use; the streams to close. Once sealed
-        (or after a seal that failed partway), the same streams: :func:`close_streams` closes
-        those whose close has not been committed, so a close that failed is finished by the
+        (or after a seal that failed partway), the same streams: :func:`close_streams` takes
+        those never closed or whose close failed, so a close that failed is finished by the
         next, without the final meta when its writes failed (the next open then recovers)."""
         async with self._lock:
             streams = [*self._streams.values(), self.meta_stream.stream]

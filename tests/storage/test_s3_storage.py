@@ -13,6 +13,7 @@ import pytest
 from storage.config import S3StreamConfig
 from storage.errors import OffsetOutOfRangeError, StreamClosedError, StreamFencedError
 from storage.metadata.manager import MetadataManager
+from storage.metadata.model import StreamState
 from storage.s3_storage import COPY_AHEAD_MAX, S3Storage
 from storage.stream import S3Stream, StreamClient
 from tests.storage.conftest import StorageFactory, storage_properties
@@ -59,6 +60,40 @@ async def test_append_fetch_hot_then_cold(make_storage: StorageFactory) -> None:
     pa += await fill(a, 10)
     assert await read_all(a) == pa
     assert await read_all(a, start=148 - 148 % 3) == pa[49:]
+
+
+async def test_a_failed_close_is_tried_again_and_one_in_progress_is_not_joined(
+    make_storage: StorageFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    storage = await make_storage()
+    stream = await StreamClient(storage).create_and_open()
+    await fill(stream, 3)
+    real = storage.upload_streams
+    calls: list[list[int]] = []
+    release = asyncio.Event()
+
+    async def upload(ids: list[int]) -> None:
+        calls.append(ids)
+        if len(calls) == 1:
+            raise OSError("object store unreachable")
+        await release.wait()
+        await real(ids)
+
+    monkeypatch.setattr(storage, "upload_streams", upload)
+    with pytest.raises(OSError):
+        await stream.close()
+    assert storage.is_open_here(stream.stream_id)  # not closed: the next close tries again
+    closing = asyncio.create_task(stream.close())
+    await asyncio.sleep(0.01)
+    await stream.close()  # while that one is in progress: nothing of its own
+    assert len(calls) == 2
+    release.set()
+    await closing
+    meta = storage.metadata.stream(stream.stream_id)
+    assert meta is not None and meta.state is StreamState.CLOSED
+    assert not storage.is_open_here(stream.stream_id)
+    await stream.close()  # closed: nothing to do
+    assert len(calls) == 2
 
 
 async def test_fetch_bounds_and_max_bytes(make_storage: StorageFactory) -> None:
