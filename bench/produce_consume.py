@@ -62,7 +62,8 @@ them; a first ``produce()`` racing librdkafka's start-up held records ~105 ms). 
   go up to 2 ms early), and each one's latency counts from the later of its send and the
   moment it was due, not from when the client got to send a late one;
 * consume MB/s: a Consumer assign()ed to every partition from offset 0 (no group join, Tansu's
-  take ~20 s), record bytes / time from assign() until the expected record count has arrived;
+  take ~20 s), record bytes / time from assign() until the expected record count has arrived,
+  the consumer connected and the topic's metadata in hand before the clock starts;
   the case's records are read ``--reads`` times (3), each by a new consumer, and the median
   read is reported. A saturated read of 512 MiB of 1 KiB records lasts under half a second,
   with this process's consumer taking ~1.3 of the 2 cores, and runs in one of two states
@@ -1288,6 +1289,9 @@ def read_once(
     gc.collect()
     gc.freeze()  # the bench's objects until now: not the consumer's to scan (module docstring)
     try:
+        # connected, the topic's leaders known: librdkafka otherwise makes its first connection
+        # up to ~40 ms after assign() (a timer of its own), a tenth of a saturated read
+        consumer.list_topics(topic, timeout=10)
         t0 = time.perf_counter()
         consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         deadline = time.monotonic() + args.timeout
