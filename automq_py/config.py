@@ -336,21 +336,23 @@ class BrokerConfig:
     socket_request_max_bytes: int = _prop(
         "socket.request.max.bytes", 104857600, ConfigType.INT, 1, "largest request the server reads"
     )
-    # Kafka's socket buffer sizes, -1 for the OS's own, which Linux grows with the connection;
-    # both default to it here (Kafka's defaults are 102400). Measured on loopback, three or more
-    # runs each, alternated: at a 100 KiB receive buffer a Produce request of ~750 KB arrives a
-    # window at a time, each waiting for the event loop's read, and saturated 1 KiB produce fell
-    # from 547-654 to 385-576 MB/s, its CPU from 1.4-1.7 to 1.8-2.3 s/GB, though the 1 KiB
-    # consumes then kept out of a slow state they otherwise fell into in a third of the reads
-    # (bench/README.md, "Saturated"); at a 100 KiB send buffer alone saturated consumes read no
-    # faster and produce was 4-7% slower.
+    # Kafka's socket buffer sizes, -1 for the OS's own, which Linux grows with the connection.
+    # The send buffer takes Kafka's default: a fetch response of several MB then goes out in
+    # pieces as the consumer takes them in, not queued whole at once. Saturated consumes on
+    # loopback, alternated against the OS's buffer (raised to 4 MiB for such responses): 1 KiB
+    # records 1,473-1,596 against 1,290-1,368 MB/s, 16 KiB 2,172-2,509 against 1,699-1,928, the
+    # broker's CPU per read a sixth lower (bench/README.md, "Saturated"). The receive buffer
+    # stays the OS's: at a 100 KiB receive buffer a Produce request of ~750 KB arrives a window
+    # at a time, each waiting for the event loop's read, and saturated 1 KiB produce fell from
+    # 547-654 to 385-576 MB/s, its CPU from 1.4-1.7 to 1.8-2.3 s/GB.
     socket_send_buffer_bytes: int = config_field(
         "socket.send.buffer.bytes",
-        -1,
+        102400,
         ConfigType.INT,
         "SO_SNDBUF of the server's connections, bytes (-1: the OS default, which grows the "
         "buffer with the connection, raised once to 4 MiB, within net.core.wmem_max, when a "
-        "response does not fit; Kafka's default is 102400)",
+        "response does not fit); a consumer far away (a long round trip) reads faster with "
+        "more",
         check=_buffer_size,
     )
     socket_receive_buffer_bytes: int = config_field(

