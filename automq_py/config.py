@@ -340,7 +340,7 @@ class BrokerConfig:
     # The send buffer takes Kafka's default: a fetch response of several MB then goes out in
     # pieces as the consumer takes them in, not queued whole at once. Saturated consumes on
     # loopback, alternated against the OS's buffer (raised to 4 MiB for such responses): 1 KiB
-    # records 1,473-1,596 against 1,290-1,368 MB/s, 16 KiB 2,172-2,509 against 1,699-1,928, the
+    # records 1,473-1,596 against 1,290-1,367 MB/s, 16 KiB 2,172-2,509 against 1,699-1,928, the
     # broker's CPU per read a sixth lower (bench/README.md, "Saturated"). The receive buffer
     # stays the OS's: at a 100 KiB receive buffer a Produce request of ~750 KB arrives a window
     # at a time, each waiting for the event loop's read, and saturated 1 KiB produce fell from

@@ -65,10 +65,9 @@ them; a first ``produce()`` racing librdkafka's start-up held records ~105 ms). 
   take ~20 s), record bytes / time from assign() until the expected record count has arrived,
   the consumer connected and the topic's metadata in hand before the clock starts;
   the case's records are read ``--reads`` times (3), each by a new consumer, and the median
-  read is reported. A saturated read of 512 MiB of 1 KiB records lasts under half a second,
-  with this process's consumer taking ~1.3 of the 2 cores, and runs in one of two states
-  (bench/README.md, "Saturated"): one read of the same broker ranged 838-1,319 MB/s in three
-  in a row.
+  read is reported. A saturated read of 512 MiB of 1 KiB records lasts about a third of a
+  second, with this process's consumer taking ~1.3 of the 2 cores (bench/README.md,
+  "Saturated").
   Records are counted, offsets are not trusted (Tansu's high watermark is wrong after
   multi-record batches). A case that does not finish within ``--timeout`` is reported as a
   timeout with what arrived by then. The consumer's ``fetch.queue.backoff.ms`` is
