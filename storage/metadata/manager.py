@@ -303,26 +303,34 @@ class MetadataManager:
             self._opening = None
 
     async def _open_batch(self, batch: list[_Open]) -> None:
+        opened: list[_Open] = []  # the items the change opens (not open before)
+
         def plan(image: MetadataImage) -> tuple[Records, list[Exception | None]]:
             records: list[Record] = []
             outcomes: list[Exception | None] = []
+            opened.clear()
             for item in batch:
                 if item.done.done():  # its caller was cancelled: opened, no one would close it
                     outcomes.append(None)
                     continue
                 try:
-                    records += control.open_stream(
+                    opening = control.open_stream(
                         image, item.node_id, item.node_epoch, item.stream_id, item.epoch
                     )
                     outcomes.append(None)
                 except Exception as e:  # refused: the others go on
                     outcomes.append(e)
+                    continue
+                records += opening
+                if opening:
+                    opened.append(item)
             return records, outcomes
 
         try:
             outcomes = await self._change(plan)
         except Exception as e:
             outcomes = [e] * len(batch)
+            opened.clear()
         for item, outcome in zip(batch, outcomes, strict=True):
             if item.done.done():
                 continue
@@ -330,6 +338,16 @@ class MetadataManager:
                 item.done.set_result(None)
             else:
                 item.done.set_exception(outcome)
+        # callers cancelled while the change was in flight: no one holds what it opened for them
+        await self._close_abandoned([item for item in opened if item.done.cancelled()])
+
+    async def _close_abandoned(self, items: list[_Open]) -> None:
+        for item in items:
+            try:
+                await self.close_stream(item.node_id, item.node_epoch, item.stream_id, item.epoch)
+            except Exception as e:  # fenced meanwhile, or the store away: this node's next
+                # restart or fencing closes it
+                log.warning("closing stream %d, whose open was cancelled: %s", item.stream_id, e)
 
     async def close_stream(self, node_id: int, node_epoch: int, stream_id: int, epoch: int) -> None:
         """Close a stream this node owns at ``epoch``; closing a closed stream is a no-op."""

@@ -103,6 +103,40 @@ async def test_an_open_whose_caller_was_cancelled_is_left_out(manager: MetadataM
     assert manager.image.streams[ids[0]].state is StreamState.CLOSED
 
 
+async def test_an_open_whose_caller_was_cancelled_in_flight_is_closed_again(
+    manager: MetadataManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled while its change is persisted: the stream is opened, and closed again, since
+    its caller never learns it was opened. A stream already open here, opened again by a
+    caller cancelled the same way, stays open: its first opener holds it."""
+    node = await manager.register_node(1)
+    ids = [await manager.create_stream(1, node) for _ in range(2)]
+    await manager.open_stream(1, node, ids[1], 3)
+    persisting, release = asyncio.Event(), asyncio.Event()
+    persist = manager._store.persist
+
+    async def held(*args: object, **kwargs: object) -> None:
+        persisting.set()
+        await release.wait()
+        await persist(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(manager._store, "persist", held)
+    cancelled = asyncio.create_task(manager.open_stream(1, node, ids[0], 3))
+    again = asyncio.create_task(manager.open_stream(1, node, ids[1], 3))  # open already
+    await asyncio.wait_for(persisting.wait(), 5)
+    cancelled.cancel()
+    again.cancel()
+    release.set()
+    for task in (cancelled, again):
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    opening = manager._opening
+    assert opening is not None
+    await asyncio.wait_for(opening, 5)  # the open's change, then the close after it
+    assert manager.image.streams[ids[0]].state is StreamState.CLOSED
+    assert manager.image.streams[ids[1]].state is StreamState.OPENED
+
+
 async def test_a_waiter_for_a_change_wakes_at_the_next_one_or_its_timeout(
     manager: MetadataManager,
 ) -> None:
