@@ -59,6 +59,12 @@ def partition_for(key: str, partitions: int) -> int:
     return (java_string_hash(key) & 0x7FFFFFFF) % partitions
 
 
+def _load_failed(topic: TopicInfo, index: int, error: Exception) -> None:
+    log.warning(
+        "loading %s-%d failed, retrying in %g s: %s", topic.name, index, LOAD_RETRY_S, error
+    )
+
+
 class Replayer(Protocol):
     """What a coordinator gives the runtime to rebuild its state from its topic."""
 
@@ -142,9 +148,7 @@ class CoordinatorRuntime:
             except Exception as e:
                 if self._stopped or not self.leads(index):
                     return  # stopping, or led elsewhere now: not ours to load
-                log.warning(
-                    "loading %s-%d failed, retrying in %g s: %s", topic.name, index, LOAD_RETRY_S, e
-                )
+                _load_failed(topic, index, e)
             self._loading.add(index)  # not started again by a leader change meanwhile
             try:
                 await asyncio.sleep(LOAD_RETRY_S)
@@ -211,13 +215,7 @@ class CoordinatorRuntime:
                     await self._load_partition(topic, index)
                     del pending[index]
                 except Exception as e:  # its requests get LOAD_IN_PROGRESS meanwhile
-                    log.warning(
-                        "loading %s-%d failed, retrying in %g s: %s",
-                        topic.name,
-                        index,
-                        LOAD_RETRY_S,
-                        e,
-                    )
+                    _load_failed(topic, index, e)
                     retry_at[index] = time.monotonic() + LOAD_RETRY_S
                 waiter = self._load_waiters.pop(index, None)
                 if waiter is not None and not waiter.done():
