@@ -17,8 +17,9 @@ order. The kernel's workers that make them run at real-time priority where the p
 it (``storage.wal.iowq``).
 
 Once a second (``RING_CHECK_S``) the loop also looks for a completion the eventfd did not
-announce: one left unreaped would hold every commit after it, and the writer thread's header
-writes (a WAL's trim), for good.
+announce, one still unreaped ``RING_RECHECK_S`` after the check found it (a check may run in
+the loop's pass before the one that reads the eventfd): left unreaped, it would hold every
+commit after it, and the writer thread's header writes (a WAL's trim), for good.
 
 :class:`AsyncCommits` keeps the writes in flight and matches completions to them; which batches
 go to the ring, the commit lock and the acknowledgements are the WAL's
@@ -49,6 +50,7 @@ ASYNC_COMMIT_MAX = 4 * 1024 * 1024
 ASYNC_IN_FLIGHT = 2
 # How often the loop looks for completed asynchronous commits nobody announced
 RING_CHECK_S = 1.0
+RING_RECHECK_S = 0.05  # a completion the check found is acknowledged if still unreaped then
 # a completion this long after the one before may have come from a worker the kernel made
 # meanwhile, at normal priority (``storage.wal.iowq``): look for it at once
 IOWQ_IDLE_S = 2.0
@@ -179,15 +181,22 @@ class AsyncCommits:
         if self._closed:
             return
         if self.completed():
-            logger.warning(
-                "WAL %s: an io_uring write had completed unannounced; acknowledged now", self._path
-            )
-            self._on_completion()
-            if self._closed:
-                return
+            # seen again a moment later, none reaped meanwhile: this check may have run in
+            # the loop's pass before the one that reads the eventfd
+            self._loop.call_later(RING_RECHECK_S, self._check_unreaped, self.writer.reaped())
         if self.iowq is not None:
             self.iowq.raise_new()
         self._check = self._loop.call_later(RING_CHECK_S, self._check_ring)
+
+    def _check_unreaped(self, reaped: int) -> None:
+        """A completion waited at the last check when ``reaped`` completions had been reaped:
+        acknowledge it if none has been since (its eventfd announced nothing)."""
+        if self._closed or self.writer.reaped() != reaped or not self.completed():
+            return
+        logger.warning(
+            "WAL %s: an io_uring write had completed unannounced; acknowledged now", self._path
+        )
+        self._on_completion()
 
     def stop_checking(self) -> None:
         """No more checks (the WAL is closing)."""

@@ -147,6 +147,11 @@ class RingWriter:
             _U32.pack_into(self._ring, self._sq.tail, tail)
             raise OSError(code or 5, f"io_uring_enter: {os.strerror(code or 5)}")
 
+    def reaped(self) -> int:
+        """How many completions have been reaped so far (the completion ring's head, which
+        wraps at 2**32)."""
+        return int(_U32.unpack_from(self._ring, self._cq.head)[0])
+
     def completed(self) -> bool:
         """Whether a completion waits to be reaped (loads from the shared ring; a system call
         only to flush completions the kernel left in its overflow list)."""

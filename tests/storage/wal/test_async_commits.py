@@ -424,3 +424,19 @@ async def test_a_completion_no_eventfd_announced_is_acknowledged_by_the_periodic
     wal, records = await reopen(tmp_path / "wal")
     assert [body for _, body in records] == [f"record {i}".encode() for i in range(20)]
     await wal.close()
+
+
+async def test_a_completion_the_eventfd_announced_is_not_taken_for_an_unannounced_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The periodic check can run in the loop's pass before the one that reads the eventfd:
+    a completion waiting then is left to the eventfd's reader, with no warning."""
+    wal = await open_ring_wal(tmp_path / "wal")
+    assert wal._async is not None
+    first, queued = await completed_write_with_appends_queued(wal)
+    with caplog.at_level("WARNING", logger=async_commits.logger.name):
+        wal._async._check_ring()  # as if its timer came due first
+        await asyncio.wait_for(asyncio.gather(first, *queued), 5)
+        await asyncio.sleep(async_commits.RING_RECHECK_S * 2)
+    assert "unannounced" not in caplog.text
+    await wal.close()
