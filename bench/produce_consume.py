@@ -153,8 +153,10 @@ case's produce window: the broker logs each one as it happens at DEBUG on ``auto
 (``log.level.automq.loop=DEBUG``, which the bench sets), on Linux with how long its loop's
 thread waited for a core in it (busy with other processes' work, not the broker's) and ran on
 one; the rest it was blocked (a system call such as an inline WAL write, a page fault, the
-GIL). The bench's own objects (earlier cases' figures, its clients' libraries) are frozen out of
-its collector before each produce case (``gc.freeze()``): a full collection of this process
+GIL). It counts the WAL's durable writes of 10 ms or more there too (the broker logs each as
+it completes at DEBUG on ``automq.wal``), which tells whether a case's tail was the disk. The
+bench's own objects (earlier cases' figures, its clients' libraries) are frozen out of its
+collector before each produce case (``gc.freeze()``): a full collection of this process
 scanned them all, up to 66.6 ms inside whichever broker's case it fell in, so the client's
 latencies showed a pause of the bench, not of the broker. The case's own objects (the delivery
 callbacks, the latencies) are collected as an application's are, and its client pauses over 10
@@ -287,6 +289,7 @@ WARMED_MODES = ("fresh", "warmed")
 # what counts as a stall of the broker while a case produces (its DEBUG log of automq.loop)
 STALL_LOOP_MS = 20.0
 STALL_GC_MS = 10.0
+STALL_WAL_MS = 10.0  # and of the disk under its WAL (the broker logs these at DEBUG)
 # --suite: the cases every broker runs, in this order: (name, offered MB/s or None, cold)
 SUITE_RATE_MBPS = 20.0
 SUITE_MODES = (
@@ -452,9 +455,10 @@ class AutomqBroker(Broker):
             "s3.wal.init.zero": str(DEFAULTS.wal_init_zero).lower(),
             # and its caches' memory faulted in at start, as the broker does by default
             "s3.cache.pretouch": str(DEFAULTS.cache_pretouch).lower(),
-            # its event-loop stalls and collector pauses, each as it happens: a case counts
-            # those inside its window
+            # its event-loop stalls, collector pauses and slow durable writes, each as it
+            # happens: a case counts those inside its window
             "log.level.automq.loop": "DEBUG",
+            "log.level.automq.wal": "DEBUG",
             **config,
         }
         if s3 is not None:
@@ -866,6 +870,8 @@ class Result:
     loop_stall_waits: list[float] = field(default_factory=list)  # ms each waited for a core
     loop_stall_runs: list[float] = field(default_factory=list)  # ms each ran on one
     gc_pauses: list[float] | None = None
+    # and the WAL's durable writes of STALL_WAL_MS or more (ms each)
+    slow_writes: list[float] | None = None
     # this process's own collector pauses over STALL_GC_MS while producing (ms each): a
     # delivery callback waits them out, so they count in the client's latencies
     client_gc_pauses: list[float] = field(default_factory=list)
@@ -1352,23 +1358,26 @@ LOOP_LATE = re.compile(
     r"(?: \(its thread waited ([0-9.]+) ms for a core(?:, ran ([0-9.]+) ms)?\))?"
 )
 GC_PAUSE = re.compile(r"garbage collection held the interpreter for ([0-9.]+) ms")
+WAL_SLOW = re.compile(r"a durable write of [0-9]+ bytes took ([0-9.]+) ms")
 
 
 def logged_stalls(
     broker: Broker, window: tuple[float, float]
-) -> tuple[list[float], list[float], list[float], list[float]]:
+) -> tuple[list[float], list[float], list[float], list[float], list[float]]:
     """An automq-py broker's event-loop stalls over STALL_LOOP_MS and collector pauses over
     STALL_GC_MS (ms each) logged inside ``window`` (wall clock; it logs those it sees at DEBUG
-    on automq.loop), and how long its loop's thread waited for a core in each stall (where
-    its kernel tells) and ran on one."""
+    on automq.loop), how long its loop's thread waited for a core in each stall (where its
+    kernel tells) and ran on one, and its WAL's durable writes of STALL_WAL_MS or more
+    (automq.wal)."""
     stalls: list[float] = []
     waits: list[float] = []
     ran: list[float] = []
     pauses: list[float] = []
+    writes: list[float] = []
     start, end = window
     with open(broker.log_path, errors="replace") as f:
         for text in f:
-            if "automq.loop" not in text:
+            if "automq.loop" not in text and "automq.wal" not in text:
                 continue
             try:
                 stamp = datetime.strptime(text[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
@@ -1384,7 +1393,9 @@ def logged_stalls(
                     ran.append(float(m[4]))
             elif (m := GC_PAUSE.search(text)) and float(m[1]) > STALL_GC_MS:
                 pauses.append(float(m[1]))
-    return stalls, waits, ran, pauses
+            elif (m := WAL_SLOW.search(text)) and float(m[1]) >= STALL_WAL_MS:
+                writes.append(float(m[1]))
+    return stalls, waits, ran, pauses, writes
 
 
 def logged_loop_lag(broker: Broker) -> str | None:
@@ -1614,6 +1625,7 @@ def run_case(broker: Broker, partitions: int, args: argparse.Namespace, result: 
             result.loop_stall_waits,
             result.loop_stall_runs,
             result.gc_pauses,
+            result.slow_writes,
         ) = logged_stalls(broker, result.produce_window)
     if args.cold:
         restart(broker)
@@ -1770,6 +1782,13 @@ def print_case(broker: Broker, result: Result) -> None:
             f"{STALL_LOOP_MS:g} ms{f' (max {max(stalls):.1f} ms{waited})' if stalls else ''}, "
             f"{len(pauses)} collector pauses over {STALL_GC_MS:g} ms"
             f"{f' (max {max(pauses):.1f} ms)' if pauses else ''}",
+            flush=True,
+        )
+    if result.slow_writes is not None:
+        writes = result.slow_writes
+        print(
+            f"  {broker.name} WAL while producing: {len(writes)} durable writes of "
+            f"{STALL_WAL_MS:g} ms or more{f' (longest {max(writes):.1f} ms)' if writes else ''}",
             flush=True,
         )
     if result.client != "java":
@@ -2059,6 +2078,11 @@ def python_metrics(cold: bool) -> list[Metric]:
         (
             f"GC pauses >{STALL_GC_MS:g} ms",
             lambda r: None if r.gc_pauses is None else len(r.gc_pauses),
+            0,
+        ),
+        (
+            f"WAL writes >={STALL_WAL_MS:g} ms",
+            lambda r: None if r.slow_writes is None else len(r.slow_writes),
             0,
         ),
         ("broker CPU s/GB produced", lambda r: cpu_per_gb(r.produce_cpu, *BROKER_PROCESSES), 1),

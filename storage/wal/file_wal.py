@@ -76,6 +76,12 @@ from storage.wal.record import HEADER_SIZE
 from storage.wal.ring_file import pwrite_all
 
 logger = logging.getLogger(__name__)
+# each durable write that took DEBUG_SLOW_WRITE_S or more, as it completes, at DEBUG
+# (log.level.automq.wal=DEBUG; the benches count them inside the window they measure), and
+# from SLOW_WRITE_S on at WARNING: every acks=all append in it waited as long
+slow_writes = logging.getLogger("automq.wal")
+DEBUG_SLOW_WRITE_S = 0.01
+SLOW_WRITE_S = 1.0
 
 MIN_CAPACITY = 4096
 # Most bytes one batch may write past the last fsync. Larger batches amortise the fsync better;
@@ -564,7 +570,7 @@ class FileWAL:
                 continue
             if failure is None:
                 if not batch.behind:  # (one queued behind another waited for it, too)
-                    self._write_times.append(now - batch.started)
+                    self._timed(now - batch.started, batch.length)
                 # the log's end moves past it before the writer thread may take the lock
                 self._count_commit(batch.acked, batch.acked[-1][2] - batch.acked[0][1])
                 self._inline_commits += 1
@@ -768,10 +774,26 @@ class FileWAL:
         fill = self._page_fill(writes[-1].offset + writes[-1].size)
         runs = wal_batch.write_runs(writes, self._capacity, fill)
         started = time.perf_counter()
+        written = 0
         for position, buffers in runs:
-            pwrite_all(self._fd, buffers, position)
+            written += pwrite_all(self._fd, buffers, position)
         # the file is open with O_DSYNC: written is durable
-        self._write_times.append(time.perf_counter() - started)
+        self._timed(time.perf_counter() - started, written)
+
+    def _timed(self, seconds: float, size: int) -> None:
+        """Keep a durable write's time (``seconds``, ``size`` bytes); log it if slow (on the
+        loop or the writer thread, whichever wrote)."""
+        self._write_times.append(seconds)
+        if seconds >= DEBUG_SLOW_WRITE_S:
+            level = logging.WARNING if seconds >= SLOW_WRITE_S else logging.DEBUG
+            if slow_writes.isEnabledFor(level):
+                slow_writes.log(
+                    level,
+                    "WAL %s: a durable write of %d bytes took %.1f ms",
+                    self._path,
+                    size,
+                    seconds * 1000,
+                )
 
     def _page_fill(self, end: int) -> int:
         """The zeros to write after a batch ending at ``end`` (``batch.page_fill``)."""

@@ -55,10 +55,12 @@ def place(cursor: int, size: int, capacity: int) -> tuple[int, int | None]:
     return end, (cursor if end - cursor >= HEADER_SIZE else None)
 
 
-def pwrite_all(fd: int, buffers: Sequence[Buffer], position: int) -> None:
-    """Write ``buffers`` contiguously at ``position``, across IOV_MAX limits and short writes."""
+def pwrite_all(fd: int, buffers: Sequence[Buffer], position: int) -> int:
+    """Write ``buffers`` contiguously at ``position``, across IOV_MAX limits and short writes;
+    the bytes written."""
     views = [memoryview(b).cast("B") for b in buffers]
     views = [v for v in views if len(v)]
+    start = position
     i = 0
     while i < len(views):
         written = os.pwritev(fd, views[i : i + _IOV_MAX], position)
@@ -73,6 +75,7 @@ def pwrite_all(fd: int, buffers: Sequence[Buffer], position: int) -> None:
             else:
                 views[i] = views[i][written:]
                 written = 0
+    return position - start
 
 
 async def lock(fd: int, path: str) -> None:

@@ -812,6 +812,50 @@ async def test_slow_commits_in_a_row_send_the_next_ones_to_the_thread_a_lone_one
     await wal.close()
 
 
+async def test_a_slow_durable_write_is_logged_as_it_completes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A write that took DEBUG_SLOW_WRITE_S is logged at DEBUG on automq.wal (the benches
+    count them per case), one that took SLOW_WRITE_S at WARNING; a quick one is not."""
+    wal = await FileWAL.open(
+        str(tmp_path / "wal"), CAPACITY, inline_commit_max=4096, use_io_uring=False
+    )
+    real_pwritev = os.pwritev
+    monkeypatch.setattr(file_wal, "SLOW_WRITE_S", file_wal.DEBUG_SLOW_WRITE_S * 4)
+    delays = [0.0, file_wal.DEBUG_SLOW_WRITE_S * 6, file_wal.DEBUG_SLOW_WRITE_S * 2]
+
+    def slow_pwritev(fd: int, buffers: list[memoryview], offset: int) -> int:
+        time.sleep(delays.pop() if delays else 0.0)
+        return real_pwritev(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "pwritev", slow_pwritev)
+    with caplog.at_level(logging.DEBUG, logger="automq.wal"):
+        for body in (b"slow", b"held", b"quick"):
+            await wal.append(body)
+            await wait_until_the_writer_idles(wal)
+    await wal.close()
+    logged = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "automq.wal"]
+    assert [level for level, _ in logged] == [logging.DEBUG, logging.WARNING]
+    for _, message in logged:
+        assert message.startswith(f"WAL {tmp_path / 'wal'}: a durable write of ")
+        took = float(message.rsplit(" took ", 1)[1].removesuffix(" ms"))
+        assert took >= file_wal.DEBUG_SLOW_WRITE_S * 1000
+
+
+async def test_the_rings_durable_writes_are_timed_and_logged_with_their_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    wal = await FileWAL.open(str(tmp_path / "wal"), CAPACITY, inline_commit_max=4096)
+    assert wal._async is not None, "this machine's kernel offers io_uring"
+    monkeypatch.setattr(file_wal, "DEBUG_SLOW_WRITE_S", 0.0)  # every write
+    with caplog.at_level(logging.DEBUG, logger="automq.wal"):
+        await wal.append(b"x" * 1000)
+    await wal.close()
+    logged = [r.getMessage() for r in caplog.records if r.name == "automq.wal"]
+    # one commit: the record and the zeros to its page's end
+    assert len(logged) == 1 and f"a durable write of {mmap.PAGESIZE} bytes took" in logged[0]
+
+
 async def test_a_failed_write_on_the_event_loop_fails_the_batch_and_every_later_append(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
