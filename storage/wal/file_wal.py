@@ -785,15 +785,13 @@ class FileWAL:
         loop or the writer thread, whichever wrote)."""
         self._write_times.append(seconds)
         if seconds >= DEBUG_SLOW_WRITE_S:
-            level = logging.WARNING if seconds >= SLOW_WRITE_S else logging.DEBUG
-            if slow_writes.isEnabledFor(level):
-                slow_writes.log(
-                    level,
-                    "WAL %s: a durable write of %d bytes took %.1f ms",
-                    self._path,
-                    size,
-                    seconds * 1000,
-                )
+            slow_writes.log(
+                logging.WARNING if seconds >= SLOW_WRITE_S else logging.DEBUG,
+                "WAL %s: a durable write of %d bytes took %.1f ms",
+                self._path,
+                size,
+                seconds * 1000,
+            )
 
     def _page_fill(self, end: int) -> int:
         """The zeros to write after a batch ending at ``end`` (``batch.page_fill``)."""

@@ -83,7 +83,7 @@ def await_completions(ring: RingWriter | None, count: int = 1) -> None:
     assert ring is not None
     deadline = time.monotonic() + 10
     while True:
-        head = uring._U32.unpack_from(ring._ring, ring._cq.head)[0]
+        head = ring.reaped()
         if uring._U32.unpack_from(ring._ring, ring._cq.tail)[0] - head >= count:
             return
         assert time.monotonic() < deadline
