@@ -12,6 +12,7 @@ import contextlib
 import gc
 import logging
 import signal
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from automq_py.apis import KafkaApis
@@ -40,6 +41,8 @@ from automq_py.security.quotas import ClientQuotas
 from automq_py.security.sasl_mechanisms import ScramCredential
 from automq_py.topics import TopicRegistry
 from spark_jobs.controller_client import ControllerClient
+from storage import loop_cpu
+from storage.loop_cpu import LoopCpu
 from storage.metadata import control
 from storage.s3_storage import S3Storage
 
@@ -409,8 +412,16 @@ async def run(config: BrokerConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
+    # the thread pool's threads run on every CPU, whichever the event loop's thread is on
+    loop.set_default_executor(
+        ThreadPoolExecutor(thread_name_prefix="asyncio", initializer=loop_cpu.widen_thread)
+    )
     await broker.start()
+    pinned = LoopCpu()
+    if config.event_loop_pin_cpu:
+        pinned.start()
     try:
         await stop.wait()
     finally:
+        pinned.stop()
         await broker.stop()

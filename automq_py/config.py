@@ -363,6 +363,15 @@ class BrokerConfig:
         "with the connection; Kafka's default is 102400)",
         check=_buffer_size,
     )
+    event_loop_pin_cpu: bool = _prop(
+        "event.loop.pin.cpu",
+        True,
+        ConfigType.BOOLEAN,
+        None,
+        "keep the event loop's thread on the CPU it runs on, moved when another thread crowds "
+        "that CPU: on a machine shared with clients, their threads are then not woken behind "
+        "it (false: wherever the OS places it)",
+    )
     connections_max_idle_ms: int = _prop(
         "connections.max.idle.ms",
         600_000,

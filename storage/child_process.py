@@ -20,6 +20,8 @@ import subprocess
 from collections.abc import Sequence
 from typing import IO, Any
 
+from storage import loop_cpu
+
 PIPE = subprocess.PIPE
 STDOUT = subprocess.STDOUT
 DEVNULL = subprocess.DEVNULL
@@ -90,8 +92,10 @@ async def spawn(
     if stderr == PIPE:
         raise ValueError("stderr=PIPE is not supported: use STDOUT or a file")
     loop = asyncio.get_running_loop()
-    # bufsize=0: the transports write and read the descriptors themselves
-    popen = subprocess.Popen(list(args), stdin=stdin, stdout=stdout, stderr=stderr, bufsize=0)
+    # bufsize=0: the transports write and read the descriptors themselves; the child runs on
+    # the process's CPUs, not on the one the event loop's thread may be pinned to
+    with loop_cpu.spawning():
+        popen = subprocess.Popen(list(args), stdin=stdin, stdout=stdout, stderr=stderr, bufsize=0)
     writer: asyncio.StreamWriter | None = None
     reader: asyncio.StreamReader | None = None
     try:
