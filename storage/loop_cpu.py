@@ -34,8 +34,8 @@ log = logging.getLogger("automq.loop_cpu")
 INTERVAL_S = 1.0
 # a pinned loop that waited this share of an interval for its CPU is moved. At 20 MB/s beside
 # the bench's client on 2 cores it waits 25-80 ms a second, most of it for the io_uring's
-# worker, which copies each WAL commit on the loop's CPU at real-time priority; beside a
-# thread that keeps the CPU busy, half of it or more.
+# worker, which copies each WAL commit on the loop's CPU at real-time priority; a busy loop
+# beside a busy process bound to its CPU passes a quarter in its first interval (the tests).
 CROWDED_SHARE = 0.25
 
 # while the loop's thread is pinned: the CPUs the process may use, for what the loop starts
