@@ -121,7 +121,6 @@ class LoopCpu:
         try:
             wide = frozenset(os.sched_getaffinity(0))
             waited = self._read_wait()
-            self._read_cpu()
         except (AttributeError, OSError, ValueError, IndexError) as e:
             log.info("event loop not pinned to a CPU (event.loop.pin.cpu): %s", e)
             return False
@@ -129,11 +128,11 @@ class LoopCpu:
             log.debug("event loop not pinned: the process may run on CPU %s only", set(wide))
             return False
         self._wide, self._waited = wide, waited
-        _wide = wide
-        self._pin()
-        if self.cpu is None:
-            _wide = None
+        failure = self._pin()
+        if failure is not None:
+            log.info("event loop not pinned to a CPU (event.loop.pin.cpu): %s", failure)
             return False
+        _wide = wide
         log.info(
             "event loop pinned to CPU %d of %s; moved when another thread crowds it "
             "(event.loop.pin.cpu)",
@@ -187,14 +186,18 @@ class LoopCpu:
             self._pin()
             log.debug("event loop pinned to CPU %s", self.cpu)
 
-    def _pin(self) -> None:
+    def _pin(self) -> Exception | None:
+        """Pin the thread to the CPU it runs on; what prevented it, if anything."""
+        self.cpu = None
         try:
             cpu = self._read_cpu()
-            if cpu in self._wide:
-                os.sched_setaffinity(0, {cpu})
-                self.cpu = cpu
-        except (OSError, ValueError, IndexError):
-            self.cpu = None
+            if cpu not in self._wide:
+                return ValueError(f"it runs on CPU {cpu}, outside {sorted(self._wide)}")
+            os.sched_setaffinity(0, {cpu})
+        except (OSError, ValueError, IndexError) as e:
+            return e
+        self.cpu = cpu
+        return None
 
     @staticmethod
     def _read_wait() -> float:

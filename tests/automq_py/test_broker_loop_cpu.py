@@ -8,13 +8,10 @@ from __future__ import annotations
 import os
 import time
 
-import pytest
 from confluent_kafka import Producer
 
 from automq_py.testing.process import AutoMQProcess
 from tests.storage.test_loop_cpu import CPUS, _allowed
-
-pytestmark = pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs to pin to one")
 
 
 def _threads(pid: int, *, io_workers: bool = True) -> dict[int, set[int]]:

@@ -11,12 +11,10 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
-
 from storage import child_process, loop_cpu
 from storage.loop_cpu import LoopCpu, Step, next_step, parse_cpu, parse_wait_s
 
-CPUS = os.sched_getaffinity(0)
+CPUS = os.sched_getaffinity(0)  # two or more: the machines the suite runs on have two cores
 
 
 def _allowed(pid: int, tid: int | None = None) -> set[int]:
@@ -52,7 +50,6 @@ def test_the_wait_and_the_cpu_are_read_from_the_threads_proc_files() -> None:
         assert parse_wait_s(f.read()) >= 0
 
 
-@pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs to pin to one")
 async def test_start_pins_the_thread_to_its_cpu_and_stop_lets_it_go() -> None:
     pinned = LoopCpu()
     try:
@@ -65,7 +62,6 @@ async def test_start_pins_the_thread_to_its_cpu_and_stop_lets_it_go() -> None:
     assert pinned.cpu is None
 
 
-@pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs to pin to one")
 async def test_what_the_pinned_thread_starts_runs_on_every_cpu() -> None:
     pinned = LoopCpu()
     try:
@@ -89,7 +85,6 @@ async def test_what_the_pinned_thread_starts_runs_on_every_cpu() -> None:
         assert pool.submit(os.sched_getaffinity, 0).result() == CPUS
 
 
-@pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs to pin to one")
 async def test_a_loop_crowded_on_its_cpu_is_let_go_and_pinned_again_elsewhere() -> None:
     # a busy process bound to the loop's CPU: the loop, kept busy too, waits for it about half
     # of each look's interval, is let go, and is pinned again on a CPU the process is not on
