@@ -59,8 +59,9 @@ them; a first ``produce()`` racing librdkafka's start-up held records ~105 ms). 
   ``--window-mib`` of records are outstanding, so latency includes client queueing up to that;
   with ``--rate-mbps R`` records are offered at a fixed R MB/s, paced as Kafka's
   ProducerPerformance paces (the client sleeps only when 2 ms or more ahead, so a record may
-  go up to 2 ms early), and each one's latency counts from the later of its send and the
-  moment it was due, not from when the client got to send a late one;
+  go up to 2 ms early), and each one's latency counts from the earlier of its send and the
+  moment it was due: an early record from its send, a late one from when it was due, not from
+  when the client got to send it;
 * consume MB/s: a Consumer assign()ed to every partition from offset 0 (no group join, Tansu's
   take ~20 s), record bytes / time from assign() until the expected record count has arrived,
   the consumer connected and the topic's metadata in hand before the clock starts;
@@ -1089,8 +1090,9 @@ def produce(
                     # poll(timeout) counts whole milliseconds
                     producer.poll(ahead - PACE_S / 2)
                 # a record sent early counts from its send, a late one from its due time
-                # (coordinated omission: a stalled broker cannot hide what it kept unsent)
-                due = max(due, time.perf_counter())
+                # (coordinated omission: a stalled broker cannot hide what it kept unsent):
+                # the earlier of the two
+                due = min(due, time.perf_counter())
                 producer.poll(0)  # delivery reports as they come, not every 64 records
             while outstanding() >= window:
                 producer.poll(0.05)
