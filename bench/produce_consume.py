@@ -976,7 +976,7 @@ def produce(
         }
     )
     latencies: list[float] = []
-    sent_at: list[float] = []  # --timeline: when each acknowledged record was due
+    sent_at: list[float] = []  # --timeline: when each acknowledged record's latency began
     # a loop as applications write it: produce() with a delivery callback and poll(0) per
     # record, paced by sleeping until each record is due, latency from the produce() call
     per_record = result.client == "per-record" and bool(args.rate_mbps)
@@ -1090,9 +1090,8 @@ def produce(
                     # poll(timeout) counts whole milliseconds
                     producer.poll(ahead - PACE_S / 2)
                 # a record sent early counts from its send, a late one from its due time
-                # (coordinated omission: a stalled broker cannot hide what it kept unsent):
-                # the earlier of the two
-                due = min(due, time.perf_counter())
+                # (coordinated omission: a stalled broker cannot hide what it kept unsent)
+                counted_from = min(due, time.perf_counter())
                 producer.poll(0)  # delivery reports as they come, not every 64 records
             while outstanding() >= window:
                 producer.poll(0.05)
@@ -1107,7 +1106,7 @@ def produce(
                         topic,
                         payload,
                         partition=i % partitions,
-                        on_delivery=due_at(due) if interval else delivered,
+                        on_delivery=due_at(counted_from),
                     )
                     i += 1
                 else:
