@@ -20,6 +20,7 @@ from automq_py.partition import Partition
 from automq_py.topics import TopicInfo
 from protocol import record_batch
 from protocol.errors import ErrorCode
+from storage.eager import gather_eagerly
 
 
 @dataclass(slots=True, frozen=True)
@@ -116,7 +117,8 @@ class FetchReader:
         partition has returned data a read returns at least one batch, however large. So
         only the first batch of the first partition with data may go past either limit."""
         # open the partitions concurrently: a first open after a start reads from object storage
-        opened = await asyncio.gather(*(self._open_for_read(entry) for entry in entries))
+        # (eagerly: an open partition, or a read from the LogCache, costs no task)
+        opened = await gather_eagerly(*(self._open_for_read(entry) for entry in entries))
         partitions.extend(p if isinstance(p, Partition) else None for p in opened)
         early: list[FetchData] | None = None
         if all(e.max_bytes > 0 for e in entries) and sum(e.max_bytes for e in entries) <= max_bytes:
@@ -124,7 +126,7 @@ class FetchReader:
             # they run concurrently (a cold read waits for object storage), strictly within
             # it; the walk below redoes the few that the at-least-one-batch rule changes
             early = list(
-                await asyncio.gather(
+                await gather_eagerly(
                     *(
                         self._read_partition(entry, p, entry.max_bytes, read_committed, False)
                         if isinstance(p, Partition)
