@@ -2032,7 +2032,7 @@ def line(r: Result) -> str:
         )
     if r.consume_cpu is not None and r.consume_cpu.nbytes:
         per_gb = ((k, r.consume_cpu.per_gb(k)) for k in r.consume_cpu.seconds if k != "client")
-        gets += "  CPU/GB consumed " + ", ".join(f"{k} {v:.1f} s" for k, v in per_gb if v)
+        gets += "  CPU/GB consumed " + ", ".join(f"{k} {v:.2f} s" for k, v in per_gb if v)
     return (
         f"{LABELS[r.broker]:<15} p={r.partitions}{' ' + r.mode if r.mode else ''}"
         f"{' per-record' if r.client == 'per-record' else ''}: produce {fmt(r.produce_mbs)} MB/s  "
@@ -2090,7 +2090,8 @@ def python_metrics(cold: bool) -> list[Metric]:
         (STEAL_METRIC, lambda r: steal_cores(r.produce_cpu), 2),
         (SLOWDOWN_METRIC, lambda r: r.produce_cpu.slowdown if r.produce_cpu else None, 2),
         ("cold consume MB/s" if cold else "consume MB/s", lambda r: r.consume_mbs, 1),
-        ("broker CPU s/GB consumed", lambda r: cpu_per_gb(r.consume_cpu, *BROKER_PROCESSES), 1),
+        # (two digits: a consume costs a few tenths of a second per GB)
+        ("broker CPU s/GB consumed", lambda r: cpu_per_gb(r.consume_cpu, *BROKER_PROCESSES), 2),
     ]
     if cold:
         metrics.append(("cold GETs/MB", lambda r: r.gets_per_mb, 2))
@@ -2208,14 +2209,14 @@ SUITE_METRICS: list[SuiteMetric] = [
         "CPU s/GB consumed",
         "saturated",
         lambda r: cpu_per_gb(r.consume_cpu, *BROKER_PROCESSES),
-        1,
+        2,
     ),
     ("cold consume MB/s", "cold", lambda r: r.consume_mbs, 1),
     (
         "CPU s/GB consumed, cold",
         "cold",
         lambda r: cpu_per_gb(r.consume_cpu, *BROKER_PROCESSES),
-        1,
+        2,
     ),
 ]
 
