@@ -4,8 +4,8 @@ until it first waits, and makes a task only of the ones that do.
 A consumer's Fetch reads its partitions concurrently, since a cold read waits for object storage,
 but a read from the LogCache never waits. ``asyncio.gather`` made a task of each coroutine all
 the same: sixteen a fetch of eight partitions (opened, then read), each a pass of the event loop
-before it ran and a callback after. That was 30% of the event loop's CPU a fetch from the
-LogCache (``bench/fetch_path.py``: 207 against 146 us), on the path of the consumer's next
+before it ran and a callback after. That was a quarter of the event loop's CPU a fetch from
+the LogCache (``bench/fetch_path.py``: 202 against 152 us), on the path of the consumer's next
 request. Python 3.12's eager task factory does the same for every task; this is the part of it
 the broker needs, on 3.11 too.
 
