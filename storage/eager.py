@@ -11,13 +11,15 @@ the broker needs, on 3.11 too.
 
 A coroutine that waits goes on in a task of its own from where it stopped: the future it waits on
 is handed to the task as if the task had started it, so cancelling the task cancels that wait and
-reaches the coroutine as ``CancelledError``, as with any task.
+reaches the coroutine as ``CancelledError``, as with any task, even before the task first runs.
+
+Each coroutine's first step runs in the caller's task and context, not in a copy: one that sets a
+context variable, or enters ``asyncio.timeout()``, before it first waits is not one to hand it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import types
 from collections.abc import Coroutine, Generator
 from typing import Any, TypeVar
 
@@ -39,7 +41,7 @@ async def gather_eagerly(*coros: Coroutine[Any, Any, T]) -> list[T]:
             if failure is None:
                 failure = e
         else:
-            pending[i] = asyncio.ensure_future(_go_on(coro, waits_on))
+            pending[i] = asyncio.ensure_future(_Continued(coro, waits_on))
     if failure is not None:
         for task in pending.values():
             task.add_done_callback(_observe)
@@ -50,30 +52,39 @@ async def gather_eagerly(*coros: Coroutine[Any, Any, T]) -> list[T]:
     return results
 
 
-async def _go_on(coro: Coroutine[Any, Any, T], waits_on: Any) -> T:
-    return await _resume(coro, waits_on)
+class _Continued(Coroutine[Any, Any, T]):
+    """``coro`` continued, in a task, from the point where it yielded ``waits_on`` (a future, or
+    None for a bare yield): the task's first step gets ``waits_on``, and everything sent or thrown
+    after goes to ``coro``. A throw before that first step (the task cancelled before it ran)
+    reaches ``coro`` too, with the future it waits on cancelled, as ``Task.cancel`` would have."""
 
+    __slots__ = ("_coro", "_waits_on", "_waits_on_unsent")
 
-@types.coroutine
-def _resume(coro: Coroutine[Any, Any, T], waits_on: Any) -> Generator[Any, Any, T]:
-    """Drive ``coro`` on from the point where it yielded ``waits_on`` (a future, or None for a
-    bare yield), as ``await`` would have: what the task sends or throws goes to ``coro``."""
-    while True:
-        try:
-            sent = yield waits_on
-        except GeneratorExit:
-            coro.close()
-            raise
-        except BaseException as e:  # thrown in by the task: the coroutine's to handle
-            try:
-                waits_on = coro.throw(e)
-            except StopIteration as done:
-                return done.value
-        else:
-            try:
-                waits_on = coro.send(sent)
-            except StopIteration as done:
-                return done.value
+    def __init__(self, coro: Coroutine[Any, Any, T], waits_on: Any) -> None:
+        self._coro = coro
+        self._waits_on: Any = waits_on
+        self._waits_on_unsent = True
+
+    def send(self, value: Any) -> Any:
+        if self._waits_on_unsent:
+            self._waits_on_unsent = False
+            return self._waits_on
+        return self._coro.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        if self._waits_on_unsent:
+            self._waits_on_unsent = False
+            if isinstance(self._waits_on, asyncio.Future):
+                self._waits_on.cancel()
+        if val is None and tb is None:
+            return self._coro.throw(typ)
+        return self._coro.throw(typ, val, tb)  # (the older three-argument form)
+
+    def close(self) -> None:
+        self._coro.close()
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return self._coro.__await__()  # (never awaited: a task drives it by send and throw)
 
 
 def _observe(task: asyncio.Future[Any]) -> None:
