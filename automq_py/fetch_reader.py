@@ -45,10 +45,12 @@ class FetchData:
     last_stable_offset: int = -1
     # read_committed: the aborted transactions with data among ``records`` (else None)
     aborted: list[AbortedTxn] | None = None
+    size: int = 0  # the bytes of ``records``
 
-    @property
-    def size(self) -> int:
-        return sum(len(r) for r in self.records) if self.records else 0
+    def took(self, records: list[memoryview]) -> None:
+        """The read returned ``records``."""
+        self.records = records
+        self.size = sum(len(r) for r in records)
 
 
 class FetchReader:
@@ -61,10 +63,13 @@ class FetchReader:
         partition: Callable[[TopicInfo, int], Awaitable[Partition]],
         failed: Callable[[FetchEntry, BaseException], ErrorCode],
         stats: BrokerTopicStats,
+        opened: Callable[[TopicInfo, int], Partition | None] = lambda topic, index: None,
     ) -> None:
+        """``opened``: the partition if it is open, at once (None: :meth:`fetch` opens it)."""
         self._partition = partition
         self._failed = failed
         self._stats = stats
+        self._opened = opened
 
     async def fetch(
         self,
@@ -116,6 +121,10 @@ class FetchReader:
         left of the request's ``max_bytes``, whole batches only, except that until one
         partition has returned data a read returns at least one batch, however large. So
         only the first batch of the first partition with data may go past either limit."""
+        if not read_committed:
+            hot = self._read_all_cached(entries, max_bytes, partitions)
+            if hot is not None:
+                return hot
         # open the partitions concurrently: a first open after a start reads from object storage
         # (eagerly: an open partition, or a read from the LogCache, costs no task)
         opened = await gather_eagerly(*(self._open_for_read(entry) for entry in entries))
@@ -155,6 +164,31 @@ class FetchReader:
             results.append(data)
         return results
 
+    def _read_all_cached(
+        self, entries: Sequence[FetchEntry], max_bytes: int, partitions: list[Partition | None]
+    ) -> list[FetchData] | None:
+        """:meth:`_read_all` at once, without a coroutine per partition, when every partition
+        is open and the LogCache holds what each read returns (a consumer keeping up); None
+        otherwise."""
+        opened: list[Partition] = []
+        for entry in entries:
+            topic = entry.topic
+            p = self._opened(topic, entry.index) if topic is not None else None
+            if p is None:
+                return None
+            opened.append(p)
+        total = 0
+        results: list[FetchData] = []
+        for entry, p in zip(entries, opened, strict=True):
+            limit = min(entry.max_bytes, max(max_bytes - total, 0))
+            data = self._read_partition_cached(entry, p, limit, total == 0)
+            if data is None:
+                return None
+            total += data.size
+            results.append(data)
+        partitions.extend(opened)
+        return results
+
     async def _open_for_read(self, entry: FetchEntry) -> Partition | FetchData:
         """The entry's partition, or the FetchData of its error."""
         topic = entry.topic
@@ -175,15 +209,10 @@ class FetchReader:
     ) -> FetchData:
         """Read ``entry``'s partition: whole batches up to ``limit`` bytes, at least one
         (however large) when ``min_one``."""
-        hw, start = partition.high_watermark, partition.log_start_offset
-        lso = partition.last_stable_offset
-        data = FetchData(ErrorCode.NONE, hw, start, [], lso, [] if read_committed else None)
-        end = lso if read_committed else hw
-        if entry.offset < start or entry.offset > partition.log_end_offset:
-            data.error = ErrorCode.OFFSET_OUT_OF_RANGE
-        elif entry.offset < end and (limit > 0 or min_one):
+        data, end = _partition_data(entry, partition, read_committed)
+        if data.error == ErrorCode.NONE and entry.offset < end and (limit > 0 or min_one):
             try:
-                data.records = await partition.read(entry.offset, limit, end, min_one=min_one)
+                data.took(await partition.read(entry.offset, limit, end, min_one=min_one))
                 if read_committed and data.records:
                     data.aborted = await partition.log.aborted_transactions(
                         entry.offset, _records_end(data.records[-1], entry.offset)
@@ -191,6 +220,37 @@ class FetchReader:
             except Exception as e:  # out of range (a trim raced), or storage failing
                 data.error = self._failed(entry, e)
         return data
+
+    def _read_partition_cached(
+        self, entry: FetchEntry, partition: Partition, limit: int, min_one: bool
+    ) -> FetchData | None:
+        """:meth:`_read_partition` (read_uncommitted) at once, when the LogCache holds what it
+        returns; None when the read would go to object storage."""
+        data, end = _partition_data(entry, partition, False)
+        if data.error == ErrorCode.NONE and entry.offset < end and (limit > 0 or min_one):
+            try:
+                records = partition.read_cached(entry.offset, limit, end, min_one=min_one)
+            except Exception as e:
+                data.error = self._failed(entry, e)
+                return data
+            if records is None:
+                return None
+            data.took(records)
+        return data
+
+
+def _partition_data(
+    entry: FetchEntry, partition: Partition, read_committed: bool
+) -> tuple[FetchData, int]:
+    """A read of ``entry``'s partition before it reads: its offsets (OFFSET_OUT_OF_RANGE when
+    the entry's offset is outside the log), and where the read ends, the high watermark or
+    (``read_committed``) the last stable offset."""
+    hw, start = partition.high_watermark, partition.log_start_offset
+    lso = partition.last_stable_offset
+    data = FetchData(ErrorCode.NONE, hw, start, [], lso, [] if read_committed else None)
+    if entry.offset < start or entry.offset > partition.log_end_offset:
+        data.error = ErrorCode.OFFSET_OUT_OF_RANGE
+    return data, (lso if read_committed else hw)
 
 
 async def _wait_for_data(partitions: list[tuple[Partition, int]], timeout: float) -> None:

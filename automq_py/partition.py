@@ -381,6 +381,12 @@ class Partition:
     ) -> list[memoryview]:
         return await self.log.read(offset, max_bytes, max_offset=max_offset, min_one=min_one)
 
+    def read_cached(
+        self, offset: int, max_bytes: int, max_offset: int | None = None, *, min_one: bool = True
+    ) -> list[memoryview] | None:
+        """:meth:`read` at once when the LogCache holds all it returns, else None."""
+        return self.log.read_cached(offset, max_bytes, max_offset=max_offset, min_one=min_one)
+
 
 # compression.type -> the codec a batch is stored with (producer: as it came)
 _TARGET_CODEC = {"uncompressed": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}

@@ -166,7 +166,9 @@ class ReplicaManager:
         # opens wait for it rather than each reading its own
         self._prefetching: dict[tuple[str, int], asyncio.Future[None]] = {}
         # a fetch's read and its wait for data (Kafka's readFromLog and delayed fetch)
-        self.fetch_messages = FetchReader(self.partition, self._read_failed, self.topic_stats).fetch
+        self.fetch_messages = FetchReader(
+            self.partition, self._read_failed, self.topic_stats, self.partition_if_open
+        ).fetch
 
     def log_config(self, topic: TopicInfo) -> LogConfig:
         if self._configs_of is not self.topic_defaults:  # the defaults changed: parse anew
@@ -264,11 +266,11 @@ class ReplicaManager:
         :class:`NotLeaderError` for a partition another broker leads. In a cluster a client's
         request waits at most :data:`REQUEST_OPEN_WAIT_S` for a partition being taken over
         (the opening goes on behind); ``background`` work waits until it is open or failed."""
-        key = (topic.name, index)
-        epoch = self._check_leader(topic, index)
-        found = self._partitions.get(key)
-        if found is not None and found.leader_epoch == epoch:
+        found = self.partition_if_open(topic, index)
+        if found is not None:
             return found
+        key = (topic.name, index)
+        self._check_leader(topic, index)
         self._check_not_deleted(topic)
         opening = self._opening.get(key)
         if opening is None:
@@ -283,6 +285,14 @@ class ReplicaManager:
         if not done:
             raise NotLeaderError(f"{topic.name}-{index} is being taken over, not open yet")
         return opening.result()
+
+    def partition_if_open(self, topic: TopicInfo, index: int) -> Partition | None:
+        """The partition if it is open here at the epoch this broker leads it at, at once;
+        None otherwise (:meth:`partition` opens it, or says why it cannot)."""
+        found = self._partitions.get((topic.name, index))
+        if found is None or found.leader_epoch != self.leader_epoch(topic.name, index):
+            return None
+        return found
 
     def _opened(self, key: tuple[str, int], task: asyncio.Task[Partition]) -> None:
         if self._opening.get(key) is task:

@@ -153,6 +153,16 @@ class S3Stream:
             return [], start
         return await self.storage.read_whole(self.stream_id, start, stop, max_bytes, min_one)
 
+    def read_whole_cached(
+        self, start: int, end: int, max_bytes: int, min_one: bool
+    ) -> tuple[list[memoryview], int] | None:
+        """:meth:`read_whole` at once, when the LogCache holds ``start``; None when the read
+        would go to object storage."""
+        stop = self._read_end(start, end, self.confirmed_offset)
+        if start >= stop:
+            return [], start
+        return self.storage.cache.read_whole(self.stream_id, start, stop, max_bytes, min_one)
+
     def _read_end(self, start: int, end: int, confirmed: int) -> int:
         """Where a read from ``start`` towards ``end`` (-1: the confirmed end) stops; raises
         OffsetOutOfRangeError when ``start`` is outside the stream."""

@@ -720,13 +720,7 @@ class ElasticLog:
         ``max_bytes`` (with ``min_one``, at least one when any is available, however large),
         none starting at or after ``max_offset`` or at the high watermark. Raises
         :class:`LogOffsetOutOfRangeError` outside ``[log_start_offset, log_end_offset]``."""
-        start, end = self.log_start_offset, self.log_end_offset
-        if offset < start or offset > end:
-            raise LogOffsetOutOfRangeError(offset, start, end)
-        hw = self.high_watermark
-        max_offset = hw if max_offset is None else min(max_offset, hw)
-        segments = self._segments  # a roll replaces nothing in place: a stable snapshot
-        i = max(bisect.bisect_right([s.base_offset for s in segments], offset) - 1, 0)
+        segments, i, max_offset = self._read_from(offset, max_offset)
         out: list[memoryview] = []
         total = 0
         while i < len(segments):
@@ -741,6 +735,49 @@ class ElasticLog:
             offset = pos
             i += 1
         return out
+
+    def read_cached(
+        self,
+        offset: int,
+        max_bytes: int,
+        *,
+        max_offset: int | None = None,
+        min_one: bool = True,
+    ) -> list[memoryview] | None:
+        """:meth:`read` at once, when the LogCache holds all it returns (a consumer keeping
+        up); None when some of it would come from object storage."""
+        segments, i, max_offset = self._read_from(offset, max_offset)
+        out: list[memoryview] = []
+        total = 0
+        while i < len(segments):
+            segment = segments[i]
+            got = segment.read_cached(offset, max_bytes - total, max_offset, min_one and not out)
+            if got is None:
+                return None
+            views, pos = got
+            out.extend(views)
+            total += sum(len(v) for v in views)
+            if pos < segment.next_offset or total >= max_bytes:
+                break
+            offset = pos
+            i += 1
+        return out
+
+    def _read_from(
+        self, offset: int, max_offset: int | None
+    ) -> tuple[list[ElasticLogSegment], int, int]:
+        """Where a read from ``offset`` starts: the segments (a roll replaces nothing in place:
+        a stable snapshot), the index of the one holding ``offset``, and the offset the read
+        stops before (``max_offset``, at most the high watermark)."""
+        start, end = self.log_start_offset, self.log_end_offset
+        if offset < start or offset > end:
+            raise LogOffsetOutOfRangeError(offset, start, end)
+        hw = self.high_watermark
+        segments = self._segments
+        i = 0
+        if len(segments) > 1:
+            i = max(bisect.bisect_right([s.base_offset for s in segments], offset) - 1, 0)
+        return segments, i, (hw if max_offset is None else min(max_offset, hw))
 
     async def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
         """``(offset, max timestamp)`` of the first batch whose max timestamp is >=

@@ -245,14 +245,35 @@ class ElasticLogSegment:
         """Whole batches from the one holding ``offset``, up to ``max_bytes`` (at least one when
         ``min_one``), none starting at or after ``max_offset``. Returns them and the offset after
         the last one (``offset`` if none)."""
-        offset = max(offset, self.base_offset)
-        end = self.next_offset if max_offset is None else min(self.next_offset, max_offset)
+        offset, end = self._read_range(offset, max_offset)
         if offset >= end:
             return [], offset
         views, stop = await self.log_stream.read_whole(
             self.to_stream(offset), self.to_stream(end), max_bytes, min_one
         )
         return views, (self.to_kafka(stop) if views else offset)
+
+    def read_cached(
+        self, offset: int, max_bytes: int, max_offset: int | None, min_one: bool
+    ) -> tuple[list[memoryview], int] | None:
+        """:meth:`read` at once, when the LogCache holds the batch at ``offset``; None when the
+        read would go to object storage."""
+        offset, end = self._read_range(offset, max_offset)
+        if offset >= end:
+            return [], offset
+        hot = self.log_stream.read_whole_cached(
+            self.to_stream(offset), self.to_stream(end), max_bytes, min_one
+        )
+        if hot is None:
+            return None
+        views, stop = hot
+        return views, (self.to_kafka(stop) if views else offset)
+
+    def _read_range(self, offset: int, max_offset: int | None) -> tuple[int, int]:
+        """Where a read from ``offset`` towards ``max_offset`` starts and ends in the segment."""
+        next_offset = self.next_offset
+        end = next_offset if max_offset is None else min(next_offset, max_offset)
+        return max(offset, self.base_offset), end
 
     async def batches(self, offset: int) -> AsyncGenerator[BatchView, None]:
         """Every batch from the one holding ``offset`` to the segment's end, headers parsed."""

@@ -1,7 +1,8 @@
 """ReplicaManager.fetch_messages over a real embedded store: partitions whose limits fit in the
 request's max_bytes are read concurrently, with the same results as one at a time; only the
 first batch of the first partition with data may go past the request's or its partition's
-max_bytes (Kafka's readFromLog)."""
+max_bytes (Kafka's readFromLog), whether the LogCache serves the fetch at once or its reads
+wait (as on object storage)."""
 
 from __future__ import annotations
 
@@ -58,7 +59,23 @@ def entries(max_bytes: int) -> list[FetchEntry]:
     return [FetchEntry(TOPIC, i, 0, max_bytes) for i in range(TOPIC.partitions)]
 
 
+def not_cached(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every read as if its data were no longer in the LogCache: each partition's through its
+    coroutine."""
+    monkeypatch.setattr(Partition, "read_cached", lambda *args, **kwargs: None)
+
+
+@pytest.fixture(params=["cached", "not cached"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The semantic tests run both ways: served at once from the LogCache, and read as from
+    object storage."""
+    if request.param == "not cached":
+        not_cached(monkeypatch)
+    return str(request.param)
+
+
 def slow_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    not_cached(monkeypatch)
     real_read = Partition.read
 
     async def read(
@@ -106,7 +123,7 @@ async def test_partitions_sharing_a_tight_max_bytes_are_read_in_order(
 
 
 async def test_only_the_first_partition_with_data_may_return_a_batch_past_its_limit(
-    replicas: ReplicaManager,
+    replicas: ReplicaManager, path: str
 ) -> None:
     # the limits fit in max_bytes (the concurrent reads), but each is below one batch
     results = await replicas.fetch_messages(
@@ -117,7 +134,7 @@ async def test_only_the_first_partition_with_data_may_return_a_batch_past_its_li
 
 
 async def test_what_is_left_of_max_bytes_is_not_exceeded_after_the_first_batch(
-    replicas: ReplicaManager,
+    replicas: ReplicaManager, path: str
 ) -> None:
     # the first partition takes one batch; the half batch left is no room for another
     results = await replicas.fetch_messages(
@@ -127,7 +144,7 @@ async def test_what_is_left_of_max_bytes_is_not_exceeded_after_the_first_batch(
 
 
 async def test_the_oversized_first_batch_comes_from_the_first_partition_with_data(
-    replicas: ReplicaManager,
+    replicas: ReplicaManager, path: str
 ) -> None:
     end = (await replicas.partition(TOPIC, 0)).high_watermark
     caught_up = FetchEntry(TOPIC, 0, end, BATCH // 2)  # nothing to read
@@ -137,3 +154,39 @@ async def test_the_oversized_first_batch_comes_from_the_first_partition_with_dat
             [caught_up, *rest], max_bytes=max_bytes, min_bytes=0, max_wait_s=0
         )
         assert [r.size for r in results] == [0, BATCH, 0, 0], max_bytes
+
+
+async def test_a_fetch_the_log_cache_holds_is_read_without_a_coroutine_per_partition(
+    replicas: ReplicaManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    coroutine_reads = 0
+    real_read = Partition.read
+
+    async def read(self: Partition, *args: Any, **kwargs: Any) -> Any:
+        nonlocal coroutine_reads
+        coroutine_reads += 1
+        return await real_read(self, *args, **kwargs)
+
+    monkeypatch.setattr(Partition, "read", read)
+    fresh = FetchEntry(TopicInfo("fresh", uuid.uuid4(), 1), 0, 0, 10_000)
+
+    async def fetch(read_committed: bool = False) -> list[int]:
+        results = await replicas.fetch_messages(
+            [*entries(10_000), fresh],
+            max_bytes=5 * 10_000,
+            min_bytes=0,
+            max_wait_s=0,
+            read_committed=read_committed,
+        )
+        assert all(r.error == ErrorCode.NONE for r in results)
+        return [r.size for r in results]
+
+    # a partition not open yet: the fetch opens it, every partition read by its coroutine
+    assert await fetch() == [3 * BATCH] * 4 + [0]
+    assert coroutine_reads == 4
+    # all open, all in the LogCache: no coroutine
+    assert await fetch() == [3 * BATCH] * 4 + [0]
+    assert coroutine_reads == 4
+    # read_committed looks up aborted transactions, which may wait: the coroutines again
+    assert await fetch(read_committed=True) == [3 * BATCH] * 4 + [0]
+    assert coroutine_reads == 8
