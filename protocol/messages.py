@@ -41,7 +41,7 @@ from kio.index import KioIndexError
 from kio.serial import entity_writer
 from kio.static.protocol import Entity
 
-from protocol import extensions, headers, produce, wire
+from protocol import extensions, fetch, headers, produce, wire
 from protocol.api_keys import ApiKey
 from protocol.entity_reader import read_entity
 from protocol.errors import InvalidRequestError, ProtocolError, UnsupportedVersionError
@@ -135,6 +135,10 @@ def decode_request(frame: wire.Buffer, supported: SupportedVersions | None = Non
 def _decode_body(view: memoryview, pos: int, api_key: int, api_version: int) -> Any:
     if api_key == ApiKey.PRODUCE:
         return produce.decode_produce_request(view, pos, api_version)
+    if api_key == ApiKey.FETCH and fetch.MIN_VERSION <= api_version <= fetch.MAX_VERSION:
+        body = fetch.decode_fetch_request(view, pos, api_version)
+        if body is not None:
+            return body
     if extensions.serves(api_key, api_version):
         return extensions.decode_request_body(api_key, api_version, view, pos)
     # the cached lookup: kio resolves the class by its module's name on every call (~5 us)

@@ -1,18 +1,26 @@
-"""Fetch response encode: byte-identical to kio, readable by kafka-python, records uncopied."""
+"""Fetch response encode: byte-identical to kio, readable by kafka-python, records uncopied.
+Fetch request decode: what kio's generic reader reads, for every version."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import importlib
+import io
+import struct
 import uuid
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kafka.protocol.consumer import FetchResponse
 from kio.serial import entity_writer
 from kio.static.primitive import i32Timedelta
 
-from protocol import fetch, headers
+from protocol import fetch, headers, messages
+from protocol.api_keys import ApiKey
+from protocol.entity_reader import read_entity
 from protocol.errors import ErrorCode
 from protocol.messages import BufferCollector
 from protocol.records import RecordInput, build_batch, parse_records
@@ -139,3 +147,124 @@ def test_node_endpoints_tag_v16() -> None:
     )
     decoded = FetchResponse.decode(data[4:], version=16, header=True)
     assert [(e.node_id, e.host, e.port) for e in decoded.node_endpoints] == [(2, "broker-2", 9092)]
+
+
+# -- the request: read field by field, as the generic reader reads it ----------------------------
+
+
+def _request_types(version: int) -> tuple[Any, Any, Any, Any]:
+    m = importlib.import_module(f"kio.schema.fetch.v{version}.request")
+    return m.FetchRequest, m.FetchTopic, m.FetchPartition, getattr(m, "ForgottenTopic", None)
+
+
+def _fields(cls: Any, values: dict[str, Any]) -> Any:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in values.items() if k in names})
+
+
+INT32 = st.integers(-(1 << 31), (1 << 31) - 1)
+INT64 = st.integers(-(1 << 63), (1 << 63) - 1)
+NAMES = st.text(min_size=0, max_size=12)
+
+
+@st.composite
+def fetch_requests(draw: st.DrawFn, version: int) -> Any:
+    request, topic, partition, forgotten = _request_types(version)
+
+    def named(cls: Any, partitions: Any) -> Any:
+        return _fields(
+            cls,
+            {
+                "topic": draw(NAMES),
+                "topic_id": uuid.UUID(int=draw(st.integers(1, (1 << 128) - 1))),
+                "partitions": partitions,
+            },
+        )
+
+    topics = tuple(
+        named(
+            topic,
+            tuple(
+                _fields(
+                    partition,
+                    {
+                        "partition": draw(INT32),
+                        "current_leader_epoch": draw(INT32),
+                        "fetch_offset": draw(INT64),
+                        "last_fetched_epoch": draw(INT32),
+                        "log_start_offset": draw(INT64),
+                        "partition_max_bytes": draw(INT32),
+                    },
+                )
+                for _ in range(draw(st.integers(0, 4)))
+            ),
+        )
+        for _ in range(draw(st.integers(0, 3)))
+    )
+    gone = ()
+    if forgotten is not None:
+        gone = tuple(
+            named(forgotten, tuple(draw(st.lists(INT32, max_size=3))))
+            for _ in range(draw(st.integers(0, 2)))
+        )
+    return _fields(
+        request,
+        {
+            "replica_id": draw(INT32),
+            "max_wait": datetime.timedelta(milliseconds=draw(INT32)),
+            "min_bytes": draw(INT32),
+            "max_bytes": draw(INT32),
+            "isolation_level": draw(st.integers(-128, 127)),
+            "session_id": draw(INT32),
+            "session_epoch": draw(INT32),
+            "topics": topics,
+            "forgotten_topics_data": gone,
+            "rack_id": draw(NAMES),
+        },
+    )
+
+
+@pytest.mark.parametrize("version", range(fetch.MIN_VERSION, fetch.MAX_VERSION + 1))
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_fetch_request_reads_as_the_generic_reader_reads_it(version: int, data: Any) -> None:
+    request = data.draw(fetch_requests(version))
+    buf = io.BytesIO()
+    entity_writer(type(request))(buf, request)
+    body = b"\x00\x01" + buf.getvalue()  # not at the frame's start, as after a header
+    read = fetch.decode_fetch_request(body, 2, version)
+    assert read is not None
+    assert read == read_entity(type(request), body, 2)[0] == request
+
+
+@pytest.mark.parametrize("version", [12, 15, 17])
+def test_a_fetch_request_with_tagged_fields_is_left_to_the_generic_reader(version: int) -> None:
+    request = _request_types(version)[0]
+    with_cluster = _fields(
+        request,
+        {
+            "cluster_id": "c",
+            "replica_id": -1,
+            "max_wait": datetime.timedelta(milliseconds=500),
+            "min_bytes": 1,
+            "max_bytes": 1 << 20,
+            "isolation_level": 0,
+            "session_id": 0,
+            "session_epoch": -1,
+            "topics": (),
+            "forgotten_topics_data": (),
+            "rack_id": "",
+        },
+    )
+    buf = io.BytesIO()
+    entity_writer(request)(buf, with_cluster)
+    assert fetch.decode_fetch_request(buf.getvalue(), 0, version) is None
+    frame = headers_frame(ApiKey.FETCH, version) + buf.getvalue()
+    assert messages.decode_request(frame).body == with_cluster
+
+
+def headers_frame(api_key: int, version: int) -> bytes:
+    """A request header (v2: flexible; v1 before) for ``api_key`` at ``version``."""
+    flexible = version >= fetch.FIRST_FLEXIBLE_VERSION
+    head = struct.pack(">hhih", api_key, version, 7, 2) + b"id"
+    return head + (b"\x00" if flexible else b"")

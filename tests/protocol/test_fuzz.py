@@ -68,6 +68,29 @@ def _valid_frames() -> list[bytes]:
         )
         for v in (4, 12, 17)
     ]
+    # as consumers send them, without tagged fields: read by protocol.fetch's own decoder
+    fetch += [
+        request_frame(
+            FetchRequest[v](
+                max_wait_ms=500,
+                min_bytes=1,
+                topics=[
+                    FetchRequest.FetchTopic(
+                        topic="t",
+                        topic_id=uuid.UUID(int=2),
+                        partitions=[fetch_partition, fetch_partition],
+                    )
+                ],
+                forgotten_topics_data=[
+                    FetchRequest.ForgottenTopic(
+                        topic="g", topic_id=uuid.UUID(int=3), partitions=[1, 2]
+                    )
+                ],
+                rack_id="r",
+            )
+        )
+        for v in (4, 7, 11, 13, 15, 17)
+    ]
     other = [
         request_frame(ApiVersionsRequest[3](client_software_name="a", client_software_version="b")),
         request_frame(MetadataRequest[12](topics=[MetadataRequest.MetadataRequestTopic(name="x")])),
