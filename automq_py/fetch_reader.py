@@ -23,7 +23,7 @@ from protocol.errors import ErrorCode
 from storage.eager import gather_eagerly
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class FetchEntry:
     """One partition to read: from ``offset``, at most ``max_bytes`` of it."""
 
@@ -245,8 +245,9 @@ def _partition_data(
     """A read of ``entry``'s partition before it reads: its offsets (OFFSET_OUT_OF_RANGE when
     the entry's offset is outside the log), and where the read ends, the high watermark or
     (``read_committed``) the last stable offset."""
-    hw, start = partition.high_watermark, partition.log_start_offset
-    lso = partition.last_stable_offset
+    log = partition.log
+    hw, start = log.high_watermark, log.log_start_offset
+    lso = log.stable_offset(hw)
     data = FetchData(ErrorCode.NONE, hw, start, [], lso, [] if read_committed else None)
     if entry.offset < start or entry.offset > partition.log_end_offset:
         data.error = ErrorCode.OFFSET_OUT_OF_RANGE

@@ -73,8 +73,9 @@ COPY_THRESHOLD = 2048
 
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
-_PARTITION_HEAD = struct.Struct(">ihq")  # partition_index, error_code, high_watermark
-_I64 = struct.Struct(">q")
+# partition_index, error_code, high_watermark, last_stable_offset, [log_start_offset (5+)]
+_PARTITION_HEAD = struct.Struct(">ihqq")
+_PARTITION_HEAD_V5 = struct.Struct(">ihqqq")
 _ABORTED = struct.Struct(">qq")
 _DIVERGING = struct.Struct(">iq")
 _LEADER = struct.Struct(">ii")
@@ -89,9 +90,11 @@ class AbortedTransaction:
     first_offset: int
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class FetchPartitionResult:
-    """One partition of a Fetch response; ``records`` are the batches' bytes, in order."""
+    """One partition of a Fetch response; ``records`` are the batches' bytes, in order. (Not
+    frozen: a fetch makes one per partition, and a frozen dataclass takes four times as long to
+    make.)"""
 
     partition_index: int
     error_code: int = 0
@@ -105,7 +108,7 @@ class FetchPartitionResult:
     current_leader: tuple[int, int] | None = None  # (leader_id, leader_epoch)
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class FetchTopicResult:
     """One topic of a Fetch response: named (v4-12) or by id (v13+)."""
 
@@ -198,10 +201,18 @@ def encode_fetch_response(
 
 def _encode_partition(out: _Output, p: FetchPartitionResult, version: int, flexible: bool) -> None:
     cur = out.cur
-    cur += _PARTITION_HEAD.pack(p.partition_index, p.error_code, p.high_watermark)
-    cur += _I64.pack(p.last_stable_offset)
     if version >= 5:
-        cur += _I64.pack(p.log_start_offset)
+        cur += _PARTITION_HEAD_V5.pack(
+            p.partition_index,
+            p.error_code,
+            p.high_watermark,
+            p.last_stable_offset,
+            p.log_start_offset,
+        )
+    else:
+        cur += _PARTITION_HEAD.pack(
+            p.partition_index, p.error_code, p.high_watermark, p.last_stable_offset
+        )
     aborted = p.aborted_transactions
     if aborted is None:
         cur += wire.encode_array_length(-1, flexible)

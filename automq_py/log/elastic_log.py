@@ -177,9 +177,12 @@ class ElasticLog:
     def last_stable_offset(self) -> int:
         """Kafka's LSO: below it every transaction is decided and its marker durable;
         read_committed consumers read up to here."""
-        hw = self.high_watermark
-        unstable = self.producer_state.first_unstable_offset(hw)
-        return hw if unstable is None else min(hw, unstable)
+        return self.stable_offset(self.high_watermark)
+
+    def stable_offset(self, high_watermark: int) -> int:
+        """The last stable offset, for a caller that has just read the high watermark."""
+        unstable = self.producer_state.first_unstable_offset(high_watermark)
+        return high_watermark if unstable is None else min(high_watermark, unstable)
 
     @property
     def segments(self) -> list[ElasticStreamSegmentMeta]:

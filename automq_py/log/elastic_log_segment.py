@@ -92,8 +92,11 @@ class ElasticLogSegment:
     @property
     def next_offset(self) -> int:
         """The Kafka offset after the segment's last durable batch."""
-        end = self.log_stream.confirmed_offset if self.is_active else self.log_slice.end
-        return self.to_kafka(end)
+        log_slice = self.log_slice  # (inlined: a fetch asks for it several times a partition)
+        end = log_slice.end
+        if end == NOOP_OFFSET:
+            end = self.log_stream.confirmed_offset
+        return self.base_offset + (end - log_slice.start)
 
     @property
     def assigned_end(self) -> int:
