@@ -257,11 +257,33 @@ def _encode_node_endpoints(endpoints: Sequence[NodeEndpoint]) -> bytes:
 _REQUEST_HEAD = struct.Struct(">iiiib")
 _REQUEST_HEAD_V7 = struct.Struct(">iiiibii")
 _REQUEST_HEAD_V15 = struct.Struct(">iiibii")  # replica_id moved into the tagged ReplicaState
-# partition, [current_leader_epoch (9+)], fetch_offset, [last_fetched_epoch (12+)],
-# [log_start_offset (5+)], partition_max_bytes
-_FETCH_PARTITION = {4: struct.Struct(">iqi"), 5: struct.Struct(">iqqi")}
-_FETCH_PARTITION_V9 = struct.Struct(">iiqqi")
-_FETCH_PARTITION_V12 = struct.Struct(">iiqiqi")
+# a fetched partition's fields as versions 4, 5-8, 9-11 and 12+ lay them out
+_PARTITION_V4 = (struct.Struct(">iqi"), ("partition", "fetch_offset", "partition_max_bytes"))
+_PARTITION_V5 = (
+    struct.Struct(">iqqi"),
+    ("partition", "fetch_offset", "log_start_offset", "partition_max_bytes"),
+)
+_PARTITION_V9 = (
+    struct.Struct(">iiqqi"),
+    (
+        "partition",
+        "current_leader_epoch",
+        "fetch_offset",
+        "log_start_offset",
+        "partition_max_bytes",
+    ),
+)
+_PARTITION_V12 = (
+    struct.Struct(">iiqiqi"),
+    (
+        "partition",
+        "current_leader_epoch",
+        "fetch_offset",
+        "last_fetched_epoch",
+        "log_start_offset",
+        "partition_max_bytes",
+    ),
+)
 _TOPIC_ID = struct.Struct(">16s")
 
 
@@ -277,7 +299,18 @@ def decode_fetch_request(body: wire.Buffer, pos: int, version: int) -> Any | Non
     """The Fetch request body of ``version`` (``MIN_VERSION``..``MAX_VERSION``) at ``pos``
     of ``body``, as kio's generic reader gives it; None when the request has tagged fields,
     a null array or a null string (the generic reader reads it then). Raises on a truncated
-    request (``struct.error``, ``InvalidRequestError``)."""
+    request (``struct.error``, ``IndexError``, ``InvalidRequestError``)."""
+    try:
+        return _decode_fetch(body, pos, version)
+    except _LeftToGenericReader:
+        return None
+
+
+class _LeftToGenericReader(Exception):
+    """What :func:`decode_fetch_request` does not read: tagged fields, nulls."""
+
+
+def _decode_fetch(body: wire.Buffer, pos: int, version: int) -> Any:
     flexible = version >= FIRST_FLEXIBLE_VERSION
     request_type, topic_type, partition_type, forgotten_type = _request_classes(version)
     fields: dict[str, Any] = {}
@@ -298,100 +331,51 @@ def decode_fetch_request(body: wire.Buffer, pos: int, version: int) -> Any | Non
         fields["replica_id"] = replica
     if version >= 7:
         fields["session_id"], fields["session_epoch"] = session_id, epoch
+    layout: struct.Struct
+    names: tuple[str, ...]
     if version >= FIRST_FLEXIBLE_VERSION:
-        layout = _FETCH_PARTITION_V12
+        layout, names = _PARTITION_V12
+    elif version >= 9:
+        layout, names = _PARTITION_V9
     else:
-        layout = _FETCH_PARTITION_V9 if version >= 9 else _FETCH_PARTITION[min(version, 5)]
+        layout, names = _PARTITION_V5 if version >= 5 else _PARTITION_V4
     by_id = version >= FIRST_TOPIC_ID_VERSION
+    key = "topic_id" if by_id else "topic"
     topics = []
-    n_topics, pos = wire.read_array_length(body, pos, flexible)
-    if n_topics < 0:
-        return None
+    n_topics, pos = _count(body, pos, flexible)
     for _ in range(n_topics):
         topic, pos = _read_topic(body, pos, flexible, by_id)
-        n_parts, pos = wire.read_array_length(body, pos, flexible)
-        if topic is None or n_parts < 0:
-            return None
+        n_parts, pos = _count(body, pos, flexible)
         partitions = []
         for _ in range(n_parts):
             values = layout.unpack_from(body, pos)
             pos += layout.size
             if flexible:
-                if body[pos]:  # tagged fields (v17's replica_directory_id)
-                    return None
-                pos += 1
-                partitions.append(
-                    partition_type(
-                        partition=values[0],
-                        current_leader_epoch=values[1],
-                        fetch_offset=values[2],
-                        last_fetched_epoch=values[3],
-                        log_start_offset=values[4],
-                        partition_max_bytes=values[5],
-                    )
-                )
-            elif version >= 9:
-                partitions.append(
-                    partition_type(
-                        partition=values[0],
-                        current_leader_epoch=values[1],
-                        fetch_offset=values[2],
-                        log_start_offset=values[3],
-                        partition_max_bytes=values[4],
-                    )
-                )
-            elif version >= 5:
-                partitions.append(
-                    partition_type(
-                        partition=values[0],
-                        fetch_offset=values[1],
-                        log_start_offset=values[2],
-                        partition_max_bytes=values[3],
-                    )
-                )
-            else:
-                partitions.append(
-                    partition_type(
-                        partition=values[0], fetch_offset=values[1], partition_max_bytes=values[2]
-                    )
-                )
+                pos = _no_tags(body, pos)  # (v17's replica_directory_id is one)
+            # (kio's classes take keywords only)
+            partitions.append(partition_type(**dict(zip(names, values, strict=True))))
         if flexible:
-            if body[pos]:
-                return None
-            pos += 1
-        name = "topic_id" if by_id else "topic"
-        topics.append(topic_type(**{name: topic, "partitions": tuple(partitions)}))
+            pos = _no_tags(body, pos)
+        topics.append(topic_type(**{key: topic, "partitions": tuple(partitions)}))
     fields["topics"] = tuple(topics)
     if version >= 7:
         forgotten = []
-        n_forgotten, pos = wire.read_array_length(body, pos, flexible)
-        if n_forgotten < 0:
-            return None
+        n_forgotten, pos = _count(body, pos, flexible)
         for _ in range(n_forgotten):
             topic, pos = _read_topic(body, pos, flexible, by_id)
-            n_parts, pos = wire.read_array_length(body, pos, flexible)
-            if topic is None or n_parts < 0 or pos + 4 * n_parts > len(body):
-                return None
+            n_parts, pos = _count(body, pos, flexible)
+            if pos + 4 * n_parts > len(body):
+                raise wire.InvalidRequestError("truncated forgotten topic")
             indexes = struct.unpack_from(f">{n_parts}i", body, pos)
             pos += 4 * n_parts
             if flexible:
-                if body[pos]:
-                    return None
-                pos += 1
-            name = "topic_id" if by_id else "topic"
-            forgotten.append(forgotten_type(**{name: topic, "partitions": indexes}))
+                pos = _no_tags(body, pos)
+            forgotten.append(forgotten_type(**{key: topic, "partitions": indexes}))
         fields["forgotten_topics_data"] = tuple(forgotten)
     if version >= 11:
-        if flexible:
-            rack, pos = wire.read_compact_nullable_string(body, pos)
-        else:
-            rack, pos = wire.read_nullable_string(body, pos)
-        if rack is None:
-            return None
-        fields["rack_id"] = rack
+        fields["rack_id"], pos = _read_string(body, pos, flexible)
     if flexible:
-        if body[pos]:  # cluster_id, replica_state
-            return None
+        _no_tags(body, pos)  # cluster_id, replica_state
         fields["cluster_id"] = None
     return request_type(
         max_wait=datetime.timedelta(milliseconds=wait),
@@ -402,14 +386,38 @@ def decode_fetch_request(body: wire.Buffer, pos: int, version: int) -> Any | Non
     )
 
 
-def _read_topic(
-    body: wire.Buffer, pos: int, flexible: bool, by_id: bool
-) -> tuple[str | uuid.UUID | None, int]:
-    """A fetched or forgotten topic's name (v4-12) or id (v13+, None for the null id, which
-    the generic reader gives as None too); None for a null name."""
+def _count(body: wire.Buffer, pos: int, flexible: bool) -> tuple[int, int]:
+    """An array's count (a null array is the generic reader's)."""
+    n, pos = wire.read_array_length(body, pos, flexible)
+    if n < 0:
+        raise _LeftToGenericReader
+    return n, pos
+
+
+def _no_tags(body: wire.Buffer, pos: int) -> int:
+    """Past an empty TAGGED_FIELDS section (one with tags is the generic reader's)."""
+    if body[pos]:
+        raise _LeftToGenericReader
+    return pos + 1
+
+
+def _read_topic(body: wire.Buffer, pos: int, flexible: bool, by_id: bool) -> tuple[Any, int]:
+    """A fetched or forgotten topic's name (v4-12) or id (v13+); a null name or the null id
+    (which the generic reader gives as None) is the generic reader's."""
     if by_id:
         (raw,) = _TOPIC_ID.unpack_from(body, pos)
-        return (None if raw == _NULL_UUID else uuid.UUID(bytes=raw)), pos + 16
+        if raw == _NULL_UUID:
+            raise _LeftToGenericReader
+        return uuid.UUID(bytes=raw), pos + 16
+    return _read_string(body, pos, flexible)
+
+
+def _read_string(body: wire.Buffer, pos: int, flexible: bool) -> tuple[str, int]:
+    """A (compact) string; a null one is the generic reader's."""
     if flexible:
-        return wire.read_compact_nullable_string(body, pos)
-    return wire.read_nullable_string(body, pos)
+        value, pos = wire.read_compact_nullable_string(body, pos)
+    else:
+        value, pos = wire.read_nullable_string(body, pos)
+    if value is None:
+        raise _LeftToGenericReader
+    return value, pos
