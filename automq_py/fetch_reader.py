@@ -173,7 +173,9 @@ class FetchReader:
         opened: list[Partition] = []
         for entry in entries:
             topic = entry.topic
-            p = self._opened(topic, entry.index) if topic is not None else None
+            if topic is None or not 0 <= entry.index < topic.partitions:
+                return None  # the error's answer is the coroutines' (_open_for_read)
+            p = self._opened(topic, entry.index)
             if p is None:
                 return None
             opened.append(p)
