@@ -121,10 +121,9 @@ class FetchReader:
         left of the request's ``max_bytes``, whole batches only, except that until one
         partition has returned data a read returns at least one batch, however large. So
         only the first batch of the first partition with data may go past either limit."""
-        if not read_committed:
-            hot = self._read_all_cached(entries, max_bytes, partitions)
-            if hot is not None:
-                return hot
+        hot = self._read_all_cached(entries, max_bytes, partitions, read_committed)
+        if hot is not None:
+            return hot
         # open the partitions concurrently: a first open after a start reads from object storage
         # (eagerly: an open partition, or a read from the LogCache, costs no task)
         opened = await gather_eagerly(*(self._open_for_read(entry) for entry in entries))
@@ -165,11 +164,16 @@ class FetchReader:
         return results
 
     def _read_all_cached(
-        self, entries: Sequence[FetchEntry], max_bytes: int, partitions: list[Partition | None]
+        self,
+        entries: Sequence[FetchEntry],
+        max_bytes: int,
+        partitions: list[Partition | None],
+        read_committed: bool,
     ) -> list[FetchData] | None:
         """:meth:`_read_all` at once, without a coroutine per partition, when every partition
-        is open and the LogCache holds what each read returns (a consumer keeping up); None
-        otherwise."""
+        is open and the LogCache holds what each read returns (a consumer keeping up), and,
+        ``read_committed`` (librdkafka's default), each one's aborted-transaction index is
+        loaded; None otherwise."""
         opened: list[Partition] = []
         for entry in entries:
             topic = entry.topic
@@ -183,7 +187,7 @@ class FetchReader:
         results: list[FetchData] = []
         for entry, p in zip(entries, opened, strict=True):
             limit = min(entry.max_bytes, max(max_bytes - total, 0))
-            data = self._read_partition_cached(entry, p, limit, total == 0)
+            data = self._read_partition_cached(entry, p, limit, total == 0, read_committed)
             if data is None:
                 return None
             total += data.size
@@ -216,19 +220,30 @@ class FetchReader:
             try:
                 data.took(await partition.read(entry.offset, limit, end, min_one=min_one))
                 if read_committed and data.records:
-                    data.aborted = await partition.log.aborted_transactions(
-                        entry.offset, _records_end(data.records[-1], entry.offset)
+                    records, log = data.records, partition.log
+                    aborted = log.aborted_transactions_cached(
+                        entry.offset, lambda: _records_end(records[-1], entry.offset)
                     )
+                    if aborted is None:  # the index's first read since the partition opened
+                        aborted = await log.aborted_transactions(
+                            entry.offset, _records_end(records[-1], entry.offset)
+                        )
+                    data.aborted = aborted
             except Exception as e:  # out of range (a trim raced), or storage failing
                 data.error = self._failed(entry, e)
         return data
 
     def _read_partition_cached(
-        self, entry: FetchEntry, partition: Partition, limit: int, min_one: bool
+        self,
+        entry: FetchEntry,
+        partition: Partition,
+        limit: int,
+        min_one: bool,
+        read_committed: bool,
     ) -> FetchData | None:
-        """:meth:`_read_partition` (read_uncommitted) at once, when the LogCache holds what it
-        returns; None when the read would go to object storage."""
-        data, end = _partition_data(entry, partition, False)
+        """:meth:`_read_partition` at once, when the LogCache holds what it returns (and the
+        aborted-transaction index is loaded); None when the read would wait."""
+        data, end = _partition_data(entry, partition, read_committed)
         if data.error == ErrorCode.NONE and entry.offset < end and (limit > 0 or min_one):
             try:
                 records = partition.read_cached(entry.offset, limit, end, min_one=min_one)
@@ -238,6 +253,13 @@ class FetchReader:
             if records is None:
                 return None
             data.took(records)
+            if read_committed and records:
+                aborted = partition.log.aborted_transactions_cached(
+                    entry.offset, lambda: _records_end(records[-1], entry.offset)
+                )
+                if aborted is None:
+                    return None
+                data.aborted = aborted
         return data
 
 

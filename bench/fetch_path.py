@@ -5,10 +5,11 @@ in a temporary directory. It takes ``--batches`` Produce requests per partition,
 of ``--records`` records of ``--record-size`` bytes (a saturating librdkafka producer's batches
 are ~700 KB), so that everything is in its LogCache; then Fetch requests in a sessionless
 consumer's shape (v12, every partition from one offset, ``partition_max_bytes`` 1 MiB,
-``min_bytes`` 1) are decoded, handled and their responses encoded, one after the other, each
-from the next batch's offset. Per run it prints the event loop's CPU per fetch
-(``thread_time``) and the response's size; ``--profile`` also prints the Python calls per fetch
-and the functions that took the most time, under ``cProfile`` in a pass of its own.
+``min_bytes`` 1, ``--isolation-level`` 1: read_committed, librdkafka's default) are decoded,
+handled and their responses encoded, one after the other, each from the next batch's offset.
+Per run it prints the event loop's CPU per fetch (``thread_time``) and the response's size;
+``--profile`` also prints the Python calls per fetch and the functions that took the most time,
+under ``cProfile`` in a pass of its own.
 
 What it leaves out is the socket: the response's copy into it and, on loopback, the receiver's
 TCP work, which the sender's system call does. A consume's CPU per GB ("Measured facts" in
@@ -51,6 +52,14 @@ def main() -> int:
     parser.add_argument("--fetches", type=int, default=2000, help="measured fetches a run (2000)")
     parser.add_argument("--runs", type=int, default=3, help="runs per checkout (3)")
     parser.add_argument(
+        "--isolation-level",
+        type=int,
+        choices=(0, 1),
+        default=1,
+        help="the fetches' isolation_level: 1 read_committed (librdkafka's default), "
+        "0 read_uncommitted (the Java client's)",
+    )
+    parser.add_argument(
         "--checkout",
         action="append",
         default=[],
@@ -71,7 +80,8 @@ def main() -> int:
     checkouts = [Path(c).resolve() for c in args.checkout] or [Path(__file__).resolve().parents[1]]
     print(
         f"# {args.partitions} partitions a fetch, batches of {args.records} x "
-        f"{args.record_size} B, {args.fetches} fetches a run after {WARMUP_FETCHES}"
+        f"{args.record_size} B, isolation_level {args.isolation_level}, {args.fetches} fetches "
+        f"a run after {WARMUP_FETCHES}"
     )
     figures: dict[Path, list[float]] = {c: [] for c in checkouts}
     for run in range(1, args.runs + 1):
@@ -95,7 +105,7 @@ def run_child(checkout: Path, args: argparse.Namespace) -> dict[str, Any]:
     """One run on ``checkout``'s code: this script again, with the checkout first on the path
     (``PYTHONSAFEPATH``: not this script's directory)."""
     command = [sys.executable, str(Path(__file__).resolve()), "--child"]
-    for name in ("partitions", "records", "record_size", "batches", "fetches"):
+    for name in ("partitions", "records", "record_size", "batches", "fetches", "isolation_level"):
         command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     if args.profile:
         command.append("--profile")
@@ -116,7 +126,9 @@ def asyncio_run(main_coroutine: Any) -> Any:
         return runner.run(main_coroutine)
 
 
-def fetch_request(topic: str, partitions: int, offset: int, correlation_id: int) -> bytes:
+def fetch_request(
+    topic: str, partitions: int, offset: int, correlation_id: int, isolation_level: int
+) -> bytes:
     """A Fetch v12 request (header and body) of every partition from ``offset``, without a
     fetch session (librdkafka's shape)."""
     from kafka.protocol.consumer import FetchRequest
@@ -132,7 +144,7 @@ def fetch_request(topic: str, partitions: int, offset: int, correlation_id: int)
         max_wait_ms=500,
         min_bytes=1,
         max_bytes=52428800,
-        isolation_level=0,
+        isolation_level=isolation_level,
         session_id=0,
         session_epoch=-1,
         topics=[FetchRequest.FetchTopic(topic=topic, partitions=fetched)],
@@ -168,7 +180,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                         await response.future
                     response.response()
         fetches = [
-            fetch_request(TOPIC, args.partitions, k * args.records, k) for k in range(args.batches)
+            fetch_request(TOPIC, args.partitions, k * args.records, k, args.isolation_level)
+            for k in range(args.batches)
         ]
         sizes: list[int] = []
 

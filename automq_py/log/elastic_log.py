@@ -505,6 +505,19 @@ class ElasticLog:
         entries = await self._load_aborted()
         return aborted_in_range((t for _, _, t in entries), fetch_offset, upper_bound)
 
+    def aborted_transactions_cached(
+        self, fetch_offset: int, upper_bound: Callable[[], int]
+    ) -> list[AbortedTxn] | None:
+        """:meth:`aborted_transactions` at once, once the index is loaded (None before);
+        ``upper_bound`` is asked only when the partition has aborted a transaction (most never
+        do, and a read_committed fetch asks each partition it reads)."""
+        entries = self._aborted
+        if entries is None:
+            return None
+        if not entries:
+            return []
+        return aborted_in_range((t for _, _, t in entries), fetch_offset, upper_bound())
+
     async def _load_aborted(self) -> list[tuple[str, int, AbortedTxn]]:
         """The index: each segment's slice of its Txn stream (``txn``, or ``txn.cleaned`` for
         a cleaned segment, whose entries its cleaning wrote)."""

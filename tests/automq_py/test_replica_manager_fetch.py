@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 
 from automq_py.fetch_reader import FetchEntry
-from automq_py.partition import Partition
+from automq_py.partition import AppendResult, Partition
 from automq_py.replica_manager import AppendEntry, ReplicaManager
 from automq_py.topics import TopicInfo
+from protocol import record_batch
 from protocol.errors import ErrorCode
 from protocol.records import RecordInput, build_batch
 from storage.config import S3StreamConfig
@@ -187,6 +188,56 @@ async def test_a_fetch_the_log_cache_holds_is_read_without_a_coroutine_per_parti
     # all open, all in the LogCache: no coroutine
     assert await fetch() == [3 * BATCH] * 4 + [0]
     assert coroutine_reads == 4
-    # read_committed looks up aborted transactions, which may wait: the coroutines again
+    # read_committed's first fetch loads each partition's aborted-transaction index: the
+    # coroutines again; after that, read_committed (librdkafka's default) is served at once too
     assert await fetch(read_committed=True) == [3 * BATCH] * 4 + [0]
     assert coroutine_reads == 8
+    assert await fetch(read_committed=True) == [3 * BATCH] * 4 + [0]
+    assert coroutine_reads == 8
+
+
+def txn_batch(producer_id: int) -> memoryview:
+    records = [RecordInput(b"t" * 40) for _ in range(2)]
+    return memoryview(
+        build_batch(
+            records,
+            producer_id=producer_id,
+            producer_epoch=0,
+            base_sequence=0,
+            is_transactional=True,
+        )
+    )
+
+
+async def test_read_committed_lists_the_aborted_transactions_among_what_it_returns(
+    replicas: ReplicaManager, path: str
+) -> None:
+    topic = TopicInfo("txn", uuid.uuid4(), 1)
+    partition = await replicas.partition(topic, 0)
+    assert (await partition.append_records(txn_batch(1))).error == ErrorCode.NONE  # 0-1
+    marker = await partition.append_marker(1, 0, 0, False)  # 2: producer 1 aborts
+    assert not isinstance(marker, AppendResult)
+    await marker.durable
+    assert (await partition.append_records(txn_batch(2))).error == ErrorCode.NONE  # 3-4, open
+    assert (partition.high_watermark, partition.last_stable_offset) == (5, 3)
+
+    async def fetch(offset: int) -> tuple[list[tuple[int, int]] | None, int, int]:
+        [r] = await replicas.fetch_messages(
+            [FetchEntry(topic, 0, offset, 10_000)],
+            max_bytes=10_000,
+            min_bytes=0,
+            max_wait_s=0,
+            read_committed=True,
+        )
+        assert r.error == ErrorCode.NONE
+        aborted = (
+            None if r.aborted is None else [(t.producer_id, t.first_offset) for t in r.aborted]
+        )
+        ends = [h.last_offset for v in r.records or [] for h, _ in record_batch.iter_batches(v)]
+        return aborted, r.last_stable_offset, max(ends, default=-1)
+
+    # the first fetch loads the index, the second finds it loaded (at once when cached)
+    for _ in range(2):
+        assert await fetch(0) == ([(1, 0)], 3, 2)  # up to the last stable offset
+        assert await fetch(2) == ([(1, 0)], 3, 2)  # the marker's own batch
+        assert await fetch(3) == ([], 3, -1)  # at the stable offset: nothing yet
