@@ -218,9 +218,9 @@ class FetchReader:
         data, end = _partition_data(entry, partition, read_committed)
         if data.error == ErrorCode.NONE and entry.offset < end and (limit > 0 or min_one):
             try:
-                data.took(await partition.read(entry.offset, limit, end, min_one=min_one))
-                if read_committed and data.records:
-                    records, log = data.records, partition.log
+                records = await partition.read(entry.offset, limit, end, min_one=min_one)
+                if read_committed and records:
+                    log = partition.log
                     aborted = log.aborted_transactions_cached(
                         entry.offset, lambda: _records_end(records[-1], entry.offset)
                     )
@@ -230,7 +230,9 @@ class FetchReader:
                         )
                     data.aborted = aborted
             except Exception as e:  # out of range (a trim raced), or storage failing
-                data.error = self._failed(entry, e)
+                data.error = self._failed(entry, e)  # and no records, as Kafka answers
+                return data
+            data.took(records)
         return data
 
     def _read_partition_cached(
@@ -247,19 +249,19 @@ class FetchReader:
         if data.error == ErrorCode.NONE and entry.offset < end and (limit > 0 or min_one):
             try:
                 records = partition.read_cached(entry.offset, limit, end, min_one=min_one)
+                if records is None:
+                    return None
+                if read_committed and records:
+                    aborted = partition.log.aborted_transactions_cached(
+                        entry.offset, lambda: _records_end(records[-1], entry.offset)
+                    )
+                    if aborted is None:
+                        return None
+                    data.aborted = aborted
             except Exception as e:
                 data.error = self._failed(entry, e)
                 return data
-            if records is None:
-                return None
             data.took(records)
-            if read_committed and records:
-                aborted = partition.log.aborted_transactions_cached(
-                    entry.offset, lambda: _records_end(records[-1], entry.offset)
-                )
-                if aborted is None:
-                    return None
-                data.aborted = aborted
         return data
 
 

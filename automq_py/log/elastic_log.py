@@ -144,6 +144,10 @@ class ElasticLog:
         # the aborted-transaction index, (stream name, position, entry), read on first use
         self._aborted: list[tuple[str, int, AbortedTxn]] | None = None
         self._aborted_lock = asyncio.Lock()
+        # bumped when what a load of the index reads changes under it (a cleaning replaced the
+        # segments, or an entry was appended while the index was unloaded): the load reads again
+        self._aborted_generation = 0
+        self._aborted_appends: set[asyncio.Future[None]] = set()  # entries not yet durable
         self._cleaner_lock = asyncio.Lock()  # one key-compaction swap at a time
 
     # -- state -----------------------------------------------------------------------------------
@@ -423,6 +427,7 @@ class ElasticLog:
                 await self._persist_log_meta()
                 await self._trim_streams()
                 self._aborted = None  # read again from the segments' slices
+                self._aborted_generation += 1
             log.info(
                 "MetaStream %d: %d segments of [%d, %d) replaced by a cleaned segment of %d "
                 "batches (%d bytes, was %d)",
@@ -496,9 +501,14 @@ class ElasticLog:
                     stream.stream_id,
                 )
             entry = encode_entry(txn)
-            position, _ = await stream.start_append(entry, len(entry), backpressure=False)
-            assert self._aborted is not None
-            self._aborted.append((TXN_STREAM, position, txn))
+            position, durable = await stream.start_append(entry, len(entry), backpressure=False)
+            if not durable.done():
+                self._aborted_appends.add(durable)
+                durable.add_done_callback(self._aborted_appends.discard)
+            if self._aborted is not None:
+                self._aborted.append((TXN_STREAM, position, txn))
+            else:  # a cleaning dropped the index meanwhile: its next load reads this entry
+                self._aborted_generation += 1
 
     async def aborted_transactions(self, fetch_offset: int, upper_bound: int) -> list[AbortedTxn]:
         """The aborted transactions with data in ``[fetch_offset, upper_bound)``."""
@@ -524,7 +534,10 @@ class ElasticLog:
         if self._aborted is not None:
             return self._aborted
         async with self._aborted_lock:
-            if self._aborted is None:
+            while self._aborted is None:
+                generation = self._aborted_generation
+                if self._aborted_appends:  # read only what is durable: wait for the rest
+                    await asyncio.wait(list(self._aborted_appends))
                 loaded: list[tuple[str, int, AbortedTxn]] = []
                 for segment in list(self._segments):
                     name = TXN_STREAM + segment.stream_suffix
@@ -544,7 +557,8 @@ class ElasticLog:
                             for i, txn in enumerate(decode_entries(batch.payload)):
                                 loaded.append((name, batch.base_offset + i * ENTRY_SIZE, txn))
                             pos = batch.last_offset
-                self._aborted = loaded
+                if generation == self._aborted_generation:
+                    self._aborted = loaded
             return self._aborted
 
     async def roll(self) -> None:

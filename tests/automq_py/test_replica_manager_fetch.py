@@ -180,6 +180,8 @@ async def test_a_fetch_the_log_cache_holds_is_read_without_a_coroutine_per_parti
             read_committed=read_committed,
         )
         assert all(r.error == ErrorCode.NONE for r in results)
+        # read_committed lists the aborted transactions among the records: none, not null
+        assert all(r.aborted == ([] if read_committed else None) for r in results)
         return [r.size for r in results]
 
     # a partition not open yet: the fetch opens it, every partition read by its coroutine
@@ -210,7 +212,7 @@ def txn_batch(producer_id: int) -> memoryview:
 
 
 async def test_read_committed_lists_the_aborted_transactions_among_what_it_returns(
-    replicas: ReplicaManager, path: str
+    replicas: ReplicaManager, path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     topic = TopicInfo("txn", uuid.uuid4(), 1)
     partition = await replicas.partition(topic, 0)
@@ -220,6 +222,34 @@ async def test_read_committed_lists_the_aborted_transactions_among_what_it_retur
     await marker.durable
     assert (await partition.append_records(txn_batch(2))).error == ErrorCode.NONE  # 3-4, open
     assert (partition.high_watermark, partition.last_stable_offset) == (5, 3)
+    # opened again (the broker restarted): its aborted-transaction index is not loaded until a
+    # read_committed fetch reads it
+    await replicas.close()
+    reopened = ReplicaManager(replicas.storage, {})
+    try:
+        await reopened.partition(topic, 0)
+        # cached: the first fetch's coroutine loads the index, every later fetch is read at once
+        assert await read_twice(reopened, topic, monkeypatch) == (
+            [1, 1] if path == "cached" else [2, 4]
+        )
+    finally:
+        await reopened.close()
+
+
+async def read_twice(
+    replicas: ReplicaManager, topic: TopicInfo, monkeypatch: pytest.MonkeyPatch
+) -> list[int]:
+    """Read ``topic`` (see above) read_committed from offsets 0, 2 and 3, twice over: the
+    coroutine reads made after each round."""
+    coroutine_reads = 0
+    real_read = Partition.read
+
+    async def read(self: Partition, *args: Any, **kwargs: Any) -> Any:
+        nonlocal coroutine_reads
+        coroutine_reads += 1
+        return await real_read(self, *args, **kwargs)
+
+    monkeypatch.setattr(Partition, "read", read)
 
     async def fetch(offset: int) -> tuple[list[tuple[int, int]] | None, int, int]:
         [r] = await replicas.fetch_messages(
@@ -236,8 +266,10 @@ async def test_read_committed_lists_the_aborted_transactions_among_what_it_retur
         ends = [h.last_offset for v in r.records or [] for h, _ in record_batch.iter_batches(v)]
         return aborted, r.last_stable_offset, max(ends, default=-1)
 
-    # the first fetch loads the index, the second finds it loaded (at once when cached)
+    reads = []
     for _ in range(2):
         assert await fetch(0) == ([(1, 0)], 3, 2)  # up to the last stable offset
         assert await fetch(2) == ([(1, 0)], 3, 2)  # the marker's own batch
         assert await fetch(3) == ([], 3, -1)  # at the stable offset: nothing yet
+        reads.append(coroutine_reads)
+    return reads

@@ -166,3 +166,58 @@ async def test_a_cleaned_segment_has_its_own_transaction_index(tmp_path: Path) -
         await reopened.close()
     finally:
         await storage.close()
+
+
+async def test_an_abort_that_waited_for_a_cleaning_is_in_the_index_it_dropped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cleaning drops the aborted-transaction index (read again from the new segments);
+    an ABORT whose index entry waited for the cleaning's lock is appended meanwhile, and the
+    next read of the index, once the entry is durable, has it."""
+    import asyncio
+
+    from automq_py.partition import AppendResult, Partition
+
+    storage = await start_storage(tmp_path)
+    try:
+        log = await open_log(storage, segment_bytes=400)
+        p = Partition("t", 0, log, 0, 1 << 20)
+        batches = await append_batches(log, BATCHES)
+        txn = build_batch(
+            [RecordInput(b"t", b"k", [], T0)] * 2,
+            producer_id=8,
+            producer_epoch=0,
+            base_sequence=0,
+            is_transactional=True,
+        )
+        assert (await p.append_records(memoryview(txn))).error.name == "NONE"  # 40-41
+        assert await log.aborted_transactions(0, END + 2) == []  # the index loaded
+        sealed = [s for s in log.segments if s.log.end != -1]
+        end = sealed[0].log.end - sealed[0].log.start + sealed[0].base_offset
+
+        holding, release = asyncio.Event(), asyncio.Event()
+        trim = log._trim_streams
+
+        async def held_trim() -> None:  # inside the cleaning's lock, before the index drops
+            holding.set()
+            await release.wait()
+            await trim()
+
+        monkeypatch.setattr(log, "_trim_streams", held_trim)
+        cleaning = asyncio.create_task(
+            log.replace_with_cleaned(0, end, kept(batches, list(range(end // 2)), 0))
+        )
+        await holding.wait()
+        abort = asyncio.create_task(p.append_marker(8, 0, 0, commit=False))
+        await asyncio.sleep(0.05)  # its index entry waits for the log's lock
+        release.set()
+        await cleaning
+        marker = await abort
+        assert not isinstance(marker, AppendResult), marker
+        await marker.durable
+        entries = await log.aborted_transactions(0, END + 3)
+        assert [(t.producer_id, t.first_offset, t.last_offset) for t in entries] == [
+            (8, END, END + 2)
+        ]
+    finally:
+        await storage.close()
