@@ -157,18 +157,25 @@ async def test_the_oversized_first_batch_comes_from_the_first_partition_with_dat
         assert [r.size for r in results] == [0, BATCH, 0, 0], max_bytes
 
 
+class CoroutineReads:
+    """Counts the partitions' reads through their coroutines (``Partition.read``), which the
+    LogCache's at-once path does not make."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.reads = 0
+        real_read = Partition.read
+
+        async def read(partition: Partition, *args: Any, **kwargs: Any) -> Any:
+            self.reads += 1
+            return await real_read(partition, *args, **kwargs)
+
+        monkeypatch.setattr(Partition, "read", read)
+
+
 async def test_a_fetch_the_log_cache_holds_is_read_without_a_coroutine_per_partition(
     replicas: ReplicaManager, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    coroutine_reads = 0
-    real_read = Partition.read
-
-    async def read(self: Partition, *args: Any, **kwargs: Any) -> Any:
-        nonlocal coroutine_reads
-        coroutine_reads += 1
-        return await real_read(self, *args, **kwargs)
-
-    monkeypatch.setattr(Partition, "read", read)
+    coroutine = CoroutineReads(monkeypatch)
     fresh = FetchEntry(TopicInfo("fresh", uuid.uuid4(), 1), 0, 0, 10_000)
 
     async def fetch(read_committed: bool = False) -> list[int]:
@@ -186,16 +193,16 @@ async def test_a_fetch_the_log_cache_holds_is_read_without_a_coroutine_per_parti
 
     # a partition not open yet: the fetch opens it, every partition read by its coroutine
     assert await fetch() == [3 * BATCH] * 4 + [0]
-    assert coroutine_reads == 4
+    assert coroutine.reads == 4
     # all open, all in the LogCache: no coroutine
     assert await fetch() == [3 * BATCH] * 4 + [0]
-    assert coroutine_reads == 4
+    assert coroutine.reads == 4
     # read_committed's first fetch loads each partition's aborted-transaction index: the
     # coroutines again; after that, read_committed (librdkafka's default) is served at once too
     assert await fetch(read_committed=True) == [3 * BATCH] * 4 + [0]
-    assert coroutine_reads == 8
+    assert coroutine.reads == 8
     assert await fetch(read_committed=True) == [3 * BATCH] * 4 + [0]
-    assert coroutine_reads == 8
+    assert coroutine.reads == 8
 
 
 def txn_batch(producer_id: int) -> memoryview:
@@ -241,15 +248,7 @@ async def read_twice(
 ) -> list[int]:
     """Read ``topic`` (see above) read_committed from offsets 0, 2 and 3, twice over: the
     coroutine reads made after each round."""
-    coroutine_reads = 0
-    real_read = Partition.read
-
-    async def read(self: Partition, *args: Any, **kwargs: Any) -> Any:
-        nonlocal coroutine_reads
-        coroutine_reads += 1
-        return await real_read(self, *args, **kwargs)
-
-    monkeypatch.setattr(Partition, "read", read)
+    coroutine = CoroutineReads(monkeypatch)
 
     async def fetch(offset: int) -> tuple[list[tuple[int, int]] | None, int, int]:
         [r] = await replicas.fetch_messages(
@@ -271,5 +270,5 @@ async def read_twice(
         assert await fetch(0) == ([(1, 0)], 3, 2)  # up to the last stable offset
         assert await fetch(2) == ([(1, 0)], 3, 2)  # the marker's own batch
         assert await fetch(3) == ([], 3, -1)  # at the stable offset: nothing yet
-        reads.append(coroutine_reads)
+        reads.append(coroutine.reads)
     return reads
