@@ -220,12 +220,9 @@ class FetchReader:
             try:
                 records = await partition.read(entry.offset, limit, end, min_one=min_one)
                 if read_committed and records:
-                    log = partition.log
-                    aborted = log.aborted_transactions_cached(
-                        entry.offset, lambda: _records_end(records[-1], entry.offset)
-                    )
+                    aborted = _aborted_at_once(entry, partition, records)
                     if aborted is None:  # the index's first read since the partition opened
-                        aborted = await log.aborted_transactions(
+                        aborted = await partition.log.aborted_transactions(
                             entry.offset, _records_end(records[-1], entry.offset)
                         )
                     data.aborted = aborted
@@ -252,9 +249,7 @@ class FetchReader:
                 if records is None:
                     return None
                 if read_committed and records:
-                    aborted = partition.log.aborted_transactions_cached(
-                        entry.offset, lambda: _records_end(records[-1], entry.offset)
-                    )
+                    aborted = _aborted_at_once(entry, partition, records)
                     if aborted is None:
                         return None
                     data.aborted = aborted
@@ -263,6 +258,16 @@ class FetchReader:
                 return data
             data.took(records)
         return data
+
+
+def _aborted_at_once(
+    entry: FetchEntry, partition: Partition, records: list[memoryview]
+) -> list[AbortedTxn] | None:
+    """The aborted transactions with data among ``records`` (read from ``entry``'s offset),
+    once the partition's index is loaded; None before (the caller loads it, waiting)."""
+    return partition.log.aborted_transactions_cached(
+        entry.offset, lambda: _records_end(records[-1], entry.offset)
+    )
 
 
 def _partition_data(
