@@ -245,9 +245,10 @@ class FetchReader:
         data, end = _partition_data(entry, partition, read_committed)
         if data.error == ErrorCode.NONE and entry.offset < end and (limit > 0 or min_one):
             try:
-                records = partition.read_cached(entry.offset, limit, end, min_one=min_one)
-                if records is None:
+                read = partition.read_cached(entry.offset, limit, end, min_one=min_one)
+                if read is None:
                     return None
+                records, size = read
                 if read_committed and records:
                     aborted = _aborted_at_once(entry, partition, records)
                     if aborted is None:
@@ -256,7 +257,8 @@ class FetchReader:
             except Exception as e:
                 data.error = self._failed(entry, e)
                 return data
-            data.took(records)
+            data.records = records
+            data.size = size
         return data
 
 
@@ -280,7 +282,9 @@ def _partition_data(
     hw, start = log.high_watermark, log.log_start_offset
     lso = log.stable_offset(hw)
     data = FetchData(ErrorCode.NONE, hw, start, [], lso, [] if read_committed else None)
-    if entry.offset < start or entry.offset > partition.log_end_offset:
+    offset = entry.offset
+    # (the log end offset only when past the high watermark, which is below it)
+    if offset < start or (offset > hw and offset > log.log_end_offset):
         data.error = ErrorCode.OFFSET_OUT_OF_RANGE
     return data, (lso if read_committed else hw)
 

@@ -383,8 +383,9 @@ class Partition:
 
     def read_cached(
         self, offset: int, max_bytes: int, max_offset: int | None = None, *, min_one: bool = True
-    ) -> list[memoryview] | None:
-        """:meth:`read` at once when the LogCache holds all it returns, else None."""
+    ) -> tuple[list[memoryview], int] | None:
+        """:meth:`read` at once when the LogCache holds all it returns, with the bytes it
+        returns; else None."""
         return self.log.read_cached(offset, max_bytes, max_offset=max_offset, min_one=min_one)
 
 

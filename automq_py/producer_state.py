@@ -306,8 +306,11 @@ class ProducerStateManager:
     def first_unstable_offset(self, high_watermark: int) -> int | None:
         """The first offset of the oldest transaction not yet decided, or decided by a marker
         not yet durable (below ``high_watermark`` is durable); None when there is none."""
-        while self._unstable and self._unstable[0].last_offset < high_watermark:
-            self._unstable.popleft()
+        unstable = self._unstable
+        if not unstable and not self._ongoing:
+            return None  # (most partitions: every fetch asks)
+        while unstable and unstable[0].last_offset < high_watermark:
+            unstable.popleft()
         first = min(self._ongoing.values(), default=None)
         if self._unstable:
             oldest = min(t.first_offset for t in self._unstable)

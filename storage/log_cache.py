@@ -37,6 +37,10 @@ from storage.stream_record_batch import StreamRecordBatch
 
 # payloads freed per step of release_gradually: ~0.2 ms of the event loop's time
 RELEASE_STEP = 128
+# a fetch's read joins consecutive payloads under JOINED_PAYLOAD bytes into buffers of up to
+# about JOINED_CHUNK (append_joined)
+JOINED_PAYLOAD = 8 * 1024
+JOINED_CHUNK = 64 * 1024
 
 
 def release_gradually(payload_lists: list[dict[int, bytes]]) -> None:
@@ -153,23 +157,59 @@ class CachedRun(Sequence[StreamRecordBatch]):
         before ``end``, while the bytes taken (``taken`` so far) stay within ``max_bytes``; the
         first regardless when ``first_free``. Returns the bytes taken, the offset after the last
         record taken (-1 if none) and whether the budget stopped it. The fetch path's loop: no
-        record objects are built."""
+        record objects are built; consecutive small payloads come joined
+        (:func:`append_joined`)."""
         bases, ends, payloads = self.bases, self.ends, self.payloads
         key = self.first + i
         count = len(ends)
         stop = -1
+        took: list[bytes] = []
+        budget_hit = False
         while i < count and bases[i] < end:
             payload = payloads[key]
             size = len(payload)
             if taken + size > max_bytes and not first_free:
-                return taken, stop, True
+                budget_hit = True
+                break
             first_free = False
-            out.append(memoryview(payload))
+            took.append(payload)
             taken += size
             stop = ends[i]
             i += 1
             key += 1
-        return taken, stop, False
+        append_joined(out, took)
+        return taken, stop, budget_hit
+
+
+def append_joined(out: list[memoryview], payloads: Sequence[bytes | memoryview]) -> None:
+    """Append ``payloads`` to ``out`` (a fetch's read), consecutive ones under
+    :data:`JOINED_PAYLOAD` bytes joined into buffers of about :data:`JOINED_CHUNK`: each buffer
+    costs the fetch's response more than copying a few KiB does, and a consumer catching up
+    with a producer's small batches reads hundreds of them a partition."""
+    if len(payloads) == 1:
+        out.append(memoryview(payloads[0]))
+        return
+    run: list[bytes | memoryview] = []
+    run_size = 0
+    for payload in payloads:
+        size = len(payload)
+        if size >= JOINED_PAYLOAD:
+            if run:
+                out.append(_joined(run))
+                run, run_size = [], 0
+            out.append(memoryview(payload))
+            continue
+        run.append(payload)
+        run_size += size
+        if run_size >= JOINED_CHUNK:
+            out.append(_joined(run))
+            run, run_size = [], 0
+    if run:
+        out.append(_joined(run))
+
+
+def _joined(run: list[bytes | memoryview]) -> memoryview:
+    return memoryview(run[0] if len(run) == 1 else b"".join(run))
 
 
 @dataclass(slots=True)
@@ -393,37 +433,52 @@ class LogCache:
         return min(pending) if pending else fallback
 
     def read_whole(
-        self, stream_id: int, start: int, end: int, max_bytes: int, min_one: bool
-    ) -> tuple[list[memoryview], int] | None:
-        """The payloads of a stream's cached records from the one holding ``start``, whole,
-        none starting at or after ``end``, while their bytes stay within ``max_bytes`` (the first
-        however large when ``min_one``), and the offset after the last (``start`` if none).
-        None when the cache does not hold ``start``: the caller reads from object storage."""
-        out: list[memoryview] = []
-        taken = 0
-        pos = start
-        found = False
-        for block in self._blocks:
-            run = block.records.get(stream_id)
-            if run is None:
+        self,
+        stream_id: int,
+        start: int,
+        end: int,
+        max_bytes: int,
+        min_one: bool,
+        out: list[memoryview],
+    ) -> tuple[int, int] | None:
+        """Append to ``out`` the payloads of a stream's cached records from the one holding
+        ``start``, whole, none starting at or after ``end``, while their bytes stay within
+        ``max_bytes`` (the first however large when ``min_one``). Returns the bytes appended and
+        the offset after the last record (``start`` if none); None, appending nothing, when the
+        cache does not hold ``start``: the caller reads from object storage."""
+        blocks = self._blocks
+        # the block holding ``start``, found from the newest: a consumer keeping up reads the
+        # newest records (a stream's records are in order, block after block)
+        k = len(blocks) - 1
+        while k >= 0:
+            run = blocks[k].records.get(stream_id)
+            if run is not None and run.bases and run.bases[0] <= start:
+                break
+            k -= 1
+        else:
+            return None  # the cache's records of the stream start after ``start``, if any
+        if run.ends[-1] <= start:
+            return None  # a gap: ``start`` is past this block's records, before the next one's
+        taken, pos, full = run.take_whole(
+            bisect.bisect_right(run.ends, start), end, max_bytes, 0, min_one, out
+        )
+        if pos < 0:
+            return 0, start
+        k += 1
+        count = len(blocks)
+        while not full and pos < end and k < count:  # on into the next blocks
+            run = blocks[k].records.get(stream_id)
+            k += 1
+            if run is None or not run.ends or run.ends[-1] <= pos:
                 continue
-            ends = run.ends
-            if not ends or ends[-1] <= pos:
-                continue
-            i = bisect.bisect_right(ends, pos)
-            if found:
-                if run.bases[i] != pos:
-                    break  # not contiguous (a stream's records are in order: never seen)
-            elif run.bases[i] > pos:
-                return None  # the cache's records of the stream start after ``start``
-            found = True
-            taken, stop, full = run.take_whole(i, end, max_bytes, taken, min_one and not out, out)
+            i = bisect.bisect_right(run.ends, pos)
+            if run.bases[i] != pos:
+                break  # not contiguous (a stream's records are in order: never seen)
+            taken, stop, full = run.take_whole(i, end, max_bytes, taken, min_one and not taken, out)
             if stop < 0:
                 break
             pos = stop
-            if full or pos >= end:
-                break
-        return (out, pos) if found else None
+        return taken, pos
 
     def get(self, stream_id: int, start: int, end: int, max_bytes: int) -> list[StreamRecordBatch]:
         """Cached records of a stream from ``start`` on: a contiguous run, possibly empty.

@@ -29,7 +29,7 @@ from storage import stream_record_batch
 from storage.block_cache import BlockCache
 from storage.config import S3StreamConfig
 from storage.errors import StorageFailedError, StreamClosedError
-from storage.log_cache import LogCache
+from storage.log_cache import LogCache, append_joined
 from storage.metadata import control
 from storage.metadata.manager import MetadataManager
 from storage.metadata.model import (
@@ -651,21 +651,23 @@ class S3Storage:
         when ``min_one``), and the offset after the last (``start`` if none): a fetch's read.
         From the LogCache when it holds ``start``, without a batch object per record (a fetch
         of small batches takes hundreds); else as :meth:`read` reads."""
-        hot = self.cache.read_whole(stream_id, start, end, max_bytes, min_one)
-        if hot is not None:
-            return hot
         out: list[memoryview] = []
+        hot = self.cache.read_whole(stream_id, start, end, max_bytes, min_one, out)
+        if hot is not None:
+            return out, hot[1]
+        took: list[bytes | memoryview] = []
         taken = 0
         pos = start
         for batch in await self.read(stream_id, start, end, max(max_bytes, 1)):
             if batch.base_offset >= end:
                 break
             size = len(batch.payload)
-            if taken + size > max_bytes and (out or not min_one):
+            if taken + size > max_bytes and (took or not min_one):
                 break
-            out.append(memoryview(batch.payload))
+            took.append(batch.payload)
             taken += size
             pos = batch.last_offset
+        append_joined(out, took)
         return out, pos
 
     async def prefetch_streams(self, stream_ids: Collection[int]) -> int:

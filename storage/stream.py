@@ -154,14 +154,15 @@ class S3Stream:
         return await self.storage.read_whole(self.stream_id, start, stop, max_bytes, min_one)
 
     def read_whole_cached(
-        self, start: int, end: int, max_bytes: int, min_one: bool
-    ) -> tuple[list[memoryview], int] | None:
-        """:meth:`read_whole` at once, when the LogCache holds ``start``; None when the read
-        would go to object storage."""
+        self, start: int, end: int, max_bytes: int, min_one: bool, out: list[memoryview]
+    ) -> tuple[int, int] | None:
+        """:meth:`read_whole` at once, when the LogCache holds ``start``, its payloads appended
+        to ``out``: the bytes appended and the offset after the last; None, appending nothing,
+        when the read would go to object storage."""
         stop = self._read_end(start, end, self.confirmed_offset)
         if start >= stop:
-            return [], start
-        return self.storage.cache.read_whole(self.stream_id, start, stop, max_bytes, min_one)
+            return 0, start
+        return self.storage.cache.read_whole(self.stream_id, start, stop, max_bytes, min_one, out)
 
     def _read_end(self, start: int, end: int, confirmed: int) -> int:
         """Where a read from ``start`` towards ``end`` (-1: the confirmed end) stops; raises

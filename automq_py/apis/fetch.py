@@ -106,21 +106,25 @@ async def handle_fetch(ctx: BrokerContext, request: Request) -> Any:
     for t, name in zip(body.topics, names, strict=True):
         parts: list[FetchPartitionResult] = []
         info = None
-        for p in t.partitions:
+        for _ in t.partitions:
             entry, r = entries[i], results[i]
             info = entry.topic
             i += 1
+            aborted = r.aborted
             parts.append(
                 FetchPartitionResult(
-                    int(p.partition),
+                    entry.index,
                     r.error,
-                    high_watermark=r.high_watermark,
-                    last_stable_offset=r.last_stable_offset,
-                    log_start_offset=r.log_start_offset,
-                    aborted_transactions=None
-                    if r.aborted is None
-                    else [AbortedTransaction(t.producer_id, t.first_offset) for t in r.aborted],
-                    records=r.records or [],
+                    r.high_watermark,
+                    r.last_stable_offset,
+                    r.log_start_offset,
+                    None
+                    if aborted is None
+                    else [AbortedTransaction(t.producer_id, t.first_offset) for t in aborted]
+                    if aborted
+                    else (),
+                    records=r.records or (),
+                    records_size=r.size,
                 )
             )
         topic_id = getattr(t, "topic_id", None)

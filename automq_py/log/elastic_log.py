@@ -29,6 +29,7 @@ import bisect
 import dataclasses
 import itertools
 import logging
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -65,6 +66,8 @@ from storage.retention import SegmentInfo
 from storage.stream import S3Stream, StreamClient, close_streams
 
 log = logging.getLogger(__name__)
+
+_BASE_OFFSET = operator.attrgetter("base_offset")  # a segment's, to bisect by
 
 
 class LogOffsetOutOfRangeError(OffsetOutOfRangeError):
@@ -750,7 +753,7 @@ class ElasticLog:
         ``max_bytes`` (with ``min_one``, at least one when any is available, however large),
         none starting at or after ``max_offset`` or at the high watermark. Raises
         :class:`LogOffsetOutOfRangeError` outside ``[log_start_offset, log_end_offset]``."""
-        segments, i, max_offset = self._read_from(offset, max_offset)
+        segments, i, max_offset, _ = self._read_from(offset, max_offset)
         out: list[memoryview] = []
         total = 0
         while i < len(segments):
@@ -773,41 +776,49 @@ class ElasticLog:
         *,
         max_offset: int | None = None,
         min_one: bool = True,
-    ) -> list[memoryview] | None:
+    ) -> tuple[list[memoryview], int] | None:
         """:meth:`read` at once, when the LogCache holds all it returns (a consumer keeping
-        up); None when some of it would come from object storage."""
-        segments, i, max_offset = self._read_from(offset, max_offset)
+        up), with the bytes it returns; None when some of it would come from object storage."""
+        segments, i, max_offset, hw = self._read_from(offset, max_offset)
         out: list[memoryview] = []
         total = 0
-        while i < len(segments):
+        last = len(segments) - 1
+        while i <= last:
             segment = segments[i]
-            got = segment.read_cached(offset, max_bytes - total, max_offset, min_one and not out)
+            next_offset = hw if i == last else segment.next_offset  # (the same, asked once)
+            got = segment.read_cached(
+                offset,
+                next_offset if next_offset < max_offset else max_offset,
+                max_bytes - total,
+                min_one and not total,
+                out,
+            )
             if got is None:
                 return None
-            views, pos = got
-            out.extend(views)
-            total += sum(len(v) for v in views)
-            if pos < segment.next_offset or total >= max_bytes:
+            taken, pos = got
+            total += taken
+            if pos < next_offset or total >= max_bytes:
                 break
             offset = pos
             i += 1
-        return out
+        return out, total
 
     def _read_from(
         self, offset: int, max_offset: int | None
-    ) -> tuple[list[ElasticLogSegment], int, int]:
+    ) -> tuple[list[ElasticLogSegment], int, int, int]:
         """Where a read from ``offset`` starts: the segments (a roll replaces nothing in place:
-        a stable snapshot), the index of the one holding ``offset``, and the offset the read
-        stops before (``max_offset``, at most the high watermark)."""
-        start, end = self.log_start_offset, self.log_end_offset
-        if offset < start or offset > end:
-            raise LogOffsetOutOfRangeError(offset, start, end)
+        a stable snapshot), the index of the one holding ``offset``, the offset the read stops
+        before (``max_offset``, at most the high watermark), and the high watermark."""
         hw = self.high_watermark
+        start = self.log_start_offset
+        # (the log end offset only when past the high watermark, which is below it)
+        if offset < start or (offset > hw and offset > self.log_end_offset):
+            raise LogOffsetOutOfRangeError(offset, start, self.log_end_offset)
         segments = self._segments
-        i = 0
-        if len(segments) > 1:
-            i = max(bisect.bisect_right([s.base_offset for s in segments], offset) - 1, 0)
-        return segments, i, (hw if max_offset is None else min(max_offset, hw))
+        i = len(segments) - 1  # mostly the active segment: a consumer keeping up
+        if i and offset < segments[i].base_offset:
+            i = max(bisect.bisect_right(segments, offset, key=_BASE_OFFSET) - 1, 0)
+        return segments, i, (hw if max_offset is None else min(max_offset, hw)), hw
 
     async def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
         """``(offset, max timestamp)`` of the first batch whose max timestamp is >=

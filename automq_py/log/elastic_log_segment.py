@@ -257,20 +257,25 @@ class ElasticLogSegment:
         return views, (self.to_kafka(stop) if views else offset)
 
     def read_cached(
-        self, offset: int, max_bytes: int, max_offset: int | None, min_one: bool
-    ) -> tuple[list[memoryview], int] | None:
-        """:meth:`read` at once, when the LogCache holds the batch at ``offset``; None when the
-        read would go to object storage."""
-        offset, end = self._read_range(offset, max_offset)
+        self, offset: int, end: int, max_bytes: int, min_one: bool, out: list[memoryview]
+    ) -> tuple[int, int] | None:
+        """:meth:`read` at once, up to ``end`` (at most :attr:`next_offset`), when the LogCache
+        holds the batch at ``offset``, the batches appended to ``out``: the bytes appended and
+        the offset after the last (``offset`` if none); None, appending nothing, when the read
+        would go to object storage."""
+        base = self.base_offset
+        if offset < base:
+            offset = base
         if offset >= end:
-            return [], offset
+            return 0, offset
+        shift = self.log_slice.start - base  # Kafka offset -> stream offset
         hot = self.log_stream.read_whole_cached(
-            self.to_stream(offset), self.to_stream(end), max_bytes, min_one
+            offset + shift, end + shift, max_bytes, min_one, out
         )
         if hot is None:
             return None
-        views, stop = hot
-        return views, (self.to_kafka(stop) if views else offset)
+        taken, stop = hot
+        return taken, (stop - shift if taken else offset)
 
     def _read_range(self, offset: int, max_offset: int | None) -> tuple[int, int]:
         """Where a read from ``offset`` towards ``max_offset`` starts and ends in the segment."""

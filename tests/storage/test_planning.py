@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from storage import log_cache
-from storage.log_cache import CachedRun, LogCache
+from storage.log_cache import JOINED_CHUNK, JOINED_PAYLOAD, CachedRun, LogCache
 from storage.stream_record_batch import StreamRecordBatch
 from storage.upload import plan_upload
 
@@ -269,19 +269,35 @@ def whole_reference(
     return [bytes(r.payload) for r in taken], (taken[-1].last_offset if taken else start)
 
 
+def read_whole(
+    cache: LogCache, stream: int, start: int, end: int, max_bytes: int, min_one: bool
+) -> tuple[list[memoryview], int] | None:
+    """``cache.read_whole``'s payloads and stop; the bytes it says it took are theirs, and a
+    miss appends nothing."""
+    out: list[memoryview] = []
+    got = cache.read_whole(stream, start, end, max_bytes, min_one, out)
+    if got is None:
+        assert out == []
+        return None
+    taken, stop = got
+    assert taken == sum(len(v) for v in out)
+    return out, stop
+
+
 def test_a_whole_batch_read_stops_at_the_budget_and_crosses_blocks() -> None:
     cache = LogCache(max_size=1 << 20)
     wal = fill(cache, [1, 2], range(0, 5), 100)
     cache.seal()
     fill(cache, [1, 2], range(5, 10), 100, wal)
-    views, stop = cache.read_whole(1, 3, 100, 4 * 67, True) or ([], -1)
-    assert [len(v) for v in views] == [67] * 4 and stop == 7  # records 3-6: two blocks
-    views, stop = cache.read_whole(1, 3, 5, 1 << 20, True) or ([], -1)
-    assert len(views) == 2 and stop == 5  # none starting at or after ``end``
+    views, stop = read_whole(cache, 1, 3, 100, 4 * 67, True) or ([], -1)
+    # records 3-6, from two blocks: each block's small payloads joined
+    assert [len(v) for v in views] == [2 * 67, 2 * 67] and stop == 7
+    views, stop = read_whole(cache, 1, 3, 5, 1 << 20, True) or ([], -1)
+    assert [len(v) for v in views] == [2 * 67] and stop == 5  # none starting at or after ``end``
     # the first record however large, or none when the fetch may return nothing
-    assert [len(v) for v in (cache.read_whole(1, 3, 100, 10, True) or ([], 0))[0]] == [67]
-    assert cache.read_whole(1, 3, 100, 10, False) == ([], 3)
-    assert cache.read_whole(3, 0, 100, 1 << 20, True) is None  # a stream it does not hold
+    assert [len(v) for v in (read_whole(cache, 1, 3, 100, 10, True) or ([], 0))[0]] == [67]
+    assert read_whole(cache, 1, 3, 100, 10, False) == ([], 3)
+    assert read_whole(cache, 3, 0, 100, 1 << 20, True) is None  # a stream it does not hold
 
 
 @settings(max_examples=200, deadline=None)
@@ -317,6 +333,29 @@ def test_a_whole_batch_read_is_what_get_and_the_fetch_budget_give(
     end = min(start + length, len(puts))
     if start >= end:
         return
-    got = cache.read_whole(1, start, end, max_bytes, min_one)
+    got = read_whole(cache, 1, start, end, max_bytes, min_one)
     expected = whole_reference(cache, 1, start, end, max_bytes, min_one)
-    assert (None if got is None else ([bytes(v) for v in got[0]], got[1])) == expected
+    # (compared joined: small payloads come joined)
+    assert (None if got is None else (b"".join(got[0]), got[1])) == (
+        None if expected is None else (b"".join(expected[0]), expected[1])
+    )
+
+
+def test_a_whole_batch_read_joins_small_payloads_and_leaves_large_ones_as_they_are() -> None:
+    cache = LogCache(max_size=1 << 30)
+    small = JOINED_PAYLOAD - 1
+    sizes = [100, 200, JOINED_PAYLOAD, 300] + [small] * 9 + [50]
+    wal = 0
+    for offset, size in enumerate(sizes):
+        cache.put(StreamRecordBatch(1, 0, offset, 1, bytes([offset]) * size), wal, wal + size)
+        wal += size
+    payloads = [bytes([offset]) * size for offset, size in enumerate(sizes)]
+    views, stop = read_whole(cache, 1, 0, len(sizes), 1 << 30, True) or ([], -1)
+    # the first two joined; the large one alone; then chunks of about JOINED_CHUNK
+    first_chunk = 300 + small * (JOINED_CHUNK // small)
+    assert first_chunk >= JOINED_CHUNK > first_chunk - small
+    assert [len(v) for v in views] == [300, JOINED_PAYLOAD, first_chunk, small + 50]
+    assert b"".join(views) == b"".join(payloads) and stop == len(sizes)
+    # the budget ends a read inside a run of small payloads: what was taken is appended
+    views, stop = read_whole(cache, 1, 3, len(sizes), 300 + 2 * small, False) or ([], -1)
+    assert [bytes(v) for v in views] == [b"".join(payloads[3:6])] and stop == 6

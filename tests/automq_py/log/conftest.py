@@ -14,6 +14,7 @@ import pytest
 from automq_py.log import log_loader
 from automq_py.log.elastic_log import ElasticLog
 from automq_py.log.log_config import LogConfig
+from protocol import record_batch
 from storage.config import S3StreamConfig
 from storage.s3_storage import S3Storage
 from storage.stream import StreamClient
@@ -92,3 +93,8 @@ async def append_batches(
         )
         out.append(batch)
     return out
+
+
+def batches_of(views: list[memoryview]) -> list[bytes]:
+    """The batches a read returned, one by one (a buffer of the read may hold several)."""
+    return [bytes(batch) for view in views for _, batch in record_batch.iter_batches(view)]

@@ -11,7 +11,7 @@ import pytest
 from automq_py.log.elastic_log import CleanedBatch, CleanedSegmentError, ElasticLog
 from protocol import record_batch
 from protocol.records import RecordInput, build_batch, parse_records
-from tests.automq_py.log.conftest import open_log, start_storage
+from tests.automq_py.log.conftest import batches_of, open_log, start_storage
 
 T0 = 1_700_000_000_000
 BATCHES = 20
@@ -70,7 +70,9 @@ async def test_a_cleaned_segment_keeps_offsets_and_skips_holes(tmp_path: Path) -
         # a read inside a hole starts at the next kept batch
         assert bases(await log.read(1, 1 << 20))[0] == 2 * keep[0]
         values = [
-            r.value for v in await log.read(0, 1 << 20, max_offset=end) for r in parse_records(v)
+            r.value
+            for batch in batches_of(await log.read(0, 1 << 20, max_offset=end))
+            for r in parse_records(batch)
         ]
         assert values == [f"v{i}".encode() for i in keep for _ in range(2)]
         await log.close()
@@ -144,7 +146,7 @@ async def test_a_cleaned_segment_has_its_own_transaction_index(tmp_path: Path) -
         sealed = [s for s in log.segments if s.log.end != -1]
         end = sealed[1].log.end - sealed[1].log.start + sealed[1].base_offset
         views = await log.read(0, 1 << 20, max_offset=end)
-        batches = [bytes(v[:]) for v in views]
+        batches = batches_of(views)
         kept = []
         covered = 0
         for data in batches:  # keep everything but the first transaction and its marker

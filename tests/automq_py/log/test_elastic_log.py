@@ -36,6 +36,7 @@ from tests.automq_py.log.conftest import (
     TOPIC_ID,
     StorageFactory,
     append_batches,
+    batches_of,
     kafka_batch,
     open_log,
     start_storage,
@@ -50,10 +51,9 @@ async def read_everything(log: ElasticLog, start: int = 0, max_bytes: int = 1000
     while pos < log.log_end_offset:
         views = await log.read(pos, max_bytes)
         assert views, f"no progress at {pos}"
-        for v in views:
-            out.append(bytes(v))
-            h = parse_header(v)
-            pos = h.last_offset + 1
+        for batch in batches_of(views):
+            out.append(batch)
+            pos = parse_header(batch).last_offset + 1
     return out
 
 
@@ -145,13 +145,13 @@ async def test_append_and_read_across_segment_rolls(make_storage: StorageFactory
     # read at every offset: the first batch holds it
     for offset in range(120):
         views = await log.read(offset, 1)
-        assert len(views) == 1 and bytes(views[0]) == batches[offset // 3]
+        assert batches_of(views) == [batches[offset // 3]]
     assert await read_everything(log, max_bytes=500) == batches
     # max_bytes is honoured across segments, whole batches only
     views = await log.read(10, 161 * 10)
-    assert [bytes(v) for v in views] == batches[3:13]
+    assert batches_of(views) == batches[3:13]
     views = await log.read(10, 161 * 10, max_offset=21)
-    assert [bytes(v) for v in views] == batches[3:7]
+    assert batches_of(views) == batches[3:7]
     assert await log.read(120, 1000) == []
     with pytest.raises(LogOffsetOutOfRangeError):
         await log.read(121, 1000)

@@ -11,7 +11,7 @@ from automq_py.partition import AppendResult, Partition
 from protocol import control_records, record_batch
 from protocol.errors import ErrorCode
 from protocol.records import RecordInput, build_batch
-from tests.automq_py.log.conftest import open_log, start_storage
+from tests.automq_py.log.conftest import batches_of, open_log, start_storage
 
 T0 = 1_700_000_000_000
 
@@ -69,7 +69,7 @@ async def test_open_transactions_hold_back_the_stable_offset(tmp_path: Path) -> 
         assert await p.log.aborted_transactions(0, 8) == [AbortedTxn(2, 4, 7, 8)]
         assert await p.log.aborted_transactions(8, 100) == []  # ends before the range
         views = await p.read(6, 1 << 20)
-        markers = [control_records.parse_marker(v) for v in views]
+        markers = [control_records.parse_marker(b) for b in batches_of(views)]
         assert [m.is_commit for m in markers] == [True, False]
     finally:
         await storage.close()
