@@ -268,3 +268,15 @@ def headers_frame(api_key: int, version: int) -> bytes:
     flexible = version >= fetch.FIRST_FLEXIBLE_VERSION
     head = struct.pack(">hhih", api_key, version, 7, 2) + b"id"
     return head + (b"\x00" if flexible else b"")
+
+
+def test_a_partition_class_with_a_field_made_by_a_factory_is_made_by_its_init() -> None:
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Later:
+        partition: int
+        tags: tuple[int, ...] = dataclasses.field(default_factory=tuple)
+        epoch: int = -1
+
+    assert fetch._maker(Later, ("partition",))((3,)) == Later(3)
+    plain = fetch._maker(Later, ("partition", "tags"))((3, (1,)))
+    assert plain == Later(3, (1,)) and plain.epoch == -1
