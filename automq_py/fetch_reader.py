@@ -282,9 +282,7 @@ def _partition_data(
     hw, start = log.high_watermark, log.log_start_offset
     lso = log.stable_offset(hw)
     data = FetchData(ErrorCode.NONE, hw, start, [], lso, [] if read_committed else None)
-    offset = entry.offset
-    # (the log end offset only when past the high watermark, which is below it)
-    if offset < start or (offset > hw and offset > log.log_end_offset):
+    if log.out_of_range(entry.offset, hw):
         data.error = ErrorCode.OFFSET_OUT_OF_RANGE
     return data, (lso if read_committed else hw)
 

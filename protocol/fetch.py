@@ -58,7 +58,7 @@ import struct
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from protocol import headers, wire
 from protocol.framing import SIZE
@@ -94,6 +94,17 @@ class AbortedTransaction:
     first_offset: int
 
 
+class AbortedTransactionLike(Protocol):
+    """What the response takes of an aborted transaction (the broker's index entries carry
+    these fields among others)."""
+
+    @property
+    def producer_id(self) -> int: ...
+
+    @property
+    def first_offset(self) -> int: ...
+
+
 @dataclass(slots=True)
 class FetchPartitionResult:
     """One partition of a Fetch response; ``records`` are the batches' bytes, in order. (Not
@@ -105,7 +116,7 @@ class FetchPartitionResult:
     high_watermark: int = -1
     last_stable_offset: int = -1
     log_start_offset: int = -1
-    aborted_transactions: Sequence[AbortedTransaction] | None = None
+    aborted_transactions: Sequence[AbortedTransactionLike] | None = None
     preferred_read_replica: int = -1
     records: Sequence[wire.Buffer] | None = ()
     diverging_epoch: tuple[int, int] | None = None  # (epoch, end_offset)

@@ -26,12 +26,7 @@ from automq_py.security.session import SESSION, THROTTLE_MS
 from protocol import build, record_batch, wire
 from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
-from protocol.fetch import (
-    AbortedTransaction,
-    FetchPartitionResult,
-    FetchTopicResult,
-    encode_fetch_response,
-)
+from protocol.fetch import FetchPartitionResult, FetchTopicResult, encode_fetch_response
 from protocol.messages import Request, response_schema
 from protocol.record_batch import InvalidRecordBatchError
 from protocol.records import parse_records
@@ -110,7 +105,6 @@ async def handle_fetch(ctx: BrokerContext, request: Request) -> Any:
             entry, r = entries[i], results[i]
             info = entry.topic
             i += 1
-            aborted = r.aborted
             parts.append(
                 FetchPartitionResult(
                     entry.index,
@@ -118,11 +112,7 @@ async def handle_fetch(ctx: BrokerContext, request: Request) -> Any:
                     r.high_watermark,
                     r.last_stable_offset,
                     r.log_start_offset,
-                    None
-                    if aborted is None
-                    else [AbortedTransaction(t.producer_id, t.first_offset) for t in aborted]
-                    if aborted
-                    else (),
+                    r.aborted,  # the index's entries, as the response reads them
                     records=r.records or (),
                     records_size=r.size,
                 )

@@ -186,6 +186,14 @@ class ElasticLog:
         read_committed consumers read up to here."""
         return self.stable_offset(self.high_watermark)
 
+    def out_of_range(self, offset: int, high_watermark: int) -> bool:
+        """Whether ``offset`` is outside ``[log_start_offset, log_end_offset]`` (Kafka's
+        OFFSET_OUT_OF_RANGE), for a caller that has just read the high watermark: the log end
+        offset, never below it, is asked only for an offset past it."""
+        return offset < self.log_start_offset or (
+            offset > high_watermark and offset > self.log_end_offset
+        )
+
     def stable_offset(self, high_watermark: int) -> int:
         """The last stable offset, for a caller that has just read the high watermark."""
         unstable = self.producer_state.first_unstable_offset(high_watermark)
@@ -810,10 +818,8 @@ class ElasticLog:
         a stable snapshot), the index of the one holding ``offset``, the offset the read stops
         before (``max_offset``, at most the high watermark), and the high watermark."""
         hw = self.high_watermark
-        start = self.log_start_offset
-        # (the log end offset only when past the high watermark, which is below it)
-        if offset < start or (offset > hw and offset > self.log_end_offset):
-            raise LogOffsetOutOfRangeError(offset, start, self.log_end_offset)
+        if self.out_of_range(offset, hw):
+            raise LogOffsetOutOfRangeError(offset, self.log_start_offset, self.log_end_offset)
         segments = self._segments
         i = len(segments) - 1  # mostly the active segment: a consumer keeping up
         if i and offset < segments[i].base_offset:
