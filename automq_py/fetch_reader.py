@@ -20,6 +20,7 @@ from automq_py.partition import Partition
 from automq_py.topics import TopicInfo
 from protocol import record_batch
 from protocol.errors import ErrorCode
+from protocol.fetch import FetchPartitionResult
 from storage.eager import gather_eagerly
 
 
@@ -34,23 +35,16 @@ class FetchEntry:
     error: ErrorCode = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
 
 
-@dataclass(slots=True)
-class FetchData:
-    """What a fetch read from one partition (Kafka's ``FetchPartitionData``)."""
+# What a fetch read from one partition (Kafka's ``FetchPartitionData``): the response's
+# partition itself, which the handler encodes as the reader made it. ``records_size`` is the
+# bytes of ``records``; ``aborted_transactions`` (read_committed, else None) the aborted
+# transactions with data among them, the index's entries as they are.
+FetchData = FetchPartitionResult
 
-    error: ErrorCode
-    high_watermark: int = -1
-    log_start_offset: int = -1
-    records: list[memoryview] | None = None
-    last_stable_offset: int = -1
-    # read_committed: the aborted transactions with data among ``records`` (else None)
-    aborted: list[AbortedTxn] | None = None
-    size: int = 0  # the bytes of ``records``
 
-    def took(self, records: list[memoryview]) -> None:
-        """The read returned ``records``."""
-        self.records = records
-        self.size = sum(len(r) for r in records)
+def fetch_data(entry: FetchEntry, error: ErrorCode) -> FetchData:
+    """An entry's partition that read nothing: ``error``, or none before a read."""
+    return FetchPartitionResult(entry.index, error, records_size=0)
 
 
 class FetchReader:
@@ -82,33 +76,40 @@ class FetchReader:
     ) -> list[FetchData]:
         """Read every entry (the first partition with data returns at least one batch, even
         past ``max_bytes``); while fewer than ``min_bytes`` came back and no partition failed,
-        wait up to ``max_wait_s`` for one of them to get new data, and read again.
+        wait up to ``max_wait_s`` from the first read (Kafka's DelayedFetch) for one of them to
+        get new data, and read again.
         ``read_committed`` (isolation level 1) reads up to each partition's last stable offset
         and lists the aborted transactions among what it returns."""
-        deadline = time.monotonic() + max(0.0, max_wait_s)
+        deadline = None
         while True:
             partitions: list[Partition | None] = []
-            results = await self._read_all(entries, max_bytes, partitions, read_committed)
-            total = sum(r.size for r in results)
+            read = self._read_all_cached(entries, max_bytes, partitions, read_committed)
+            if read is None:
+                results = await self._read_all(entries, max_bytes, partitions, read_committed)
+                total = sum(r.records_size for r in results)
+                failed = any(r.error_code != ErrorCode.NONE for r in results)
+            else:
+                results, total, failed = read
+            if total >= min_bytes or failed:
+                break
+            if deadline is None:
+                deadline = time.monotonic() + max(0.0, max_wait_s)
             remaining = deadline - time.monotonic()
-            if (
-                total >= min_bytes
-                or remaining <= 0
-                or any(r.error != ErrorCode.NONE for r in results)
-            ):
-                stats = self._stats
-                for entry, r in zip(entries, results, strict=True):
-                    if entry.topic is not None:
-                        stats.fetched(entry.topic.name, r.size, r.error != ErrorCode.NONE)
-                return results
+            if remaining <= 0:
+                break
             waiting = [
                 (p, r.high_watermark)
                 for p, r in zip(partitions, results, strict=True)
                 if p is not None
             ]
             if not waiting:
-                return results
+                break
             await _wait_for_data(waiting, remaining)
+        fetched = self._stats.fetched
+        for entry, r in zip(entries, results, strict=True):
+            if entry.topic is not None:
+                fetched(entry.topic.name, r.records_size, r.error_code != ErrorCode.NONE)
+        return results
 
     async def _read_all(
         self,
@@ -120,10 +121,8 @@ class FetchReader:
         """Kafka's readFromLog: each partition reads at most its own max_bytes and what is
         left of the request's ``max_bytes``, whole batches only, except that until one
         partition has returned data a read returns at least one batch, however large. So
-        only the first batch of the first partition with data may go past either limit."""
-        hot = self._read_all_cached(entries, max_bytes, partitions, read_committed)
-        if hot is not None:
-            return hot
+        only the first batch of the first partition with data may go past either limit. (A
+        fetch tries :meth:`_read_all_cached` first.)"""
         # open the partitions concurrently: a first open after a start reads from object storage
         # (eagerly: an open partition, or a read from the LogCache, costs no task)
         opened = await gather_eagerly(*(self._open_for_read(entry) for entry in entries))
@@ -156,10 +155,10 @@ class FetchReader:
                 data is None
                 or limit != entry.max_bytes
                 # the strict read found nothing: its first batch may be past the limit
-                or (min_one and data.size == 0 and data.error == ErrorCode.NONE)
+                or (min_one and data.records_size == 0 and data.error_code == ErrorCode.NONE)
             ):
                 data = await self._read_partition(entry, p, limit, read_committed, min_one)
-            total += data.size
+            total += data.records_size
             results.append(data)
         return results
 
@@ -169,11 +168,11 @@ class FetchReader:
         max_bytes: int,
         partitions: list[Partition | None],
         read_committed: bool,
-    ) -> list[FetchData] | None:
+    ) -> tuple[list[FetchData], int, bool] | None:
         """:meth:`_read_all` at once, without a coroutine per partition, when every partition
         is open and the LogCache holds what each read returns (a consumer keeping up), and,
         ``read_committed`` (librdkafka's default), each one's aborted-transaction index is
-        loaded; None otherwise."""
+        loaded: the reads, their bytes, and whether one failed; None otherwise."""
         opened: list[Partition] = []
         for entry in entries:
             topic = entry.topic
@@ -184,26 +183,30 @@ class FetchReader:
                 return None
             opened.append(p)
         total = 0
+        failed = False
         results: list[FetchData] = []
         for entry, p in zip(entries, opened, strict=True):
-            limit = min(entry.max_bytes, max(max_bytes - total, 0))
+            limit = entry.max_bytes
+            if max_bytes - total < limit:
+                limit = max(max_bytes - total, 0)
             data = self._read_partition_cached(entry, p, limit, total == 0, read_committed)
             if data is None:
                 return None
-            total += data.size
+            total += data.records_size
+            failed = failed or data.error_code != ErrorCode.NONE
             results.append(data)
         partitions.extend(opened)
-        return results
+        return results, total, failed
 
     async def _open_for_read(self, entry: FetchEntry) -> Partition | FetchData:
         """The entry's partition, or the FetchData of its error."""
         topic = entry.topic
         if topic is None or not 0 <= entry.index < topic.partitions:
-            return FetchData(entry.error)
+            return fetch_data(entry, entry.error)
         try:
             return await self._partition(topic, entry.index)
         except Exception as e:
-            return FetchData(self._failed(entry, e))
+            return fetch_data(entry, self._failed(entry, e))
 
     async def _read_partition(
         self,
@@ -216,7 +219,7 @@ class FetchReader:
         """Read ``entry``'s partition: whole batches up to ``limit`` bytes, at least one
         (however large) when ``min_one``."""
         data, end = _partition_data(entry, partition, read_committed)
-        if data.error == ErrorCode.NONE and entry.offset < end and (limit > 0 or min_one):
+        if data.error_code == ErrorCode.NONE and entry.offset < end and (limit > 0 or min_one):
             try:
                 records = await partition.read(entry.offset, limit, end, min_one=min_one)
                 if read_committed and records:
@@ -225,11 +228,12 @@ class FetchReader:
                         aborted = await partition.log.aborted_transactions(
                             entry.offset, _records_end(records[-1], entry.offset)
                         )
-                    data.aborted = aborted
+                    data.aborted_transactions = aborted
             except Exception as e:  # out of range (a trim raced), or storage failing
-                data.error = self._failed(entry, e)  # and no records, as Kafka answers
+                data.error_code = self._failed(entry, e)  # and no records, as Kafka answers
                 return data
-            data.took(records)
+            data.records = records
+            data.records_size = sum(len(r) for r in records)
         return data
 
     def _read_partition_cached(
@@ -243,9 +247,11 @@ class FetchReader:
         """:meth:`_read_partition` at once, when the LogCache holds what it returns (and the
         aborted-transaction index is loaded); None when the read would wait."""
         data, end = _partition_data(entry, partition, read_committed)
-        if data.error == ErrorCode.NONE and entry.offset < end and (limit > 0 or min_one):
+        if data.error_code == ErrorCode.NONE and entry.offset < end and (limit > 0 or min_one):
             try:
-                read = partition.read_cached(entry.offset, limit, end, min_one=min_one)
+                read = partition.read_cached(
+                    entry.offset, limit, end, min_one=min_one, high_watermark=data.high_watermark
+                )
                 if read is None:
                     return None
                 records, size = read
@@ -253,12 +259,12 @@ class FetchReader:
                     aborted = _aborted_at_once(entry, partition, records)
                     if aborted is None:
                         return None
-                    data.aborted = aborted
+                    data.aborted_transactions = aborted
             except Exception as e:
-                data.error = self._failed(entry, e)
+                data.error_code = self._failed(entry, e)
                 return data
             data.records = records
-            data.size = size
+            data.records_size = size
         return data
 
 
@@ -281,9 +287,15 @@ def _partition_data(
     log = partition.log
     hw, start = log.high_watermark, log.log_start_offset
     lso = log.stable_offset(hw)
-    data = FetchData(ErrorCode.NONE, hw, start, [], lso, [] if read_committed else None)
-    if log.out_of_range(entry.offset, hw):
-        data.error = ErrorCode.OFFSET_OUT_OF_RANGE
+    data = FetchPartitionResult(
+        entry.index,
+        ErrorCode.OFFSET_OUT_OF_RANGE if log.out_of_range(entry.offset, hw) else ErrorCode.NONE,
+        hw,
+        lso,
+        start,
+        [] if read_committed else None,
+        records_size=0,
+    )
     return data, (lso if read_committed else hw)
 
 

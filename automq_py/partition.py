@@ -382,11 +382,19 @@ class Partition:
         return await self.log.read(offset, max_bytes, max_offset=max_offset, min_one=min_one)
 
     def read_cached(
-        self, offset: int, max_bytes: int, max_offset: int | None = None, *, min_one: bool = True
+        self,
+        offset: int,
+        max_bytes: int,
+        max_offset: int | None = None,
+        *,
+        min_one: bool = True,
+        high_watermark: int | None = None,
     ) -> tuple[list[memoryview], int] | None:
         """:meth:`read` at once when the LogCache holds all it returns, with the bytes it
-        returns; else None."""
-        return self.log.read_cached(offset, max_bytes, max_offset=max_offset, min_one=min_one)
+        returns; else None. ``high_watermark``: the one the caller has just read, if it has."""
+        return self.log.read_cached(
+            offset, max_bytes, max_offset=max_offset, min_one=min_one, high_watermark=high_watermark
+        )
 
 
 # compression.type -> the codec a batch is stored with (producer: as it came)

@@ -97,9 +97,11 @@ def decode_request(frame: wire.Buffer, supported: SupportedVersions | None = Non
         bounds = supported.get(api_key)
         if bounds is None or not bounds[0] <= api_version <= bounds[1]:
             raise UnsupportedVersionError(api_key, api_version, correlation_id)
+    # the hottest requests, Produce and Fetch: their header version without the lookups below
     if api_key == ApiKey.PRODUCE and produce.MIN_VERSION <= api_version <= produce.MAX_VERSION:
-        # the hottest request: its header version without the lookups below
         header_version: int | None = 2 if api_version >= produce.FIRST_FLEXIBLE_VERSION else 1
+    elif api_key == ApiKey.FETCH and fetch.MIN_VERSION <= api_version <= fetch.MAX_VERSION:
+        header_version = 2 if api_version >= fetch.FIRST_FLEXIBLE_VERSION else 1
     elif extensions.serves(api_key, api_version):
         header_version = extensions.REQUEST_HEADER_VERSION
     else:
@@ -136,9 +138,9 @@ def _decode_body(view: memoryview, pos: int, api_key: int, api_version: int) -> 
     if api_key == ApiKey.PRODUCE:
         return produce.decode_produce_request(view, pos, api_version)
     if api_key == ApiKey.FETCH and fetch.MIN_VERSION <= api_version <= fetch.MAX_VERSION:
-        body = fetch.decode_fetch_request(view, pos, api_version)
-        if body is not None:
-            return body
+        read = fetch.decode_fetch_request(view, pos, api_version)
+        if read is not None:
+            return read
     if extensions.serves(api_key, api_version):
         return extensions.decode_request_body(api_key, api_version, view, pos)
     # the cached lookup: kio resolves the class by its module's name on every call (~5 us)

@@ -75,6 +75,10 @@ def write_uvarint(value: int) -> bytes:
     """Encode a non-negative int as an UNSIGNED_VARINT."""
     if value < 0x80:
         return bytes((value,))
+    if value < 0x4000:  # (a fetched partition's records' size and the like: without the loop)
+        return bytes(((value & 0x7F) | 0x80, value >> 7))
+    if value < 0x200000:
+        return bytes(((value & 0x7F) | 0x80, ((value >> 7) & 0x7F) | 0x80, value >> 14))
     out = bytearray()
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)

@@ -17,7 +17,7 @@ from typing import Any
 
 from automq_py.apis.context import BrokerContext
 from automq_py.errors import partition_failed
-from automq_py.fetch_reader import FetchData, FetchEntry
+from automq_py.fetch_reader import FetchData, FetchEntry, fetch_data
 from automq_py.log.elastic_log import LogOffsetOutOfRangeError
 from automq_py.partition import Partition
 from automq_py.security.acls import AclOperation, ResourceType
@@ -44,11 +44,8 @@ READ, CLUSTER_ACTION, TOPIC = AclOperation.READ, AclOperation.CLUSTER_ACTION, Re
 
 async def handle_fetch(ctx: BrokerContext, request: Request) -> Any:
     body = request.body
-    max_wait = (
-        body.max_wait.total_seconds()
-        if hasattr(body.max_wait, "total_seconds")
-        else (body.max_wait / 1000)
-    )
+    wait_ms = getattr(body, "max_wait_ms", None)  # (protocol.fetch's; kio's is a timedelta)
+    max_wait = wait_ms / 1000 if wait_ms is not None else body.max_wait.total_seconds()
     max_bytes = int(getattr(body, "max_bytes", 0x7FFFFFFF)) or 0x7FFFFFFF
     access = ctx.access
     secured = access is not None and access.enabled
@@ -74,9 +71,7 @@ async def handle_fetch(ctx: BrokerContext, request: Request) -> Any:
             info, missing, refused = None, ErrorCode.TOPIC_AUTHORIZATION_FAILED, True
         for p in t.partitions:
             entries.append(
-                FetchEntry(
-                    info, int(p.partition), int(p.fetch_offset), int(p.partition_max_bytes), missing
-                )
+                FetchEntry(info, p.partition, p.fetch_offset, p.partition_max_bytes, missing)
             )
     read = entries
     if refused:  # only the allowed partitions are read (Kafka's "interesting" ones)
@@ -92,37 +87,17 @@ async def handle_fetch(ctx: BrokerContext, request: Request) -> Any:
         )
     if refused:
         done = iter(results)
-        results = [
-            FetchData(e.error) if e.error == ErrorCode.TOPIC_AUTHORIZATION_FAILED else next(done)
-            for e in entries
-        ]
+        refusal = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+        results = [fetch_data(e, refusal) if e.error == refusal else next(done) for e in entries]
+    # the reader's results are the response's partitions, in the request's order
     topics: list[FetchTopicResult] = []
     i = 0
     for t, name in zip(body.topics, names, strict=True):
-        parts: list[FetchPartitionResult] = []
-        info = None
-        for _ in t.partitions:
-            entry, r = entries[i], results[i]
-            info = entry.topic
-            i += 1
-            parts.append(
-                FetchPartitionResult(
-                    entry.index,
-                    r.error,
-                    r.high_watermark,
-                    r.last_stable_offset,
-                    r.log_start_offset,
-                    r.aborted,  # the index's entries, as the response reads them
-                    records=r.records or (),
-                    records_size=r.size,
-                )
-            )
-        topic_id = getattr(t, "topic_id", None)
-        topics.append(
-            FetchTopicResult(
-                name=name, partitions=parts, topic_id=info.topic_id if info else topic_id
-            )
-        )
+        n = len(t.partitions)
+        info = entries[i + n - 1].topic if n else None
+        topic_id = info.topic_id if info else getattr(t, "topic_id", None)
+        topics.append(FetchTopicResult(name, results[i : i + n], topic_id))
+        i += n
     # a consumer over its quota gets what it asked for and waits the throttle time before it
     # asks again (the bytes are the quota's debt; Kafka answers such a fetch empty, which with
     # a bucket of one window's bytes would refuse a larger fetch for ever)
@@ -138,7 +113,7 @@ def _throttle(ctx: BrokerContext, request: Request, results: list[FetchData]) ->
     quotas = ctx.quotas
     if quotas is None or not quotas.any or _from_follower(request.body):
         return 0
-    size = sum(sum(len(b) for b in r.records) for r in results if r.records)
+    size = sum(r.records_size for r in results)
     user, client_id = SESSION.get().user, request.header.client_id or ""
     throttle = quotas.record(FETCH_QUOTA, user, client_id, size)
     if throttle:

@@ -784,10 +784,12 @@ class ElasticLog:
         *,
         max_offset: int | None = None,
         min_one: bool = True,
+        high_watermark: int | None = None,
     ) -> tuple[list[memoryview], int] | None:
         """:meth:`read` at once, when the LogCache holds all it returns (a consumer keeping
-        up), with the bytes it returns; None when some of it would come from object storage."""
-        segments, i, max_offset, hw = self._read_from(offset, max_offset)
+        up), with the bytes it returns; None when some of it would come from object storage.
+        ``high_watermark``: the one the caller has just read, if it has (a fetch has)."""
+        segments, i, max_offset, hw = self._read_from(offset, max_offset, high_watermark)
         out: list[memoryview] = []
         total = 0
         last = len(segments) - 1
@@ -812,12 +814,13 @@ class ElasticLog:
         return out, total
 
     def _read_from(
-        self, offset: int, max_offset: int | None
+        self, offset: int, max_offset: int | None, high_watermark: int | None = None
     ) -> tuple[list[ElasticLogSegment], int, int, int]:
         """Where a read from ``offset`` starts: the segments (a roll replaces nothing in place:
         a stable snapshot), the index of the one holding ``offset``, the offset the read stops
-        before (``max_offset``, at most the high watermark), and the high watermark."""
-        hw = self.high_watermark
+        before (``max_offset``, at most the high watermark), and the high watermark (the
+        caller's, read just before, if given)."""
+        hw = self.high_watermark if high_watermark is None else high_watermark
         if self.out_of_range(offset, hw):
             raise LogOffsetOutOfRangeError(offset, self.log_start_offset, self.log_end_offset)
         segments = self._segments

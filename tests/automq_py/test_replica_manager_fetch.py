@@ -120,7 +120,7 @@ async def test_partitions_sharing_a_tight_max_bytes_are_read_in_order(
         entries(10_000), max_bytes=4 * BATCH, min_bytes=0, max_wait_s=0
     )
     assert time.monotonic() - started >= 2 * DELAY_S  # each read waited for the one before
-    assert [r.size for r in results] == [3 * BATCH, BATCH, 0, 0]
+    assert [r.records_size for r in results] == [3 * BATCH, BATCH, 0, 0]
 
 
 async def test_only_the_first_partition_with_data_may_return_a_batch_past_its_limit(
@@ -130,8 +130,8 @@ async def test_only_the_first_partition_with_data_may_return_a_batch_past_its_li
     results = await replicas.fetch_messages(
         entries(BATCH // 2), max_bytes=100 * BATCH, min_bytes=0, max_wait_s=0
     )
-    assert [r.size for r in results] == [BATCH, 0, 0, 0]
-    assert all(r.error == ErrorCode.NONE for r in results)
+    assert [r.records_size for r in results] == [BATCH, 0, 0, 0]
+    assert all(r.error_code == ErrorCode.NONE for r in results)
 
 
 async def test_what_is_left_of_max_bytes_is_not_exceeded_after_the_first_batch(
@@ -141,7 +141,7 @@ async def test_what_is_left_of_max_bytes_is_not_exceeded_after_the_first_batch(
     results = await replicas.fetch_messages(
         entries(10_000), max_bytes=BATCH + BATCH // 2, min_bytes=0, max_wait_s=0
     )
-    assert [r.size for r in results] == [BATCH, 0, 0, 0]
+    assert [r.records_size for r in results] == [BATCH, 0, 0, 0]
 
 
 async def test_the_oversized_first_batch_comes_from_the_first_partition_with_data(
@@ -154,7 +154,7 @@ async def test_the_oversized_first_batch_comes_from_the_first_partition_with_dat
         results = await replicas.fetch_messages(
             [caught_up, *rest], max_bytes=max_bytes, min_bytes=0, max_wait_s=0
         )
-        assert [r.size for r in results] == [0, BATCH, 0, 0], max_bytes
+        assert [r.records_size for r in results] == [0, BATCH, 0, 0], max_bytes
 
 
 class CoroutineReads:
@@ -186,10 +186,10 @@ async def test_a_fetch_the_log_cache_holds_is_read_without_a_coroutine_per_parti
             max_wait_s=0,
             read_committed=read_committed,
         )
-        assert all(r.error == ErrorCode.NONE for r in results)
+        assert all(r.error_code == ErrorCode.NONE for r in results)
         # read_committed lists the aborted transactions among the records: none, not null
-        assert all(r.aborted == ([] if read_committed else None) for r in results)
-        return [r.size for r in results]
+        assert all(r.aborted_transactions == ([] if read_committed else None) for r in results)
+        return [r.records_size for r in results]
 
     # a partition not open yet: the fetch opens it, every partition read by its coroutine
     assert await fetch() == [3 * BATCH] * 4 + [0]
@@ -258,10 +258,9 @@ async def read_twice(
             max_wait_s=0,
             read_committed=True,
         )
-        assert r.error == ErrorCode.NONE
-        aborted = (
-            None if r.aborted is None else [(t.producer_id, t.first_offset) for t in r.aborted]
-        )
+        assert r.error_code == ErrorCode.NONE
+        txns = r.aborted_transactions
+        aborted = None if txns is None else [(t.producer_id, t.first_offset) for t in txns]
         ends = [h.last_offset for v in r.records or [] for h, _ in record_batch.iter_batches(v)]
         return aborted, r.last_stable_offset, max(ends, default=-1)
 

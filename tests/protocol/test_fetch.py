@@ -57,6 +57,24 @@ def topics(records: list[bytes]) -> list[fetch.FetchTopicResult]:
                     current_leader=(2, 9),
                     records=None,
                 ),
+                # a read_committed consumer's partition without aborted transactions
+                fetch.FetchPartitionResult(
+                    partition_index=2,
+                    high_watermark=12,
+                    last_stable_offset=11,
+                    log_start_offset=10,
+                    aborted_transactions=[],
+                    records=[memoryview(r) for r in reversed(records)],
+                    records_size=sum(len(r) for r in records),
+                ),
+                # a read_uncommitted consumer's
+                fetch.FetchPartitionResult(
+                    partition_index=3,
+                    high_watermark=12,
+                    last_stable_offset=12,
+                    log_start_offset=10,
+                    records=[memoryview(r) for r in records[1:]],
+                ),
             ],
         )
     ]
@@ -81,14 +99,32 @@ def kio_encoding(version: int, correlation_id: int, records: list[bytes]) -> byt
         aborted_transactions=None,
         records=None,
     )
+    p2: dict[str, Any] = dict(
+        partition_index=2,
+        error_code=ErrorCode.NONE,
+        high_watermark=12,
+        last_stable_offset=11,
+        aborted_transactions=(),
+        records=b"".join(reversed(records)),
+    )
+    p3: dict[str, Any] = dict(
+        partition_index=3,
+        error_code=ErrorCode.NONE,
+        high_watermark=12,
+        last_stable_offset=12,
+        aborted_transactions=None,
+        records=b"".join(records[1:]),
+    )
     if version >= 5:
         p0["log_start_offset"] = 0
         p1["log_start_offset"] = -1
+        p2["log_start_offset"] = p3["log_start_offset"] = 10
     if version >= 11:
-        p0["preferred_read_replica"] = p1["preferred_read_replica"] = -1
+        for p in (p0, p1, p2, p3):
+            p["preferred_read_replica"] = -1
     if version >= 12:
         p1["current_leader"] = mod.LeaderIdAndEpoch(leader_id=2, leader_epoch=9)
-    topic: dict[str, Any] = dict(partitions=(mod.PartitionData(**p0), mod.PartitionData(**p1)))
+    topic: dict[str, Any] = dict(partitions=tuple(mod.PartitionData(**p) for p in (p0, p1, p2, p3)))
     if version >= 13:
         topic["topic_id"] = TOPIC_ID
     else:
@@ -123,8 +159,9 @@ def test_fetch_response_decodes_with_kafka_python(version: int) -> None:
     decoded = FetchResponse.decode(data[4:], version=version, header=True)
     assert decoded.header.correlation_id == 5
     (topic,) = decoded.responses
-    p0, p1 = topic.partitions
+    p0, p1, p2, p3 = topic.partitions
     assert p0.high_watermark == 12 and p1.error_code == 6
+    assert (p2.last_stable_offset, p3.high_watermark) == (11, 12)
     raw = p0.records if isinstance(p0.records, bytes | bytearray) else bytes(p0.records)
     assert raw == b"".join(records)
     assert [r.offset for r in parse_records(records[0])] == [10]
@@ -234,7 +271,30 @@ def test_fetch_request_reads_as_the_generic_reader_reads_it(version: int, data: 
     body = b"\x00\x01" + buf.getvalue()  # not at the frame's start, as after a header
     read = fetch.decode_fetch_request(body, 2, version)
     assert read is not None
-    assert read == read_entity(type(request), body, 2)[0] == request
+    assert read_entity(type(request), body, 2)[0] == request
+    assert_reads_as(read, request)
+
+
+def assert_reads_as(read: Any, kio: Any) -> None:
+    """``read`` (the decoder's named tuples) holds what kio's ``kio`` does: each of kio's
+    fields it has (entities and their tuples compared the same way), and kio's others at their
+    defaults (nothing a request read here can carry)."""
+    have = getattr(read, "_fields", ())
+    for f in dataclasses.fields(kio):
+        value = getattr(kio, f.name)
+        if f.name == "max_wait":
+            assert read.max_wait == value == datetime.timedelta(milliseconds=read.max_wait_ms)
+        elif f.name not in have:
+            default = f.default
+            if default is dataclasses.MISSING:
+                default = f.default_factory()  # type: ignore[misc]
+            assert value == default, f.name
+        elif isinstance(value, tuple) and value and dataclasses.is_dataclass(value[0]):
+            assert len(getattr(read, f.name)) == len(value), f.name
+            for ours, theirs in zip(getattr(read, f.name), value, strict=True):
+                assert_reads_as(ours, theirs)
+        else:
+            assert getattr(read, f.name) == value, f.name
 
 
 @pytest.mark.parametrize("version", [12, 15, 17])
@@ -263,20 +323,52 @@ def test_a_fetch_request_with_tagged_fields_is_left_to_the_generic_reader(versio
     assert messages.decode_request(frame).body == with_cluster
 
 
+def test_a_request_read_here_is_what_the_handler_reads() -> None:
+    """The handler reads a request the same way whether this decoder or kio's generic reader
+    read it: its wait as a timedelta, its topics' names or ids, partitions' fields by name."""
+    request = _request_types(12)[0]
+    kio_request = _fields(
+        request,
+        {
+            "replica_id": -1,
+            "max_wait": datetime.timedelta(milliseconds=500),
+            "min_bytes": 1,
+            "max_bytes": 1 << 20,
+            "isolation_level": 1,
+            "session_id": 0,
+            "session_epoch": -1,
+            "topics": (
+                _request_types(12)[1](
+                    topic="t",
+                    partitions=(
+                        _request_types(12)[2](
+                            partition=3, fetch_offset=1 << 40, partition_max_bytes=1 << 20
+                        ),
+                    ),
+                ),
+            ),
+            "forgotten_topics_data": (),
+            "rack_id": "",
+        },
+    )
+    buf = io.BytesIO()
+    entity_writer(request)(buf, kio_request)
+    read = fetch.decode_fetch_request(buf.getvalue(), 0, 12)
+    assert isinstance(read, fetch.FetchRequestData)
+    assert read.max_wait == datetime.timedelta(milliseconds=500) and read.max_wait_ms == 500
+    (topic,) = read.topics
+    (p,) = topic.partitions
+    assert (topic.topic, p.partition, p.fetch_offset, p.partition_max_bytes) == (
+        "t",
+        3,
+        1 << 40,
+        1 << 20,
+    )
+    assert (p.current_leader_epoch, p.last_fetched_epoch, p.log_start_offset) == (-1, -1, -1)
+
+
 def headers_frame(api_key: int, version: int) -> bytes:
     """A request header (v2: flexible; v1 before) for ``api_key`` at ``version``."""
     flexible = version >= fetch.FIRST_FLEXIBLE_VERSION
     head = struct.pack(">hhih", api_key, version, 7, 2) + b"id"
     return head + (b"\x00" if flexible else b"")
-
-
-def test_a_partition_class_with_a_field_made_by_a_factory_is_made_by_its_init() -> None:
-    @dataclasses.dataclass(frozen=True, slots=True)
-    class Later:
-        partition: int
-        tags: tuple[int, ...] = dataclasses.field(default_factory=tuple)
-        epoch: int = -1
-
-    assert fetch._maker(Later, ("partition",))((3,)) == Later(3)
-    plain = fetch._maker(Later, ("partition", "tags"))((3, (1,)))
-    assert plain == Later(3, (1,)) and plain.epoch == -1
