@@ -52,7 +52,7 @@ async def test_closing_many_partitions_uploads_a_few_objects(tmp_path: Path) -> 
                 [FetchEntry(topic, i, 0, 1 << 20)], max_bytes=1 << 20, min_bytes=0, max_wait_s=0
             )
             [data] = fetched
-            assert data.error is ErrorCode.NONE
+            assert data.error_code is ErrorCode.NONE
             read = b"".join(data.records)
             assert read[16:] == plain_batch(i)[16:]  # (the broker sets the leader epoch)
     finally:
