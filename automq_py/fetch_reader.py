@@ -249,8 +249,12 @@ class FetchReader:
         data, end = _partition_data(entry, partition, read_committed)
         if data.error_code == ErrorCode.NONE and entry.offset < end and (limit > 0 or min_one):
             try:
-                read = partition.read_cached(
-                    entry.offset, limit, end, min_one=min_one, high_watermark=data.high_watermark
+                read = partition.log.read_cached(
+                    entry.offset,
+                    limit,
+                    max_offset=end,
+                    min_one=min_one,
+                    high_watermark=data.high_watermark,
                 )
                 if read is None:
                     return None

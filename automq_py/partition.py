@@ -381,21 +381,6 @@ class Partition:
     ) -> list[memoryview]:
         return await self.log.read(offset, max_bytes, max_offset=max_offset, min_one=min_one)
 
-    def read_cached(
-        self,
-        offset: int,
-        max_bytes: int,
-        max_offset: int | None = None,
-        *,
-        min_one: bool = True,
-        high_watermark: int | None = None,
-    ) -> tuple[list[memoryview], int] | None:
-        """:meth:`read` at once when the LogCache holds all it returns, with the bytes it
-        returns; else None. ``high_watermark``: the one the caller has just read, if it has."""
-        return self.log.read_cached(
-            offset, max_bytes, max_offset=max_offset, min_one=min_one, high_watermark=high_watermark
-        )
-
 
 # compression.type -> the codec a batch is stored with (producer: as it came)
 _TARGET_CODEC = {"uncompressed": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from automq_py.fetch_reader import FetchEntry
+from automq_py.log.elastic_log import ElasticLog
 from automq_py.partition import AppendResult, Partition
 from automq_py.replica_manager import AppendEntry, ReplicaManager
 from automq_py.topics import TopicInfo
@@ -63,7 +64,7 @@ def entries(max_bytes: int) -> list[FetchEntry]:
 def not_cached(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every read as if its data were no longer in the LogCache: each partition's through its
     coroutine."""
-    monkeypatch.setattr(Partition, "read_cached", lambda *args, **kwargs: None)
+    monkeypatch.setattr(ElasticLog, "read_cached", lambda *args, **kwargs: None)
 
 
 @pytest.fixture(params=["cached", "not cached"])
