@@ -186,9 +186,7 @@ class FetchReader:
         failed = False
         results: list[FetchData] = []
         for entry, p in zip(entries, opened, strict=True):
-            limit = entry.max_bytes
-            if max_bytes - total < limit:
-                limit = max(max_bytes - total, 0)
+            limit = min(entry.max_bytes, max(max_bytes - total, 0))
             data = self._read_partition_cached(entry, p, limit, total == 0, read_committed)
             if data is None:
                 return None
