@@ -8,6 +8,7 @@ missing); a frozen one resumes and hands them over itself.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -28,6 +29,21 @@ from tests.support.raw_connection import RawConnection
 from tests.support.seaweedfs import SeaweedFS
 
 
+class _Lines(logging.Handler):
+    """A client's log lines, kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+        self.logger = logging.getLogger(f"rdkafka-{id(self)}")
+        self.logger.propagate = False
+        self.logger.setLevel(logging.DEBUG)
+        self.logger.addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(time.strftime("%H:%M:%S ") + record.getMessage())
+
+
 class Load:
     """An idempotent acks=all producer writing numbered records to every partition of its
     topics until stopped; what it was acknowledged, per record."""
@@ -43,6 +59,9 @@ class Load:
         # (topic, partition) -> when it last acknowledged a record
         self.last_ack: dict[tuple[str, int], float] = {}
         self.errors: list[str] = []
+        # librdkafka's idempotence log (PID, epoch bumps and why): a record stored twice
+        # with an epoch bump between its copies was sent again by the client as new
+        self.eos_log = _Lines()
         self._stop = threading.Event()
         self._flush_s = 120.0
         self._producer = Producer(
@@ -52,7 +71,9 @@ class Load:
                 "acks": "all",
                 "linger.ms": 5,
                 "message.timeout.ms": 120_000,
-            }
+                "debug": "eos",
+            },
+            logger=self.eos_log.logger,
         )
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -216,6 +237,9 @@ def _create(cluster: Cluster, topic: str, partitions: int, via: int = 0) -> None
     admin.create_topics([NewTopic(topic, partitions)])[topic].result(timeout=30)
 
 
+_BUMP_WORDS = ("bump", "epoch:", "out of order", "fatal")
+
+
 def _exactly_once(load: Load, stored: list[bytes]) -> None:
     counts = Counter(stored)
     doubled = [v for v, n in counts.items() if n > 1]
@@ -240,7 +264,8 @@ def _exactly_once(load: Load, stored: list[bytes]) -> None:
         v: ([f"{t}-{p}@{o}" for ((t, p), o), w in held_at.items() if w == v], load.acked_at.get(v))
         for v in doubled[:5]
     }
-    assert not doubled, f"{len(doubled)} records stored twice, e.g. {copies}"
+    bumps = [line for line in load.eos_log.lines if any(w in line.lower() for w in _BUMP_WORDS)]
+    assert not doubled, f"{len(doubled)} records stored twice, e.g. {copies}; client: {bumps[:20]}"
 
 
 def test_the_controller_dies_and_another_takes_over(cluster_factory: ClusterFactory) -> None:
