@@ -26,6 +26,7 @@ aborted-transaction index, then is appended itself.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +45,8 @@ from protocol.record_batch import (
 )
 from protocol.records import check_records, encode_batch, parse_records
 from storage.config_def import LONG_MAX
+
+log = logging.getLogger("automq.replica")
 
 
 @dataclass(slots=True, frozen=True)
@@ -255,6 +258,15 @@ class Partition:
             first, last = check.duplicate.first_offset, check.duplicate.last_offset
             return PendingAppend(self.wait_durable(last + 1), first, self)
         if check.error != ErrorCode.NONE:
+            # as Kafka's ReplicaManager logs an append a producer's state refuses: the client
+            # acts on it (librdkafka bumps its epoch on OUT_OF_ORDER_SEQUENCE_NUMBER)
+            log.warning(
+                "append to %s-%d refused: %s: %s",
+                self.topic,
+                self.index,
+                check.error.name,
+                check.message,
+            )
             return AppendResult(check.error, message=check.message)
         return None
 

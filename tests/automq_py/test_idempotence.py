@@ -150,6 +150,16 @@ def test_a_retried_produce_is_answered_with_the_original_offset(broker: BrokerPr
         assert log_end(broker.bootstrap, "dedup") == 9
     finally:
         conn.close()
+    # each refusal logged, as Kafka's ReplicaManager logs them: what a client did next follows
+    refused = [
+        line for line in broker.log_path.read_text().splitlines() if "dedup-0 refused" in line
+    ]
+    assert [line.split(" refused: ")[1].split(":")[0] for line in refused] == [
+        "OUT_OF_ORDER_SEQUENCE_NUMBER",
+        "OUT_OF_ORDER_SEQUENCE_NUMBER",
+        "INVALID_PRODUCER_EPOCH",
+    ], refused
+    assert f"producer {pid} sent sequence 9, expected 6" in refused[0]
 
 
 def test_a_batch_refused_before_it_was_appended_is_owed_before_the_next(

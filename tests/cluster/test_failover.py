@@ -240,7 +240,20 @@ def _create(cluster: Cluster, topic: str, partitions: int, via: int = 0) -> None
 _BUMP_WORDS = ("bump", "epoch:", "out of order", "fatal")
 
 
-def _exactly_once(load: Load, stored: list[bytes]) -> None:
+def _refused_appends(cluster: Cluster) -> list[str]:
+    """The appends the brokers refused for their producer state (out-of-order sequences,
+    fenced epochs), as each logged them."""
+    found = []
+    for node_id, broker in enumerate(cluster.brokers):
+        try:
+            text = broker.log_path.read_text(errors="replace")
+        except OSError:
+            continue
+        found += [f"{node_id}: {line}" for line in text.splitlines() if " refused: " in line]
+    return found
+
+
+def _exactly_once(load: Load, stored: list[bytes], cluster: Cluster) -> None:
     counts = Counter(stored)
     doubled = [v for v, n in counts.items() if n > 1]
     lost = [v for v in load.acked if v not in counts]
@@ -265,7 +278,11 @@ def _exactly_once(load: Load, stored: list[bytes]) -> None:
         for v in doubled[:5]
     }
     bumps = [line for line in load.eos_log.lines if any(w in line.lower() for w in _BUMP_WORDS)]
-    assert not doubled, f"{len(doubled)} records stored twice, e.g. {copies}; client: {bumps[:20]}"
+    refusals = _refused_appends(cluster)[:10] if doubled else []
+    assert not doubled, (
+        f"{len(doubled)} records stored twice, e.g. {copies}; client: {bumps[:20]}; "
+        f"brokers: {refusals}"
+    )
 
 
 def test_the_controller_dies_and_another_takes_over(cluster_factory: ClusterFactory) -> None:
@@ -303,7 +320,7 @@ def test_a_frozen_broker_is_fenced_and_loses_nothing(cluster_factory: ClusterFac
     cluster.wait_for_brokers(3, via=0)
     assert len(load.acked) > 1000
     assert not load.errors, load.errors[:5]
-    _exactly_once(load, _read_all(cluster, "frozen", 6))
+    _exactly_once(load, _read_all(cluster, "frozen", 6), cluster)
     log = victim.log_path.read_text()
     assert "was fenced by the controller" in log
 
@@ -328,7 +345,7 @@ def test_a_killed_broker_on_the_file_wal_loses_nothing(cluster_factory: ClusterF
     load.stop()
     cluster.wait_for_brokers(3, via=0)
     assert not load.errors, load.errors[:5]
-    _exactly_once(load, _read_all(cluster, "killed", 6))
+    _exactly_once(load, _read_all(cluster, "killed", 6), cluster)
 
 
 @pytest.mark.parametrize("victim_role", ["broker", "controller"])
@@ -381,7 +398,7 @@ def test_a_killed_broker_on_the_object_wal_fails_over_within_its_session(
     reader.stop()
     assert not load.errors, load.errors[:5]
     stored = [v for topic in topics for v in _read_all(cluster, topic, 6)]
-    _exactly_once(load, stored)
+    _exactly_once(load, stored, cluster)
     # what the group had committed is still committed, and its later commits too
     check = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": reader.group})
     try:
@@ -415,7 +432,7 @@ def test_postgresql_away_for_a_while(tmp_path: Path, s3_server: SeaweedFS) -> No
             load.stop()
             assert len(load.acked) > 1000
             assert not load.errors, load.errors[:5]
-            _exactly_once(load, _read_all(cluster, "outage", 6))
+            _exactly_once(load, _read_all(cluster, "outage", 6), cluster)
             cluster.wait_for_brokers(3)
         finally:
             codes = cluster.stop()
