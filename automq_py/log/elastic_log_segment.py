@@ -11,6 +11,7 @@ batch that holds it.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ from automq_py.log.log_config import LogConfig
 from automq_py.log.time_index import INT32_MAX, SegmentTimeIndex
 from protocol.record_batch import RecordBatchHeader, parse_header
 from storage.stream import S3Stream
+
+log = logging.getLogger(__name__)
 
 SCAN_FETCH_BYTES = 1 << 20
 
@@ -292,6 +295,14 @@ class ElasticLogSegment:
                 self.to_stream(pos), self.to_stream(end), SCAN_FETCH_BYTES
             )
             if not result.batches:
+                # the stream's metadata says it holds these offsets: what was replayed from
+                # here (producer state, a recovery) misses them
+                log.error(
+                    "log stream %d: no batch at offset %d before the segment's end %d",
+                    self.log_stream.stream_id,
+                    pos,
+                    end,
+                )
                 return
             for batch in result.batches:
                 data = memoryview(batch.payload)
