@@ -22,11 +22,10 @@ from __future__ import annotations
 import enum
 import re
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from automq_py.coordinator.assignors import MemberSpec, assign
-from automq_py.topics import INTERNAL_TOPICS
 from protocol.errors import ErrorCode
 
 LEAVE_EPOCH = -1
@@ -57,6 +56,8 @@ class ConsumerMember:
     rebalance_timeout_ms: int = 300_000
     subscribed_names: frozenset[str] = frozenset()
     subscribed_regex: str | None = None
+    # what the regex matched when last resolved (``ConsumerGroup.heartbeat``)
+    regex_topics: frozenset[str] = frozenset()
     server_assignor: str | None = None
     state: MemberState = MemberState.STABLE
     assigned: Partitions = field(default_factory=dict)
@@ -130,13 +131,11 @@ class ConsumerGroup:
                 return "Reconciling"
         return "Stable"
 
-    def subscribed_topic_names(self, topic_names: Sequence[str] = ()) -> set[str]:
-        """Topics some member subscribes to (regexes matched against ``topic_names``)."""
+    def subscribed_topic_names(self) -> set[str]:
+        """Topics some member subscribes to, by name or through its regex as last resolved."""
         out: set[str] = set()
         for m in self.members.values():
-            out |= m.subscribed_names
-            if m.subscribed_regex:
-                out |= _regex_matches(m.subscribed_regex, topic_names)
+            out |= m.subscribed_names | m.regex_topics
         return out
 
     def validate_member_epoch(self, member_id: str, epoch: int) -> ErrorCode:
@@ -180,13 +179,19 @@ class ConsumerGroup:
         req: HeartbeatRequest,
         now: float,
         resolve: Callable[[set[str]], TopicMetadata],
-        all_topic_names: Sequence[str],
+        topic_names: Sequence[str],
         assignors: Sequence[str],
         session_timeout_ms: int,
         max_size: int,
+        *,
+        every_member_sees: bool = True,
     ) -> HeartbeatResult:
         """Apply one ConsumerGroupHeartbeat. ``resolve`` maps topic names to (id, partitions)
-        for those that exist."""
+        for those that exist. Subscribed regexes are matched against ``topic_names``, the
+        topics the heartbeating member may DESCRIBE, as Kafka resolves a group's regexes in
+        the context of the heartbeat that refreshes them; ``every_member_sees``: they are
+        what any member would see (no authorizer), so every member's regex is matched again,
+        not only this one's."""
         error = _validate(req, assignors)
         if error is not None:
             return error
@@ -218,15 +223,18 @@ class ConsumerGroup:
             regex = req.subscribed_topic_regex or None
             changed |= regex != member.subscribed_regex
             member.subscribed_regex = regex
+        changed |= self._resolve_regexes(
+            self.members.values() if every_member_sees else (member,), topic_names
+        )
         if changed:
             self.group_epoch += 1
-        metadata = resolve(self.subscribed_topic_names(all_topic_names))
+        metadata = resolve(self.subscribed_topic_names())
         if metadata != self.metadata:
             if self.assignment_epoch == self.group_epoch and self.target:
                 self.group_epoch += 1
             self.metadata = metadata
         if self.group_epoch > self.assignment_epoch or member.member_id not in self.target:
-            self._compute_target(assignors, all_topic_names)
+            self._compute_target(assignors)
         self._reconcile(member, req.owned, now)
         full = req.member_epoch == 0 or req.owned is not None
         send: Partitions | None = None
@@ -309,15 +317,26 @@ class ConsumerGroup:
 
     # --- assignment --------------------------------------------------------------------------
 
-    def _compute_target(self, assignors: Sequence[str], all_topic_names: Sequence[str]) -> None:
+    @staticmethod
+    def _resolve_regexes(members: Iterable[ConsumerMember], topic_names: Sequence[str]) -> bool:
+        """Match the members' regexes against ``topic_names``; whether what one matches
+        changed (the group's subscriptions did)."""
+        changed = False
+        for m in members:
+            regex = m.subscribed_regex
+            matched = frozenset(_regex_matches(regex, topic_names) if regex else ())
+            if matched != m.regex_topics:
+                m.regex_topics = matched
+                changed = True
+        return changed
+
+    def _compute_target(self, assignors: Sequence[str]) -> None:
         wanted = [m.server_assignor for m in self.members.values() if m.server_assignor]
         name = wanted[0] if wanted and wanted[0] in assignors else assignors[0]
         ids = {tid: topic for topic, (tid, _) in self.metadata.items()}
         specs = []
         for m in sorted(self.members.values(), key=lambda m: m.member_id):
-            topics = set(m.subscribed_names)
-            if m.subscribed_regex:
-                topics |= _regex_matches(m.subscribed_regex, all_topic_names)
+            topics = m.subscribed_names | m.regex_topics
             current = {
                 ids[t]: parts for t, parts in self.target.get(m.member_id, {}).items() if t in ids
             }
@@ -407,8 +426,11 @@ def _validate(req: HeartbeatRequest, assignors: Sequence[str]) -> HeartbeatResul
 
 
 def _regex_matches(regex: str, names: Sequence[str]) -> set[str]:
+    """The names ``regex`` matches whole. Internal topics too: Kafka's broker matches every
+    topic of its metadata image (the Java consumer's ``exclude.internal.topics`` is a
+    client-side filter, and applies to client-side patterns)."""
     try:
         pattern = re.compile(regex)
     except re.error:
         return set()
-    return {n for n in names if n not in INTERNAL_TOPICS and pattern.fullmatch(n)}
+    return {n for n in names if pattern.fullmatch(n)}

@@ -590,6 +590,45 @@ def test_rebalances_lose_and_repeat_no_record(group_broker: BrokerProcess, clien
     assert committed_offsets(bootstrap, group, topic) == ends
 
 
+def test_a_consumer_protocol_regex_is_matched_by_the_broker(group_broker: BrokerProcess) -> None:
+    """librdkafka's KIP-848 consumer hands a ``^`` subscription to the broker as a regex
+    (``SubscribedTopicRegex``): the broker matches topic names whole against it, takes in a
+    topic created while the member runs, and leaves out the topics it does not match."""
+    bootstrap = group_broker.bootstrap
+    group = "regex-consumer"
+    create_topic(bootstrap, "regex-orders")
+    create_topic(bootstrap, "regex-orders-audit-unmatched")
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "group.protocol": "consumer",
+            "auto.offset.reset": "earliest",
+        }
+    )
+
+    def assigned_until(wanted: set[str]) -> set[tuple[str, int]]:
+        deadline = time.monotonic() + 30
+        while True:
+            consumer.poll(0.2)
+            now = {(tp.topic, tp.partition) for tp in consumer.assignment()}
+            if {t for t, _ in now} == wanted or time.monotonic() > deadline:
+                return now
+
+    try:
+        consumer.subscribe(["^regex-orders(-v[0-9]+)?"])
+        first = assigned_until({"regex-orders"})
+        assert first == {("regex-orders", p) for p in range(PARTITIONS)}
+        create_topic(bootstrap, "regex-orders-v2")
+        both = assigned_until({"regex-orders", "regex-orders-v2"})
+        assert both == {(t, p) for t in ("regex-orders", "regex-orders-v2") for p in range(6)}
+        described = describe_group(bootstrap, group)
+        topics = {tp.topic for m in described.members for tp in m.assignment.topic_partitions}
+        assert topics == {"regex-orders", "regex-orders-v2"}
+    finally:
+        consumer.close()
+
+
 @pytest.mark.parametrize("client", CLIENTS)
 def test_static_member_restart_keeps_its_partitions_without_a_rebalance(
     group_broker: BrokerProcess, client: str

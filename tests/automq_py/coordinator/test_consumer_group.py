@@ -32,10 +32,13 @@ def beat(
     epoch: int,
     *,
     topics: list[str] | None = None,
+    regex: str | None = None,
     owned: Partitions | None = None,
     instance: str | None = None,
     assignor: str | None = None,
     now: float = 0.0,
+    visible: list[str] | None = None,
+    every_member_sees: bool = True,
 ) -> HeartbeatResult:
     return group.heartbeat(
         HeartbeatRequest(
@@ -46,16 +49,17 @@ def beat(
             rack_id=None,
             rebalance_timeout_ms=60_000 if epoch == 0 else -1,
             subscribed_topic_names=topics,
-            subscribed_topic_regex=None,
+            subscribed_topic_regex=regex,
             server_assignor=assignor,
             owned=owned,
         ),
         now,
         resolve,
-        sorted(TOPICS),
+        sorted(TOPICS) if visible is None else visible,
         ASSIGNORS,
         SESSION_MS,
         1000,
+        every_member_sees=every_member_sees,
     )
 
 
@@ -92,6 +96,46 @@ def test_second_member_waits_for_revocation_then_gets_its_share() -> None:
     b2 = beat(group, "b", 2)
     assert parts(b2) == set(range(6)) - kept
     assert group.state == "Stable"
+
+
+def test_a_regex_matches_whole_names_internal_topics_too() -> None:
+    group = ConsumerGroup("g")
+    offsets = uuid.UUID(int=3)
+    TOPICS["__consumer_offsets"] = (offsets, 1)
+    try:
+        r = beat(group, "a", 0, regex="t|__consumer_.*", visible=[*sorted(TOPICS), "tt"])
+        # as Kafka's broker resolves it: every topic it knows, whole names only (not "tt")
+        assert group.subscribed_topic_names() == {"t", "__consumer_offsets"}
+        assert r.assignment is not None and set(r.assignment) == {TOPIC_ID, offsets}
+    finally:
+        del TOPICS["__consumer_offsets"]
+
+
+def test_a_regex_takes_in_a_topic_that_appears() -> None:
+    group = ConsumerGroup("g")
+    a = beat(group, "a", 0, regex="t", visible=["u"])
+    assert a.member_epoch == 1 and a.assignment == {}
+    # the topic appears: the group's subscriptions change, and the member gets it
+    a2 = beat(group, "a", 1, visible=["t", "u"])
+    assert a2.member_epoch == 2 and parts(a2) == set(range(6))
+    assert group.subscribed_topic_names() == {"t"}  # OffsetDelete and expiry see it
+    # it goes again (deleted, or the member may no longer DESCRIBE it)
+    a3 = beat(group, "a", 2, visible=["u"])
+    assert parts(a3) == set() and group.group_epoch == 3  # revoked: it lets go first
+    assert beat(group, "a", 2, owned={}, visible=["u"]).member_epoch == 3
+
+
+def test_with_an_authorizer_a_heartbeat_resolves_only_its_own_regex() -> None:
+    group = ConsumerGroup("g")
+    beat(group, "a", 0, regex="t|u", visible=["t", "u"], every_member_sees=False)
+    # b may DESCRIBE only u: a's resolution is not redone with b's view
+    beat(group, "b", 0, regex="t|u", visible=["u"], every_member_sees=False)
+    assert group.members["a"].regex_topics == {"t", "u"}
+    assert group.members["b"].regex_topics == {"u"}
+    epoch = group.group_epoch
+    beat(group, "a", group.members["a"].epoch, visible=["t", "u"], every_member_sees=False)
+    beat(group, "b", group.members["b"].epoch, visible=["u"], every_member_sees=False)
+    assert group.group_epoch == epoch  # no flapping between the members' views
 
 
 def test_fencing_and_unknown_members() -> None:
