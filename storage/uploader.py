@@ -64,6 +64,11 @@ _LIFT_CHECK_S = 0.05  # a paced upload waiting for its next object's time re-che
 _UNWRITABLE = (ErrorCode.STREAM_FENCED, ErrorCode.STREAM_NOT_OPENED, ErrorCode.STREAM_NOT_EXIST)
 
 
+class _BlockChanged(Exception):
+    """Streams left a block while its objects were being written (a topic deleted, a stream
+    closed or handed over): what was written no longer matches it, and it is staged again."""
+
+
 @dataclass(slots=True, frozen=True)
 class _Staged:
     """Objects written for one block, ready to commit."""
@@ -238,9 +243,10 @@ class Uploader:
                     raise
                 except Exception as e:
                     log.warning(
-                        "upload of %d streams' records failed, retrying in %.1fs: %s",
+                        "upload of %d streams' records failed, retrying in %.1fs: %s: %s",
                         len(block.records),
                         delay,
+                        type(e).__name__,
                         e,
                     )
                     await asyncio.sleep(delay)
@@ -333,6 +339,8 @@ class Uploader:
                             )
                         break
                     staged = None  # streams were dropped: build the objects again
+                except _BlockChanged:
+                    staged = None  # (the objects written stay PREPARED and expire)
                 except asyncio.CancelledError:
                     raise
                 except MetadataError as e:
@@ -349,10 +357,11 @@ class Uploader:
                     raise
                 except Exception as e:
                     log.warning(
-                        "upload of cache block %d (%d bytes) failed, retrying in %.1fs: %s",
+                        "upload of cache block %d (%d bytes) failed, retrying in %.1fs: %s: %s",
                         block.block_id,
                         block.size,
                         delay,
+                        type(e).__name__,
                         e,
                     )
                     await asyncio.sleep(delay)
@@ -412,6 +421,8 @@ class Uploader:
                         await asyncio.sleep(min(wait, _LIFT_CHECK_S))
                     if not self._paced(block):
                         paced = None
+                if block.revision != revision:
+                    raise _BlockChanged
                 sent += sum(block.stream_sizes[run[0].stream_id] for run in runs)
                 put = asyncio.create_task(
                     self._put(oid, block, runs, sizes, paced), name=f"put-object-{oid}"
@@ -419,10 +430,14 @@ class Uploader:
                 put.add_done_callback(lambda _: slots.release())
                 puts.append(put)
             await asyncio.gather(*puts)
-        except BaseException:
+            if block.revision != revision:
+                raise _BlockChanged
+        except BaseException as e:
             for put in puts:
                 put.cancel()
             await asyncio.gather(*puts, return_exceptions=True)
+            if block.revision != revision and isinstance(e, Exception):
+                raise _BlockChanged from e
             raise
         return _Staged(
             sso_id=sso_id,

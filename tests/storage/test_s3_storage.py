@@ -377,6 +377,41 @@ async def test_a_block_being_uploaded_gives_up_a_stream_closed_meanwhile(
     assert await read_all(staying) == ps
 
 
+async def test_a_stream_closed_while_its_block_is_paced_out_is_left_out_quietly(
+    make_storage: StorageFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A block's objects go out one at a time at the block's pace; a stream that leaves the
+    block between two of them (a topic deleted, a partition handed over) has the block staged
+    again without it, not an upload failure and its retry."""
+    storage = await make_storage(
+        **{"s3.wal.upload.threshold": 3 << 20, "s3.stream.object.split.size": 1 << 20}
+    )
+    client = StreamClient(storage)
+    first, second = await client.create_and_open(), await client.create_and_open()
+    written: dict[int, list[bytes]] = {first.stream_id: [], second.stream_id: []}
+    for i in range(12):  # ~3 MiB over ~3 s: a Stream Object each, paced at ~1 MB/s
+        stream = (first, second)[i % 2]
+        payload = payload_for(stream.stream_id, stream.next_offset, 256 << 10)
+        await stream.append(payload, 1)
+        written[stream.stream_id].append(payload)
+        await asyncio.sleep(0.25)
+    async with asyncio.timeout(10):
+        while not storage.uploader._paced_puts:  # the first object is on its way
+            await asyncio.sleep(0.01)
+    await second.close()  # its own tail uploaded at once; the block goes on without it
+    async with asyncio.timeout(20):
+        while storage.uploads == 0:
+            await asyncio.sleep(0.05)
+    assert not [r for r in caplog.records if "failed, retrying" in r.getMessage()]
+    for stream in (first, second):
+        meta = storage.metadata.stream(stream.stream_id)
+        assert meta is not None and meta.end_offset == 6
+    storage.drop_cache()
+    reopened = await StreamClient(storage).open(second.stream_id, 1)
+    assert await read_all(first) == written[first.stream_id]
+    assert await read_all(reopened) == written[second.stream_id]
+
+
 async def test_a_streams_own_upload_is_never_paced(make_storage: StorageFactory) -> None:
     """A block of streams taken out of the cache (a hand-over) uploads at full speed, however
     long taking them out took."""
