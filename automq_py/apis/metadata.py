@@ -176,6 +176,17 @@ async def handle_metadata(ctx: BrokerContext, request: Request) -> Any:
             topic, error = await ctx.topic_for_write(str(name), allow_auto)
             if topic is None:
                 topics.append({"error_code": error, "name": name, "partitions": []})
+            elif not existed:
+                # auto-created by this request: as Kafka's AutoTopicCreationManager answers,
+                # LEADER_NOT_AVAILABLE and no partitions; the client asks again and finds it
+                topics.append(
+                    {
+                        "error_code": ErrorCode.LEADER_NOT_AVAILABLE,
+                        "name": name,
+                        "is_internal": topic.internal,
+                        "partitions": [],
+                    }
+                )
             else:
                 topics.append(_topic_entry(topic, ctx))
     if topic_operations and version >= 8:

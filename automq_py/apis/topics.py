@@ -117,9 +117,23 @@ async def handle_create_topics(ctx: BrokerContext, request: Request) -> Any:
     results = []
     opening: list[asyncio.Task[None]] = []
     may_create_any = ctx.allowed_on_cluster(AclOperation.CREATE)
+    named = Counter(str(t.name) for t in body.topics)
+    answered: set[str] = set()
     for t in body.topics:
         name = str(t.name)
         entry: dict[str, Any] = {"name": name, "error_code": ErrorCode.NONE}
+        if named[name] > 1:
+            # Kafka's controller creates none of a name given twice, and answers it once
+            if name not in answered:
+                answered.add(name)
+                entry.update(
+                    error_code=ErrorCode.INVALID_REQUEST,
+                    error_message="Duplicate topic name.",
+                    num_partitions=-1,
+                    replication_factor=-1,
+                )
+                results.append(entry)
+            continue
         if not (may_create_any or ctx.allowed(AclOperation.CREATE, TOPIC, name)):
             entry.update(
                 error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,

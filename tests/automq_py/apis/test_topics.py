@@ -383,3 +383,37 @@ async def test_metadata_for_a_missing_topic_is_not_kept(ctx: BrokerContext) -> N
     (topic,) = (await call(ctx, request, MetadataResponse)).topics
     assert topic.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     assert ctx.metadata_responses == {}
+
+
+async def test_a_name_given_twice_is_refused_and_created_by_neither(ctx: BrokerContext) -> None:
+    """As Kafka's controller answers CreateTopics: INVALID_REQUEST once for a duplicated
+    name, which is not created; the other topics of the request are."""
+    results = await create_topics(ctx, new_topic("once"), new_topic("twice"), new_topic("twice"))
+    by_name = {r.name: (r.error_code, r.error_message) for r in results}
+    assert len(results) == 2
+    assert by_name == {
+        "once": (ErrorCode.NONE, None),
+        "twice": (ErrorCode.INVALID_REQUEST, "Duplicate topic name."),
+    }
+    assert ctx.topics.get("twice") is None and ctx.topics.get("once") is not None
+
+
+async def test_metadata_that_auto_creates_a_topic_answers_leader_not_available_first(
+    ctx: BrokerContext,
+) -> None:
+    """Kafka's AutoTopicCreationManager answers the Metadata request that creates a topic with
+    LEADER_NOT_AVAILABLE and no partitions; the client's next request finds the topic."""
+    ctx.auto_create_topics = True
+    request = MetadataRequest[12](
+        topics=[MetadataRequest.MetadataRequestTopic(topic_id=None, name="auto")],
+        allow_auto_topic_creation=True,
+        include_topic_authorized_operations=False,
+    )
+    (first,) = (await call(ctx, request, MetadataResponse)).topics
+    assert (first.name, first.error_code, list(first.partitions)) == (
+        "auto",
+        ErrorCode.LEADER_NOT_AVAILABLE,
+        [],
+    )
+    (again,) = (await call(ctx, request, MetadataResponse)).topics
+    assert again.error_code == ErrorCode.NONE and len(again.partitions) == 1
