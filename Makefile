@@ -12,7 +12,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv deps java run test lint unit integration bench clean
+.PHONY: help venv deps java go run test lint unit integration bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -65,7 +65,25 @@ $(JAVA_STAMP): tests/java/pom.xml $(JAVA_SRC)
 
 java: $(JAVA_STAMP)  ## fetch the Java clients, tools, Streams, Kafka broker and Spark connector
 
-deps: $(STAMP) $(JS_STAMP) $(JAVA_STAMP)  ## install what the tests run beside Python (kcat, kafkajs, Java, PostgreSQL, Prometheus, podman)
+# franz-go's own integration suite (its pkg/kgo tests) runs against the broker: the module the
+# Go proxy serves is copied into .go/ and its test binary built beside its sources, which some
+# of its tests read (the Go module and build caches are ~/go and ~/.cache/go-build). franz-go
+# asks for Go 1.26.
+FRANZ_GO := v1.22.3
+GO_DIR := .go
+GO_STAMP := $(GO_DIR)/franz-go-$(FRANZ_GO)/kgo.test
+GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
+
+$(GO_STAMP):
+	@[ -x "$(GO)" ] || { echo "Go 1.26 or newer is needed for franz-go's suite (GO=..., https://go.dev/dl/)"; exit 1; }
+	rm -rf $(GO_DIR) && mkdir -p $(GO_DIR)
+	src=$$($(GO) mod download -json github.com/twmb/franz-go@$(FRANZ_GO) | sed -n 's/^\t"Dir": "\(.*\)",$$/\1/p') && \
+		cp -r "$$src" $(GO_DIR)/franz-go-$(FRANZ_GO) && chmod -R u+w $(GO_DIR)/franz-go-$(FRANZ_GO)
+	cd $(GO_DIR)/franz-go-$(FRANZ_GO) && $(GO) test -c -o $(CURDIR)/$(GO_STAMP) ./pkg/kgo
+
+go: $(GO_STAMP)  ## build franz-go's integration test binary
+
+deps: $(STAMP) $(JS_STAMP) $(JAVA_STAMP) $(GO_STAMP)  ## install what the tests run beside Python (kcat, kafkajs, Java, franz-go, PostgreSQL, Prometheus, podman)
 	@command -v kcat >/dev/null 2>&1 || { $(SUDO) apt-get update && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-upgrade kcat; }
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { $(SUDO) apt-get update && \
@@ -103,4 +121,4 @@ bench: $(STAMP) $(JAVA_STAMP)  ## benchmarks (print figures); peers: Apache Kafk
 	$(BIN)/python bench/group_join.py
 
 clean:
-	rm -rf $(VENV) $(JAVA_DIR) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) $(JAVA_DIR) $(GO_DIR) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info

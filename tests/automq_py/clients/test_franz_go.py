@@ -1,0 +1,59 @@
+"""franz-go's own integration suite against the real broker process.
+
+The tests of franz-go's ``pkg/kgo`` (its producer, consumer, groups both classic and KIP-848,
+transactions, admin requests) run against a broker named by ``KGO_SEEDS``, creating their own
+topics and groups. ``make deps`` builds their test binary from the module the Go proxy serves
+(``FRANZ_GO`` in the Makefile) into ``.go/``, beside the package's sources, where it runs as
+``go test`` would. The tests that need a feature this broker does not
+serve skip themselves, as they do against an older Kafka: share groups (KIP-932), and SASL and
+OAuth, which need credentials in the environment.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.automq_py.conftest import MakeBroker
+
+pytestmark = pytest.mark.integration
+
+GO_DIR = Path(__file__).resolve().parents[3] / ".go"
+
+
+def kgo_test_binary() -> Path:
+    found = sorted(GO_DIR.glob("franz-go-*/kgo.test"))
+    assert found, "run `make deps` first (franz-go's test binary is built into .go/)"
+    return found[-1]
+
+
+def test_franz_go_kgo_suite_passes(make_broker: MakeBroker, tmp_path: Path) -> None:
+    binary = kgo_test_binary()
+    broker = make_broker()
+    env = dict(
+        os.environ,
+        KGO_SEEDS=broker.bootstrap,
+        KGO_TEST_RF="1",  # the replication factor its topics ask for
+        KGO_LOG_LEVEL="none",
+    )
+    log = tmp_path / "kgo.log"
+    with open(log, "wb") as out:
+        done = subprocess.run(
+            [str(binary), "-test.v", "-test.timeout", "540s"],
+            cwd=binary.parent / "pkg" / "kgo",  # some of its tests read the package's sources
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=600,
+            check=False,
+        )
+    text = log.read_text(errors="replace")
+    failed = re.findall(r"^\s*--- FAIL: (\S+)", text, re.MULTILINE)
+    passed = re.findall(r"^--- PASS: (\S+)", text, re.MULTILINE)
+    assert done.returncode == 0 and not failed, f"failed: {failed}\n{text[-6000:]}"
+    # the suite ran, its broker-facing tests among what passed
+    assert len(passed) > 100 and {"TestGroupETL", "TestTxnEtl"} <= set(passed), passed
