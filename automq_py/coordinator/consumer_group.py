@@ -418,10 +418,49 @@ def _validate(req: HeartbeatRequest, assignors: Sequence[str]) -> HeartbeatResul
             message=f"assignor {req.server_assignor!r} is not one of {', '.join(assignors)}",
         )
     if req.subscribed_topic_regex:
-        try:
-            re.compile(req.subscribed_topic_regex)
-        except re.error as e:
-            return invalid(f"subscribed topic regex does not compile: {e}")
+        problem = regex_problem(req.subscribed_topic_regex)
+        if problem is not None:
+            return HeartbeatResult(
+                ErrorCode.INVALID_REGULAR_EXPRESSION,
+                req.member_id,
+                req.member_epoch,
+                message=f"SubscribedTopicRegex `{req.subscribed_topic_regex}` is not a valid "
+                f"regular expression: {problem}.",
+            )
+    return None
+
+
+def regex_problem(regex: str) -> str | None:
+    """Why Kafka's broker would refuse ``regex``, or None. Kafka compiles it with RE2/J, which
+    has no lookaround, backreferences, atomic groups or possessive quantifiers; Python's
+    ``re`` has them, so they are refused here before ``re`` compiles the rest."""
+    in_class = False
+    i = 0
+    while i < len(regex):
+        c = regex[i]
+        if c == "\\":
+            nxt = regex[i + 1 : i + 2]
+            if nxt in tuple("123456789"):
+                return f"invalid escape sequence: `\\{nxt}`"
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            if regex[i + 1 : i + 2] == "]":
+                i += 1  # a ']' first in a class is a literal
+        elif c == "(" and regex.startswith("(?", i):
+            for unsupported in ("(?=", "(?!", "(?<=", "(?<!", "(?>", "(?P="):
+                if regex.startswith(unsupported, i):
+                    return f"invalid or unsupported Perl syntax: `{unsupported}`"
+        elif c in "*+?}" and regex[i + 1 : i + 2] == "+":
+            return f"invalid nested repetition operator: `{c}+`"
+        i += 1
+    try:
+        re.compile(regex)
+    except re.error as e:
+        return str(e)
     return None
 
 

@@ -12,6 +12,7 @@ from automq_py.coordinator.consumer_group import (
     HeartbeatRequest,
     HeartbeatResult,
     Partitions,
+    regex_problem,
 )
 from protocol.errors import ErrorCode
 
@@ -136,6 +137,28 @@ def test_with_an_authorizer_a_heartbeat_resolves_only_its_own_regex() -> None:
     beat(group, "a", group.members["a"].epoch, visible=["t", "u"], every_member_sees=False)
     beat(group, "b", group.members["b"].epoch, visible=["u"], every_member_sees=False)
     assert group.group_epoch == epoch  # no flapping between the members' views
+
+
+def test_a_regex_kafka_would_refuse_is_invalid_regular_expression() -> None:
+    """Kafka compiles a SubscribedTopicRegex with RE2/J and answers one it cannot compile
+    INVALID_REGULAR_EXPRESSION, before the member joins; Python's ``re`` takes more (lookaround,
+    backreferences, possessive quantifiers), which are refused as RE2/J refuses them."""
+    refused = ("orders(", "(?=orders)x", "a(?<!b)", r"(a)\1", r"[a\1]", "(?>a)", "a++", "(?P=n)")
+    for regex in refused:
+        group = ConsumerGroup("g")
+        r = beat(group, "a", 0, regex=regex)
+        assert r.error == ErrorCode.INVALID_REGULAR_EXPRESSION, regex
+        assert r.message is not None and r.message.startswith(f"SubscribedTopicRegex `{regex}`")
+        assert not group.members
+    for regex in (r"orders-.*", r"a\\1", r"[\]+]", "(?:a|b)+?", "(?i)T", "x{2}"):
+        assert regex_problem(regex) is None, regex
+
+
+@given(st.text(max_size=40))
+@settings(max_examples=300, deadline=None)
+def test_any_regex_text_is_judged_without_an_error(regex: str) -> None:
+    problem = regex_problem(regex)
+    assert problem is None or isinstance(problem, str)
 
 
 def test_fencing_and_unknown_members() -> None:
