@@ -111,13 +111,9 @@ async def handle_consumer_group_heartbeat(ctx: BrokerContext, request: Request) 
 
     # the topics a regex may match: those the member may DESCRIBE (Kafka's
     # filterTopicDescribeAuthorizedTopics), every one without an authorizer
-    access = ctx.access
-    secured = access is not None and access.enabled
-    visible: list[str] = []
+    visible: set[str] = set()
     if heartbeat.subscribed_topic_regex or any(m.subscribed_regex for m in group.members.values()):
-        visible = [
-            t.name for t in topics.all() if not secured or ctx.allowed(DESCRIBE, TOPIC, t.name)
-        ]
+        visible = authorized_names(ctx, DESCRIBE, TOPIC, (t.name for t in topics.all()))
     result = group.heartbeat(
         heartbeat,
         coordinator.clock(),
@@ -126,7 +122,7 @@ async def handle_consumer_group_heartbeat(ctx: BrokerContext, request: Request) 
         config.consumer_assignors,
         session_timeout,
         config.consumer_max_size,
-        every_member_sees=not secured,
+        every_member_sees=not ctx.secured,
     )
     if result.error == ErrorCode.NONE:
         stored = await coordinator.store_consumer_epoch_if_changed(group)

@@ -99,6 +99,12 @@ class BrokerContext:
             return self.node_id
         return elected
 
+    @property
+    def secured(self) -> bool:
+        """Whether an authorizer judges the session's requests (with none, all are allowed)."""
+        access = self.access
+        return access is not None and access.enabled
+
     def allowed(self, operation: AclOperation, resource_type: ResourceType, name: str) -> bool:
         """Whether the session being served may do ``operation`` on the resource (always,
         with no authorizer)."""

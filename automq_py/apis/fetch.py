@@ -47,8 +47,7 @@ async def handle_fetch(ctx: BrokerContext, request: Request) -> Any:
     wait_ms = getattr(body, "max_wait_ms", None)  # (protocol.fetch's; kio's is a timedelta)
     max_wait = wait_ms / 1000 if wait_ms is not None else body.max_wait.total_seconds()
     max_bytes = int(getattr(body, "max_bytes", 0x7FFFFFFF)) or 0x7FFFFFFF
-    access = ctx.access
-    secured = access is not None and access.enabled
+    secured = ctx.secured
     # a follower's fetch needs CLUSTER_ACTION (None: a consumer's, which needs READ per topic)
     follower_allowed = (
         ctx.allowed_on_cluster(CLUSTER_ACTION) if secured and _from_follower(body) else None

@@ -121,8 +121,7 @@ async def handle_metadata(ctx: BrokerContext, request: Request) -> Any:
     allow_auto = bool(getattr(body, "allow_auto_topic_creation", True))
     topic_operations = bool(getattr(body, "include_topic_authorized_operations", False))
     cluster_operations = bool(getattr(body, "include_cluster_authorized_operations", False))
-    access = ctx.access
-    secured = access is not None and access.enabled
+    secured = ctx.secured
     cluster = ctx.cluster
     key = (
         version,

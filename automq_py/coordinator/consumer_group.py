@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 import re
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from automq_py.coordinator.assignors import MemberSpec, assign
@@ -179,7 +179,7 @@ class ConsumerGroup:
         req: HeartbeatRequest,
         now: float,
         resolve: Callable[[set[str]], TopicMetadata],
-        topic_names: Sequence[str],
+        topic_names: Collection[str],
         assignors: Sequence[str],
         session_timeout_ms: int,
         max_size: int,
@@ -318,7 +318,7 @@ class ConsumerGroup:
     # --- assignment --------------------------------------------------------------------------
 
     @staticmethod
-    def _resolve_regexes(members: Iterable[ConsumerMember], topic_names: Sequence[str]) -> bool:
+    def _resolve_regexes(members: Iterable[ConsumerMember], topic_names: Collection[str]) -> bool:
         """Match the members' regexes against ``topic_names``; whether what one matches
         changed (the group's subscriptions did)."""
         changed = False
@@ -464,7 +464,7 @@ def regex_problem(regex: str) -> str | None:
     return None
 
 
-def _regex_matches(regex: str, names: Sequence[str]) -> set[str]:
+def _regex_matches(regex: str, names: Iterable[str]) -> set[str]:
     """The names ``regex`` matches whole. Internal topics too: Kafka's broker matches every
     topic of its metadata image (the Java consumer's ``exclude.internal.topics`` is a
     client-side filter, and applies to client-side patterns)."""
