@@ -842,8 +842,8 @@ class ReplicaManager:
         )
         replicas = []
         for (topic, index), p in zip(partitions, opened, strict=True):
-            if isinstance(p, TopicError):
-                continue  # deleted meanwhile: no log any more
+            if isinstance(p, TopicError | NotLeaderError):
+                continue  # deleted or moved to another broker meanwhile: no log here
             if isinstance(p, BaseException):
                 log.warning("describing log dir %s: %s-%d: %s", path, topic.name, index, p)
                 return LogDirInfo(path, kafka_error(p))

@@ -6,8 +6,9 @@ null topics describe every partition log; otherwise only the partitions named th
 here are described (an unknown one is left out, not answered with an error), and a topic none
 of whose partitions is described is left out too (KAFKA-16807, Kafka 3.8). The one directory is
 the WAL's (``s3.wal.path``), its absolute path as the name; v4's total and usable bytes are its
-volume's. Every partition is led here, so no log end offset is behind the high watermark
-(offset lag 0) and no log is a future log.
+volume's. A broker of a cluster describes the partitions it leads, the only logs it holds (a
+partition has one replica); no log end offset is behind the high watermark (offset lag 0) and no
+log is a future log.
 
 Without DESCRIBE on the cluster the answer describes no directory: CLUSTER_AUTHORIZATION_FAILED
 at the top from v3 (the first version with that field), an empty list before, as Kafka answers.
@@ -80,18 +81,21 @@ async def handle_describe_log_dirs(ctx: BrokerContext, request: Request) -> Any:
 
 def logs_asked_for(ctx: BrokerContext, topics: Any) -> list[tuple[TopicInfo, int]]:
     """The partition logs a request's ``topics`` name (null: all), each once, in topic order;
-    partitions this broker has no log for are dropped."""
+    partitions this broker has no log for (unknown, or led by another broker) are dropped."""
     if topics is None:
-        return [(t, i) for t in ctx.topics.all() for i in range(t.partitions)]
-    wanted: dict[str, set[int]] = {}
-    for t in topics:
-        wanted.setdefault(str(t.topic), set()).update(int(p) for p in t.partitions)
-    out = []
-    for name in sorted(wanted):
-        info = ctx.topics.get(name)
-        if info is not None:
-            out += [(info, i) for i in sorted(wanted[name]) if 0 <= i < info.partitions]
-    return out
+        asked = [(t, i) for t in ctx.topics.all() for i in range(t.partitions)]
+    else:
+        wanted: dict[str, set[int]] = {}
+        for t in topics:
+            wanted.setdefault(str(t.topic), set()).update(int(p) for p in t.partitions)
+        asked = []
+        for name in sorted(wanted):
+            info = ctx.topics.get(name)
+            if info is not None:
+                asked += [(info, i) for i in sorted(wanted[name]) if 0 <= i < info.partitions]
+    if ctx.cluster is None:
+        return asked
+    return [(t, i) for t, i in asked if ctx.leadership(t.name, i).leader == ctx.node_id]
 
 
 async def handle_alter_replica_log_dirs(ctx: BrokerContext, request: Request) -> Any:

@@ -194,3 +194,31 @@ def test_a_reassignment_is_listed_until_its_leader_hands_the_partition_over(
     finally:
         admin.close()
     _produce(cluster.bootstrap, "moving", 30)
+
+
+def test_each_broker_describes_the_logs_it_leads(cluster_factory: ClusterFactory) -> None:
+    """DescribeLogDirs in a cluster: every broker answers for the partitions it leads, the only
+    logs it holds (a partition has one replica), with no error for those led elsewhere."""
+    from kafka.admin import KafkaAdminClient
+    from kafka.admin import NewTopic as KPNewTopic
+
+    cluster = cluster_factory(brokers=3)
+    admin = KafkaAdminClient(bootstrap_servers=cluster.bootstrap)
+    try:
+        admin.create_topics([KPNewTopic("dirs", 6, 1)])
+        leaders = cluster.leaders("dirs")
+        assert set(leaders.values()) == {0, 1, 2}
+        for asked in (None, {"dirs": list(range(6))}):
+            described: dict[int, int] = {}
+            answers = admin.describe_log_dirs(topic_partitions=asked)
+            assert len(answers) == 3
+            for answer in answers:
+                [result] = answer["log_dirs"]
+                assert result["error_code"] == 0, result
+                for topic in result["topics"]:
+                    if topic["name"] == "dirs":
+                        for p in topic["partitions"]:
+                            described[p["partition_index"]] = answer["broker"]
+            assert described == leaders
+    finally:
+        admin.close()
