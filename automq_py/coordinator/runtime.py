@@ -42,6 +42,7 @@ log = logging.getLogger("automq.coordinator")
 
 LOAD_READ_BYTES = 1 << 20
 LOAD_RETRY_S = 1.0  # a partition that failed to load is tried again after this
+LOAD_WAIT_S = 2.0  # how long a request waits for its partition's load under way
 
 
 def java_string_hash(text: str) -> int:
@@ -102,6 +103,7 @@ class CoordinatorRuntime:
         self._topic: TopicInfo | None = None
         self._loaded: set[int] = set()
         self._loading: set[int] = set()
+        self._load_tasks: dict[int, asyncio.Task[Any]] = {}  # partition -> its load under way
         # a topic created here loads one partition at a time, the ones requests wait for first
         self._new_load: asyncio.Task[Any] | None = None
         self._load_waiters: dict[int, asyncio.Future[None]] = {}
@@ -135,7 +137,21 @@ class CoordinatorRuntime:
     def _load_in_background(self, topic: TopicInfo) -> None:
         for index in range(topic.partitions):
             if self.leads(index) and index not in self._loading:
-                self.spawn(self._load_retrying(topic, index), f"loading {topic.name}-{index}")
+                task = self.spawn(
+                    self._load_retrying(topic, index), f"loading {topic.name}-{index}"
+                )
+                self._load_tasks[index] = task
+                task.add_done_callback(lambda t, i=index: self._load_ended(i, t))
+
+    def _load_ended(self, index: int, task: asyncio.Task[Any]) -> None:
+        if self._load_tasks.get(index) is task:
+            del self._load_tasks[index]
+
+    async def _wait_for_loads(self, indexes: Sequence[int]) -> None:
+        """Wait up to ``LOAD_WAIT_S`` for the loads under way of partitions ``indexes``."""
+        tasks = [self._load_tasks[i] for i in indexes if i in self._load_tasks]
+        if tasks:
+            await asyncio.wait(tasks, timeout=LOAD_WAIT_S)
 
     async def _load_retrying(self, topic: TopicInfo, index: int) -> None:
         """Load partition ``index``, again every ``LOAD_RETRY_S`` after a failure while this
@@ -287,6 +303,8 @@ class CoordinatorRuntime:
         if not self.leads(index):
             return ErrorCode.NOT_COORDINATOR
         await self._loaded_new(index)
+        if index not in self._loaded:
+            await self._wait_for_loads([index])
         if self._stopped:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         if not self.leads(index):
@@ -305,6 +323,9 @@ class CoordinatorRuntime:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         if self._new_load is not None and not self._new_load.done():
             await asyncio.wait([self._new_load])  # a topic created here: every partition soon
+        await self._wait_for_loads(
+            [i for i in range(topic.partitions) if self.leads(i) and i not in self._loaded]
+        )
         if self._stopped:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         if any(i not in self._loaded for i in range(topic.partitions) if self.leads(i)):

@@ -253,6 +253,53 @@ async def test_an_offsets_partition_that_fails_to_load_at_start_is_tried_again(
         await again.stop()
 
 
+async def test_a_request_waits_a_while_for_its_partition_loading_after_a_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partition moved to a broker, or found at its start, loads in the background: a
+    request for one of its keys waits up to LOAD_WAIT_S for the load rather than being told
+    COORDINATOR_LOAD_IN_PROGRESS at once (an error some clients' admin calls do not retry)."""
+    broker = Broker(_config(tmp_path / "data"))
+    await broker.start()
+    try:
+        joined = await _coordinator(broker).join_group(_join("g"))
+        assert joined.error == ErrorCode.NONE
+    finally:
+        await broker.stop()
+
+    monkeypatch.setattr("automq_py.coordinator.runtime.LOAD_WAIT_S", 0.5)
+    real = CoordinatorRuntime._replay_partition
+    delay = {"s": 0.2}
+
+    async def slow(runtime: CoordinatorRuntime, topic: TopicInfo, index: int) -> None:
+        if index == partition_for("g", 5):
+            await asyncio.sleep(delay["s"])
+        await real(runtime, topic, index)
+
+    monkeypatch.setattr(CoordinatorRuntime, "_replay_partition", slow)
+    again = Broker(_config(tmp_path / "data"))
+    await again.start()
+    try:  # loading for 0.2 s: the request waits and is answered
+        runtime = _coordinator(again).runtime
+        assert partition_for("g", 5) not in runtime._loaded
+        assert await runtime.ready("g") == ErrorCode.NONE
+        assert await runtime.all_ready() == ErrorCode.NONE
+    finally:
+        await again.stop()
+
+    delay["s"] = 5.0
+    third = Broker(_config(tmp_path / "data"))
+    await third.start()
+    try:  # a load longer than the wait: answered COORDINATOR_LOAD_IN_PROGRESS after it
+        runtime = _coordinator(third).runtime
+        started = asyncio.get_running_loop().time()
+        assert await runtime.ready("g") == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        assert await runtime.all_ready() == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        assert 0.9 < asyncio.get_running_loop().time() - started < 2.5
+    finally:
+        await third.stop()
+
+
 async def test_a_new_offsets_topic_partition_that_fails_to_load_is_tried_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
