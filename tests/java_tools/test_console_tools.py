@@ -667,7 +667,7 @@ def test_leader_election_and_partition_reassignment_on_one_broker(
 
 def test_features_cluster_id_and_api_versions(tool: KafkaTools) -> None:
     """kafka-features shows the feature levels in force (metadata.version 3.9-IV0, the consumer
-    group protocol's group.version 1); kafka-cluster prints the cluster id;
+    group protocol's group.version 1) and "upgrades" to them; kafka-cluster prints the cluster id;
     kafka-broker-api-versions lists each API with the versions both sides can use."""
     features = {
         line.split()[1]: dict(re.findall(r"(\w+): (\S+)", line))
@@ -675,6 +675,12 @@ def test_features_cluster_id_and_api_versions(tool: KafkaTools) -> None:
     }
     assert features["metadata.version"]["FinalizedVersionLevel"] == "3.9-IV0"
     assert features["group.version"]["FinalizedVersionLevel"] == "1"
+    # UpdateFeatures: the levels in force are the highest served; a downgrade is refused
+    upgraded = tool("kafka-features", "upgrade", "--metadata", "3.9")
+    assert "metadata.version was upgraded to 21." in upgraded.stdout
+    refused = tool("kafka-features", "downgrade", "--feature", "group.version=0", check=False)
+    assert refused.returncode == 1
+    assert "Could not downgrade group.version to 0." in refused.stdout
     # a subcommand first, as kafka-cluster's usage has it
     cluster = tool.runner.run(
         "kafka-cluster", "cluster-id", "--bootstrap-server", tool.broker.bootstrap

@@ -23,10 +23,14 @@ from confluent_kafka.admin import (
     OffsetSpec,
     ResourceType,
 )
+from kafka.admin import KafkaAdminClient
+from kafka.errors import InvalidUpdateVersionError
+from kafka.protocol.admin import UpdateFeaturesRequest, UpdateFeaturesResponse
 
 from protocol.errors import ErrorCode
 from tests.automq_py.conftest import module_broker
 from tests.support.broker import BrokerProcess
+from tests.support.raw_connection import RawConnection
 from tests.support.seaweedfs import SeaweedFS
 
 pytestmark = pytest.mark.integration
@@ -408,3 +412,60 @@ def test_incremental_operations() -> None:
         apply(op("retention.ms", "1", 2))
     assert raised.value.code == ErrorCode.INVALID_CONFIG
     assert "retention.ms" in str(raised.value)
+
+
+@pytest.mark.parametrize("version", [0, 1])
+def test_update_features_changes_nothing_and_refuses_what_kafka_refuses(
+    broker: BrokerProcess, version: int
+) -> None:
+    """UpdateFeatures: the levels in force are the highest served, so asking for them succeeds
+    and changes nothing; an unknown feature, a level out of range and a downgrade fail the
+    whole request with INVALID_UPDATE_VERSION and Kafka's message."""
+    f = UpdateFeaturesRequest.FeatureUpdateKey
+
+    def update(*updates: tuple[str, int, int]) -> Any:
+        keys = [
+            f(feature=n, max_version_level=v, allow_downgrade=t != 1, upgrade_type=t)
+            for n, v, t in updates
+        ]
+        extra = {"validate_only": False} if version else {}
+        request = UpdateFeaturesRequest[version](timeout_ms=5000, feature_updates=keys, **extra)
+        conn = RawConnection(broker.bootstrap)
+        try:
+            return conn.call(request, UpdateFeaturesResponse)
+        finally:
+            conn.close()
+
+    same = update(("metadata.version", 21, 1), ("group.version", 1, 1))
+    assert same.error_code == ErrorCode.NONE
+    assert sorted((r.feature, r.error_code) for r in same.results) == [
+        ("group.version", 0),
+        ("metadata.version", 0),
+    ]
+    unknown = update(("group.version", 1, 1), ("sarama.unsupported.feature", 1, 1))
+    assert (unknown.error_code, unknown.results) == (ErrorCode.INVALID_UPDATE_VERSION, [])
+    assert unknown.error_message.endswith(
+        "Invalid update version 1 for feature sarama.unsupported.feature. Local controller 0 "
+        "does not support this feature."
+    )
+    above = update(("metadata.version", 22, 1))
+    assert above.error_code == ErrorCode.INVALID_UPDATE_VERSION
+    assert "only supports versions [7-21]" in above.error_message
+    downgrade_as_upgrade = update(("group.version", 0, 1))
+    assert "without setting the upgrade type" in downgrade_as_upgrade.error_message
+    downgrade = update(("group.version", 0, 2))
+    assert downgrade.error_code == ErrorCode.INVALID_UPDATE_VERSION
+    assert "group.version at level 1 only" in downgrade.error_message
+    metadata = update(("metadata.version", 20, 2))
+    assert "Refusing to perform the requested downgrade" in metadata.error_message
+    # kafka-python's admin client: the same, and the levels in force unchanged
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    try:
+        assert admin.update_features({"group.version": 1}) == {"group.version": "OK"}
+        with pytest.raises(InvalidUpdateVersionError):
+            admin.update_features({"group.version": ("SAFE_DOWNGRADE", 0)})
+        described = admin.describe_features()
+    finally:
+        admin.close()
+    assert described["metadata.version"]["finalized"] == (21, 21)
+    assert described["group.version"]["finalized"] == (1, 1)

@@ -73,6 +73,8 @@ from kafka.protocol.admin import (
     IncrementalAlterConfigsResponse,
     ListPartitionReassignmentsRequest,
     ListPartitionReassignmentsResponse,
+    UpdateFeaturesRequest,
+    UpdateFeaturesResponse,
 )
 from kafka.protocol.consumer.fetch import FetchResponse
 from kafka.protocol.producer import WriteTxnMarkersRequest, WriteTxnMarkersResponse
@@ -440,6 +442,14 @@ def test_alice_is_refused_the_brokers_own_apis(acl_broker: AclBroker) -> None:
             ListPartitionReassignmentsResponse,
         )
         assert listed.error_code == refused_cluster
+        f = UpdateFeaturesRequest.FeatureUpdateKey
+        update = UpdateFeaturesRequest[1](
+            timeout_ms=5000,
+            feature_updates=[f(feature="group.version", max_version_level=1, upgrade_type=1)],
+            validate_only=False,
+        )
+        updated = conn.call(update, UpdateFeaturesResponse)
+        assert (updated.error_code, updated.results) == (refused_cluster, [])
         t = WriteTxnMarkersRequest.WritableTxnMarker
         markers = WriteTxnMarkersRequest[1](
             markers=[
