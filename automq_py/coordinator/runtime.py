@@ -25,6 +25,7 @@ module and gives the runtime a :class:`Replayer`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Coroutine, Sequence
@@ -141,7 +142,7 @@ class CoordinatorRuntime:
                     self._load_retrying(topic, index), f"loading {topic.name}-{index}"
                 )
                 self._load_tasks[index] = task
-                task.add_done_callback(lambda t, i=index: self._load_ended(i, t))
+                task.add_done_callback(functools.partial(self._load_ended, index))
 
     def _load_ended(self, index: int, task: asyncio.Task[Any]) -> None:
         if self._load_tasks.get(index) is task:
