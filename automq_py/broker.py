@@ -158,6 +158,7 @@ class Broker:
             log.warning("dynamic broker configs ignored: %s", e)
             topic_defaults = config.topic_defaults()
         self.replicas = ReplicaManager(self.storage, topic_defaults, cluster=cache)
+        dynamic_config.add_listener(lambda: self._dynamic_config_changed(dynamic_config, topics))
         advertised = config.advertised_listeners[0]
         addresses = {a.name: (a.host, a.port) for a in config.advertised_listeners}
         ctx = BrokerContext(
@@ -236,6 +237,7 @@ class Broker:
             config,
             f"{own_host}:{self.server.listener_port(inter_broker)}",
             cluster_wide=None if controller is None else lambda: controller.active,
+            cleaner_backoff_ms=dynamic_config.cleaner_backoff_ms,
         )
         self.maintenance.start()
         self._settling = asyncio.create_task(self._settle(apis), name="settle")
@@ -246,6 +248,20 @@ class Broker:
             advertised.host,
             advertised.port,
         )
+
+    def _dynamic_config_changed(self, dynamic: DynamicBrokerConfig, topics: TopicRegistry) -> None:
+        """The stored dynamic configs changed (here, or through another broker): the open
+        partitions take the topic defaults now in effect."""
+        assert self.replicas is not None
+        try:
+            defaults = dynamic.topic_defaults()
+        except ConfigError as e:
+            log.warning("dynamic broker configs ignored: %s", e)
+            return
+        if defaults != self.replicas.topic_defaults:
+            self.replicas.topic_defaults = defaults
+            for topic in topics.all():
+                self.replicas.apply_config(topic)
 
     async def _join_cluster(self, cache: ClusterMetadataCache, host: str, port: int) -> None:
         """Register, start heartbeats and the controller role (see :mod:`broker_lifecycle`)."""

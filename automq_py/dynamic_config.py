@@ -4,12 +4,15 @@ on a broker resource, as Kafka's DynamicBrokerConfig keeps them.
 A broker resource named by this broker's id holds its own configs (DYNAMIC_BROKER_CONFIG); the
 one with the empty name holds the cluster-wide defaults (DYNAMIC_DEFAULT_BROKER_CONFIG). Both
 are kept in the metadata store (``broker-config/<id>``, ``broker-config/``) and layered over
-the properties file: this broker's over the cluster's over the static ones.
+the properties file: this broker's over the cluster's over the static ones. In a cluster every
+broker follows the store: a cluster-wide default set through one broker is in effect on all.
 
 What can change this way is what automq-py applies at once: the broker defaults of topic
 configs (Kafka's ``DynamicLogConfig.ReconfigurableConfigs``: ``log.retention.ms``,
-``log.segment.bytes``, ``message.max.bytes``, ``log.cleanup.policy``, ...). The open partitions
-take the new defaults at once, as a topic config change does. ``advertised.listeners`` is
+``log.segment.bytes``, ``message.max.bytes``, ``log.cleanup.policy``, ...), which the open
+partitions take at once, as a topic config change does; and of the log cleaner's (Kafka's
+``LogCleaner.ReconfigurableConfigs``) the one automq-py has, ``log.cleaner.backoff.ms``, how
+often key compaction is checked, taken from the next check on. ``advertised.listeners`` is
 dynamic per broker, as in Kafka 3.9 (never a cluster-wide default), and held to what a KRaft
 broker of 3.9 allows: its listener names must be the broker's listeners and no address may be
 a wildcard, and the endpoints it names must be the ones the broker registered (Kafka: "Advertised
@@ -22,7 +25,7 @@ config.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 from automq_py.config import (
@@ -32,7 +35,7 @@ from automq_py.config import (
     parse_listeners,
 )
 from automq_py.topic_config import ConfigLayers
-from storage.config_def import ConfigError
+from storage.config_def import ConfigError, parse_declared
 from storage.metadata.manager import MetadataManager
 
 KV_PREFIX = "broker-config/"
@@ -45,8 +48,11 @@ RECONFIGURABLE = frozenset(synonyms[0].name for synonyms in TOPIC_CONFIG_SYNONYM
 ADVERTISED_LISTENERS = "advertised.listeners"
 # dynamic for one broker only (Kafka's DynamicBrokerConfig.PerBrokerConfigs)
 PER_BROKER = frozenset({ADVERTISED_LISTENERS})
+CLEANER_BACKOFF_MS = "log.cleaner.backoff.ms"
+# the log cleaner's properties that change without a restart
+CLEANER = frozenset({CLEANER_BACKOFF_MS})
 # what DescribeConfigs describes as not read-only
-DYNAMIC = RECONFIGURABLE | PER_BROKER
+DYNAMIC = RECONFIGURABLE | PER_BROKER | CLEANER
 
 
 class RefusedConfigError(ConfigError):
@@ -64,9 +70,26 @@ class DynamicBrokerConfig:
         self.config = config
         self.metadata = metadata
         self.node = str(config.node_id)
-        kv = metadata.image.kv
+        self._listeners: list[Callable[[], None]] = []
+        self._reload()
+        metadata.add_kv_listener(KV_PREFIX, self._changed)
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` after the stored dynamic configs changed, here or through
+        another broker of the cluster."""
+        self._listeners.append(listener)
+
+    def _reload(self) -> None:
+        kv = self.metadata.image.kv
         self._own = _decode(kv.get(KV_PREFIX + self.node))
         self._default = _decode(kv.get(KV_PREFIX))
+
+    def _changed(self) -> None:
+        before = (self._own, self._default)
+        self._reload()
+        if (self._own, self._default) != before:
+            for listener in self._listeners:
+                listener()
 
     def layers(self) -> ConfigLayers:
         base = ConfigLayers.of(self.config)
@@ -85,6 +108,20 @@ class DynamicBrokerConfig:
         """The topic config defaults in effect, dynamic configs included."""
         return check_topic_defaults(self.layers().merged())
 
+    def cleaner_backoff_ms(self) -> int:
+        """``log.cleaner.backoff.ms`` in effect, dynamic configs included (a stored value
+        no longer valid is skipped, as Kafka skips one)."""
+        value = self.layers().merged().get(CLEANER_BACKOFF_MS)
+        if value is not None:
+            try:
+                parsed: int = parse_declared(BrokerConfig, {CLEANER_BACKOFF_MS: value})[
+                    "log_cleaner_backoff_ms"
+                ]
+                return parsed
+            except ConfigError:
+                pass
+        return self.config.log_cleaner_backoff_ms
+
     def validate(self, resource: str, configs: Mapping[str, str]) -> dict[str, str]:
         """The topic defaults that setting broker resource ``resource``'s dynamic configs to
         ``configs`` (the whole set) would give. Raises ReadOnlyConfigError for a property
@@ -93,8 +130,9 @@ class DynamicBrokerConfig:
         if read_only:
             raise ReadOnlyConfigError(
                 f"Cannot update these configs dynamically: {', '.join(read_only)} (automq-py "
-                "changes only the broker defaults of topic configs and advertised.listeners at "
-                "run time; set the others in server.properties or --override)"
+                "changes only the broker defaults of topic configs, log.cleaner.backoff.ms and "
+                "advertised.listeners at run time; set the others in server.properties or "
+                "--override)"
             )
         per_broker = sorted(name for name in configs if name in PER_BROKER)
         if resource == "" and per_broker:
@@ -104,6 +142,7 @@ class DynamicBrokerConfig:
             )
         if ADVERTISED_LISTENERS in configs:
             check_advertised_listeners(self.config, configs[ADVERTISED_LISTENERS])
+        parse_declared(BrokerConfig, {n: v for n, v in configs.items() if n in CLEANER})
         if resource == "":
             merged = {**self.config.properties, **configs, **self._own}
         else:

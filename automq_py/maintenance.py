@@ -9,7 +9,8 @@ job                              every
 SSO compaction                   ``s3.stream.set.object.compaction.interval.minutes``
 SO compaction                    ``s3.stream.object.compaction.interval.minutes``
 key compaction                   ``log.cleaner.backoff.ms`` (only when a compacted
-                                 topic's partition is dirty enough: checked in-process)
+                                 topic's partition is dirty enough: checked in-process;
+                                 the interval may change at run time, a dynamic config)
 retention, then GC               ``log.retention.check.interval.ms``
 ===============================  =====================================================
 
@@ -55,8 +56,12 @@ class Maintenance:
         config: BrokerConfig,
         bootstrap: str,
         cluster_wide: Callable[[], bool] | None = None,
+        cleaner_backoff_ms: Callable[[], int] | None = None,
     ) -> None:
+        """``cleaner_backoff_ms``: ``log.cleaner.backoff.ms`` in effect now (a dynamic
+        config), read before each wait; else the configured value."""
         self.config = config
+        self._cleaner_backoff_ms = cleaner_backoff_ms or (lambda: config.log_cleaner_backoff_ms)
         self.bootstrap = bootstrap
         # in a cluster: whether this broker runs the jobs over every node's objects now (it is
         # the controller), so two brokers never compact or collect the same objects; retention
@@ -87,18 +92,21 @@ class Maintenance:
                 "compacted, trimmed or deleted"
             )
             return
-        schedule = {
-            "compact-sso": storage.sso_compaction_interval_minutes * MINUTE_S,
-            "compact-so": storage.so_compaction_interval_minutes * MINUTE_S,
-            "compact-key": self.config.log_cleaner_backoff_ms / 1000,
-            "retention": self.config.log_retention_check_interval_ms / 1000,
+        sso_s = storage.sso_compaction_interval_minutes * MINUTE_S
+        so_s = storage.so_compaction_interval_minutes * MINUTE_S
+        retention_s = self.config.log_retention_check_interval_ms / 1000
+        schedule: dict[str, Callable[[], float]] = {
+            "compact-sso": lambda: sso_s,
+            "compact-so": lambda: so_s,
+            "compact-key": lambda: self._cleaner_backoff_ms() / 1000,
+            "retention": lambda: retention_s,
         }
         log.info(
             "maintenance: compaction on %s; SSO compaction every %.0fs, SO compaction every "
             "%.0fs, key compaction checked every %.0fs, retention and GC (in-process) every "
             "%.0fs",
             self.runner,
-            *schedule.values(),
+            *(interval() for interval in schedule.values()),
         )
         for job, interval in schedule.items():
             self._tasks.append(asyncio.create_task(self._every(job, interval), name=job))
@@ -116,9 +124,9 @@ class Maintenance:
                 os.unlink(self._properties_file)
             self._properties_file = None
 
-    async def _every(self, job: str, interval_s: float) -> None:
+    async def _every(self, job: str, interval_s: Callable[[], float]) -> None:
         while True:
-            await asyncio.sleep(interval_s)
+            await asyncio.sleep(interval_s())
             await self.run(job)
 
     async def run(self, job: str) -> None:

@@ -4,6 +4,8 @@ checked against a Kafka 3.9.0 broker)."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -11,18 +13,38 @@ import pytest
 
 from automq_py.config import BrokerConfig
 from automq_py.dynamic_config import (
+    DYNAMIC,
     DynamicBrokerConfig,
     ReadOnlyConfigError,
     RefusedConfigError,
     check_advertised_listeners,
 )
+from storage.config_def import ConfigError
 
 CONFIG = BrokerConfig.from_properties({"listeners": "PLAINTEXT://127.0.0.1:9092"})
 
 
-def dynamic() -> DynamicBrokerConfig:
-    metadata: Any = SimpleNamespace(image=SimpleNamespace(kv={}))  # nothing stored yet
-    return DynamicBrokerConfig(CONFIG, metadata)
+class StoredConfigs:
+    """The metadata store's side: its KV image and the listeners told of a change."""
+
+    def __init__(self) -> None:
+        self.image = SimpleNamespace(kv={})  # nothing stored yet
+        self.listeners: list[tuple[str, Callable[[], None]]] = []
+
+    def add_kv_listener(self, prefix: str, listener: Callable[[], None]) -> None:
+        self.listeners.append((prefix, listener))
+
+    def put(self, key: str, configs: dict[str, str]) -> None:
+        """``configs`` stored under ``key``, as another broker of the cluster stores them."""
+        self.image.kv[key] = json.dumps(configs).encode()
+        for prefix, listener in self.listeners:
+            if key.startswith(prefix):
+                listener()
+
+
+def dynamic(metadata: StoredConfigs | None = None) -> DynamicBrokerConfig:
+    store: Any = metadata or StoredConfigs()
+    return DynamicBrokerConfig(CONFIG, store)
 
 
 @pytest.mark.parametrize(
@@ -79,3 +101,33 @@ def test_only_one_broker_may_set_them() -> None:
     # a read-only property is named first, as Kafka checks it first
     with pytest.raises(ReadOnlyConfigError, match=r"^Cannot update these configs dynamically"):
         dynamic().validate("", {"advertised.listeners": "x", "listeners": "x"})
+
+
+def test_the_cleaner_backoff_changes_at_run_time_as_in_kafka() -> None:
+    """``log.cleaner.backoff.ms`` is one of Kafka's LogCleaner.ReconfigurableConfigs: dynamic
+    for one broker or the cluster, held to its minimum, read by the next key compaction check."""
+    assert "log.cleaner.backoff.ms" in DYNAMIC
+    store = StoredConfigs()
+    configs = dynamic(store)
+    assert configs.cleaner_backoff_ms() == 15_000
+    configs.validate("0", {"log.cleaner.backoff.ms": "20000"})
+    with pytest.raises(ConfigError, match=r"log\.cleaner\.backoff\.ms"):
+        configs.validate("", {"log.cleaner.backoff.ms": "-1"})
+    store.put("broker-config/", {"log.cleaner.backoff.ms": "500"})
+    assert configs.cleaner_backoff_ms() == 500
+
+
+def test_configs_stored_through_another_broker_take_effect_here() -> None:
+    """In a cluster the dynamic configs follow the store: a cluster-wide default set through
+    another broker is in effect here at once, and listeners hear of it; a change stored for
+    another broker is not this one's."""
+    store = StoredConfigs()
+    configs = dynamic(store)
+    heard: list[dict[str, str]] = []
+    configs.add_listener(lambda: heard.append(configs.topic_defaults()))
+    store.put("broker-config/", {"log.retention.ms": "60000"})
+    assert configs.layers().dynamic_default == {"log.retention.ms": "60000"}
+    assert [d["retention.ms"] for d in heard] == ["60000"]
+    store.put("broker-config/7", {"log.retention.ms": "1000"})
+    assert configs.layers().dynamic_broker == {}
+    assert len(heard) == 1

@@ -222,3 +222,54 @@ def test_each_broker_describes_the_logs_it_leads(cluster_factory: ClusterFactory
             assert described == leaders
     finally:
         admin.close()
+
+
+def test_a_cluster_wide_dynamic_default_is_in_effect_on_every_broker(
+    cluster_factory: ClusterFactory,
+) -> None:
+    """A cluster-wide broker default (kafka-configs --entity-default) set through one broker
+    is in effect on the others too; a broker's own dynamic config stays its own."""
+    from confluent_kafka.admin import (
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        ConfigSource,
+        ResourceType,
+    )
+
+    from tests.automq_py.apis.test_config_surface import alter_cluster_defaults
+
+    cluster = cluster_factory(brokers=2)
+
+    def alter(via: int, name: str, **configs: str) -> None:
+        resource = ConfigResource(
+            ResourceType.BROKER,
+            name,
+            incremental_configs=[
+                ConfigEntry(k.replace("_", "."), v, incremental_operation=AlterConfigOpType.SET)
+                for k, v in configs.items()
+            ],
+        )
+        admin = cluster.admin(via)
+        admin.incremental_alter_configs([resource])[resource].result(timeout=30)
+
+    def described(node: int) -> dict[str, ConfigEntry]:
+        resource = ConfigResource(ResourceType.BROKER, str(node))
+        admin = cluster.admin(node)
+        return dict(admin.describe_configs([resource])[resource].result(timeout=30))
+
+    alter_cluster_defaults(cluster.brokers[0], log_retention_ms="60000")
+    alter(1, "1", log_cleaner_backoff_ms="20000")
+    deadline = time.monotonic() + 10
+    while True:
+        on_1 = described(1)["log.retention.ms"]
+        if on_1.value == "60000" or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert (on_1.value, on_1.source) == ("60000", ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG.value)
+    backoff = {node: described(node)["log.cleaner.backoff.ms"] for node in (0, 1)}
+    assert (backoff[1].value, backoff[1].source) == (
+        "20000",
+        ConfigSource.DYNAMIC_BROKER_CONFIG.value,
+    )
+    assert backoff[0].value == "15000"
