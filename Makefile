@@ -65,25 +65,44 @@ $(JAVA_STAMP): tests/java/pom.xml $(JAVA_SRC)
 
 java: $(JAVA_STAMP)  ## fetch the Java clients, tools, Streams, Kafka broker and Spark connector
 
-# franz-go's own integration suite (its pkg/kgo tests) runs against the broker: the module the
-# Go proxy serves is copied into .go/ and its test binary built beside its sources, which some
-# of its tests read (the Go module and build caches are ~/go and ~/.cache/go-build). franz-go
-# asks for Go 1.26.
+# Two Go clients' own suites run against the broker: franz-go's integration tests (its pkg/kgo
+# tests) and Sarama's functional tests (build tag `functional`, against a five-broker cluster
+# behind toxiproxy, whose server is built from its module too). Each module the Go proxy serves
+# is copied into .go/ and its binary built beside its sources, which some tests read (the Go
+# module and build caches are ~/go and ~/.cache/go-build). franz-go asks for Go 1.26.
 FRANZ_GO := v1.22.3
+SARAMA := v1.61.1
+TOXIPROXY := v2.5.0
 GO_DIR := .go
-GO_STAMP := $(GO_DIR)/franz-go-$(FRANZ_GO)/kgo.test
+KGO_TEST := $(GO_DIR)/franz-go-$(FRANZ_GO)/kgo.test
+SARAMA_TEST := $(GO_DIR)/sarama-$(SARAMA)/sarama.test
+TOXIPROXY_SERVER := $(GO_DIR)/toxiproxy-$(TOXIPROXY)/toxiproxy-server
+GO_STAMPS := $(KGO_TEST) $(SARAMA_TEST) $(TOXIPROXY_SERVER)
 GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 
-$(GO_STAMP):
-	@[ -x "$(GO)" ] || { echo "Go 1.26 or newer is needed for franz-go's suite (GO=..., https://go.dev/dl/)"; exit 1; }
-	rm -rf $(GO_DIR) && mkdir -p $(GO_DIR)
-	src=$$($(GO) mod download -json github.com/twmb/franz-go@$(FRANZ_GO) | sed -n 's/^\t"Dir": "\(.*\)",$$/\1/p') && \
-		cp -r "$$src" $(GO_DIR)/franz-go-$(FRANZ_GO) && chmod -R u+w $(GO_DIR)/franz-go-$(FRANZ_GO)
-	cd $(GO_DIR)/franz-go-$(FRANZ_GO) && $(GO) test -c -o $(CURDIR)/$(GO_STAMP) ./pkg/kgo
+# $(call go_module,module,version,directory): a writable copy of the module's sources
+define go_module
+	@[ -x "$(GO)" ] || { echo "Go 1.26 or newer is needed for the Go clients' suites (GO=..., https://go.dev/dl/)"; exit 1; }
+	rm -rf $(3) && mkdir -p $(GO_DIR)
+	src=$$($(GO) mod download -json $(1)@$(2) | sed -n 's/^\t"Dir": "\(.*\)",$$/\1/p') && \
+		cp -r "$$src" $(3) && chmod -R u+w $(3)
+endef
 
-go: $(GO_STAMP)  ## build franz-go's integration test binary
+$(KGO_TEST):
+	$(call go_module,github.com/twmb/franz-go,$(FRANZ_GO),$(GO_DIR)/franz-go-$(FRANZ_GO))
+	cd $(GO_DIR)/franz-go-$(FRANZ_GO) && $(GO) test -c -o $(CURDIR)/$@ ./pkg/kgo
 
-deps: $(STAMP) $(JS_STAMP) $(JAVA_STAMP) $(GO_STAMP)  ## install what the tests run beside Python (kcat, kafkajs, Java, franz-go, PostgreSQL, Prometheus, podman)
+$(SARAMA_TEST):
+	$(call go_module,github.com/IBM/sarama,$(SARAMA),$(GO_DIR)/sarama-$(SARAMA))
+	cd $(GO_DIR)/sarama-$(SARAMA) && $(GO) test -c -tags functional -o $(CURDIR)/$@ .
+
+$(TOXIPROXY_SERVER):
+	$(call go_module,github.com/Shopify/toxiproxy/v2,$(TOXIPROXY),$(GO_DIR)/toxiproxy-$(TOXIPROXY))
+	cd $(GO_DIR)/toxiproxy-$(TOXIPROXY) && $(GO) build -o $(CURDIR)/$@ ./cmd/server
+
+go: $(GO_STAMPS)  ## build franz-go's and Sarama's test binaries and toxiproxy's server
+
+deps: $(STAMP) $(JS_STAMP) $(JAVA_STAMP) $(GO_STAMPS)  ## install what the tests run beside Python (kcat, kafkajs, Java, franz-go, Sarama, PostgreSQL, Prometheus, podman)
 	@command -v kcat >/dev/null 2>&1 || { $(SUDO) apt-get update && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-upgrade kcat; }
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { $(SUDO) apt-get update && \

@@ -11,7 +11,8 @@ and handed to the partitions already open, so ``max.message.bytes``, ``segment.b
 (``index.interval.bytes``, ``segment.index.bytes``) acts from the next segment on.
 
 The broker resource lists every broker property: the dynamic ones (the broker defaults of topic
-configs, and ``advertised.listeners`` per broker: :mod:`automq_py.dynamic_config`) are not
+configs, ``log.cleaner.backoff.ms``, and ``advertised.listeners`` per broker:
+:mod:`automq_py.dynamic_config`) are not
 read-only, and altering any other is refused as Kafka refuses a static config
 (INVALID_REQUEST). ``advertised.listeners`` is described as Kafka 3.9 describes it: a STRING,
 null with no synonym where nothing sets it (Kafka's default is null, the listeners being

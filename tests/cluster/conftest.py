@@ -20,10 +20,19 @@ SESSION_MS = 6000
 
 
 class Cluster:
-    """Brokers 0..n-1 of one cluster: one PostgreSQL database, one S3 namespace."""
+    """Brokers ``first_node_id``.. of one cluster (0..n-1 unless told): one PostgreSQL database,
+    one S3 namespace."""
 
-    def __init__(self, root: Path, s3: SeaweedFS, metadata_url: str, **overrides: str) -> None:
+    def __init__(
+        self,
+        root: Path,
+        s3: SeaweedFS,
+        metadata_url: str,
+        first_node_id: int = 0,
+        **overrides: str,
+    ) -> None:
         self.root = root
+        self.first_node_id = first_node_id
         self.common = {
             "s3.data.buckets": s3.url(),
             "cluster.id": f"c{time.monotonic_ns()}",
@@ -40,7 +49,7 @@ class Cluster:
 
     def add_many(self, count: int, **overrides: str) -> list[BrokerProcess]:
         """Start ``count`` more brokers at once (each start waits for its listener)."""
-        first = len(self.brokers)
+        first = self.first_node_id + len(self.brokers)
         new = [
             BrokerProcess(
                 self.root / f"broker{node_id}",
@@ -103,21 +112,24 @@ ClusterFactory = Callable[..., Cluster]
 def cluster_factory(
     tmp_path: Path, s3_server: SeaweedFS, postgres_server: PostgresServer
 ) -> Iterator[ClusterFactory]:
-    """``cluster_factory(brokers=3, **properties)``: a started cluster; every broker must stop
-    cleanly at the end of the test."""
+    """``cluster_factory(brokers=3, first_node_id=0, **properties)``: a started cluster (none
+    started with ``brokers=0``: add them); every broker must stop cleanly at the end of the
+    test."""
     made: list[Cluster] = []
 
-    def make(brokers: int = 3, **overrides: str) -> Cluster:
-        cluster = Cluster(tmp_path, s3_server, postgres_server.create_database(), **overrides)
+    def make(brokers: int = 3, first_node_id: int = 0, **overrides: str) -> Cluster:
+        database = postgres_server.create_database()
+        cluster = Cluster(tmp_path, s3_server, database, first_node_id, **overrides)
         made.append(cluster)
-        cluster.add_many(brokers)
-        cluster.wait_for_brokers(brokers)
+        if brokers:
+            cluster.add_many(brokers)
+            cluster.wait_for_brokers(brokers)
         return cluster
 
     yield make
     for cluster in made:
         # shown with a failing test's output only
-        for node_id, broker in enumerate(cluster.brokers):
-            print(f"--- broker {node_id} ---\n{broker.log_tail(60)}")
+        for i, broker in enumerate(cluster.brokers):
+            print(f"--- broker {cluster.first_node_id + i} ---\n{broker.log_tail(60)}")
         codes = cluster.stop()
         assert codes == [0] * len(codes), "\n\n".join(b.log_tail() for b in cluster.brokers)
