@@ -159,6 +159,8 @@ class Broker:
             topic_defaults = config.topic_defaults()
         self.replicas = ReplicaManager(self.storage, topic_defaults, cluster=cache)
         dynamic_config.add_listener(lambda: self._dynamic_config_changed(dynamic_config, topics))
+        # a topic's configs altered through another broker reach its partitions open here
+        topics.add_config_listener(self.replicas.apply_config)
         advertised = config.advertised_listeners[0]
         addresses = {a.name: (a.host, a.port) for a in config.advertised_listeners}
         ctx = BrokerContext(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -104,10 +104,15 @@ class TopicRegistry:
         self._by_id: dict[uuid.UUID, TopicInfo] = {}
         # grows with every change of a topic: what is built from them is reused until then
         self.generation = 0
+        self._config_listeners: list[Callable[[TopicInfo], object]] = []
         for key, raw in metadata.image.kv.items():
             if key.startswith(PREFIX):
                 self._index(TopicInfo.decode(key[len(PREFIX) :], raw))
         metadata.add_listener(self._on_records)
+
+    def add_config_listener(self, listener: Callable[[TopicInfo], object]) -> None:
+        """Call ``listener(topic)`` after a topic's configs changed, through any broker."""
+        self._config_listeners.append(listener)
 
     def _index(self, info: TopicInfo) -> None:
         self.generation += 1
@@ -116,6 +121,13 @@ class TopicRegistry:
             self._by_id.pop(old.topic_id, None)
         self._by_name[info.name] = info
         self._by_id[info.topic_id] = info
+        self._compare_configs(old, info)
+
+    def _compare_configs(self, old: TopicInfo | None, new: TopicInfo) -> None:
+        """Tell the config listeners if ``new`` changed the configs of topic ``old``."""
+        if old is not None and old.topic_id == new.topic_id and old.configs != new.configs:
+            for listener in self._config_listeners:
+                listener(new)
 
     def _unindex(self, name: str) -> None:
         self.generation += 1
@@ -127,11 +139,14 @@ class TopicRegistry:
         """Follow the topics the metadata's changes (any broker's) create, alter and delete."""
         if not records:  # the image was reloaded whole
             self.generation += 1
+            before = self._by_name.copy()
             self._by_name.clear()
             self._by_id.clear()
             for key, raw in self.metadata.image.kv.items():
                 if key.startswith(PREFIX):
-                    self._index(TopicInfo.decode(key[len(PREFIX) :], raw))
+                    info = TopicInfo.decode(key[len(PREFIX) :], raw)
+                    self._index(info)
+                    self._compare_configs(before.get(info.name), info)
             return
         for r in records:
             if isinstance(r, KVRecord) and r.key.startswith(PREFIX):

@@ -273,3 +273,56 @@ def test_a_cluster_wide_dynamic_default_is_in_effect_on_every_broker(
         ConfigSource.DYNAMIC_BROKER_CONFIG.value,
     )
     assert backoff[0].value == "15000"
+
+
+def test_a_topic_config_altered_through_one_broker_acts_on_every_leader(
+    cluster_factory: ClusterFactory,
+) -> None:
+    """A topic's configs altered through any broker reach the partitions open on the others:
+    a max.message.bytes lowered through broker 0 refuses a larger record on broker 1's
+    partition."""
+    from confluent_kafka import KafkaError
+    from kafka.protocol.admin import IncrementalAlterConfigsRequest, IncrementalAlterConfigsResponse
+
+    from tests.support.raw_connection import RawConnection
+
+    cluster = cluster_factory(brokers=2)
+    _create(cluster.admin(0), "limits", 2)
+    on_1 = next(p for p, leader in cluster.leaders("limits").items() if leader == 1)
+    producer = Producer({"bootstrap.servers": cluster.brokers[1].bootstrap, "linger.ms": 0})
+    errors: list[KafkaError | None] = []
+
+    def send(size: int) -> KafkaError | None:
+        errors.clear()
+        producer.produce(
+            "limits", b"x" * size, partition=on_1, on_delivery=lambda e, _: errors.append(e)
+        )
+        assert producer.flush(30) == 0
+        return errors[0]
+
+    assert send(5000) is None  # opens the partition on broker 1 with the default limit
+    resources = IncrementalAlterConfigsRequest.AlterConfigsResource
+    request = IncrementalAlterConfigsRequest[1](
+        resources=[
+            resources(
+                resource_type=2,  # TOPIC
+                resource_name="limits",
+                configs=[
+                    resources.AlterableConfig(
+                        name="max.message.bytes", config_operation=0, value="2000"
+                    )
+                ],
+            )
+        ],
+        validate_only=False,
+    )
+    conn = RawConnection(cluster.brokers[0].bootstrap)  # not the partition's leader
+    try:
+        (result,) = conn.call(request, IncrementalAlterConfigsResponse).responses
+    finally:
+        conn.close()
+    assert result.error_code == 0
+    deadline = time.monotonic() + 10
+    while (refused := send(5000)) is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert refused is not None and refused.code() == KafkaError.MSG_SIZE_TOO_LARGE
