@@ -60,6 +60,18 @@ _WORKER_PORTS = (10000, 1000, 8)  # first port, ports per worker, workers with a
 _next_port: int | None = None
 
 
+def port_free(port: int) -> bool:
+    """Whether a listener could bind ``port`` on loopback now (with SO_REUSEADDR, as listeners
+    bind: a port whose connections closed lately, in TIME_WAIT, counts as free)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port() -> int:
     """A TCP port nothing listens on now (the broker binds it a moment later)."""
     global _next_port
@@ -72,25 +84,16 @@ def free_port() -> int:
         for _ in range(size):
             port = start + (_next_port - start) % size
             _next_port = port + 1
-            with socket.socket() as s:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a listener binds
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-            return port
+            if port_free(port):
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
 def _check_free(port: int) -> None:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the broker's listener
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError as e:
-            raise AutoMQError(f"port {port} is taken: {e}") from None
+    if not port_free(port):
+        raise AutoMQError(f"port {port} is taken")
 
 
 def with_test_defaults(properties: Mapping[str, str | int] | None = None) -> dict[str, str]:

@@ -26,7 +26,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import socketserver
 import subprocess
 import sys
@@ -39,6 +38,7 @@ from pathlib import Path
 
 import pytest
 
+from automq_py.testing.process import port_free
 from tests.cluster.conftest import Cluster, ClusterFactory
 from tests.support.broker import free_port
 
@@ -127,23 +127,12 @@ def short_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        # as a listener binds: connections closed lately (TIME_WAIT) do not hold the port
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def test_sarama_functional_suite_passes(
     cluster_factory: ClusterFactory, tmp_path: Path, short_dir: Path
 ) -> None:
     binary = built("sarama-*/sarama.test")
     toxiproxy = built("toxiproxy-*/toxiproxy-server")
-    taken = [p for p in PROXY_PORTS if not _port_free(p)]
+    taken = [p for p in PROXY_PORTS if not port_free(p)]
     assert not taken, f"Sarama's suite needs ports {taken} free"
 
     cluster = cluster_factory(0, first_node_id=1, **COMPOSE_PROPERTIES)

