@@ -1,9 +1,10 @@
 """Sarama's own functional suite against a five-broker cluster.
 
 Sarama's functional tests (IBM/sarama, build tag ``functional``) expect the cluster of its
-docker-compose file: brokers 1 to 5, each reached through a toxiproxy proxy on
+docker-compose file: brokers 1 to 5, each reached by clients through a toxiproxy proxy on
 127.0.0.1:29091-29095, which the tests cut, slow down and reset to test a client's failure
-handling; topic auto-creation off and no initial rebalance delay. Here the five are broker
+handling, and by the other brokers on a listener of their own; topic auto-creation off and no
+initial rebalance delay. Here the five are broker
 processes over one PostgreSQL database and one SeaweedFS, each advertising its proxy's address,
 and the proxies are toxiproxy's own server; ``make deps`` builds both binaries from the modules
 the Go proxy serves (``SARAMA``, ``TOXIPROXY`` in the Makefile) into ``.go/``.
@@ -137,11 +138,16 @@ def test_sarama_functional_suite_passes(
 
     cluster = cluster_factory(0, first_node_id=1, **COMPOSE_PROPERTIES)
     for port in PROXY_PORTS:
-        own = free_port()
+        # as in the compose file: clients through the proxy, brokers to each other directly
+        own, internal = free_port(), free_port()
         cluster.add(
             **{
-                "listeners": f"PLAINTEXT://127.0.0.1:{own}",
-                "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+                "listeners": f"CLIENT://127.0.0.1:{own},INTERNAL://127.0.0.1:{internal}",
+                "advertised.listeners": (
+                    f"CLIENT://127.0.0.1:{port},INTERNAL://127.0.0.1:{internal}"
+                ),
+                "listener.security.protocol.map": "CLIENT:PLAINTEXT,INTERNAL:PLAINTEXT",
+                "inter.broker.listener.name": "INTERNAL",
                 "broker.rack": str(len(cluster.brokers) + 1),
             }
         )
