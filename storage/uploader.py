@@ -278,8 +278,16 @@ class Uploader:
             self._wanted.clear()
             self._lift_pacing_if_behind()
             active = self._cache.active
-            if active.records and time.monotonic() - active.first_put_at >= interval:
+            # the ring filling while no upload is under way to free it (see _wal_filling)
+            filling = self._wal_filling() and not self._cache.sealed_blocks()
+            if active.records and (time.monotonic() - active.first_put_at >= interval or filling):
                 self._cache.seal()
+            elif filling:  # nothing to upload: records dropped from the cache fill the ring
+                try:
+                    point = self._storage.wal_trim_point(fallback=self._wal.next_offset)
+                    await self._wal.trim(point)
+                except Exception as e:  # (the next commit trims it)
+                    log.warning("trimming the WAL failed: %s: %s", type(e).__name__, e)
             for block in self._cache.sealed_blocks():
                 if block.block_id in self._tasks or self._storage.failed is not None:
                     continue
@@ -290,6 +298,14 @@ class Uploader:
                     name=f"s3storage-upload-{block.block_id}",
                 )
                 previous = committed
+
+    def _wal_filling(self) -> bool:
+        """Whether the WAL ring is three quarters full. Records of streams dropped from the
+        cache (a deleted topic's) keep their room there until a block after them is committed,
+        however small the active block stays; so the block is sealed then, as AutoMQ forces an
+        upload when its WAL is over capacity, rather than after the upload interval, while the
+        appends wait for room."""
+        return self._wal.free_space < self._wal.capacity // 4
 
     async def upload_in_order(
         self,

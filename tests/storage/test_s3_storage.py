@@ -443,3 +443,34 @@ async def test_payloads_read_from_requests_are_copied_while_their_write_is_in_fl
     storage.commit_now()  # (all durable by now: nothing to copy)
     assert not storage._uncopied and not state.copied
     assert await read_all(stream) == payloads + more
+
+
+async def test_a_wal_filled_with_dropped_streams_records_is_freed_without_waiting(
+    make_storage: StorageFactory,
+) -> None:
+    """Records of a stream dropped from the cache (a deleted topic's) keep their room in the
+    WAL ring until a block after them is committed. When they fill it while the active block
+    stays small, the block is sealed and uploaded then (as AutoMQ forces an upload when its WAL
+    is over capacity), not after ``s3.wal.upload.interval.ms``: the appends waiting for room go
+    on within moments."""
+    storage = await make_storage(
+        s3_wal_capacity=16 << 20, s3_wal_upload_threshold=8 << 20, s3_wal_upload_interval_ms=60_000
+    )
+    client = StreamClient(storage)
+    live = await client.create_and_open()
+    for _ in range(2):  # each under the threshold, so no block is sealed
+        dead = await client.create_and_open()
+        await fill(dead, 6, size=1 << 20, count=1)
+        storage.drop_stream(dead.stream_id)
+    assert storage.wal.free_space < 5 << 20 and storage.cache.active.size == 0
+    started = time.monotonic()
+    written = await asyncio.wait_for(fill(live, 6, size=1 << 20, count=1), 30)
+    # the live stream's records among dropped ones: the block holding them is uploaded early
+    dead = await client.create_and_open()
+    for _ in range(5):
+        await fill(dead, 1, size=1 << 20, count=1)
+        written += await fill(live, 1, size=200_000, count=1)
+    storage.drop_stream(dead.stream_id)
+    written += await asyncio.wait_for(fill(live, 12, size=1 << 19, count=1), 30)
+    assert time.monotonic() - started < 20  # (the upload interval is 60 s)
+    assert await read_all(live) == written
