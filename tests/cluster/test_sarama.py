@@ -43,7 +43,8 @@ from automq_py.testing.process import port_free
 from tests.cluster.conftest import Cluster, ClusterFactory
 from tests.support.broker import free_port
 
-pytestmark = pytest.mark.integration
+# the two Go clients' suites (each a busy set of clients) run one after the other, on one worker
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("go-suites")]
 
 GO_DIR = Path(__file__).resolve().parents[2] / ".go"
 PROXY_PORTS = range(29091, 29096)  # brokers 1..5, fixed by the suite

@@ -20,7 +20,8 @@ import pytest
 
 from tests.automq_py.conftest import MakeBroker
 
-pytestmark = pytest.mark.integration
+# the two Go clients' suites (each a busy set of clients) run one after the other, on one worker
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("go-suites")]
 
 GO_DIR = Path(__file__).resolve().parents[3] / ".go"
 
