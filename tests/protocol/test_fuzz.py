@@ -13,7 +13,7 @@ import uuid
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kafka.protocol.admin import CreateTopicsRequest
+from kafka.protocol.admin import CreateTopicsRequest, UpdateFeaturesRequest
 from kafka.protocol.consumer import FetchRequest
 from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest
 from kafka.protocol.producer import ProduceRequest
@@ -93,6 +93,20 @@ def _valid_frames() -> list[bytes]:
     ]
     other = [
         request_frame(ApiVersionsRequest[3](client_software_name="a", client_software_version="b")),
+        *(
+            request_frame(
+                UpdateFeaturesRequest[v](
+                    timeout_ms=1,
+                    feature_updates=[
+                        UpdateFeaturesRequest.FeatureUpdateKey(
+                            feature="f", max_version_level=1, allow_downgrade=True, upgrade_type=2
+                        )
+                    ],
+                    validate_only=True,
+                )
+            )
+            for v in (0, 1)
+        ),
         request_frame(MetadataRequest[12](topics=[MetadataRequest.MetadataRequestTopic(name="x")])),
         request_frame(MetadataRequest[1](topics=None)),
         request_frame(

@@ -25,7 +25,11 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
-from kafka.protocol.admin import CreateTopicsRequest, CreateTopicsResponse  # type: ignore[import-untyped]
+from kafka.protocol.admin import (  # type: ignore[import-untyped]
+    CreateTopicsRequest,
+    CreateTopicsResponse,
+    UpdateFeaturesRequest,
+)
 from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest  # type: ignore[import-untyped]
 from kafka.protocol.metadata import (  # type: ignore[import-untyped]
     ApiVersionsRequest,
@@ -107,6 +111,16 @@ def _client_payloads() -> list[bytes]:
             topics=[
                 ListOffsetsRequest.ListOffsetsTopic(name=TOPIC, partitions=[list_offsets_partition])
             ],
+        ),
+        # changes nothing as sent; mutated, any level or upgrade type
+        UpdateFeaturesRequest[1](
+            timeout_ms=1000,
+            feature_updates=[
+                UpdateFeaturesRequest.FeatureUpdateKey(
+                    feature="group.version", max_version_level=1, upgrade_type=1
+                )
+            ],
+            validate_only=False,
         ),
     ]
     return [request_frame(m, correlation_id=n + 1) for n, m in enumerate(messages)]
