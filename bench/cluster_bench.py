@@ -99,11 +99,12 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from automq_py.testing.process import port_free
 from bench.produce_consume import Result, child_pids, produce
 from tests.support.broker import BrokerProcess
 from tests.support.java import JavaSideMissing, ToolRunner, classpath
 from tests.support.postgres import PostgresServer
-from tests.support.seaweedfs import BENCH_VOLUME_SIZE_LIMIT_MB, SeaweedFS, _port_free
+from tests.support.seaweedfs import BENCH_VOLUME_SIZE_LIMIT_MB, SeaweedFS
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -129,7 +130,7 @@ GOAL_SPREAD = 2.0  # "flat in size": the sizes' median gaps within this factor o
 def s3_base_port(wanted: int) -> int:
     """``wanted``, or the next block of 100 ports whose SeaweedFS ports are all free."""
     for base in range(wanted, wanted + 2000, 100):
-        if all(_port_free(p) for p in (*range(base, base + 9), base + 10008)):
+        if all(port_free(p) for p in (*range(base, base + 9), base + 10008)):
             return base
     raise SystemExit(f"no free SeaweedFS ports from {wanted} on: pick --s3-base-port")
 

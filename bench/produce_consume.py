@@ -231,11 +231,12 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from automq_py.testing.process import port_free
 from bench.apache_kafka import KAFKA, KafkaServer, producer_perf_command, run_producer_perf
 from storage.config import S3StreamConfig
 from tests.support.broker import BrokerProcess, free_port
 from tests.support.java import JavaSideMissing, classpath
-from tests.support.seaweedfs import BENCH_VOLUME_SIZE_LIMIT_MB, SeaweedFS, _port_free
+from tests.support.seaweedfs import BENCH_VOLUME_SIZE_LIMIT_MB, SeaweedFS
 
 DEFAULTS = S3StreamConfig()  # the broker's storage defaults
 KiB = 1024
@@ -335,7 +336,7 @@ def free_seaweedfs_base() -> int:
     rng = random.Random()
     for _ in range(200):
         base = rng.randrange(20000, 30000, 10)
-        if all(_port_free(p) for p in (*range(base, base + 9), base + 10008)):
+        if all(port_free(p) for p in (*range(base, base + 9), base + 10008)):
             return base
     raise RuntimeError("no free port range for SeaweedFS")
 
