@@ -65,19 +65,23 @@ $(JAVA_STAMP): tests/java/pom.xml $(JAVA_SRC)
 
 java: $(JAVA_STAMP)  ## fetch the Java clients, tools, Streams, Kafka broker and Spark connector
 
-# Two Go clients' own suites run against the broker: franz-go's integration tests (its pkg/kgo
-# tests) and Sarama's functional tests (build tag `functional`, against a five-broker cluster
-# behind toxiproxy, whose server is built from its module too). Each module the Go proxy serves
+# Three Go clients' own suites run against the broker: franz-go's integration tests (its pkg/kgo
+# tests), segmentio/kafka-go's (its root and sasl packages) and Sarama's functional tests (build
+# tag `functional`, against a five-broker cluster behind toxiproxy, whose server is built from
+# its module too). Each module the Go proxy serves
 # is copied into .go/ and its binary built beside its sources, which some tests read (the Go
 # module and build caches are ~/go and ~/.cache/go-build). franz-go asks for Go 1.26.
 FRANZ_GO := v1.22.3
 SARAMA := v1.61.1
+KAFKA_GO := v0.4.51
 TOXIPROXY := v2.5.0
 GO_DIR := .go
 KGO_TEST := $(GO_DIR)/franz-go-$(FRANZ_GO)/kgo.test
 SARAMA_TEST := $(GO_DIR)/sarama-$(SARAMA)/sarama.test
+KAFKA_GO_DIR := $(GO_DIR)/kafka-go-$(KAFKA_GO)
+KAFKA_GO_TEST := $(KAFKA_GO_DIR)/kafka-go.test
 TOXIPROXY_SERVER := $(GO_DIR)/toxiproxy-$(TOXIPROXY)/toxiproxy-server
-GO_STAMPS := $(KGO_TEST) $(SARAMA_TEST) $(TOXIPROXY_SERVER)
+GO_STAMPS := $(KGO_TEST) $(SARAMA_TEST) $(KAFKA_GO_TEST) $(TOXIPROXY_SERVER)
 GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 
 # $(call go_module,module,version,directory): a writable copy of the module's sources
@@ -96,13 +100,19 @@ $(SARAMA_TEST):
 	$(call go_module,github.com/IBM/sarama,$(SARAMA),$(GO_DIR)/sarama-$(SARAMA))
 	cd $(GO_DIR)/sarama-$(SARAMA) && $(GO) test -c -tags functional -o $(CURDIR)/$@ .
 
+# its go.sum lacks entries its go.mod needs: -mod=mod lets go add them to the copy
+$(KAFKA_GO_TEST):
+	$(call go_module,github.com/segmentio/kafka-go,$(KAFKA_GO),$(KAFKA_GO_DIR))
+	cd $(KAFKA_GO_DIR) && $(GO) test -mod=mod -c -o sasl/sasl.test ./sasl && \
+		$(GO) test -mod=mod -c -o $(CURDIR)/$@ .
+
 $(TOXIPROXY_SERVER):
 	$(call go_module,github.com/Shopify/toxiproxy/v2,$(TOXIPROXY),$(GO_DIR)/toxiproxy-$(TOXIPROXY))
 	cd $(GO_DIR)/toxiproxy-$(TOXIPROXY) && $(GO) build -o $(CURDIR)/$@ ./cmd/server
 
-go: $(GO_STAMPS)  ## build franz-go's and Sarama's test binaries and toxiproxy's server
+go: $(GO_STAMPS)  ## build franz-go's, kafka-go's and Sarama's test binaries and toxiproxy's server
 
-deps: $(STAMP) $(JS_STAMP) $(JAVA_STAMP) $(GO_STAMPS)  ## install what the tests run beside Python (kcat, kafkajs, Java, franz-go, Sarama, PostgreSQL, Prometheus, podman)
+deps: $(STAMP) $(JS_STAMP) $(JAVA_STAMP) $(GO_STAMPS)  ## install what the tests run beside Python (kcat, kafkajs, Java, franz-go, kafka-go, Sarama, PostgreSQL, Prometheus, podman)
 	@command -v kcat >/dev/null 2>&1 || { $(SUDO) apt-get update && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-upgrade kcat; }
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { $(SUDO) apt-get update && \
