@@ -125,7 +125,7 @@ async def handle_consumer_group_heartbeat(ctx: BrokerContext, request: Request) 
         every_member_sees=not ctx.secured,
     )
     if result.error == ErrorCode.NONE:
-        stored = await coordinator.store_consumer_epoch_if_changed(group)
+        stored = await coordinator.store_consumer_group(group)
         if stored != ErrorCode.NONE:
             result = type(result)(stored, result.member_id, result.member_epoch)
     assignment = None

@@ -15,6 +15,12 @@ assignment*. Each member then converges to its target on its own heartbeats, as 
 Group states, as ConsumerGroupDescribe and ListGroups show them: ``Empty`` (no members),
 ``Assigning`` (group epoch ahead of the target assignment), ``Reconciling`` (some member not
 yet at the target), ``Stable``. Pure logic; the coordinator does the I/O and the clock.
+
+The group is kept in ``__consumer_offsets`` as Kafka keeps it (:mod:`records`): its epoch, the
+target assignment's epoch, and for each member its metadata, its target and its current
+assignment. ``changed_records`` gives what changed since the last stored; ``replay`` rebuilds
+the group on the broker that loads the partition, so that its members go on with their epochs
+and partitions when the coordinator moves.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import uuid
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from automq_py.coordinator import records
 from automq_py.coordinator.assignors import MemberSpec, assign
 from protocol.errors import ErrorCode
 
@@ -39,9 +46,10 @@ TopicMetadata = dict[str, tuple[TopicId, int]]
 
 
 class MemberState(enum.Enum):
-    STABLE = "stable"
-    UNREVOKED_PARTITIONS = "unrevoked_partitions"
-    UNRELEASED_PARTITIONS = "unreleased_partitions"
+    # the values Kafka's current-assignment record stores
+    STABLE = 0
+    UNREVOKED_PARTITIONS = 1
+    UNRELEASED_PARTITIONS = 2
 
 
 @dataclass(slots=True)
@@ -116,7 +124,13 @@ class ConsumerGroup:
         self.static_members: dict[str, str] = {}
         self.target: dict[str, Partitions] = {}
         self.metadata: TopicMetadata = {}
+        # False once loaded from the log: the next heartbeat takes the topics as they are
+        # without a new epoch (the records keep the assignment, not the topics' metadata)
+        self.metadata_known = True
         self.assignor_name = ""
+        # what the log holds: (key version, member id) -> value, and the target's epoch
+        self._stored: dict[tuple[int, str], bytes] = {}
+        self._stored_target_epoch = -1
 
     # --- views -------------------------------------------------------------------------------
 
@@ -230,9 +244,10 @@ class ConsumerGroup:
             self.group_epoch += 1
         metadata = resolve(self.subscribed_topic_names())
         if metadata != self.metadata:
-            if self.assignment_epoch == self.group_epoch and self.target:
+            if self.metadata_known and self.assignment_epoch == self.group_epoch and self.target:
                 self.group_epoch += 1
             self.metadata = metadata
+        self.metadata_known = True
         if self.group_epoch > self.assignment_epoch or member.member_id not in self.target:
             self._compute_target(assignors)
         self._reconcile(member, req.owned, now)
@@ -391,6 +406,129 @@ class ConsumerGroup:
 
     def topic_names(self) -> dict[TopicId, str]:
         return {tid: topic for topic, (tid, _) in self.metadata.items()}
+
+    # --- the records that keep it ------------------------------------------------------------
+
+    def _member_values(self) -> dict[tuple[int, str], bytes]:
+        out: dict[tuple[int, str], bytes] = {}
+        for m in self.members.values():
+            out[(records.MEMBER_METADATA_KEY_VERSION, m.member_id)] = records.encode_member_value(
+                records.MemberMetadataValue(
+                    m.instance_id,
+                    m.rack_id,
+                    m.client_id,
+                    m.client_host,
+                    tuple(sorted(m.subscribed_names)),
+                    m.subscribed_regex,
+                    m.rebalance_timeout_ms,
+                    m.server_assignor,
+                )
+            )
+            out[(records.CURRENT_ASSIGNMENT_KEY_VERSION, m.member_id)] = (
+                records.encode_member_value(
+                    records.CurrentAssignmentValue(
+                        m.epoch,
+                        m.previous_epoch,
+                        m.state.value,
+                        _listed(m.assigned),
+                        _listed(m.pending_revocation),
+                    )
+                )
+            )
+        for member_id, partitions in self.target.items():
+            out[(records.TARGET_MEMBER_KEY_VERSION, member_id)] = records.encode_member_value(
+                records.TargetMemberValue(_listed(partitions))
+            )
+        return out
+
+    def changed_records(self) -> list[tuple[records.Key, bytes | None]]:
+        """The member records that differ from what the log holds (tombstones for members
+        gone), the target's epoch when it moved; ``stored()`` once they are appended."""
+        now = self._member_values()
+        out: list[tuple[records.Key, bytes | None]] = []
+        if self.assignment_epoch != self._stored_target_epoch:
+            value = records.encode_member_value(records.TargetEpochValue(self.assignment_epoch))
+            out.append((records.TargetEpochKey(self.group_id), value))
+        for (version, member_id), value in now.items():
+            if self._stored.get((version, member_id)) != value:
+                out.append((records.ConsumerMemberKey(version, self.group_id, member_id), value))
+        for version, member_id in self._stored.keys() - now.keys():
+            out.append((records.ConsumerMemberKey(version, self.group_id, member_id), None))
+        return out
+
+    def stored(self, entries: Sequence[tuple[records.Key, bytes | None]]) -> None:
+        """``entries`` (of ``changed_records``) are in the log."""
+        for key, value in entries:
+            if isinstance(key, records.TargetEpochKey) and value is not None:
+                self._stored_target_epoch = records.decode_member_value_epoch(value)
+            elif isinstance(key, records.ConsumerMemberKey):
+                if value is None:
+                    self._stored.pop((key.version, key.member), None)
+                else:
+                    self._stored[(key.version, key.member)] = value
+
+    def replay(
+        self,
+        key: records.ConsumerMemberKey | records.TargetEpochKey,
+        raw: bytes | memoryview | None,
+        now: float,
+        session_timeout_ms: int,
+    ) -> None:
+        """Apply one of the group's records read from the log (``raw`` None: a tombstone);
+        a member loaded has a full session from ``now``."""
+        self.metadata_known = False
+        raw = None if raw is None else bytes(raw)
+        if isinstance(key, records.TargetEpochKey):
+            if raw is not None:
+                self._stored_target_epoch = records.decode_member_value_epoch(raw)
+                self.assignment_epoch = self._stored_target_epoch
+            return
+        member_id = key.member
+        if raw is None:
+            self._stored.pop((key.version, member_id), None)
+            if key.version == records.TARGET_MEMBER_KEY_VERSION:
+                self.target.pop(member_id, None)
+            elif key.version == records.MEMBER_METADATA_KEY_VERSION:
+                gone = self.members.pop(member_id, None)
+                if gone is not None and gone.instance_id is not None:
+                    self.static_members.pop(gone.instance_id, None)
+            return
+        self._stored[(key.version, member_id)] = raw
+        value = records.decode_value(key, raw)
+        if isinstance(value, records.TargetMemberValue):
+            self.target[member_id] = _mapped(value.partitions)
+            return
+        member = self.members.get(member_id)
+        if member is None:
+            member = self.members[member_id] = ConsumerMember(member_id)
+        member.deadline = now + session_timeout_ms / 1000
+        if isinstance(value, records.MemberMetadataValue):
+            member.instance_id, member.rack_id = value.instance_id, value.rack_id
+            member.client_id, member.client_host = value.client_id, value.client_host
+            member.subscribed_names = frozenset(value.subscribed_topic_names)
+            member.subscribed_regex = value.subscribed_topic_regex
+            member.rebalance_timeout_ms = value.rebalance_timeout_ms
+            member.server_assignor = value.server_assignor
+            if value.instance_id is not None:
+                self.static_members[value.instance_id] = member_id
+        elif isinstance(value, records.CurrentAssignmentValue):
+            member.epoch, member.previous_epoch = value.member_epoch, value.previous_member_epoch
+            member.state = MemberState(value.state)
+            member.assigned = _mapped(value.assigned)
+            member.pending_revocation = _mapped(value.pending_revocation)
+            member.revocation_deadline = (
+                now + member.rebalance_timeout_ms / 1000
+                if member.state == MemberState.UNREVOKED_PARTITIONS
+                else None
+            )
+
+
+def _listed(p: Partitions) -> records.TopicPartitions:
+    return tuple((t, tuple(sorted(parts))) for t, parts in sorted(p.items(), key=lambda kv: kv[0]))
+
+
+def _mapped(p: records.TopicPartitions) -> Partitions:
+    return {t: frozenset(parts) for t, parts in p if parts}
 
 
 def _validate(req: HeartbeatRequest, assignors: Sequence[str]) -> HeartbeatResult | None:

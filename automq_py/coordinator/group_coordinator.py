@@ -230,9 +230,14 @@ class GroupCoordinator:
         # members read back from the log get a full session from now
         now = self.clock()
         for group_id, group in self.groups.items():
-            if isinstance(group, ClassicGroup) and self.runtime.owns(group_id, partition):
+            if not self.runtime.owns(group_id, partition):
+                continue
+            if isinstance(group, ClassicGroup):
                 for member in group.members.values():
                     member.deadline = now + member.session_timeout_ms / 1000
+            else:
+                for consumer in group.members.values():
+                    consumer.deadline = now + self.config.consumer_session_timeout_ms / 1000
 
     def _replay(self, raw_key: bytes, raw_value: bytes | None) -> None:
         try:
@@ -256,10 +261,17 @@ class GroupCoordinator:
                 if isinstance(value, records.ConsumerGroupValue):
                     found = self.groups.get(group_id)
                     group = found if isinstance(found, ConsumerGroup) else ConsumerGroup(group_id)
-                    group.group_epoch = group.assignment_epoch = value.epoch
+                    # the target's epoch is a record of its own (none: computed anew)
+                    group.group_epoch = group.stored_epoch = value.epoch
                     self.groups[group_id] = group
                 elif isinstance(self.groups.get(group_id), ConsumerGroup):
                     del self.groups[group_id]
+            case records.ConsumerMemberKey(group=group_id) | records.TargetEpochKey(group=group_id):
+                found = self.groups.get(group_id)
+                if found is None and raw_value is not None:
+                    found = self.groups[group_id] = ConsumerGroup(group_id)
+                if isinstance(found, ConsumerGroup):
+                    found.replay(key, raw_value, now, self.config.consumer_session_timeout_ms)
 
     async def _append(
         self, group_id: str, entries: Sequence[tuple[records.Key, bytes | None]]
@@ -290,7 +302,7 @@ class GroupCoordinator:
                 if expired:
                     log.info("group %s: session of %s expired", group.group_id, ", ".join(expired))
                     self.runtime.spawn(
-                        self._store_consumer_epoch(group), f"storing group {group.group_id}"
+                        self.store_consumer_group(group), f"storing group {group.group_id}"
                     )
             else:
                 self.classic.expire(group, now)
@@ -376,16 +388,19 @@ class GroupCoordinator:
         self.groups[group_id] = group
         return ErrorCode.NONE, group
 
-    async def _store_consumer_epoch(self, group: ConsumerGroup) -> ErrorCode:
-        value = records.encode_consumer_group_value(records.ConsumerGroupValue(group.group_epoch))
-        key = records.ConsumerGroupKey(group.group_id)
-        return await self._append(group.group_id, [(key, value)])
-
-    async def store_consumer_epoch_if_changed(self, group: ConsumerGroup) -> ErrorCode:
-        if group.group_epoch == group.stored_epoch:
-            return ErrorCode.NONE
+    async def store_consumer_group(self, group: ConsumerGroup) -> ErrorCode:
+        """Append what changed of the group since it was last stored: its epoch, then its
+        members' records (the error to answer with)."""
+        entries: list[tuple[records.Key, bytes | None]] = []
         epoch = group.group_epoch
-        error = await self._store_consumer_epoch(group)
+        if epoch != group.stored_epoch:
+            value = records.encode_consumer_group_value(records.ConsumerGroupValue(epoch))
+            entries.append((records.ConsumerGroupKey(group.group_id), value))
+        members = group.changed_records()
+        if not entries and not members:
+            return ErrorCode.NONE
+        error = await self._append(group.group_id, entries + members)
         if error == ErrorCode.NONE:
             group.stored_epoch = max(group.stored_epoch, epoch)
+            group.stored(members)
         return error

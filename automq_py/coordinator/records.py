@@ -11,6 +11,10 @@ key v  record                  key fields
 0, 1   offset commit           group string, topic string, partition int32
 2      classic group metadata  group string
 3      consumer group epoch    group string (a KIP-848 group)
+5      consumer group member   group string, member string
+6      target assignment epoch group string
+7      target assignment       group string, member string (a member's target)
+8      current assignment      group string, member string
 =====  ======================  ===================================================
 
 Offset commit value, written as v3, or v1 when the commit has an expire timestamp (OffsetCommit
@@ -34,21 +38,44 @@ Consumer group epoch value (Kafka's ``ConsumerGroupMetadataValue`` v0, flexible)
 
     epoch int32, tagged fields (an unsigned varint count, written as 0)
 
+A KIP-848 group's members, each kept by three records, as Kafka's coordinator keeps them so that
+another broker loading the partition knows them (v0, flexible: compact strings and arrays, an
+unsigned varint length + 1, 0 for null; a uuid is 16 bytes; each struct ends with its tagged
+fields, written as none)::
+
+    member (Kafka's ConsumerGroupMemberMetadataValue): instance_id string|null,
+        rack_id string|null, client_id string, client_host string,
+        subscribed_topic_names [string], subscribed_topic_regex string|null,
+        rebalance_timeout_ms int32, server_assignor string|null
+    target assignment epoch (ConsumerGroupTargetAssignmentMetadataValue): epoch int32
+    target assignment (ConsumerGroupTargetAssignmentMemberValue): [topic_id uuid,
+        partitions [int32]]
+    current assignment (ConsumerGroupCurrentMemberAssignmentValue): member_epoch int32,
+        previous_member_epoch int32, state int8 (0 stable, 1 unrevoked partitions,
+        2 unreleased partitions), assigned [topic_id uuid, partitions [int32]],
+        pending_revocation [topic_id uuid, partitions [int32]]
+
 These are the layouts Apache Kafka writes, so its tooling can read our offsets topic too.
 """
 
 from __future__ import annotations
 
 import struct
+import uuid
 from dataclasses import dataclass, field
 
 OFFSET_COMMIT_KEY_VERSION = 1
 GROUP_METADATA_KEY_VERSION = 2
 CONSUMER_GROUP_KEY_VERSION = 3
+MEMBER_METADATA_KEY_VERSION = 5
+TARGET_EPOCH_KEY_VERSION = 6
+TARGET_MEMBER_KEY_VERSION = 7
+CURRENT_ASSIGNMENT_KEY_VERSION = 8
 
 OFFSET_COMMIT_VALUE_VERSION = 3
 GROUP_METADATA_VALUE_VERSION = 3
 CONSUMER_GROUP_VALUE_VERSION = 0
+MEMBER_VALUES_VERSION = 0  # of each KIP-848 member record
 
 NO_TIMESTAMP = -1
 NO_LEADER_EPOCH = -1
@@ -76,6 +103,20 @@ class GroupKey:
 
 @dataclass(slots=True, frozen=True)
 class ConsumerGroupKey:
+    group: str
+
+
+@dataclass(slots=True, frozen=True)
+class ConsumerMemberKey:
+    """One of a KIP-848 member's records: ``version`` is the key version (5, 7 or 8)."""
+
+    version: int
+    group: str
+    member: str
+
+
+@dataclass(slots=True, frozen=True)
+class TargetEpochKey:
     group: str
 
 
@@ -115,8 +156,51 @@ class ConsumerGroupValue:
     epoch: int
 
 
-Key = OffsetKey | GroupKey | ConsumerGroupKey
-Value = OffsetValue | GroupValue | ConsumerGroupValue
+# a topic id -> partitions, as the KIP-848 records list them
+TopicPartitions = tuple[tuple[uuid.UUID, tuple[int, ...]], ...]
+
+
+@dataclass(slots=True, frozen=True)
+class MemberMetadataValue:
+    instance_id: str | None
+    rack_id: str | None
+    client_id: str
+    client_host: str
+    subscribed_topic_names: tuple[str, ...]
+    subscribed_topic_regex: str | None
+    rebalance_timeout_ms: int
+    server_assignor: str | None
+
+
+@dataclass(slots=True, frozen=True)
+class TargetEpochValue:
+    epoch: int
+
+
+@dataclass(slots=True, frozen=True)
+class TargetMemberValue:
+    partitions: TopicPartitions
+
+
+@dataclass(slots=True, frozen=True)
+class CurrentAssignmentValue:
+    member_epoch: int
+    previous_member_epoch: int
+    state: int
+    assigned: TopicPartitions
+    pending_revocation: TopicPartitions
+
+
+Key = OffsetKey | GroupKey | ConsumerGroupKey | ConsumerMemberKey | TargetEpochKey
+Value = (
+    OffsetValue
+    | GroupValue
+    | ConsumerGroupValue
+    | MemberMetadataValue
+    | TargetEpochValue
+    | TargetMemberValue
+    | CurrentAssignmentValue
+)
 
 
 class _Writer:
@@ -150,6 +234,35 @@ class _Writer:
     def bytes_(self, v: bytes) -> _Writer:
         self.i32(len(v))
         self.buf += v
+        return self
+
+    def i8(self, v: int) -> _Writer:
+        self.buf.append(v & 0xFF)
+        return self
+
+    def uvarint(self, v: int) -> _Writer:
+        while v >= 0x80:
+            self.buf.append((v & 0x7F) | 0x80)
+            v >>= 7
+        self.buf.append(v)
+        return self
+
+    def compact_string(self, v: str | None) -> _Writer:
+        if v is None:
+            return self.uvarint(0)
+        raw = v.encode()
+        self.uvarint(len(raw) + 1)
+        self.buf += raw
+        return self
+
+    def topic_partitions(self, v: TopicPartitions) -> _Writer:
+        self.uvarint(len(v) + 1)
+        for topic_id, partitions in v:
+            self.buf += topic_id.bytes
+            self.uvarint(len(partitions) + 1)
+            for p in partitions:
+                self.i32(p)
+            self.uvarint(0)  # the struct's tagged fields
         return self
 
 
@@ -215,6 +328,47 @@ class _Reader:
             if shift > 28:
                 raise RecordFormatError("varint longer than 5 bytes")
 
+    def i8(self) -> int:
+        b = self._take(1)[0]
+        return b - 256 if b > 127 else b
+
+    def compact_count(self) -> int | None:
+        """A compact array's or string's length; None for null."""
+        n = self.uvarint() - 1
+        if n > len(self.data) - self.pos:
+            raise RecordFormatError(f"length {n} does not fit the remaining bytes")
+        return None if n < 0 else n
+
+    def compact_string(self) -> str | None:
+        n = self.compact_count()
+        if n is None:
+            return None
+        try:
+            return bytes(self._take(n)).decode()
+        except UnicodeDecodeError as e:
+            raise RecordFormatError(f"string is not UTF-8: {e}") from None
+
+    def compact_text(self) -> str:
+        value = self.compact_string()
+        if value is None:
+            raise RecordFormatError(f"null string at byte {self.pos} where one is required")
+        return value
+
+    def tagged_fields(self) -> None:
+        """Skip a struct's tagged fields (none is known here)."""
+        for _ in range(self.uvarint()):
+            self.uvarint()  # the tag
+            self._take(self.uvarint())
+
+    def topic_partitions(self) -> TopicPartitions:
+        out = []
+        for _ in range(self.compact_count() or 0):
+            topic_id = uuid.UUID(bytes=bytes(self._take(16)))
+            partitions = tuple(self.i32() for _ in range(self.compact_count() or 0))
+            self.tagged_fields()
+            out.append((topic_id, partitions))
+        return tuple(out)
+
 
 # --- keys ---------------------------------------------------------------------------------------
 
@@ -228,6 +382,10 @@ def encode_key(key: Key) -> bytes:
             w.i16(GROUP_METADATA_KEY_VERSION).string(group)
         case ConsumerGroupKey(group):
             w.i16(CONSUMER_GROUP_KEY_VERSION).string(group)
+        case ConsumerMemberKey(version, group, member):
+            w.i16(version).string(group).string(member)
+        case TargetEpochKey(group):
+            w.i16(TARGET_EPOCH_KEY_VERSION).string(group)
     return bytes(w.buf)
 
 
@@ -242,6 +400,14 @@ def decode_key(data: bytes | memoryview) -> Key | None:
         return GroupKey(r.text())
     if version == CONSUMER_GROUP_KEY_VERSION:
         return ConsumerGroupKey(r.text())
+    if version in (
+        MEMBER_METADATA_KEY_VERSION,
+        TARGET_MEMBER_KEY_VERSION,
+        CURRENT_ASSIGNMENT_KEY_VERSION,
+    ):
+        return ConsumerMemberKey(version, r.text(), r.text())
+    if version == TARGET_EPOCH_KEY_VERSION:
+        return TargetEpochKey(r.text())
     return None
 
 
@@ -334,6 +500,66 @@ def decode_consumer_group_value(data: bytes | memoryview) -> ConsumerGroupValue:
     return ConsumerGroupValue(epoch)
 
 
+def encode_member_value(
+    value: MemberMetadataValue | TargetEpochValue | TargetMemberValue | CurrentAssignmentValue,
+) -> bytes:
+    """A KIP-848 member record's value (or the target assignment's epoch)."""
+    w = _Writer().i16(MEMBER_VALUES_VERSION)
+    match value:
+        case MemberMetadataValue():
+            w.compact_string(value.instance_id).compact_string(value.rack_id)
+            w.compact_string(value.client_id).compact_string(value.client_host)
+            w.uvarint(len(value.subscribed_topic_names) + 1)
+            for name in value.subscribed_topic_names:
+                w.compact_string(name)
+            w.compact_string(value.subscribed_topic_regex).i32(value.rebalance_timeout_ms)
+            w.compact_string(value.server_assignor)
+        case TargetEpochValue(epoch):
+            w.i32(epoch)
+        case TargetMemberValue(partitions):
+            w.topic_partitions(partitions)
+        case CurrentAssignmentValue():
+            w.i32(value.member_epoch).i32(value.previous_member_epoch).i8(value.state)
+            w.topic_partitions(value.assigned).topic_partitions(value.pending_revocation)
+    return bytes(w.uvarint(0).buf)  # tagged fields: none
+
+
+def decode_member_value_epoch(data: bytes | memoryview) -> int:
+    """The epoch of a target assignment epoch value."""
+    value = _decode_member_value(TargetEpochKey(""), data)
+    assert isinstance(value, TargetEpochValue)
+    return value.epoch
+
+
+def _decode_member_value(
+    key: ConsumerMemberKey | TargetEpochKey, data: bytes | memoryview
+) -> MemberMetadataValue | TargetEpochValue | TargetMemberValue | CurrentAssignmentValue:
+    r = _Reader(data)
+    version = r.i16()
+    if version != MEMBER_VALUES_VERSION:
+        raise RecordFormatError(f"unknown consumer group member value version {version}")
+    value: MemberMetadataValue | TargetEpochValue | TargetMemberValue | CurrentAssignmentValue
+    if isinstance(key, TargetEpochKey):
+        value = TargetEpochValue(r.i32())
+    elif key.version == MEMBER_METADATA_KEY_VERSION:
+        instance_id, rack_id = r.compact_string(), r.compact_string()
+        client_id, client_host = r.compact_text(), r.compact_text()
+        names = tuple(r.compact_text() for _ in range(r.compact_count() or 0))
+        regex, timeout, assignor = r.compact_string(), r.i32(), r.compact_string()
+        value = MemberMetadataValue(
+            instance_id, rack_id, client_id, client_host, names, regex, timeout, assignor
+        )
+    elif key.version == TARGET_MEMBER_KEY_VERSION:
+        value = TargetMemberValue(r.topic_partitions())
+    else:
+        epoch, previous, state = r.i32(), r.i32(), r.i8()
+        value = CurrentAssignmentValue(
+            epoch, previous, state, r.topic_partitions(), r.topic_partitions()
+        )
+    r.tagged_fields()
+    return value
+
+
 def decode_value(key: Key, data: bytes | memoryview | None) -> Value | None:
     """The value for ``key``; None for a tombstone."""
     if data is None:
@@ -345,3 +571,5 @@ def decode_value(key: Key, data: bytes | memoryview | None) -> Value | None:
             return decode_group_value(data)
         case ConsumerGroupKey():
             return decode_consumer_group_value(data)
+        case ConsumerMemberKey() | TargetEpochKey():
+            return _decode_member_value(key, data)

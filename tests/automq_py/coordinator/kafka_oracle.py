@@ -1,4 +1,5 @@
-"""``__transaction_state`` records encoded and decoded by kafka-python 3's schema-driven codec.
+"""Coordinator records (``__transaction_state``'s, and a KIP-848 member's of
+``__consumer_offsets``) encoded and decoded by kafka-python 3's schema-driven codec.
 
 An independent implementation of Kafka's message-schema rules (compact strings and arrays,
 nullable arrays, tagged fields) fed the schemas in this directory; ``encode(header=True)`` puts
@@ -19,4 +20,12 @@ class TransactionLogKey(ApiData, load_json=_HERE):  # type: ignore[call-arg]
 
 
 class TransactionLogValue(ApiData, load_json=_HERE):  # type: ignore[call-arg]
+    pass
+
+
+class ConsumerGroupMemberMetadataValue(ApiData, load_json=_HERE):  # type: ignore[call-arg]
+    pass
+
+
+class ConsumerGroupCurrentMemberAssignmentValue(ApiData, load_json=_HERE):  # type: ignore[call-arg]
     pass

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from automq_py.broker import Broker
 from automq_py.config import BrokerConfig
 from automq_py.coordinator.classic_group import ClassicGroup, ClassicState
 from automq_py.coordinator.classic_protocol import JoinRequest
+from automq_py.coordinator.consumer_group import ConsumerGroup, HeartbeatRequest
 from automq_py.coordinator.group_coordinator import OFFSETS_TOPIC, GroupCoordinator
 from automq_py.coordinator.offsets import OffsetCommit
 from automq_py.coordinator.runtime import CoordinatorRuntime, partition_for
@@ -325,3 +327,88 @@ async def test_a_new_offsets_topic_partition_that_fails_to_load_is_tried_again(
         assert await runtime.ready("g") == ErrorCode.NONE
     finally:
         await broker.stop()
+
+
+async def _consumer_heartbeat(
+    broker: Broker, group_id: str, member_id: str, epoch: int, topics: list[str]
+) -> tuple[ErrorCode, int, dict[uuid.UUID, frozenset[int]] | None]:
+    """One ConsumerGroupHeartbeat as the API handler runs it: applied, then stored."""
+    groups = _coordinator(broker)
+    error, group = await groups.consumer_group(group_id)
+    assert error == ErrorCode.NONE and group is not None
+    assert broker.server is not None
+    registry = broker.server.apis.ctx.topics
+
+    def resolve(wanted: set[str]) -> dict[str, tuple[uuid.UUID, int]]:
+        found = {name: registry.get(name) for name in wanted}
+        return {n: (t.topic_id, t.partitions) for n, t in found.items() if t is not None}
+
+    # a client reports what it owns: what it was given, less what it was asked to revoke
+    member = group.members.get(member_id)
+    owned = dict(member.assigned) if member is not None and epoch > 0 else None
+    request = HeartbeatRequest(
+        group_id, member_id, epoch, None, "rack-a", 30_000, topics, None, None, owned, "c", "h"
+    )
+    result = group.heartbeat(request, groups.clock(), resolve, (), ["uniform"], 45_000, 100)
+    if result.error == ErrorCode.NONE:
+        assert await groups.store_consumer_group(group) == ErrorCode.NONE
+    return result.error, result.member_epoch, result.assignment
+
+
+async def test_a_consumer_group_keeps_its_members_where_its_partition_loads_again(
+    started: tuple[Broker, Path],
+) -> None:
+    """KIP-848: a group's members, their epochs and partitions, and its target assignment are
+    in the log, so the broker that loads the group's partition next (a restart here, another
+    broker when it moves) knows them: the members go on heartbeating and committing at their
+    epochs, with the partitions they have, and no rebalance."""
+    broker, data = started
+    await _topic(broker, "t", 4)
+    for member in ("m1", "m2"):
+        error, epoch, _ = await _consumer_heartbeat(broker, "g848", member, 0, ["t"])
+        assert error == ErrorCode.NONE
+    # both heartbeat again until each holds its target
+    for _ in range(3):
+        for member in ("m1", "m2"):
+            group = _coordinator(broker).groups["g848"]
+            assert isinstance(group, ConsumerGroup)
+            epoch = group.members[member].epoch
+            error, _, _ = await _consumer_heartbeat(broker, "g848", member, epoch, ["t"])
+            assert error == ErrorCode.NONE
+    before = _coordinator(broker).groups["g848"]
+    assert isinstance(before, ConsumerGroup) and before.state == "Stable"
+    held = {m.member_id: (m.epoch, m.assigned) for m in before.members.values()}
+    assert sum(len(p) for _, a in held.values() for p in a.values()) == 4
+    # a member leaves for good: its records go with it
+    error, _, _ = await _consumer_heartbeat(broker, "g848", "m2", -1, ["t"])
+    assert error == ErrorCode.NONE
+    await _consumer_heartbeat(broker, "g848", "m1", held["m1"][0], ["t"])
+    after_leave = before.group_epoch
+    m1 = before.members["m1"]
+    held_m1 = (m1.epoch, m1.assigned, m1.state)
+    await broker.stop()
+
+    again = Broker(_config(data))
+    await again.start()
+    try:
+        groups = _coordinator(again)
+        for _ in range(50):
+            if await groups.runtime.ready("g848") != ErrorCode.COORDINATOR_LOAD_IN_PROGRESS:
+                break
+            await asyncio.sleep(0.05)
+        group = groups.groups["g848"]
+        assert isinstance(group, ConsumerGroup)
+        assert set(group.members) == {"m1"}
+        loaded = group.members["m1"]
+        assert (loaded.epoch, loaded.assigned, loaded.state) == held_m1
+        assert (loaded.rack_id, loaded.subscribed_names) == ("rack-a", frozenset({"t"}))
+        assert group.group_epoch == after_leave
+        assert group.validate_member_epoch("m1", loaded.epoch) == ErrorCode.NONE
+        # its next heartbeat at its epoch is answered as before the move, with no new epoch
+        error, epoch, _ = await _consumer_heartbeat(again, "g848", "m1", loaded.epoch, ["t"])
+        assert (error, epoch) == (ErrorCode.NONE, held_m1[0])
+        assert group.group_epoch == after_leave
+        # and nothing is written again for what the log already holds
+        assert group.changed_records() == []
+    finally:
+        await again.stop()

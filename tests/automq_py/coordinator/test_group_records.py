@@ -13,6 +13,7 @@ from automq_py.coordinator import records
 from automq_py.coordinator.consumer_protocol import subscription_topics
 from automq_py.coordinator.offsets import expired_offsets
 from automq_py.coordinator.runtime import java_string_hash, partition_for
+from tests.automq_py.coordinator import kafka_oracle
 
 names = st.text(max_size=40)
 opt_names = st.none() | names
@@ -103,7 +104,8 @@ def test_group_records_round_trip(
 def test_tombstones_and_unknown_keys() -> None:
     key = records.GroupKey("g")
     assert records.decode_value(key, None) is None
-    # Kafka's newer record types (key versions above 3) are skipped, not errors
+    # the record types of Kafka this broker does not keep (share groups', streams') are
+    # skipped, not errors
     assert records.decode_key(struct.pack(">hh1s", 9, 1, b"g")) is None
 
 
@@ -117,6 +119,100 @@ def test_decoders_reject_garbage_cleanly(data: bytes) -> None:
     ):
         with contextlib.suppress(records.RecordFormatError):
             decode(data)
+    for version in (5, 7, 8):
+        with contextlib.suppress(records.RecordFormatError):
+            records.decode_value(records.ConsumerMemberKey(version, "g", "m"), data)
+    with contextlib.suppress(records.RecordFormatError):
+        records.decode_value(records.TargetEpochKey("g"), data)
+
+
+# --- a KIP-848 group's member records, against kafka-python's codec fed Kafka's schemas -------
+
+topic_partitions = st.lists(
+    st.tuples(st.uuids(), st.lists(i32, max_size=5).map(tuple)), max_size=4
+).map(tuple)
+member_metadata = st.builds(
+    records.MemberMetadataValue,
+    opt_names,
+    opt_names,
+    names,
+    names,
+    st.lists(names, max_size=4).map(tuple),
+    opt_names,
+    i32,
+    opt_names,
+)
+current_assignments = st.builds(
+    records.CurrentAssignmentValue,
+    i32,
+    i32,
+    st.sampled_from([0, 1, 2]),
+    topic_partitions,
+    topic_partitions,
+)
+
+
+def _oracle_partitions(cls: type, value: records.TopicPartitions) -> list[object]:
+    return [cls(topic_id=t, partitions=list(p)) for t, p in value]
+
+
+@given(member_metadata)
+def test_member_metadata_is_kafkas_layout(value: records.MemberMetadataValue) -> None:
+    oracle = kafka_oracle.ConsumerGroupMemberMetadataValue(
+        version=0,
+        instance_id=value.instance_id,
+        rack_id=value.rack_id,
+        client_id=value.client_id,
+        client_host=value.client_host,
+        subscribed_topic_names=list(value.subscribed_topic_names),
+        subscribed_topic_regex=value.subscribed_topic_regex,
+        rebalance_timeout_ms=value.rebalance_timeout_ms,
+        server_assignor=value.server_assignor,
+    )
+    ours = records.encode_member_value(value)
+    assert ours == bytes(oracle.encode(version=0, header=True))
+    key = records.ConsumerMemberKey(records.MEMBER_METADATA_KEY_VERSION, "g", "m")
+    assert records.decode_value(key, ours) == value
+
+
+@given(current_assignments)
+def test_current_assignment_is_kafkas_layout(value: records.CurrentAssignmentValue) -> None:
+    cls = kafka_oracle.ConsumerGroupCurrentMemberAssignmentValue
+    oracle = cls(
+        version=0,
+        member_epoch=value.member_epoch,
+        previous_member_epoch=value.previous_member_epoch,
+        state=value.state,
+        assigned_partitions=_oracle_partitions(cls.TopicPartitions, value.assigned),
+        partitions_pending_revocation=_oracle_partitions(
+            cls.TopicPartitions, value.pending_revocation
+        ),
+    )
+    ours = records.encode_member_value(value)
+    assert ours == bytes(oracle.encode(version=0, header=True))
+    key = records.ConsumerMemberKey(records.CURRENT_ASSIGNMENT_KEY_VERSION, "g", "m")
+    assert records.decode_value(key, ours) == value
+
+
+@given(names, names, topic_partitions, i32)
+def test_member_keys_and_target_records_round_trip(
+    group: str, member: str, partitions: records.TopicPartitions, epoch: int
+) -> None:
+    for version in (5, 7, 8):
+        key = records.ConsumerMemberKey(version, group, member)
+        raw = records.encode_key(key)
+        assert raw[:2] == struct.pack(">h", version)  # Kafka's key version: the record type
+        assert records.decode_key(raw) == key
+    target = records.TargetMemberValue(partitions)
+    key = records.ConsumerMemberKey(records.TARGET_MEMBER_KEY_VERSION, group, member)
+    assert records.decode_value(key, records.encode_member_value(target)) == target
+    epoch_key = records.TargetEpochKey(group)
+    assert records.decode_key(records.encode_key(epoch_key)) == epoch_key
+    raw_epoch = records.encode_member_value(records.TargetEpochValue(epoch))
+    assert records.decode_value(epoch_key, raw_epoch) == records.TargetEpochValue(epoch)
+    # a tagged field Kafka may add later is skipped
+    tagged = raw_epoch[:-1] + b"\x01\x00\x08" + bytes(8)
+    assert records.decode_value(epoch_key, tagged) == records.TargetEpochValue(epoch)
 
 
 @given(st.binary(max_size=300), st.integers(0, 299))
