@@ -131,6 +131,9 @@ class ConsumerGroup:
         # what the log holds: (key version, member id) -> value, and the target's epoch
         self._stored: dict[tuple[int, str], bytes] = {}
         self._stored_target_epoch = -1
+        # changed since last stored: these members' records, every target after a new one
+        self._dirty: set[str] = set()
+        self._targets_dirty = False
 
     # --- views -------------------------------------------------------------------------------
 
@@ -167,6 +170,7 @@ class ConsumerGroup:
         member = self.members.pop(member_id, None)
         if member is None:
             return
+        self._dirty.add(member_id)
         instance = member.instance_id
         if instance is not None and self.static_members.get(instance) == member_id:
             del self.static_members[instance]
@@ -251,6 +255,7 @@ class ConsumerGroup:
         if self.group_epoch > self.assignment_epoch or member.member_id not in self.target:
             self._compute_target(assignors)
         self._reconcile(member, req.owned, now)
+        self._dirty.add(member.member_id)
         full = req.member_epoch == 0 or req.owned is not None
         send: Partitions | None = None
         if full or member.sent is None or member.assigned != member.sent:
@@ -285,6 +290,7 @@ class ConsumerGroup:
                     )
                 # the static member is back under a new id: it takes over the assignment
                 del self.members[old.member_id]
+                self._dirty.add(old.member_id)
                 old.member_id = member_id
                 old.left_temporarily = False
                 old.sent = None
@@ -370,6 +376,7 @@ class ConsumerGroup:
         }
         self.assignor_name = name
         self.assignment_epoch = self.group_epoch
+        self._targets_dirty = True
 
     def _owned_by_others(self, member_id: str) -> set[tuple[TopicId, int]]:
         out: set[tuple[TopicId, int]] = set()
@@ -409,52 +416,74 @@ class ConsumerGroup:
 
     # --- the records that keep it ------------------------------------------------------------
 
-    def _member_values(self) -> dict[tuple[int, str], bytes]:
-        out: dict[tuple[int, str], bytes] = {}
-        for m in self.members.values():
-            out[(records.MEMBER_METADATA_KEY_VERSION, m.member_id)] = records.encode_member_value(
-                records.MemberMetadataValue(
-                    m.instance_id,
-                    m.rack_id,
-                    m.client_id,
-                    m.client_host,
-                    tuple(sorted(m.subscribed_names)),
-                    m.subscribed_regex,
-                    m.rebalance_timeout_ms,
-                    m.server_assignor,
-                )
-            )
-            out[(records.CURRENT_ASSIGNMENT_KEY_VERSION, m.member_id)] = (
-                records.encode_member_value(
-                    records.CurrentAssignmentValue(
-                        m.epoch,
-                        m.previous_epoch,
-                        m.state.value,
-                        _listed(m.assigned),
-                        _listed(m.pending_revocation),
-                    )
-                )
-            )
-        for member_id, partitions in self.target.items():
-            out[(records.TARGET_MEMBER_KEY_VERSION, member_id)] = records.encode_member_value(
-                records.TargetMemberValue(_listed(partitions))
-            )
-        return out
+    def _member_values(self, member_id: str) -> dict[int, bytes]:
+        """The member's metadata and current assignment records (none: it is gone)."""
+        m = self.members.get(member_id)
+        if m is None:
+            return {}
+        metadata = records.MemberMetadataValue(
+            m.instance_id,
+            m.rack_id,
+            m.client_id,
+            m.client_host,
+            tuple(sorted(m.subscribed_names)),
+            m.subscribed_regex,
+            m.rebalance_timeout_ms,
+            m.server_assignor,
+        )
+        current = records.CurrentAssignmentValue(
+            m.epoch,
+            m.previous_epoch,
+            m.state.value,
+            _listed(m.assigned),
+            _listed(m.pending_revocation),
+        )
+        return {
+            records.MEMBER_METADATA_KEY_VERSION: records.encode_member_value(metadata),
+            records.CURRENT_ASSIGNMENT_KEY_VERSION: records.encode_member_value(current),
+        }
 
     def changed_records(self) -> list[tuple[records.Key, bytes | None]]:
-        """The member records that differ from what the log holds (tombstones for members
-        gone), the target's epoch when it moved; ``stored()`` once they are appended."""
-        now = self._member_values()
+        """The records of what changed since last stored, which differ from what the log
+        holds (tombstones for members gone), and the target's epoch when it moved. Then
+        ``stored()`` once they are appended, or ``not_stored()``."""
         out: list[tuple[records.Key, bytes | None]] = []
-        if self.assignment_epoch != self._stored_target_epoch:
-            value = records.encode_member_value(records.TargetEpochValue(self.assignment_epoch))
-            out.append((records.TargetEpochKey(self.group_id), value))
-        for (version, member_id), value in now.items():
+
+        def put(version: int, member_id: str, value: bytes | None) -> None:
             if self._stored.get((version, member_id)) != value:
                 out.append((records.ConsumerMemberKey(version, self.group_id, member_id), value))
-        for version, member_id in self._stored.keys() - now.keys():
-            out.append((records.ConsumerMemberKey(version, self.group_id, member_id), None))
+
+        if self.assignment_epoch != self._stored_target_epoch:
+            epoch = records.encode_member_value(records.TargetEpochValue(self.assignment_epoch))
+            out.append((records.TargetEpochKey(self.group_id), epoch))
+        for member_id in sorted(self._dirty):
+            values = self._member_values(member_id)
+            for version in (
+                records.MEMBER_METADATA_KEY_VERSION,
+                records.CURRENT_ASSIGNMENT_KEY_VERSION,
+            ):
+                put(version, member_id, values.get(version))
+        targets = set(self._dirty)
+        if self._targets_dirty:
+            targets |= self.target.keys()
+            targets |= {m for v, m in self._stored if v == records.TARGET_MEMBER_KEY_VERSION}
+        for member_id in sorted(targets):
+            partitions = self.target.get(member_id)
+            target = None
+            if partitions is not None:
+                target = records.encode_member_value(records.TargetMemberValue(_listed(partitions)))
+            put(records.TARGET_MEMBER_KEY_VERSION, member_id, target)
+        self._dirty, self._targets_dirty = set(), False
         return out
+
+    def not_stored(self, entries: Sequence[tuple[records.Key, bytes | None]]) -> None:
+        """``entries`` (of ``changed_records``) could not be appended: the next store tries
+        again."""
+        for key, _ in entries:
+            if isinstance(key, records.ConsumerMemberKey):
+                self._dirty.add(key.member)
+                if key.version == records.TARGET_MEMBER_KEY_VERSION:
+                    self._targets_dirty = True
 
     def stored(self, entries: Sequence[tuple[records.Key, bytes | None]]) -> None:
         """``entries`` (of ``changed_records``) are in the log."""

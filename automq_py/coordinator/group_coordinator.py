@@ -403,4 +403,6 @@ class GroupCoordinator:
         if error == ErrorCode.NONE:
             group.stored_epoch = max(group.stored_epoch, epoch)
             group.stored(members)
+        else:
+            group.not_stored(members)
         return error

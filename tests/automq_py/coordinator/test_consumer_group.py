@@ -7,6 +7,7 @@ import uuid
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from automq_py.coordinator import records
 from automq_py.coordinator.consumer_group import (
     ConsumerGroup,
     HeartbeatRequest,
@@ -261,3 +262,66 @@ def test_no_partition_is_ever_owned_twice_and_the_group_converges(
         assert group.state == "Stable"
         everything = [p for o in owned.values() for p in o.get(TOPIC_ID, ())]
         assert sorted(everything) == list(range(6))
+
+
+def _written(group: ConsumerGroup) -> list[tuple[str, int, bool]]:
+    """What the next store writes, as (member, key version, tombstone); then stored."""
+    entries = group.changed_records()
+    group.stored(entries)
+    return sorted(
+        (key.member, key.version, value is None)
+        for key, value in entries
+        if isinstance(key, records.ConsumerMemberKey)
+    )
+
+
+def test_a_heartbeat_writes_only_what_changed_and_a_replay_rebuilds_the_group() -> None:
+    group = ConsumerGroup("g")
+    for member in ("a", "b", "c"):
+        beat(group, member, 0, topics=["t"])
+    first = _written(group)
+    # every member's metadata (5) and current assignment (8), and each target (7)
+    assert first == [(m, v, False) for m in "abc" for v in (5, 7, 8)]
+    # once the members hold their targets, a heartbeat that changes nothing writes nothing;
+    # one member's new subscription makes a new target: its metadata, and the targets that moved
+    for _ in range(3):
+        for m in list(group.members.values()):
+            beat(group, m.member_id, m.epoch, owned=dict(m.assigned))
+    assert group.state == "Stable"
+    _written(group)
+    epoch = group.members["c"].epoch
+    beat(group, "c", epoch, owned=dict(group.members["c"].assigned))
+    assert _written(group) == []
+    beat(group, "c", epoch, topics=["t", "u"])
+    written = _written(group)
+    assert ("c", 5, False) in written and all(v == 7 or m == "c" for m, v, _ in written)
+    # a member gone: its three records are tombstoned
+    beat(group, "b", -1)
+    assert [(m, v, t) for m, v, t in _written(group) if m == "b"] == [
+        ("b", 5, True),
+        ("b", 7, True),
+        ("b", 8, True),
+    ]
+
+    # what was written, replayed in order, is the same group
+    log: list[tuple[records.ConsumerMemberKey | records.TargetEpochKey, bytes | None]] = []
+    fresh = ConsumerGroup("g")
+    for member in ("a", "b", "c"):
+        beat(fresh, member, 0, topics=["t"])
+    beat(fresh, "b", -1)
+    for key, value in fresh.changed_records():
+        assert isinstance(key, (records.ConsumerMemberKey, records.TargetEpochKey))
+        log.append((key, value))
+    loaded = ConsumerGroup("g")
+    for key, value in log:
+        loaded.replay(key, value, 100.0, SESSION_MS)
+    assert set(loaded.members) == set(fresh.members) == {"a", "c"}
+    for member_id, m in fresh.members.items():
+        back = loaded.members[member_id]
+        assert (back.epoch, back.previous_epoch, back.state) == (m.epoch, m.previous_epoch, m.state)
+        assert (back.assigned, back.pending_revocation) == (m.assigned, m.pending_revocation)
+        assert back.subscribed_names == m.subscribed_names
+        assert back.deadline == 100.0 + SESSION_MS / 1000
+    assert loaded.target == fresh.target
+    assert loaded.assignment_epoch == fresh.assignment_epoch
+    assert loaded.changed_records() == []
