@@ -42,11 +42,11 @@ import pytest
 from automq_py.testing.process import port_free
 from tests.cluster.conftest import Cluster, ClusterFactory
 from tests.support.broker import free_port
+from tests.support.go_suite import built, run_suite
 
-# the two Go clients' suites (each a busy set of clients) run one after the other, on one worker
+# the Go clients' suites (each a busy set of clients) run one after the other, on one worker
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("go-suites")]
 
-GO_DIR = Path(__file__).resolve().parents[2] / ".go"
 PROXY_PORTS = range(29091, 29096)  # brokers 1..5, fixed by the suite
 # the compose file's broker settings that differ from Kafka's defaults
 COMPOSE_PROPERTIES = {
@@ -72,12 +72,6 @@ code, _, out = answer.partition(b"\\n")
 sys.stdout.buffer.write(out)
 sys.exit(int(code))
 """
-
-
-def built(pattern: str) -> Path:
-    found = sorted(GO_DIR.glob(pattern))
-    assert found, f"run `make deps` first ({pattern} is built into .go/)"
-    return found[-1]
 
 
 class DockerStandIn(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
@@ -179,35 +173,23 @@ def test_sarama_functional_suite_passes(
             TOXIPROXY_ADDR=api,
             KAFKA_VERSION="4.0.0",  # the Kafka its version-gated tests take this broker for
         )
-        log = tmp_path / "sarama.log"
-        with open(log, "wb") as out:
-            done = subprocess.run(
-                [
-                    str(binary),
-                    "-test.v",
-                    "-test.timeout",
-                    "600s",
-                    "-test.skip",
-                    "^(" + "|".join(NOT_FOR_ONE_REPLICA) + ")$",
-                ],
-                cwd=binary.parent,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                timeout=660,
-                check=False,
-            )
+        skip = "^(" + "|".join(NOT_FOR_ONE_REPLICA) + ")$"
+        run = run_suite(
+            binary,
+            ["-test.timeout", "600s", "-test.skip", skip],
+            cwd=binary.parent,
+            env=env,
+            log=tmp_path / "sarama.log",
+            timeout=660,
+        )
     finally:
         stand_in.shutdown()
         stand_in.server_close()
         proxy.terminate()
         proxy.wait(10)
-    text = log.read_text(errors="replace")
-    failed = re.findall(r"^\s*--- FAIL: (\S+)", text, re.MULTILINE)
-    passed = re.findall(r"^\s*--- PASS: (\S+)", text, re.MULTILINE)
-    skipped = re.findall(r"^\s*--- SKIP: (\S+)", text, re.MULTILINE)
+    failed, passed, skipped = run.named("FAIL"), run.named("PASS"), run.named("SKIP")
     print(f"Sarama's suite: {len(passed)} passed, {len(skipped)} skipped {skipped}")
-    assert done.returncode == 0 and not failed, f"failed: {failed}\n{_failures(text)}"
+    assert run.returncode == 0 and not failed, f"failed: {failed}\n{_failures(run.text)}"
     assert len(passed) > 60 and {
         "TestFuncAdminListConsumerGroupOffsets",
         "TestFuncTxnProduceWithBrokerFailure",

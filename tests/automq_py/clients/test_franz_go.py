@@ -12,28 +12,19 @@ OAuth, which need credentials in the environment.
 from __future__ import annotations
 
 import os
-import re
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.automq_py.conftest import MakeBroker
+from tests.support.go_suite import built, run_suite
 
-# the two Go clients' suites (each a busy set of clients) run one after the other, on one worker
+# the Go clients' suites (each a busy set of clients) run one after the other, on one worker
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("go-suites")]
-
-GO_DIR = Path(__file__).resolve().parents[3] / ".go"
-
-
-def kgo_test_binary() -> Path:
-    found = sorted(GO_DIR.glob("franz-go-*/kgo.test"))
-    assert found, "run `make deps` first (franz-go's test binary is built into .go/)"
-    return found[-1]
 
 
 def test_franz_go_kgo_suite_passes(make_broker: MakeBroker, tmp_path: Path) -> None:
-    binary = kgo_test_binary()
+    binary = built("franz-go-*/kgo.test")
     broker = make_broker()
     env = dict(
         os.environ,
@@ -41,20 +32,15 @@ def test_franz_go_kgo_suite_passes(make_broker: MakeBroker, tmp_path: Path) -> N
         KGO_TEST_RF="1",  # the replication factor its topics ask for
         KGO_LOG_LEVEL="none",
     )
-    log = tmp_path / "kgo.log"
-    with open(log, "wb") as out:
-        done = subprocess.run(
-            [str(binary), "-test.v", "-test.timeout", "540s"],
-            cwd=binary.parent / "pkg" / "kgo",  # some of its tests read the package's sources
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            timeout=600,
-            check=False,
-        )
-    text = log.read_text(errors="replace")
-    failed = re.findall(r"^\s*--- FAIL: (\S+)", text, re.MULTILINE)
-    passed = re.findall(r"^--- PASS: (\S+)", text, re.MULTILINE)
-    assert done.returncode == 0 and not failed, f"failed: {failed}\n{text[-6000:]}"
+    run = run_suite(
+        binary,
+        ["-test.timeout", "540s"],
+        cwd=binary.parent / "pkg" / "kgo",  # some of its tests read the package's sources
+        env=env,
+        log=tmp_path / "kgo.log",
+        timeout=600,
+    )
+    failed, passed = run.named("FAIL"), run.named("PASS")
+    assert run.returncode == 0 and not failed, f"failed: {failed}\n{run.text[-6000:]}"
     # the suite ran, its broker-facing tests among what passed
     assert len(passed) > 100 and {"TestGroupETL", "TestTxnEtl"} <= set(passed), passed

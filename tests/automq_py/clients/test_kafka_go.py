@@ -22,8 +22,6 @@ with a single partition cannot.
 from __future__ import annotations
 
 import os
-import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -37,11 +35,11 @@ from confluent_kafka.admin import (
 
 from automq_py.testing.process import port_free
 from tests.automq_py.conftest import MakeBroker
+from tests.support.go_suite import SuiteRun, built, run_suite
 
 # the Go clients' suites (each a busy set of clients) run one after the other, on one worker
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("go-suites")]
 
-GO_DIR = Path(__file__).resolve().parents[3] / ".go"
 PLAIN_PORT, SASL_PORT = 9092, 9093  # fixed by the suite
 KAFKA_VERSION = "3.9.0"
 # the docker-compose file's broker settings that differ from Kafka's defaults
@@ -78,34 +76,22 @@ FAIL_AGAINST_KAFKA = [
 ]
 
 
-def built(name: str) -> Path:
-    found = sorted(GO_DIR.glob(f"kafka-go-*/{name}"))  # beside its package's sources
-    assert found, f"run `make deps` first (kafka-go's {name} is built into .go/)"
-    return found[-1]
-
-
-def run_suite(binary: Path, package: Path, log: Path, *args: str) -> str:
+def run(binary: Path, log: Path, *args: str) -> SuiteRun:
     env = dict(os.environ, KAFKA_VERSION=KAFKA_VERSION)
     env.pop("KAFKA_SKIP_NETTEST", None)  # its net.Conn conformance tests run too
-    with open(log, "wb") as out:
-        done = subprocess.run(
-            [str(binary), "-test.v", "-test.timeout", "480s", *args],
-            cwd=package,  # some tests read the package's fixtures
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            timeout=540,
-            check=False,
-        )
-    text = log.read_text(errors="replace")
-    failed = re.findall(r"^\s*--- FAIL: (\S+)", text, re.MULTILINE)
-    assert done.returncode == 0 and not failed, f"failed: {failed}\n{text[-6000:]}"
-    return text
+    # in the package's directory: some tests read its fixtures
+    done = run_suite(
+        binary, ["-test.timeout", "480s", *args], cwd=binary.parent, env=env, log=log, timeout=540
+    )
+    failed = done.named("FAIL")
+    assert done.returncode == 0 and not failed, f"failed: {failed}\n{done.text[-6000:]}"
+    return done
 
 
 @pytest.mark.timeout(720)  # the suite's ~4 min, longer on a loaded machine
 def test_kafka_go_suite_passes(make_broker: MakeBroker, tmp_path: Path) -> None:
-    suite, sasl_suite = built("kafka-go.test"), built("sasl/sasl.test")
+    # beside its package's sources
+    suite, sasl_suite = built("kafka-go-*/kafka-go.test"), built("kafka-go-*/sasl/sasl.test")
     for port in (PLAIN_PORT, SASL_PORT):
         assert port_free(port), f"kafka-go's suite needs 127.0.0.1:{port}, which is taken"
     broker = make_broker(**COMPOSE_PROPERTIES)
@@ -120,13 +106,11 @@ def test_kafka_go_suite_passes(make_broker: MakeBroker, tmp_path: Path) -> None:
 
     # -test.skip matches each level of a subtest's name with its own pattern
     skip = "^TestReaderConsumerGroup$/^(" + "|".join(FAIL_AGAINST_KAFKA) + ")$"
-    text = run_suite(suite, suite.parent, tmp_path / "kafka-go.log", "-test.skip", skip)
-    passed = set(re.findall(r"^\s*--- PASS: (\S+)", text, re.MULTILINE))
+    passed = set(run(suite, tmp_path / "kafka-go.log", "-test.skip", skip).named("PASS"))
     # the suite ran, its broker-facing tests among what passed
     wanted = {"TestConn/nettest", "TestReaderConsumerGroup/basic_handshake", "TestWriter"}
     assert len(passed) > 450 and wanted <= passed, sorted(passed)
 
-    text = run_suite(sasl_suite, sasl_suite.parent, tmp_path / "sasl.log")
+    passed = set(run(sasl_suite, tmp_path / "sasl.log").named("PASS"))
     mechanisms = {"PLAIN_success", "SCRAM-SHA-256_success", "SCRAM-SHA-512_success"}
-    passed = set(re.findall(r"^\s*--- PASS: TestSASL/(\S+)", text, re.MULTILINE))
-    assert mechanisms <= passed, text[-4000:]
+    assert {f"TestSASL/{m}" for m in mechanisms} <= passed, sorted(passed)
