@@ -17,10 +17,10 @@ Group states, as ConsumerGroupDescribe and ListGroups show them: ``Empty`` (no m
 yet at the target), ``Stable``. Pure logic; the coordinator does the I/O and the clock.
 
 The group is kept in ``__consumer_offsets`` as Kafka keeps it (:mod:`records`): its epoch, the
-target assignment's epoch, and for each member its metadata, its target and its current
-assignment. ``changed_records`` gives what changed since the last stored; ``replay`` rebuilds
-the group on the broker that loads the partition, so that its members go on with their epochs
-and partitions when the coordinator moves.
+target assignment's epoch, for each member its metadata, its target and its current
+assignment, and what each subscribed regex matched. ``changed_records`` gives what changed
+since the last stored; ``replay`` rebuilds the group on the broker that loads the partition, so
+that its members go on with their epochs and partitions when the coordinator moves.
 """
 
 from __future__ import annotations
@@ -131,6 +131,8 @@ class ConsumerGroup:
         # what the log holds: (key version, member id) -> value, and the target's epoch
         self._stored: dict[tuple[int, str], bytes] = {}
         self._stored_target_epoch = -1
+        # what each subscribed regex matched, as the log holds it
+        self._stored_regexes: dict[str, tuple[str, ...]] = {}
         # changed since last stored: these members' records, every target after a new one
         self._dirty: set[str] = set()
         self._targets_dirty = False
@@ -474,6 +476,18 @@ class ConsumerGroup:
                 target = records.encode_member_value(records.TargetMemberValue(_listed(partitions)))
             put(records.TARGET_MEMBER_KEY_VERSION, member_id, target)
         self._dirty, self._targets_dirty = set(), False
+        if self._stored_regexes or any(m.subscribed_regex for m in self.members.values()):
+            regexes = {
+                m.subscribed_regex: tuple(sorted(m.regex_topics))
+                for m in self.members.values()
+                if m.subscribed_regex
+            }
+            for regex, topics in sorted(regexes.items()):
+                if self._stored_regexes.get(regex) != topics:
+                    value = records.encode_member_value(records.RegexValue(topics, 0, 0))
+                    out.append((records.RegexKey(self.group_id, regex), value))
+            for regex in sorted(self._stored_regexes.keys() - regexes.keys()):
+                out.append((records.RegexKey(self.group_id, regex), None))
         return out
 
     def not_stored(self, entries: Sequence[tuple[records.Key, bytes | None]]) -> None:
@@ -488,7 +502,9 @@ class ConsumerGroup:
     def stored(self, entries: Sequence[tuple[records.Key, bytes | None]]) -> None:
         """``entries`` (of ``changed_records``) are in the log."""
         for key, value in entries:
-            if isinstance(key, records.TargetEpochKey) and value is not None:
+            if isinstance(key, records.RegexKey):
+                self._replay_regex(key.regex, value)
+            elif isinstance(key, records.TargetEpochKey) and value is not None:
                 self._stored_target_epoch = records.decode_member_value_epoch(value)
             elif isinstance(key, records.ConsumerMemberKey):
                 if value is None:
@@ -496,9 +512,17 @@ class ConsumerGroup:
                 else:
                     self._stored[(key.version, key.member)] = value
 
+    def _replay_regex(self, regex: str, raw: bytes | None) -> None:
+        if raw is None:
+            self._stored_regexes.pop(regex, None)
+            return
+        value = records.decode_value(records.RegexKey(self.group_id, regex), raw)
+        assert isinstance(value, records.RegexValue)
+        self._stored_regexes[regex] = value.topics
+
     def replay(
         self,
-        key: records.ConsumerMemberKey | records.TargetEpochKey,
+        key: records.ConsumerMemberKey | records.TargetEpochKey | records.RegexKey,
         raw: bytes | memoryview | None,
         now: float,
         session_timeout_ms: int,
@@ -507,6 +531,12 @@ class ConsumerGroup:
         a member loaded has a full session from ``now``."""
         self.metadata_known = False
         raw = None if raw is None else bytes(raw)
+        if isinstance(key, records.RegexKey):
+            self._replay_regex(key.regex, raw)
+            for m in self.members.values():
+                if m.subscribed_regex == key.regex:
+                    m.regex_topics = frozenset(self._stored_regexes.get(key.regex, ()))
+            return
         if isinstance(key, records.TargetEpochKey):
             if raw is not None:
                 self._stored_target_epoch = records.decode_member_value_epoch(raw)
@@ -536,6 +566,8 @@ class ConsumerGroup:
             member.client_id, member.client_host = value.client_id, value.client_host
             member.subscribed_names = frozenset(value.subscribed_topic_names)
             member.subscribed_regex = value.subscribed_topic_regex
+            regex = value.subscribed_topic_regex
+            member.regex_topics = frozenset(self._stored_regexes.get(regex, ()) if regex else ())
             member.rebalance_timeout_ms = value.rebalance_timeout_ms
             member.server_assignor = value.server_assignor
             if value.instance_id is not None:

@@ -266,7 +266,11 @@ class GroupCoordinator:
                     self.groups[group_id] = group
                 elif isinstance(self.groups.get(group_id), ConsumerGroup):
                     del self.groups[group_id]
-            case records.ConsumerMemberKey(group=group_id) | records.TargetEpochKey(group=group_id):
+            case (
+                records.ConsumerMemberKey(group=group_id)
+                | records.TargetEpochKey(group=group_id)
+                | records.RegexKey(group=group_id)
+            ):
                 found = self.groups.get(group_id)
                 if found is None and raw_value is not None:
                     found = self.groups[group_id] = ConsumerGroup(group_id)

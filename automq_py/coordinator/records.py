@@ -15,6 +15,7 @@ key v  record                  key fields
 6      target assignment epoch group string
 7      target assignment       group string, member string (a member's target)
 8      current assignment      group string, member string
+16     regular expression      group string, regex string (what a subscribed regex matched)
 =====  ======================  ===================================================
 
 Offset commit value, written as v3, or v1 when the commit has an expire timestamp (OffsetCommit
@@ -54,6 +55,9 @@ fields, written as none)::
         previous_member_epoch int32, state int8 (0 stable, 1 unrevoked partitions,
         2 unreleased partitions), assigned [topic_id uuid, partitions [int32]],
         pending_revocation [topic_id uuid, partitions [int32]]
+    regular expression (ConsumerGroupRegularExpressionValue): topics [string],
+        version int64 (the topics' metadata version it was resolved at; 0 here),
+        timestamp int64
 
 These are the layouts Apache Kafka writes, so its tooling can read our offsets topic too.
 """
@@ -71,6 +75,7 @@ MEMBER_METADATA_KEY_VERSION = 5
 TARGET_EPOCH_KEY_VERSION = 6
 TARGET_MEMBER_KEY_VERSION = 7
 CURRENT_ASSIGNMENT_KEY_VERSION = 8
+REGEX_KEY_VERSION = 16
 
 OFFSET_COMMIT_VALUE_VERSION = 3
 GROUP_METADATA_VALUE_VERSION = 3
@@ -118,6 +123,12 @@ class ConsumerMemberKey:
 @dataclass(slots=True, frozen=True)
 class TargetEpochKey:
     group: str
+
+
+@dataclass(slots=True, frozen=True)
+class RegexKey:
+    group: str
+    regex: str
 
 
 @dataclass(slots=True, frozen=True)
@@ -178,6 +189,13 @@ class TargetEpochValue:
 
 
 @dataclass(slots=True, frozen=True)
+class RegexValue:
+    topics: tuple[str, ...]
+    version: int
+    timestamp: int
+
+
+@dataclass(slots=True, frozen=True)
 class TargetMemberValue:
     partitions: TopicPartitions
 
@@ -191,7 +209,7 @@ class CurrentAssignmentValue:
     pending_revocation: TopicPartitions
 
 
-Key = OffsetKey | GroupKey | ConsumerGroupKey | ConsumerMemberKey | TargetEpochKey
+Key = OffsetKey | GroupKey | ConsumerGroupKey | ConsumerMemberKey | TargetEpochKey | RegexKey
 Value = (
     OffsetValue
     | GroupValue
@@ -200,6 +218,11 @@ Value = (
     | TargetEpochValue
     | TargetMemberValue
     | CurrentAssignmentValue
+    | RegexValue
+)
+# the values of a KIP-848 group's records beside its epoch
+MemberValues = (
+    MemberMetadataValue | TargetEpochValue | TargetMemberValue | CurrentAssignmentValue | RegexValue
 )
 
 
@@ -386,6 +409,8 @@ def encode_key(key: Key) -> bytes:
             w.i16(version).string(group).string(member)
         case TargetEpochKey(group):
             w.i16(TARGET_EPOCH_KEY_VERSION).string(group)
+        case RegexKey(group, regex):
+            w.i16(REGEX_KEY_VERSION).string(group).string(regex)
     return bytes(w.buf)
 
 
@@ -408,6 +433,8 @@ def decode_key(data: bytes | memoryview) -> Key | None:
         return ConsumerMemberKey(version, r.text(), r.text())
     if version == TARGET_EPOCH_KEY_VERSION:
         return TargetEpochKey(r.text())
+    if version == REGEX_KEY_VERSION:
+        return RegexKey(r.text(), r.text())
     return None
 
 
@@ -500,10 +527,8 @@ def decode_consumer_group_value(data: bytes | memoryview) -> ConsumerGroupValue:
     return ConsumerGroupValue(epoch)
 
 
-def encode_member_value(
-    value: MemberMetadataValue | TargetEpochValue | TargetMemberValue | CurrentAssignmentValue,
-) -> bytes:
-    """A KIP-848 member record's value (or the target assignment's epoch)."""
+def encode_member_value(value: MemberValues) -> bytes:
+    """A KIP-848 member record's value (or the target assignment's epoch, or a regex's)."""
     w = _Writer().i16(MEMBER_VALUES_VERSION)
     match value:
         case MemberMetadataValue():
@@ -521,6 +546,11 @@ def encode_member_value(
         case CurrentAssignmentValue():
             w.i32(value.member_epoch).i32(value.previous_member_epoch).i8(value.state)
             w.topic_partitions(value.assigned).topic_partitions(value.pending_revocation)
+        case RegexValue(topics, version, timestamp):
+            w.uvarint(len(topics) + 1)
+            for topic in topics:
+                w.compact_string(topic)
+            w.i64(version).i64(timestamp)
     return bytes(w.uvarint(0).buf)  # tagged fields: none
 
 
@@ -532,15 +562,18 @@ def decode_member_value_epoch(data: bytes | memoryview) -> int:
 
 
 def _decode_member_value(
-    key: ConsumerMemberKey | TargetEpochKey, data: bytes | memoryview
-) -> MemberMetadataValue | TargetEpochValue | TargetMemberValue | CurrentAssignmentValue:
+    key: ConsumerMemberKey | TargetEpochKey | RegexKey, data: bytes | memoryview
+) -> MemberValues:
     r = _Reader(data)
     version = r.i16()
     if version != MEMBER_VALUES_VERSION:
         raise RecordFormatError(f"unknown consumer group member value version {version}")
-    value: MemberMetadataValue | TargetEpochValue | TargetMemberValue | CurrentAssignmentValue
+    value: MemberValues
     if isinstance(key, TargetEpochKey):
         value = TargetEpochValue(r.i32())
+    elif isinstance(key, RegexKey):
+        topics = tuple(r.compact_text() for _ in range(r.compact_count() or 0))
+        value = RegexValue(topics, r.i64(), r.i64())
     elif key.version == MEMBER_METADATA_KEY_VERSION:
         instance_id, rack_id = r.compact_string(), r.compact_string()
         client_id, client_host = r.compact_text(), r.compact_text()
@@ -571,5 +604,5 @@ def decode_value(key: Key, data: bytes | memoryview | None) -> Value | None:
             return decode_group_value(data)
         case ConsumerGroupKey():
             return decode_consumer_group_value(data)
-        case ConsumerMemberKey() | TargetEpochKey():
+        case ConsumerMemberKey() | TargetEpochKey() | RegexKey():
             return _decode_member_value(key, data)

@@ -325,3 +325,40 @@ def test_a_heartbeat_writes_only_what_changed_and_a_replay_rebuilds_the_group() 
     assert loaded.target == fresh.target
     assert loaded.assignment_epoch == fresh.assignment_epoch
     assert loaded.changed_records() == []
+
+
+def test_what_a_regex_matched_is_kept_so_a_loaded_group_does_not_rebalance() -> None:
+    group = ConsumerGroup("g")
+    beat(group, "a", 0, regex="t|u")
+    beat(group, "b", 0, topics=["t"])
+    for _ in range(3):
+        for m in list(group.members.values()):
+            beat(group, m.member_id, m.epoch, owned=dict(m.assigned))
+    assert group.state == "Stable"
+    log = group.changed_records()
+    group.stored(log)
+    regexes = [(k, v) for k, v in log if isinstance(k, records.RegexKey)]
+    assert [k.regex for k, _ in regexes] == ["t|u"]
+    assert records.decode_value(regexes[0][0], regexes[0][1]) == records.RegexValue(
+        ("t", "u"), 0, 0
+    )
+
+    loaded = ConsumerGroup("g")
+    loaded.group_epoch = group.group_epoch  # from the group's epoch record
+    for key, value in log:
+        assert isinstance(
+            key, (records.ConsumerMemberKey, records.TargetEpochKey, records.RegexKey)
+        )
+        loaded.replay(key, value, 0.0, SESSION_MS)
+    assert loaded.members["a"].regex_topics == frozenset({"t", "u"})
+    epoch = loaded.group_epoch
+    a = loaded.members["a"]
+    r = beat(loaded, "a", a.epoch, owned=dict(a.assigned))
+    # the same matches and topics: no new epoch, nothing to write
+    assert r.error == ErrorCode.NONE and r.member_epoch == a.epoch
+    assert loaded.group_epoch == epoch
+    assert loaded.changed_records() == []
+    # a member that leaves takes its regex's record with it
+    beat(group, "a", -1)
+    gone = [(k, v) for k, v in group.changed_records() if isinstance(k, records.RegexKey)]
+    assert gone == [(records.RegexKey("g", "t|u"), None)]

@@ -14,6 +14,7 @@ from automq_py.coordinator.consumer_protocol import subscription_topics
 from automq_py.coordinator.offsets import expired_offsets
 from automq_py.coordinator.runtime import java_string_hash, partition_for
 from tests.automq_py.coordinator import kafka_oracle
+from tests.protocol.kafka_oracle import uvarint
 
 names = st.text(max_size=40)
 opt_names = st.none() | names
@@ -264,3 +265,22 @@ def test_a_commit_with_its_own_expiry_is_written_as_v1() -> None:
     raw = records.encode_offset_value(value)
     assert raw[:2] == b"\x00\x01"
     assert records.decode_offset_value(raw) == value
+
+
+@given(names, names, st.lists(names, max_size=5).map(tuple), i64, i64)
+def test_regex_records_are_kafkas_layout(
+    group: str, regex: str, topics: tuple[str, ...], version: int, timestamp: int
+) -> None:
+    key = records.RegexKey(group, regex)
+    raw_key = records.encode_key(key)
+    assert raw_key[:2] == struct.pack(">h", 16) and records.decode_key(raw_key) == key
+    value = records.RegexValue(topics, version, timestamp)
+    ours = records.encode_member_value(value)
+    # ConsumerGroupRegularExpressionValue v0, flexible (kafka-python's codec cannot take a
+    # field named Version): compact topics, two int64s, no tagged fields
+    expected = struct.pack(">h", 0) + uvarint(len(topics) + 1)
+    for t in topics:
+        expected += uvarint(len(t.encode()) + 1) + t.encode()
+    expected += struct.pack(">qq", version, timestamp) + b"\x00"
+    assert ours == expected
+    assert records.decode_value(key, ours) == value
