@@ -502,45 +502,49 @@ class ConsumerGroup:
     def stored(self, entries: Sequence[tuple[records.Key, bytes | None]]) -> None:
         """``entries`` (of ``changed_records``) are in the log."""
         for key, value in entries:
-            if isinstance(key, records.RegexKey):
-                self._replay_regex(key.regex, value)
-            elif isinstance(key, records.TargetEpochKey) and value is not None:
-                self._stored_target_epoch = records.decode_member_value_epoch(value)
+            if isinstance(key, records.RegexKey | records.TargetEpochKey):
+                self._replay_group_value(key, records.decode_value(key, value))
             elif isinstance(key, records.ConsumerMemberKey):
                 if value is None:
                     self._stored.pop((key.version, key.member), None)
                 else:
                     self._stored[(key.version, key.member)] = value
 
-    def _replay_regex(self, regex: str, raw: bytes | None) -> None:
-        if raw is None:
-            self._stored_regexes.pop(regex, None)
-            return
-        value = records.decode_value(records.RegexKey(self.group_id, regex), raw)
-        assert isinstance(value, records.RegexValue)
-        self._stored_regexes[regex] = value.topics
+    def _replay_group_value(
+        self, key: records.RegexKey | records.TargetEpochKey, value: records.Value | None
+    ) -> None:
+        """What the log holds of a regex's matches, or of the target's epoch."""
+        if isinstance(key, records.RegexKey):
+            if isinstance(value, records.RegexValue):
+                self._stored_regexes[key.regex] = value.topics
+            else:
+                self._stored_regexes.pop(key.regex, None)
+        elif isinstance(value, records.TargetEpochValue):
+            self._stored_target_epoch = value.epoch
 
     def replay(
         self,
         key: records.ConsumerMemberKey | records.TargetEpochKey | records.RegexKey,
         raw: bytes | memoryview | None,
+        value: records.Value | None,
         now: float,
         session_timeout_ms: int,
     ) -> None:
-        """Apply one of the group's records read from the log (``raw`` None: a tombstone);
-        a member loaded has a full session from ``now``."""
+        """Apply one of the group's records read from the log, ``raw`` as stored and
+        ``value`` decoded (both None: a tombstone); a member loaded has a full session from
+        ``now``."""
         self.metadata_known = False
         raw = None if raw is None else bytes(raw)
         if isinstance(key, records.RegexKey):
-            self._replay_regex(key.regex, raw)
+            self._replay_group_value(key, value)
             for m in self.members.values():
                 if m.subscribed_regex == key.regex:
                     m.regex_topics = frozenset(self._stored_regexes.get(key.regex, ()))
             return
         if isinstance(key, records.TargetEpochKey):
-            if raw is not None:
-                self._stored_target_epoch = records.decode_member_value_epoch(raw)
-                self.assignment_epoch = self._stored_target_epoch
+            if isinstance(value, records.TargetEpochValue):
+                self._replay_group_value(key, value)
+                self.assignment_epoch = value.epoch
             return
         member_id = key.member
         if raw is None:
@@ -553,7 +557,6 @@ class ConsumerGroup:
                     self.static_members.pop(gone.instance_id, None)
             return
         self._stored[(key.version, member_id)] = raw
-        value = records.decode_value(key, raw)
         if isinstance(value, records.TargetMemberValue):
             self.target[member_id] = _mapped(value.partitions)
             return

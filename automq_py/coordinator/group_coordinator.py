@@ -275,7 +275,9 @@ class GroupCoordinator:
                 if found is None and raw_value is not None:
                     found = self.groups[group_id] = ConsumerGroup(group_id)
                 if isinstance(found, ConsumerGroup):
-                    found.replay(key, raw_value, now, self.config.consumer_session_timeout_ms)
+                    found.replay(
+                        key, raw_value, value, now, self.config.consumer_session_timeout_ms
+                    )
 
     async def _append(
         self, group_id: str, entries: Sequence[tuple[records.Key, bytes | None]]

@@ -554,13 +554,6 @@ def encode_member_value(value: MemberValues) -> bytes:
     return bytes(w.uvarint(0).buf)  # tagged fields: none
 
 
-def decode_member_value_epoch(data: bytes | memoryview) -> int:
-    """The epoch of a target assignment epoch value."""
-    value = _decode_member_value(TargetEpochKey(""), data)
-    assert isinstance(value, TargetEpochValue)
-    return value.epoch
-
-
 def _decode_member_value(
     key: ConsumerMemberKey | TargetEpochKey | RegexKey, data: bytes | memoryview
 ) -> MemberValues:

@@ -314,7 +314,7 @@ def test_a_heartbeat_writes_only_what_changed_and_a_replay_rebuilds_the_group() 
         log.append((key, value))
     loaded = ConsumerGroup("g")
     for key, value in log:
-        loaded.replay(key, value, 100.0, SESSION_MS)
+        loaded.replay(key, value, records.decode_value(key, value), 100.0, SESSION_MS)
     assert set(loaded.members) == set(fresh.members) == {"a", "c"}
     for member_id, m in fresh.members.items():
         back = loaded.members[member_id]
@@ -349,7 +349,7 @@ def test_what_a_regex_matched_is_kept_so_a_loaded_group_does_not_rebalance() -> 
         assert isinstance(
             key, (records.ConsumerMemberKey, records.TargetEpochKey, records.RegexKey)
         )
-        loaded.replay(key, value, 0.0, SESSION_MS)
+        loaded.replay(key, value, records.decode_value(key, value), 0.0, SESSION_MS)
     assert loaded.members["a"].regex_topics == frozenset({"t", "u"})
     epoch = loaded.group_epoch
     a = loaded.members["a"]
