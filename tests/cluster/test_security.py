@@ -192,10 +192,13 @@ def test_brokers_talk_to_each_other_over_sasl_ssl(
             time.sleep(0.2)
         for f in admin.create_topics([NewTopic("ledger", 4)]).values():
             f.result(TIMEOUT_S)
-        leaders = {
-            p.leader
-            for p in admin.list_topics("ledger", timeout=10).topics["ledger"].partitions.values()
-        }
+        # the broker asked may learn of the topic a moment after the other one created it
+        while True:
+            listed = admin.list_topics("ledger", timeout=10).topics["ledger"].partitions
+            if len(listed) == 4 or time.monotonic() >= deadline + TIMEOUT_S:
+                break
+            time.sleep(0.2)
+        leaders = {p.leader for p in listed.values()}
         assert leaders == {0, 1}
         producer = Producer({**admin_conf, "transactional.id": "over-tls"})
         producer.init_transactions(30)
