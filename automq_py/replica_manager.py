@@ -88,6 +88,7 @@ class AppendEntry:
     records: memoryview | None
     error: ErrorCode = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     name: str | None = None  # the topic's name as the request gave it, when ``topic`` is None
+    message: str | None = None  # with ``error``, for the response
 
     @property
     def key(self) -> tuple[str, int]:
@@ -772,7 +773,7 @@ class ReplicaManager:
             return AppendResult(ErrorCode.INVALID_REQUIRED_ACKS, message=f"acks={acks}")
         topic = entry.topic
         if topic is None:
-            return AppendResult(entry.error)
+            return AppendResult(entry.error, message=entry.message)
         if not 0 <= entry.index < topic.partitions:
             return AppendResult(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
         if topic.internal and not internal_allowed:

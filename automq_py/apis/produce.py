@@ -15,7 +15,9 @@ Transactional batches are verified first (KIP-890 part 1, Kafka's
 the partition yet, the transaction coordinator must have the partition in the producer's
 transaction, or the partition is answered INVALID_TXN_STATE (TRANSACTION_ABORTABLE from Produce
 v11): a late write of a transaction already decided never opens a transaction nobody will
-close.
+close. A verification the coordinator could not answer (unavailable, loading, moved, or busy
+completing the transaction) is answered NOT_ENOUGH_REPLICAS, which every client retries, as
+Kafka's brokers answer it.
 """
 
 from __future__ import annotations
@@ -249,8 +251,8 @@ async def _verify_transactional(
         for tp, error in verdict.items():
             if error != ErrorCode.NONE:
                 i = wanted[tp]
-                code = tm.verification_error_for_client(ApiKey.PRODUCE, request.api_version, error)
-                out[i] = AppendEntry(None, out[i].index, out[i].records, code, tp[0])
+                code, message = tm.produce_error_for_unverified(request.api_version, error)
+                out[i] = AppendEntry(None, out[i].index, out[i].records, code, tp[0], message)
     return out
 
 

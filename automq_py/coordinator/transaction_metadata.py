@@ -908,6 +908,44 @@ def verification_error_for_client(api_key: int, api_version: int, error: ErrorCo
     return error
 
 
+# what a Produce answers for an unverified partition instead of the coordinator's retriable
+# errors, which clients older than the verification did not expect from a Produce (Kafka's
+# ReplicaManager): NOT_ENOUGH_REPLICAS, which every client retries without a metadata refresh
+_UNVERIFIED_RETRIABLE = frozenset(
+    {
+        ErrorCode.NETWORK_EXCEPTION,
+        ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+        ErrorCode.COORDINATOR_NOT_AVAILABLE,
+        ErrorCode.NOT_COORDINATOR,
+        ErrorCode.CONCURRENT_TRANSACTIONS,
+    }
+)
+# Produce v12 (transaction version 2) answers CONCURRENT_TRANSACTIONS as it is
+_CONCURRENT_TRANSACTIONS_PRODUCE_SINCE = 12
+
+
+def produce_error_for_unverified(
+    api_version: int, error: ErrorCode
+) -> tuple[ErrorCode, str | None]:
+    """The error and message a Produce at ``api_version`` answers for a partition whose
+    verification failed with ``error`` (Kafka's ``ReplicaManager``): the coordinator's
+    retriable errors become ``NOT_ENOUGH_REPLICAS`` naming the underlying one (up to Produce
+    v11 for ``CONCURRENT_TRANSACTIONS``), and ``INVALID_TXN_STATE`` says the partition was not
+    added to the transaction."""
+    code = verification_error_for_client(ApiKey.PRODUCE, api_version, error)
+    if code in _UNVERIFIED_RETRIABLE and not (
+        code is ErrorCode.CONCURRENT_TRANSACTIONS
+        and api_version >= _CONCURRENT_TRANSACTIONS_PRODUCE_SINCE
+    ):
+        return ErrorCode.NOT_ENOUGH_REPLICAS, (
+            "Unable to verify the partition has been added to the transaction. "
+            f"Underlying error: {code.name}"
+        )
+    if code is ErrorCode.INVALID_TXN_STATE:
+        return code, "Partition was not added to the transaction"
+    return code, None
+
+
 _APPEND_ERRORS: Mapping[ErrorCode, ErrorCode] = {
     ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: ErrorCode.COORDINATOR_NOT_AVAILABLE,
     ErrorCode.NOT_ENOUGH_REPLICAS: ErrorCode.COORDINATOR_NOT_AVAILABLE,

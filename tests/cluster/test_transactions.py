@@ -78,3 +78,76 @@ def test_offsets_committed_in_a_transaction(cluster_factory: ClusterFactory) -> 
     finally:
         consumer.close()
     assert [tp.offset for tp in committed] == [10, 11, 12]
+
+
+def test_a_write_the_dead_coordinator_cannot_verify_is_retriable(
+    cluster_factory: ClusterFactory,
+) -> None:
+    """A partition leader asks the transaction coordinator before a transaction opens in its
+    partition (KIP-890 part 1). With the coordinator's broker dead, the Produce is answered
+    NOT_ENOUGH_REPLICAS, as Kafka answers it: a retriable error every client retries, where
+    the coordinator's own error is one a client may give up on."""
+    from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
+    from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProducerIdResponse
+
+    from automq_py.coordinator.runtime import partition_for
+    from protocol.errors import ErrorCode
+    from protocol.records import RecordInput, build_batch
+    from tests.support.raw_connection import RawConnection
+
+    cluster = cluster_factory(brokers=3)
+    admin = cluster.admin(0)
+    admin.create_topics([NewTopic("unverified", 3)])["unverified"].result(timeout=30)
+    # a coordinator exists for every partition of __transaction_state once one is asked for
+    Producer({"bootstrap.servers": cluster.bootstrap, "transactional.id": "t"}).init_transactions(
+        30
+    )
+    coordinators = cluster.leaders("__transaction_state")
+    leaders = cluster.leaders("unverified")
+    txn_id, coordinator, partition = next(
+        (t, coordinators[partition_for(t, len(coordinators))], p)
+        for t in (f"writer-{i}" for i in range(100))
+        for p, leader in leaders.items()
+        if leader != coordinators[partition_for(t, len(coordinators))]
+    )
+    with RawConnection(cluster.brokers[coordinator].bootstrap) as conn:
+        init = conn.call(
+            InitProducerIdRequest[1](transactional_id=txn_id, transaction_timeout_ms=60000),
+            InitProducerIdResponse,
+        )
+    assert init.error_code == ErrorCode.NONE
+    batch = build_batch(
+        [RecordInput(b"v", b"k", [], 1_700_000_000_000)],
+        producer_id=init.producer_id,
+        producer_epoch=init.producer_epoch,
+        base_sequence=0,
+        is_transactional=True,
+    )
+    cluster.brokers[coordinator].kill()
+    try:
+        data = ProduceRequest.TopicProduceData
+        with RawConnection(cluster.brokers[leaders[partition]].bootstrap) as conn:
+            response = conn.call(
+                ProduceRequest[9](
+                    transactional_id=txn_id,
+                    acks=-1,
+                    timeout_ms=10000,
+                    topic_data=[
+                        data(
+                            name="unverified",
+                            partition_data=[
+                                data.PartitionProduceData(index=partition, records=bytes(batch))
+                            ],
+                        )
+                    ],
+                ),
+                ProduceResponse,
+            )
+    finally:
+        cluster.brokers[coordinator].start()
+    answer = response.responses[0].partition_responses[0]
+    assert (answer.error_code, answer.error_message) == (
+        ErrorCode.NOT_ENOUGH_REPLICAS,
+        "Unable to verify the partition has been added to the transaction. "
+        "Underlying error: COORDINATOR_NOT_AVAILABLE",
+    )

@@ -125,3 +125,9 @@ class RawConnection:
 
     def close(self) -> None:
         self.sock.close()
+
+    def __enter__(self) -> RawConnection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -376,7 +376,7 @@ def test_a_transactional_write_to_a_partition_not_in_the_transaction_is_refused(
         assert init.error_code == ErrorCode.NONE
         pid, epoch = init.producer_id, init.producer_epoch
 
-        def produce(version: int, seq: int) -> int:
+        def produce(version: int, seq: int) -> tuple[int, str | None]:
             batch = build_batch(
                 [RecordInput(b"v", b"k", [], 1_700_000_000_000)],
                 producer_id=pid,
@@ -401,10 +401,12 @@ def test_a_transactional_write_to_a_partition_not_in_the_transaction_is_refused(
                 ),
                 ProduceResponse,
             )
-            return int(response.responses[0].partition_responses[0].error_code)
+            answer = response.responses[0].partition_responses[0]
+            return int(answer.error_code), answer.error_message
 
-        assert produce(9, 0) == ErrorCode.INVALID_TXN_STATE
-        assert produce(11, 0) == ErrorCode.TRANSACTION_ABORTABLE
+        not_added = "Partition was not added to the transaction"
+        assert produce(9, 0) == (ErrorCode.INVALID_TXN_STATE, not_added)
+        assert produce(11, 0) == (ErrorCode.TRANSACTION_ABORTABLE, None)
         added = conn.call(
             AddPartitionsToTxnRequest[3](
                 v3_and_below_transactional_id=txn_id,
@@ -422,7 +424,7 @@ def test_a_transactional_write_to_a_partition_not_in_the_transaction_is_refused(
             for p in t.results_by_partition
         ]
         assert codes == [ErrorCode.NONE]
-        assert produce(9, 0) == ErrorCode.NONE
+        assert produce(9, 0) == (ErrorCode.NONE, None)
 
         # what a partition leader asks the coordinator (v4+, KIP-890): v5, Kafka 3.9's highest,
         # verifies as v4 does, the partition not in the transaction is TRANSACTION_ABORTABLE

@@ -41,6 +41,7 @@ from automq_py.coordinator.transaction_metadata import (
     expired_transactional_ids,
     init_producer_id,
     list_transactions,
+    produce_error_for_unverified,
     timed_out_transactions,
     verification_error_for_client,
     verify_partitions_in_txn,
@@ -739,6 +740,32 @@ def test_verification_errors_are_mapped_for_the_partition_leaders_client() -> No
     assert f(ApiKey.TXN_OFFSET_COMMIT, 3, E.TRANSACTION_ABORTABLE) is E.INVALID_TXN_STATE
     assert f(ApiKey.TXN_OFFSET_COMMIT, 4, E.TRANSACTION_ABORTABLE) is E.TRANSACTION_ABORTABLE
     assert f(ApiKey.PRODUCE, 3, E.CONCURRENT_TRANSACTIONS) is E.CONCURRENT_TRANSACTIONS
+
+
+def test_a_produce_answers_the_coordinators_retriable_errors_as_not_enough_replicas() -> None:
+    """Kafka's ReplicaManager: a client that predates the verification retries
+    NOT_ENOUGH_REPLICAS on a Produce, where it might give up on a coordinator's error."""
+    f = produce_error_for_unverified
+    for error in (
+        E.NETWORK_EXCEPTION,
+        E.COORDINATOR_LOAD_IN_PROGRESS,
+        E.COORDINATOR_NOT_AVAILABLE,
+        E.NOT_COORDINATOR,
+    ):
+        for version in (3, 9, 11, 12):
+            code, message = f(version, error)
+            assert code is E.NOT_ENOUGH_REPLICAS
+            assert message == (
+                "Unable to verify the partition has been added to the transaction. "
+                f"Underlying error: {error.name}"
+            )
+    assert f(11, E.CONCURRENT_TRANSACTIONS)[0] is E.NOT_ENOUGH_REPLICAS
+    assert f(12, E.CONCURRENT_TRANSACTIONS) == (E.CONCURRENT_TRANSACTIONS, None)
+    not_added = "Partition was not added to the transaction"
+    assert f(10, E.TRANSACTION_ABORTABLE) == (E.INVALID_TXN_STATE, not_added)
+    assert f(11, E.TRANSACTION_ABORTABLE) == (E.TRANSACTION_ABORTABLE, None)
+    assert f(11, E.PRODUCER_FENCED) == (E.INVALID_PRODUCER_EPOCH, None)
+    assert f(11, E.INVALID_PRODUCER_ID_MAPPING) == (E.INVALID_PRODUCER_ID_MAPPING, None)
 
 
 def test_a_refused_log_append_becomes_a_coordinator_error() -> None:
