@@ -43,7 +43,7 @@ $(JS_STAMP): tests/js/package.json tests/js/package-lock.json
 	touch $(JS_STAMP)
 
 # The Java side (tests/java/pom.xml): Kafka's clients, tools, Streams and broker, and Spark's
-# Kafka connector, resolved by Maven (its cache is ~/.m2) and copied into one directory per
+# Kafka connector, Kafka Connect and MirrorMaker 2, resolved by Maven (its cache is ~/.m2) and copied into one directory per
 # classpath under .java/, with the Java test programs compiled beside them. A JDK 17 (also
 # PySpark's runtime) and Maven come from Debian where missing.
 JAVA_DIR := .java
@@ -61,9 +61,11 @@ $(JAVA_STAMP): tests/java/pom.xml $(JAVA_SRC)
 	$(MVN) -P kafka-3.9 dependency:copy-dependencies -DoutputDirectory=$(CURDIR)/$(JAVA_DIR)/kafka-3.9
 	$(MVN) -P spark-kafka dependency:copy-dependencies \
 		-DoutputDirectory=$(CURDIR)/$(JAVA_DIR)/spark-kafka
+	$(MVN) -P kafka-connect dependency:copy-dependencies \
+		-DoutputDirectory=$(CURDIR)/$(JAVA_DIR)/kafka-connect
 	touch $(JAVA_STAMP)
 
-java: $(JAVA_STAMP)  ## fetch the Java clients, tools, Streams, Kafka broker and Spark connector
+java: $(JAVA_STAMP)  ## fetch the Java clients, tools, Streams, Kafka broker, Spark connector and Connect
 
 # Three Go clients' own suites run against the broker: franz-go's integration tests (its pkg/kgo
 # tests), segmentio/kafka-go's (its root and sasl packages) and Sarama's functional tests (build

@@ -2,7 +2,8 @@
 
 ``make java`` (part of ``make test``) resolves ``tests/java/pom.xml`` with Maven and copies each
 classpath into ``.java/``: ``kafka-4.4`` (clients, tools, Streams, the broker), ``kafka-3.9``
-(clients and Streams 3.9) and ``spark-kafka`` (Spark's Kafka connector); the test programs are in
+(clients and Streams 3.9), ``spark-kafka`` (Spark's Kafka connector) and ``kafka-connect``
+(Kafka Connect 4.3.1 and MirrorMaker 2); the test programs are in
 ``.java/build/automq-java-tests.jar``, which also carries the log4j2 configuration of Kafka's
 tools (warnings to stderr, stdout left to the program).
 
@@ -68,7 +69,7 @@ class JavaSideMissing(RuntimeError):
 
 
 def classpath(kafka: str = "4.4") -> str:
-    """The test programs' jar and every jar of Kafka ``kafka`` ("4.4" or "3.9")."""
+    """The test programs' jar and every jar of Kafka ``kafka`` ("4.4", "3.9" or "connect")."""
     lib = JAVA_DIR / f"kafka-{kafka}"
     if not TEST_PROGRAMS.is_file() or not lib.is_dir():
         raise JavaSideMissing(f"{lib} or {TEST_PROGRAMS} is missing: run `make java`")
