@@ -33,6 +33,8 @@ from storage.log_cache import LogCache, append_joined
 from storage.metadata import control
 from storage.metadata.manager import MetadataManager
 from storage.metadata.model import (
+    ErrorCode,
+    MetadataError,
     StreamState,
 )
 from storage.object_reader import ObjectReader
@@ -49,6 +51,8 @@ from storage.wal.object_wal import ObjectWAL, open_object_wal
 log = logging.getLogger("automq.storage")
 
 WAL_FILE = "wal.log"
+# starts tried when a failover fences the node while it recovers its own WAL
+START_ATTEMPTS = 3
 CLOSE_FLUSH_TIMEOUT_S = 60.0
 # appends whose payloads commit_now copies ahead, at most (a burst of requests holds a few
 # dozen); past it, or where nothing calls commit_now, they are copied as they become durable
@@ -145,33 +149,43 @@ class S3Storage:
         owns_metadata = metadata is None
         if metadata is None:
             metadata = await MetadataManager.open(config.metadata_url)
-        node_epoch = await metadata.register_node(config.node_id)
-        wal: WriteAheadLog
-        if config.wal_object_store_url is not None:
-            wal = await open_object_wal(config, node_epoch, store)
-        else:
-            os.makedirs(config.wal_path, exist_ok=True)
-            wal = await FileWAL.open(
-                os.path.join(config.wal_path, WAL_FILE),
-                config.wal_capacity,
-                node_id=config.node_id,
-                init_zero=config.wal_init_zero,
-                realtime_io=config.wal_io_realtime,
+        for attempt in range(1, START_ATTEMPTS + 1):
+            node_epoch = await metadata.register_node(config.node_id)
+            wal: WriteAheadLog
+            if config.wal_object_store_url is not None:
+                wal = await open_object_wal(config, node_epoch, store)
+            else:
+                os.makedirs(config.wal_path, exist_ok=True)
+                wal = await FileWAL.open(
+                    os.path.join(config.wal_path, WAL_FILE),
+                    config.wal_capacity,
+                    node_id=config.node_id,
+                    init_zero=config.wal_init_zero,
+                    realtime_io=config.wal_io_realtime,
+                )
+            storage = cls(
+                config, wal, metadata, store, node_epoch, owns_metadata=False, owns_store=False
             )
-        storage = cls(
-            config,
-            wal,
-            metadata,
-            store,
-            node_epoch,
-            owns_metadata=owns_metadata,
-            owns_store=owns_store,
-        )
-        try:
-            await storage._recover()
-        except BaseException:
-            await storage.abort()  # the WAL keeps what recovery could not upload
-            raise
+            try:
+                await storage._recover()
+            except BaseException as e:
+                await storage.abort()  # the WAL keeps what recovery could not upload
+                if attempt < START_ATTEMPTS and _epoch_expired(e, storage.failed):
+                    # a controller took this node's WAL over meanwhile (its start outlasted a
+                    # session): what it uploaded stays uploaded, the rest is replayed again
+                    log.warning(
+                        "node %d epoch %d: fenced while recovering its WAL; starting again",
+                        config.node_id,
+                        node_epoch,
+                    )
+                    continue
+                if owns_store:
+                    await store.close()
+                if owns_metadata:
+                    await metadata.close()
+                raise
+            storage._owns_store, storage._owns_metadata = owns_store, owns_metadata
+            break
         storage.uploader.start()
         log.info(
             "S3Storage started: node %d epoch %d, WAL %s, objects %s",
@@ -182,8 +196,10 @@ class S3Storage:
         )
         return storage
 
-    async def recover_node_wal(self, node_id: int) -> None:
-        """Recover another node's object WAL on its behalf: the failover of a fenced broker.
+    async def recover_node_wal(self, node_id: int, epoch: int) -> bool:
+        """Recover another node's object WAL on its behalf: the failover of a fenced broker,
+        while its node epoch is still ``epoch`` (the fence's). False, with nothing done, when
+        the node has registered again since: it is recovering its WAL itself.
 
         The node gets a new node epoch (its own commits are refused from then on), its WAL
         objects are replayed and uploaded as it would at its next start, every stream it still
@@ -196,7 +212,13 @@ class S3Storage:
                 f"node {node_id}: a file WAL is on that broker's disk only; it recovers it itself"
             )
         started = time.monotonic()
-        node_epoch = await self.metadata.register_node(node_id)
+        try:
+            node_epoch = await self.metadata.register_node(node_id, replacing=epoch)
+        except MetadataError as e:
+            if e.code != ErrorCode.NODE_EPOCH_EXPIRED:
+                raise
+            log.info("node %d restarted: it recovers its WAL itself (%s)", node_id, e)
+            return False
         config = dataclasses.replace(self.config, node_id=node_id)
         wal_store = self.store
         if url != self.config.object_store_url:
@@ -236,6 +258,7 @@ class S3Storage:
             node_id,
             (time.monotonic() - started) * 1000,
         )
+        return True
 
     async def close(self, flush_timeout: float = CLOSE_FLUSH_TIMEOUT_S) -> None:
         """Upload everything still in the cache, trim the WAL, and release resources.
@@ -715,3 +738,10 @@ def _call_listener(listener: Callable[[], object], what: str) -> None:
         listener()
     except Exception:
         log.exception("a %s listener of an append failed", what)
+
+
+def _epoch_expired(*errors: BaseException | None) -> bool:
+    """Whether the node's epoch was taken over: a metadata change refused NODE_EPOCH_EXPIRED."""
+    return any(
+        isinstance(e, MetadataError) and e.code == ErrorCode.NODE_EPOCH_EXPIRED for e in errors
+    )

@@ -47,7 +47,7 @@ class ClusterController:
         session_timeout_ms: int,
         *,
         rebalance: bool = True,
-        recover_wal: Callable[[int], Awaitable[None]] | None = None,
+        recover_wal: Callable[[int, int], Awaitable[bool]] | None = None,
     ) -> None:
         self.node_id = node_id
         self._rebalances = rebalance  # auto.leader.rebalance.enable
@@ -66,6 +66,8 @@ class ClusterController:
         self._since: float = 0.0  # when this broker became controller (monotonic)
         self._known_live: frozenset[int] | None = None
         self._registered_seen: dict[tuple[int, int], float] = {}
+        # (node, node epoch) of a fenced broker's new start, when this controller first saw it
+        self._restarts_seen: dict[tuple[int, int], float] = {}
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         # a broker registering or starting to shut down is acted on at once, not next round
@@ -199,14 +201,28 @@ class ClusterController:
                 continue
             if not image.streams_opened_by(node):
                 continue
-            log.warning("recovering the WAL of fenced broker %d", node)
-            task = asyncio.create_task(self._recover_one(node), name=f"recover-wal-{node}")
+            meta = image.nodes.get(node)
+            if meta is None:
+                continue
+            if not meta.failover:
+                # its node epoch is its own, not the fence's: started again and recovering its
+                # WAL before it registers, left to it unless that start has been silent for a
+                # session (it died too)
+                first_seen = self._restarts_seen.setdefault((node, meta.epoch), time.monotonic())
+                if time.monotonic() - max(first_seen, self._since) <= self._session_s:
+                    continue
+            log.warning("recovering the WAL of fenced broker %d (node epoch %d)", node, meta.epoch)
+            task = asyncio.create_task(
+                self._recover_one(node, meta.epoch), name=f"recover-wal-{node}"
+            )
             self._recovering[node] = task
 
-    async def _recover_one(self, node: int) -> None:
+    async def _recover_one(self, node: int, epoch: int) -> None:
         assert self._recover_wal is not None
         try:
-            await self._recover_wal(node)
+            # only while ``epoch`` is the node's latest: a broker that started again meanwhile
+            # recovers its WAL itself, and a new node epoch now would fence that recovery
+            await self._recover_wal(node, epoch)
         except Exception as e:  # the next round tries again
             log.warning("recovering the WAL of broker %d: %s: %s", node, type(e).__name__, e)
         finally:

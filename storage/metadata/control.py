@@ -41,13 +41,26 @@ FIRST_NODE_EPOCH = 1
 # -- nodes -----------------------------------------------------------------------------------------
 
 
-def register_node(image: MetadataImage, node_id: int) -> tuple[Records, int]:
-    """A node (re)starts: a new epoch fences whatever its previous life still sends."""
+def register_node(
+    image: MetadataImage, node_id: int, replacing: int | None = None
+) -> tuple[Records, int]:
+    """A node (re)starts: a new epoch fences whatever its previous life still sends.
+
+    With ``replacing`` (another node's failover of epoch ``replacing``), only while that epoch
+    is still the node's latest: a node that registered again since is recovering its own WAL,
+    and a new epoch now would fence that recovery, not the dead incarnation
+    (``NODE_EPOCH_EXPIRED``). An epoch a failover registers is marked as one."""
     if node_id < 0:
         raise ValueError(f"node id must not be negative, got {node_id}")
     node = image.nodes.get(node_id)
+    if replacing is not None and (node is None or node.epoch != replacing):
+        raise MetadataError(
+            ErrorCode.NODE_EPOCH_EXPIRED,
+            f"node {node_id} epoch {replacing} is not its latest"
+            f" ({'never registered' if node is None else f'now {node.epoch}'})",
+        )
     epoch = FIRST_NODE_EPOCH if node is None else node.epoch + 1
-    return [rec.NodeRecord(node_id, epoch, failover=False)], epoch
+    return [rec.NodeRecord(node_id, epoch, failover=replacing is not None)], epoch
 
 
 def check_node_epoch(image: MetadataImage, node_id: int, node_epoch: int) -> NodeMetadata:

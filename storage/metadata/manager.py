@@ -239,9 +239,11 @@ class MetadataManager:
 
     # -- nodes -----------------------------------------------------------------------------------
 
-    async def register_node(self, node_id: int) -> int:
-        """Register a (re)starting node; return its new epoch (1 for a new node, else +1)."""
-        return await self._change(lambda image: control.register_node(image, node_id))
+    async def register_node(self, node_id: int, replacing: int | None = None) -> int:
+        """Register a (re)starting node; return its new epoch (1 for a new node, else +1).
+        ``replacing``: only while the node's epoch is still that one (a failover), else
+        ``NODE_EPOCH_EXPIRED``."""
+        return await self._change(lambda image: control.register_node(image, node_id, replacing))
 
     # -- streams ---------------------------------------------------------------------------------
 

@@ -96,3 +96,43 @@ async def test_uploads_trim_the_object_wal(
     more = await fill(s, 5)
     storage.drop_cache()
     assert await read_all(s) == payloads + more
+
+
+@pytest.mark.integration
+async def test_a_failover_recovers_the_dead_incarnation_only(
+    make_storage: StorageFactory, postgres_url: str, tmp_path: Path
+) -> None:
+    """A controller recovers a fenced node's object WAL on its behalf only while the fenced
+    incarnation is the node's latest. Once the node has started again (a new node epoch, its
+    own recovery under way or done), a failover decided for the dead incarnation does nothing:
+    a new epoch then would fence the node's own start."""
+    data_url, wal_url = f"0@file://{tmp_path}/objects", f"0@file://{tmp_path}/wal-objects"
+    common = {"s3.wal.path": wal_url, "metadata.store.url": postgres_url}
+    survivor = await make_storage(data_url, **common, **{"node.id": "2"})
+
+    node = await make_storage(data_url, **common)
+    dead = node.node_epoch
+    stream = await StreamClient(node).create_and_open()
+    written = await fill(stream, 20)
+    await node.abort()  # a crash: the acknowledged appends are in its WAL objects only
+
+    restarted = await make_storage(data_url, **common)
+    assert restarted.node_epoch == dead + 1
+    assert await survivor.recover_node_wal(1, dead) is False
+    assert survivor.metadata.image.nodes[1].epoch == dead + 1
+    # the restarted node owns its streams and writes on at its epoch
+    reopened = await StreamClient(restarted).open(stream.stream_id, stream.epoch + 1)
+    more = await fill(reopened, 5)
+    await restarted.force_upload()
+    restarted.drop_cache()
+    assert await read_all(reopened) == written + more
+
+    # a crash again, fenced this time before any restart: the failover recovers its WAL
+    alive = restarted.node_epoch
+    more += await fill(reopened, 5)
+    await restarted.abort()
+    assert await survivor.recover_node_wal(1, alive) is True
+    meta = survivor.metadata.stream(stream.stream_id)
+    assert meta is not None and meta.end_offset == 3 * len(written + more)
+    reader = await StreamClient(survivor).open(stream.stream_id, reopened.epoch + 1)
+    assert await read_all(reader) == written + more

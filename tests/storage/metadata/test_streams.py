@@ -35,6 +35,22 @@ async def test_register_node_starts_at_one_and_bumps_on_restart(manager: Metadat
     assert manager.image.nodes[7].failover is False
 
 
+async def test_a_failover_registers_the_node_only_while_its_dead_incarnation_is_the_latest(
+    manager: MetadataManager,
+) -> None:
+    dead = await manager.register_node(7)
+    assert await manager.register_node(7, replacing=dead) == dead + 1
+    assert manager.image.nodes[7].failover is True
+    # the node started again (or another failover came first): its epoch is left alone
+    await assert_refused(
+        manager, ErrorCode.NODE_EPOCH_EXPIRED, manager.register_node(7, replacing=dead)
+    )
+    await assert_refused(
+        manager, ErrorCode.NODE_EPOCH_EXPIRED, manager.register_node(9, replacing=1)
+    )
+    assert manager.image.nodes[7].epoch == dead + 1 and 9 not in manager.image.nodes
+
+
 async def test_register_node_rejects_negative_id(manager: MetadataManager) -> None:
     with pytest.raises(ValueError):
         await manager.register_node(-1)
