@@ -430,6 +430,10 @@ class ClassicProtocol:
         assignments: Mapping[str, bytes],
     ) -> SyncResult:
         error = await group_ready(self.runtime, group_id)
+        if error == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS:
+            # the rebalance under way was lost with the partition: the member starts over at
+            # JoinGroup (Kafka 3.9's answer; clients before the error do not expect it here)
+            return SyncResult(ErrorCode.REBALANCE_IN_PROGRESS)
         if error != ErrorCode.NONE:
             return SyncResult(error)
         group = self.groups.get(group_id)
@@ -496,6 +500,8 @@ class ClassicProtocol:
         self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None
     ) -> ErrorCode:
         error = await group_ready(self.runtime, group_id)
+        if error == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS:
+            return ErrorCode.NONE  # as Kafka: answered blindly while the group loads
         if error != ErrorCode.NONE:
             return error
         group = self.groups.get(group_id)

@@ -82,8 +82,12 @@ def validate_commit(
     member_id: str,
     group_instance_id: str | None,
     api_version: int,
+    *,
+    transactional: bool = False,
 ) -> ErrorCode:
-    """Whether this member may commit offsets for ``group`` (None: the group is unknown)."""
+    """Whether this member may commit offsets for ``group`` (None: the group is unknown); a
+    ``transactional`` commit (TxnOffsetCommit) also while the group completes a rebalance, as
+    in Kafka (the producer's transaction would otherwise fail for good)."""
     if group is None:
         if generation_or_epoch < 0:
             return ErrorCode.NONE  # a "simple" group: commits without membership
@@ -104,7 +108,7 @@ def validate_commit(
             return ErrorCode.ILLEGAL_GENERATION
     elif not group.is_(ClassicState.EMPTY):
         return ErrorCode.UNKNOWN_MEMBER_ID
-    if group.is_(ClassicState.COMPLETING_REBALANCE):
+    if not transactional and group.is_(ClassicState.COMPLETING_REBALANCE):
         return ErrorCode.REBALANCE_IN_PROGRESS
     return ErrorCode.NONE
 
@@ -281,7 +285,9 @@ class OffsetManager:
         group = self.groups.get(group_id)
         if group is not None and (generation_id >= 0 or member_id or group_instance_id):
             # v3+ carries the member: checked as an OffsetCommit's would be
-            error = validate_commit(group, generation_id, member_id, group_instance_id, 8)
+            error = validate_commit(
+                group, generation_id, member_id, group_instance_id, 8, transactional=True
+            )
             if error != ErrorCode.NONE:
                 return [error] * len(commits)
         now = _now_ms()

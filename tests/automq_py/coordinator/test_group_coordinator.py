@@ -17,7 +17,7 @@ from automq_py.coordinator.classic_group import ClassicGroup, ClassicState
 from automq_py.coordinator.classic_protocol import JoinRequest
 from automq_py.coordinator.consumer_group import ConsumerGroup, HeartbeatRequest
 from automq_py.coordinator.group_coordinator import OFFSETS_TOPIC, GroupCoordinator
-from automq_py.coordinator.offsets import OffsetCommit
+from automq_py.coordinator.offsets import OffsetCommit, validate_commit
 from automq_py.coordinator.runtime import CoordinatorRuntime, partition_for
 from automq_py.topics import TopicInfo
 from protocol.errors import ErrorCode
@@ -71,6 +71,28 @@ def _join(group: str, member: str = "", instance: str | None = None) -> JoinRequ
 async def _topic(broker: Broker, name: str, partitions: int) -> None:
     assert broker.server is not None
     await broker.server.apis.ctx.topics.create(name, partitions)
+
+
+async def test_a_transactional_commit_is_taken_while_the_group_completes_its_rebalance(
+    started: tuple[Broker, Path],
+) -> None:
+    """Between JoinGroup and the leader's SyncGroup an OffsetCommit is refused
+    REBALANCE_IN_PROGRESS; a TxnOffsetCommit of a current member is not (Kafka's
+    ``validateOffsetCommit``): the error would be fatal to the producer's transaction."""
+    broker, _ = started
+    await _topic(broker, "t", 1)
+    groups = _coordinator(broker)
+    joined = await groups.join_group(_join("g"))
+    group = groups.groups["g"]
+    assert isinstance(group, ClassicGroup) and group.is_(ClassicState.COMPLETING_REBALANCE)
+    member = (joined.generation_id, joined.member_id, None)
+    assert validate_commit(group, *member, 8) == ErrorCode.REBALANCE_IN_PROGRESS
+    assert validate_commit(group, *member, 8, transactional=True) == ErrorCode.NONE
+    # a stale generation is refused either way
+    stale = (joined.generation_id - 1, joined.member_id, None)
+    assert validate_commit(group, *stale, 8, transactional=True) == ErrorCode.ILLEGAL_GENERATION
+    errors = await groups.offsets.commit("g", *member, [OffsetCommit("t", 0, 1, -1, None)], 8)
+    assert errors == [ErrorCode.REBALANCE_IN_PROGRESS]
 
 
 async def test_offsets_and_groups_come_back_after_a_restart(
@@ -298,6 +320,16 @@ async def test_a_request_waits_a_while_for_its_partition_loading_after_a_start(
         assert await runtime.ready("g") == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
         assert await runtime.all_ready() == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
         assert 0.9 < asyncio.get_running_loop().time() - started < 2.5
+        # except where Kafka 3.9 answers otherwise, for clients that predate the error: a
+        # SyncGroup is told to join again (the rebalance under way is lost), a Heartbeat is
+        # answered blindly
+        groups = _coordinator(third)
+        synced = await groups.sync_group(
+            "g", joined.generation_id, joined.member_id, None, "consumer", "range", {}
+        )
+        assert synced.error == ErrorCode.REBALANCE_IN_PROGRESS
+        beat = await groups.heartbeat("g", joined.generation_id, joined.member_id, None)
+        assert beat == ErrorCode.NONE
     finally:
         await third.stop()
 
