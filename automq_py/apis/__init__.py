@@ -43,7 +43,7 @@ from automq_py.apis import (
     topics,
     transactions,
 )
-from automq_py.apis.context import BrokerContext
+from automq_py.apis.context import BrokerContext, CloseConnection
 from automq_py.apis.deferred import Deferred, PendingResponse
 from automq_py.errors import describe, kafka_error
 from automq_py.security.quotas import REQUEST as REQUEST_QUOTA
@@ -199,6 +199,8 @@ class KafkaApis:
         """The response to ``request`` that reports ``error`` on everything it asked for.
         Raises ``error`` again (closing the connection) where no response can say it: acks=0
         Produce, as in Kafka, and APIs whose responses carry no error code at the top."""
+        if isinstance(error, CloseConnection):
+            raise error
         code = kafka_error(error)
         log.error(
             "%s v%d (correlation id %d) failed, answered %s",

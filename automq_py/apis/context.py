@@ -29,6 +29,11 @@ from protocol.messages import EncodedBody, Request, response_schema
 CLIENT_HOST: ContextVar[str] = ContextVar("client_host", default="")
 
 
+class CloseConnection(Exception):
+    """A request no response can answer (a failed acks=0 Produce): the connection is closed,
+    as Kafka closes it, so that the client learns of the failure."""
+
+
 @dataclass(slots=True)
 class BrokerContext:
     node_id: int

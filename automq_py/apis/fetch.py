@@ -38,6 +38,8 @@ MAX_TIMESTAMP = -3  # v7+ (KIP-734)
 EARLIEST_LOCAL = -4  # v8+ (KIP-405): the first offset held locally, not in remote storage
 LATEST_TIERED = -5  # v9+ (KIP-1005): the last offset in remote storage
 READ_COMMITTED = 1  # isolation_level of Fetch v4+ and ListOffsets v2+
+# Fetch versions whose clients do not know KAFKA_STORAGE_ERROR (KIP-112 gave it to v6)
+LAST_WITHOUT_STORAGE_ERROR = 5
 
 READ, CLUSTER_ACTION, TOPIC = AclOperation.READ, AclOperation.CLUSTER_ACTION, ResourceType.TOPIC
 
@@ -88,6 +90,8 @@ async def handle_fetch(ctx: BrokerContext, request: Request) -> Any:
         done = iter(results)
         refusal = ErrorCode.TOPIC_AUTHORIZATION_FAILED
         results = [fetch_data(e, refusal) if e.error == refusal else next(done) for e in entries]
+    if request.api_version <= LAST_WITHOUT_STORAGE_ERROR:
+        down_convert_storage_errors(results)
     # the reader's results are the response's partitions, in the request's order
     topics: list[FetchTopicResult] = []
     i = 0
@@ -104,6 +108,15 @@ async def handle_fetch(ctx: BrokerContext, request: Request) -> Any:
     return encode_fetch_response(
         request.api_version, request.correlation_id, topics, throttle_time_ms=throttle, session_id=0
     )
+
+
+def down_convert_storage_errors(results: list[FetchData]) -> None:
+    """For Fetch v5 and older, KAFKA_STORAGE_ERROR becomes NOT_LEADER_OR_FOLLOWER, as Kafka
+    answers it: their clients retry that after a metadata refresh, where the storage error
+    would be an unknown, fatal one to them."""
+    for r in results:
+        if r.error_code == ErrorCode.KAFKA_STORAGE_ERROR:
+            r.error_code = ErrorCode.NOT_LEADER_OR_FOLLOWER
 
 
 def _throttle(ctx: BrokerContext, request: Request, results: list[FetchData]) -> int:

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from automq_py.apis.context import BrokerContext
+from automq_py.apis.context import BrokerContext, CloseConnection
 from automq_py.apis.deferred import Deferred
 from automq_py.coordinator import transaction_metadata as tm
 from automq_py.partition import AppendResult, PendingAppend
@@ -62,6 +62,17 @@ async def handle_produce(ctx: BrokerContext, request: Request) -> Any:
         appends=appends,
     )
     if body.acks == 0:
+        failed = {
+            entry.key: started.error.name
+            for entry, started in zip(entries, appends, strict=True)
+            if isinstance(started, AppendResult) and started.error != ErrorCode.NONE
+        }
+        if failed:
+            # no response can say it: Kafka closes the connection, and the producer refreshes
+            # its metadata (a leader moved, a topic gone) instead of writing on into the void
+            raise CloseConnection(
+                f"Produce with acks=0 (correlation id {request.correlation_id}) failed: {failed}"
+            )
         return None
     if results.done():
         return _response(request, names, entries, results.result(), throttle)

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from automq_py.apis import KafkaApis
-from automq_py.apis.context import CLIENT_HOST
+from automq_py.apis.context import CLIENT_HOST, CloseConnection
 from automq_py.apis.deferred import PendingResponse
 from automq_py.network.authenticator import MechanismFactory, SaslAuthenticator
 from automq_py.network.frames import FrameConnection
@@ -206,7 +206,7 @@ class SocketServer:
                 await self._run_authenticated(conn, endpoint)
         except ConnectionError:
             pass
-        except (ProtocolError, IllegalSaslStateError, ValueError) as e:
+        except (ProtocolError, IllegalSaslStateError, ValueError, CloseConnection) as e:
             log.info("closing connection from %s: %s", peer, e)
         except TimeoutError:
             log.debug("closing idle connection from %s", peer)

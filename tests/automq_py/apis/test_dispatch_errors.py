@@ -120,3 +120,23 @@ async def test_fetch_gets_the_error_on_every_partition() -> None:
         (1, ErrorCode.KAFKA_STORAGE_ERROR),
         (2, ErrorCode.KAFKA_STORAGE_ERROR),
     ]
+
+
+def test_old_fetch_versions_get_a_storage_error_as_not_leader() -> None:
+    """Fetch v5 and older predate KAFKA_STORAGE_ERROR: Kafka answers NOT_LEADER_OR_FOLLOWER,
+    which their clients retry after a metadata refresh."""
+    from automq_py.apis.fetch import LAST_WITHOUT_STORAGE_ERROR, down_convert_storage_errors
+    from protocol.fetch import FetchPartitionResult
+
+    results = [
+        FetchPartitionResult(0, ErrorCode.KAFKA_STORAGE_ERROR),
+        FetchPartitionResult(1, ErrorCode.NONE),
+        FetchPartitionResult(2, ErrorCode.OFFSET_OUT_OF_RANGE),
+    ]
+    down_convert_storage_errors(results)
+    assert [r.error_code for r in results] == [
+        ErrorCode.NOT_LEADER_OR_FOLLOWER,
+        ErrorCode.NONE,
+        ErrorCode.OFFSET_OUT_OF_RANGE,
+    ]
+    assert LAST_WITHOUT_STORAGE_ERROR == 5

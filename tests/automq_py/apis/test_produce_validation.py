@@ -96,3 +96,26 @@ def test_a_batch_whose_records_do_not_read_is_refused(broker: BrokerProcess, bad
     data = memoryview(fetched.responses[0].partitions[0].records or b"")
     batches = [bytes(view) for _, view in record_batch.iter_batches(data)]
     assert [r.value for b in batches for r in parse_records(b)] == [b"good"]
+
+
+def test_a_failed_acks_0_produce_closes_the_connection(broker: BrokerProcess) -> None:
+    """No response can tell an acks=0 producer that a partition refused its records: Kafka
+    closes the connection, so the producer finds out and refreshes its metadata. A
+    successful one leaves the connection serving."""
+    from kafka.protocol.metadata import MetadataRequest, MetadataResponse
+
+    from tests.support.raw_connection import partition_produce_request
+
+    topic = f"acks0-{uuid.uuid4().hex[:8]}"
+    create_topics(admin_for(broker), NewTopic(topic, 1, 1))
+    batch = bytes(build_batch([RecordInput(b"v", b"k")]))
+    with RawConnection(broker.bootstrap) as conn:
+        conn.send(conn.frame(partition_produce_request(topic, 0, batch, acks=0))[1])
+        answer = conn.call(MetadataRequest[1](topics=[topic]), MetadataResponse[1])
+        assert [t.name for t in answer.topics] == [topic]
+        for missing in ((topic, 3), (f"absent-{topic}", 0)):
+            with RawConnection(broker.bootstrap) as closing:
+                request = partition_produce_request(*missing, batch, acks=0)
+                closing.send(closing.frame(request)[1])
+                closing.sock.settimeout(10)
+                assert closing.sock.recv(1) == b"", f"{missing}: the connection stayed open"
