@@ -324,13 +324,24 @@ async def handle_offset_delete(ctx: BrokerContext, request: Request) -> Any:
         return error_response(request, GROUP_REFUSED, topics=[])
     wanted = [(str(t.name), int(p.partition_index)) for t in body.topics for p in t.partitions]
     readable = authorized_names(ctx, READ, TOPIC, (tp[0] for tp in wanted))
-    allowed = [tp for tp in wanted if tp[0] in readable]
+
+    def exists(topic: str, partition: int) -> bool:
+        info = ctx.topics.get(topic)
+        return info is not None and 0 <= partition < info.partitions
+
+    # as in Kafka, a partition this cluster does not have is answered on its own
+    allowed = [tp for tp in wanted if tp[0] in readable and exists(*tp)]
     error, per_partition = await group_coordinator(ctx).offsets.delete(group_id, allowed)
     by_topic: dict[str, list[dict[str, Any]]] = {}
     if error == ErrorCode.NONE:  # a group error is the whole answer, as in Kafka
         done = iter(per_partition)
         for topic, partition in wanted:
-            e = next(done) if topic in readable else TOPIC_REFUSED
+            if topic not in readable:
+                e = TOPIC_REFUSED
+            elif not exists(topic, partition):
+                e = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            else:
+                e = next(done)
             by_topic.setdefault(topic, []).append({"partition_index": partition, "error_code": e})
     return respond(
         request,

@@ -531,7 +531,8 @@ class ClassicProtocol:
             return error, [error] * len(members)
         group = self.groups.get(group_id)
         if not isinstance(group, ClassicGroup):
-            return ErrorCode.UNKNOWN_MEMBER_ID, [ErrorCode.UNKNOWN_MEMBER_ID] * len(members)
+            # as Kafka: each member unknown, the request itself fine (v0-v2 answer the member's)
+            return ErrorCode.NONE, [ErrorCode.UNKNOWN_MEMBER_ID] * len(members)
         if group.is_(ClassicState.DEAD):
             return ErrorCode.COORDINATOR_NOT_AVAILABLE, [ErrorCode.COORDINATOR_NOT_AVAILABLE] * len(
                 members

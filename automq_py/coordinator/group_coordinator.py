@@ -345,7 +345,8 @@ class GroupCoordinator:
         return GroupOverview(group_id, group.protocol_type or "", group.state.value, "classic")
 
     async def describe_group(self, group_id: str) -> tuple[ErrorCode, Group | None]:
-        error = await group_ready(self.runtime, group_id)
+        # "" too, as in Kafka: a simple group an old client committed under it can be seen
+        error = await group_ready(self.runtime, group_id, allow_empty_id=True)
         if error != ErrorCode.NONE:
             return error, None
         return ErrorCode.NONE, self.groups.get(group_id)
@@ -353,7 +354,7 @@ class GroupCoordinator:
     async def delete_groups(self, group_ids: Sequence[str]) -> list[ErrorCode]:
         out: list[ErrorCode] = []
         for group_id in group_ids:
-            error = await group_ready(self.runtime, group_id)
+            error = await group_ready(self.runtime, group_id, allow_empty_id=True)  # as Describe
             if error != ErrorCode.NONE:
                 out.append(error)
                 continue

@@ -36,6 +36,7 @@ from kafka.errors import (  # type: ignore[import-untyped]
     GroupIdNotFoundError,
     GroupSubscribedToTopicError,
     NoError,
+    UnknownTopicOrPartitionError,
 )
 
 from tests.automq_py.conftest import MakeBroker, module_broker
@@ -429,6 +430,11 @@ def test_delete_offsets_of_an_empty_group(broker: BrokerProcess) -> None:
             KafkaPythonTopicPartition("kept", 1): NoError,
         }
         assert committed(admin, "pruned") == {("kept", 0): (1, "")}
+        # partitions the cluster does not have, as in Kafka
+        absent = [KafkaPythonTopicPartition("absent", 0), KafkaPythonTopicPartition("kept", 5)]
+        assert other.delete_group_offsets("pruned", absent) == dict.fromkeys(
+            absent, UnknownTopicOrPartitionError
+        )
         with pytest.raises(GroupIdNotFoundError):
             other.delete_group_offsets("never-was", [KafkaPythonTopicPartition("kept", 0)])
     finally:

@@ -395,8 +395,21 @@ def test_an_unknown_member_is_refused(broker: BrokerProcess) -> None:
     assert [(m.member_id, m.error_code) for m in left.members] == [
         (ghost, ErrorCode.UNKNOWN_MEMBER_ID)
     ]
-    # a group that does not exist has no members either
+    # a group that does not exist has no members either; LeaveGroup v3+ says so per member
+    # (the request itself is fine, as in Kafka), v0-v2 in its one error
     assert heartbeat(broker, "no-such-group", 1, ghost) == ErrorCode.UNKNOWN_MEMBER_ID
+    left = call(
+        broker,
+        ApiKey.LEAVE_GROUP,
+        5,
+        {"group_id": "no-such-group", "members": [{"member_id": ghost}]},
+    )
+    assert left.error_code == ErrorCode.NONE
+    assert [(m.member_id, m.error_code) for m in left.members] == [
+        (ghost, ErrorCode.UNKNOWN_MEMBER_ID)
+    ]
+    old = call(broker, ApiKey.LEAVE_GROUP, 2, {"group_id": "no-such-group", "member_id": ghost})
+    assert old.error_code == ErrorCode.UNKNOWN_MEMBER_ID
 
     assert heartbeat(broker, "members", generation, member) == ErrorCode.NONE
     assert_serving(broker)
@@ -496,6 +509,22 @@ def test_an_empty_group_id_is_invalid(broker: BrokerProcess, api: str) -> None:
         f"BROKER BUG: {api} v{version} with group_id='' answered "
         f"{ErrorCode(response.error_code).name}; Kafka answers INVALID_GROUP_ID"
     )
+    assert_serving(broker)
+
+
+def test_the_empty_group_id_can_be_described_and_deleted(broker: BrokerProcess) -> None:
+    """Kafka accepts "" in DescribeGroups and DeleteGroups as in OffsetCommit, so that a simple
+    group an old client committed under it can be looked at and removed."""
+    assert commit(broker, "", -1, "", {0: (1, "")}) == {0: ErrorCode.NONE}
+    (described,) = call(broker, ApiKey.DESCRIBE_GROUPS, 5, {"groups": [""]}).groups
+    assert (described.error_code, described.group_id, described.group_state) == (
+        ErrorCode.NONE,
+        "",
+        "Empty",
+    )
+    deleted = call(broker, ApiKey.DELETE_GROUPS, 2, {"groups_names": [""]})
+    assert [(r.group_id, r.error_code) for r in deleted.results] == [("", ErrorCode.NONE)]
+    assert fetch_offsets(broker, "") == {}
     assert_serving(broker)
 
 
