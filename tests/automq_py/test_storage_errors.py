@@ -62,10 +62,12 @@ def own_s3(tmp_path: Path) -> Iterator[SeaweedFS]:
         server.stop(timeout_s=2)  # its data goes with the test's directory
 
 
-def fetch(conn: RawConnection, topic: str, offset: int) -> tuple[int, int]:
-    """Fetch partition 0 from ``offset``: (error code, bytes of records)."""
+def fetch(conn: RawConnection, topic: str, offset: int, version: int = 6) -> tuple[int, int]:
+    """Fetch partition 0 from ``offset`` (v6 unless told: the first that knows
+    KAFKA_STORAGE_ERROR): (error code, bytes of records)."""
     response = conn.call(
-        fetch_request(topic, {0: offset}, partition_max_bytes=1 << 20), FetchResponse
+        fetch_request(topic, {0: offset}, partition_max_bytes=1 << 20, version=version),
+        FetchResponse,
     )
     (part,) = response.responses[0].partitions
     return part.error_code, len(part.records or b"")
@@ -137,6 +139,9 @@ def test_object_store_down_is_a_storage_error_and_the_connection_stays(
             own_s3.stop()
             code, _ = fetch(conn, "cold", 0)
             assert code == ErrorCode.KAFKA_STORAGE_ERROR
+            # older versions get what their clients retry, as from Kafka
+            code, _ = fetch(conn, "cold", 0, version=5)
+            assert code == ErrorCode.NOT_LEADER_OR_FOLLOWER
             # the same connection still answers
             versions = conn.call(ApiVersionsRequest[0](), ApiVersionsResponse)
             assert versions.error_code == 0

@@ -87,13 +87,13 @@ def test_a_write_the_dead_coordinator_cannot_verify_is_retriable(
     partition (KIP-890 part 1). With the coordinator's broker dead, the Produce is answered
     NOT_ENOUGH_REPLICAS, as Kafka answers it: a retriable error every client retries, where
     the coordinator's own error is one a client may give up on."""
-    from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
+    from kafka.protocol.producer.produce import ProduceResponse
     from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProducerIdResponse
 
     from automq_py.coordinator.runtime import partition_for
     from protocol.errors import ErrorCode
     from protocol.records import RecordInput, build_batch
-    from tests.support.raw_connection import RawConnection
+    from tests.support.raw_connection import RawConnection, partition_produce_request
 
     cluster = cluster_factory(brokers=3)
     admin = cluster.admin(0)
@@ -125,24 +125,11 @@ def test_a_write_the_dead_coordinator_cannot_verify_is_retriable(
     )
     cluster.brokers[coordinator].kill()
     try:
-        data = ProduceRequest.TopicProduceData
+        request = partition_produce_request(
+            "unverified", partition, bytes(batch), timeout_ms=10000, transactional_id=txn_id
+        )
         with RawConnection(cluster.brokers[leaders[partition]].bootstrap) as conn:
-            response = conn.call(
-                ProduceRequest[9](
-                    transactional_id=txn_id,
-                    acks=-1,
-                    timeout_ms=10000,
-                    topic_data=[
-                        data(
-                            name="unverified",
-                            partition_data=[
-                                data.PartitionProduceData(index=partition, records=bytes(batch))
-                            ],
-                        )
-                    ],
-                ),
-                ProduceResponse,
-            )
+            response = conn.call(request, ProduceResponse)
     finally:
         cluster.brokers[coordinator].start()
     answer = response.responses[0].partition_responses[0]

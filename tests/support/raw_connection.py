@@ -57,11 +57,12 @@ def partition_produce_request(
     version: int = 9,
     acks: int = -1,
     timeout_ms: int = 30000,
+    transactional_id: str | None = None,
 ) -> Any:
     """A Produce request of one partition's batch: librdkafka's shape."""
     data = ProduceRequest.TopicProduceData
     return ProduceRequest[version](
-        transactional_id=None,
+        transactional_id=transactional_id,
         acks=acks,
         timeout_ms=timeout_ms,
         topic_data=[
