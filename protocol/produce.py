@@ -37,7 +37,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from protocol import headers, wire
-from protocol.errors import InvalidRequestError
+from protocol.errors import ErrorCode, InvalidRequestError
+from protocol.record_batch import ATTRIBUTES_OFFSET, LOG_OVERHEAD, MAGIC_OFFSET
 
 MIN_VERSION = 3
 MAX_VERSION = 11
@@ -47,6 +48,12 @@ _INT32 = struct.Struct(">i")
 _ACKS_TIMEOUT = struct.Struct(">hi")
 _ACKS_TIMEOUT_COUNT = struct.Struct(">hii")
 _INDEX_SIZE = struct.Struct(">ii")
+_INT16 = struct.Struct(">h")
+
+FIRST_ZSTD_VERSION = 7  # KIP-110: older producers cannot have asked for zstd
+_SMALLEST_RECORD = 14  # a magic-0 record's overhead, the least any batch can declare
+_UP_TO_MAGIC = MAGIC_OFFSET + 1
+_ZSTD = 4
 
 
 @dataclass(slots=True, frozen=True)
@@ -74,6 +81,71 @@ class ProduceRequestData:
     acks: int
     timeout_ms: int
     topics: tuple[ProduceTopicData, ...]
+
+
+def records_error(version: int, records: memoryview | None) -> tuple[ErrorCode, str] | None:
+    """Why a partition's ``records`` may not be appended, as Kafka's
+    ``ProduceRequest.validateRecords`` answers before the partition reads them: exactly one
+    complete magic-v2 batch, not zstd below v7. None when the partition may take over (it
+    checks the rest: CRC, counts, records). A size or magic no batch can have is
+    CORRUPT_MESSAGE, as Kafka's batch iterator throws it."""
+    if records is None:
+        return None
+    first = _next_batch(records, 0)
+    if isinstance(first, tuple):
+        return first
+    if first is None:
+        return (
+            ErrorCode.INVALID_RECORD,
+            f"Produce requests with version {version} must have at least one record batch "
+            "per partition",
+        )
+    magic = records[MAGIC_OFFSET]
+    if magic != 2:
+        return (
+            ErrorCode.INVALID_RECORD,
+            f"Produce requests with version {version} are only allowed to contain record "
+            "batches with magic version 2",
+        )
+    (attributes,) = _INT16.unpack_from(records, ATTRIBUTES_OFFSET)
+    if version < FIRST_ZSTD_VERSION and attributes & 0x07 == _ZSTD:
+        return (
+            ErrorCode.UNSUPPORTED_COMPRESSION_TYPE,
+            f"Produce requests with version {version} are not allowed to use ZStandard compression",
+        )
+    second = _next_batch(records, first)
+    if isinstance(second, tuple):
+        return second
+    if second is not None:
+        return (
+            ErrorCode.INVALID_RECORD,
+            f"Produce requests with version {version} are only allowed to contain exactly "
+            "one record batch per partition",
+        )
+    return None
+
+
+def _next_batch(records: memoryview, pos: int) -> int | tuple[ErrorCode, str] | None:
+    """Where the complete batch at ``pos`` ends; None when there is none (too few bytes: a
+    trailing part is not a batch), or the error its size or magic makes."""
+    left = len(records) - pos
+    if left < LOG_OVERHEAD:
+        return None
+    (size,) = _INT32.unpack_from(records, pos + LOG_OVERHEAD - 4)
+    if size < _SMALLEST_RECORD:
+        return (
+            ErrorCode.CORRUPT_MESSAGE,
+            f"Record size {size} is less than the minimum record overhead ({_SMALLEST_RECORD})",
+        )
+    if left < _UP_TO_MAGIC:
+        return None
+    magic = records[pos + MAGIC_OFFSET]
+    if magic > 2:  # a signed byte in Kafka: above 127 is negative, also invalid
+        signed = magic - 256 if magic > 127 else magic
+        return (ErrorCode.CORRUPT_MESSAGE, f"Invalid magic found in record: {signed}")
+    if left < LOG_OVERHEAD + size:
+        return None
+    return pos + LOG_OVERHEAD + size
 
 
 def decode_produce_request(body: memoryview, pos: int, version: int) -> ProduceRequestData:

@@ -40,6 +40,8 @@ LATEST_TIERED = -5  # v9+ (KIP-1005): the last offset in remote storage
 READ_COMMITTED = 1  # isolation_level of Fetch v4+ and ListOffsets v2+
 # Fetch versions whose clients do not know KAFKA_STORAGE_ERROR (KIP-112 gave it to v6)
 LAST_WITHOUT_STORAGE_ERROR = 5
+# the first Fetch version whose consumers read zstd (KIP-110)
+FIRST_ZSTD_VERSION = 10
 
 READ, CLUSTER_ACTION, TOPIC = AclOperation.READ, AclOperation.CLUSTER_ACTION, ResourceType.TOPIC
 
@@ -90,6 +92,8 @@ async def handle_fetch(ctx: BrokerContext, request: Request) -> Any:
         done = iter(results)
         refusal = ErrorCode.TOPIC_AUTHORIZATION_FAILED
         results = [fetch_data(e, refusal) if e.error == refusal else next(done) for e in entries]
+    if request.api_version < FIRST_ZSTD_VERSION:
+        _refuse_zstd(ctx, entries, results)
     if request.api_version <= LAST_WITHOUT_STORAGE_ERROR:
         down_convert_storage_errors(results)
     # the reader's results are the response's partitions, in the request's order
@@ -108,6 +112,20 @@ async def handle_fetch(ctx: BrokerContext, request: Request) -> Any:
     return encode_fetch_response(
         request.api_version, request.correlation_id, topics, throttle_time_ms=throttle, session_id=0
     )
+
+
+def _refuse_zstd(ctx: BrokerContext, entries: list[FetchEntry], results: list[FetchData]) -> None:
+    """For Fetch v9 and older, a partition of a ``compression.type=zstd`` topic is answered
+    UNSUPPORTED_COMPRESSION_TYPE, without records, as Kafka answers it: those consumers
+    cannot read what its batches hold."""
+    for i, e in enumerate(entries):
+        topic = e.topic
+        if (
+            topic is not None
+            and 0 <= e.index < topic.partitions
+            and ctx.replicas.log_config(topic).compression_type == "zstd"
+        ):
+            results[i] = fetch_data(e, ErrorCode.UNSUPPORTED_COMPRESSION_TYPE)
 
 
 def down_convert_storage_errors(results: list[FetchData]) -> None:

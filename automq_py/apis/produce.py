@@ -37,7 +37,7 @@ from protocol import record_batch, wire
 from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
 from protocol.messages import Request
-from protocol.produce import ProducePartitionResponse, encode_produce_response
+from protocol.produce import ProducePartitionResponse, encode_produce_response, records_error
 from protocol.record_batch import InvalidRecordBatchError
 
 
@@ -205,7 +205,14 @@ async def _entries(ctx: BrokerContext, request: Request) -> tuple[list[str], lis
             topic, error = await ctx.topic_for_write(name, auto_create=False)
         for p in t.partitions:
             names.append(str(name))
-            entries.append(AppendEntry(topic, p.index, p.records, error, str(name)))
+            entry = AppendEntry(topic, p.index, p.records, error, str(name))
+            if topic is not None and 0 <= p.index < topic.partitions:
+                # Kafka checks the request's own rules once the partition is known to exist
+                refused = records_error(request.api_version, p.records)
+                if refused is not None:
+                    code, message = refused
+                    entry = AppendEntry(None, p.index, p.records, code, str(name), message)
+            entries.append(entry)
     return names, entries
 
 

@@ -10,10 +10,10 @@ from kio.index import load_request_schema
 from kio.serial import entity_reader
 
 from protocol import headers, messages, produce, record_batch
-from protocol.errors import InvalidRequestError, UnsupportedVersionError
+from protocol.errors import ErrorCode, InvalidRequestError, UnsupportedVersionError
 from protocol.framing import FrameDecoder, encode_frame
 from protocol.produce import ProduceRequestData
-from protocol.records import RecordInput, build_batch
+from protocol.records import Compression, RecordInput, build_batch
 from tests.protocol.kafka_oracle import request_frame
 
 
@@ -325,3 +325,56 @@ def test_tagged_fields_leave_the_request_to_the_general_decoder(tags: bytes) -> 
     assert produce._decode_one(memoryview(frame), pos, 9) is None
     with pytest.raises(InvalidRequestError):
         messages.decode_request(frame)
+
+
+# -- the request's own record rules (Kafka's ProduceRequest.validateRecords) -------------------
+
+_ONE = bytes(build_batch([RecordInput(b"v", b"k")]))
+_ZSTD = bytes(build_batch([RecordInput(b"v", b"k")], compression=Compression.ZSTD))
+_LEGACY = bytes(8) + (14).to_bytes(4, "big") + bytes(4) + b"\x01" + bytes(9)  # a magic-1 message
+
+
+def _with_magic(batch: bytes, magic: int) -> bytes:
+    return (
+        batch[: record_batch.MAGIC_OFFSET] + bytes([magic]) + batch[record_batch.MAGIC_OFFSET + 1 :]
+    )
+
+
+@pytest.mark.parametrize(
+    ("records", "version", "code"),
+    [
+        (_ONE, 3, None),
+        (_ONE + _ONE[:30], 9, None),  # a trailing part is not a batch here (the log refuses it)
+        (_ZSTD, 7, None),
+        (b"", 9, ErrorCode.INVALID_RECORD),
+        (_ONE[:11], 9, ErrorCode.INVALID_RECORD),
+        (_ONE[:-1], 9, ErrorCode.INVALID_RECORD),
+        (_LEGACY, 9, ErrorCode.INVALID_RECORD),
+        (_ONE + _ONE, 9, ErrorCode.INVALID_RECORD),
+        (_ONE + _LEGACY, 9, ErrorCode.INVALID_RECORD),
+        (_ZSTD, 6, ErrorCode.UNSUPPORTED_COMPRESSION_TYPE),
+        (_ZSTD, 3, ErrorCode.UNSUPPORTED_COMPRESSION_TYPE),
+        (_with_magic(_ONE, 3), 9, ErrorCode.CORRUPT_MESSAGE),
+        (_with_magic(_ONE, 0xFF), 9, ErrorCode.CORRUPT_MESSAGE),
+        (_ONE[:8] + (13).to_bytes(4, "big") + _ONE[12:], 9, ErrorCode.CORRUPT_MESSAGE),
+        (_ONE + _with_magic(_ONE, 7), 9, ErrorCode.CORRUPT_MESSAGE),
+    ],
+)
+def test_records_are_checked_as_kafka_checks_a_produce_request(
+    records: bytes, version: int, code: ErrorCode | None
+) -> None:
+    refused = produce.records_error(version, memoryview(records))
+    assert (refused[0] if refused else None) == code
+    if refused is not None:
+        assert f"version {version}" in refused[1] or code == ErrorCode.CORRUPT_MESSAGE
+
+
+def test_null_records_are_left_to_the_partition() -> None:
+    assert produce.records_error(9, None) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200), st.integers(produce.MIN_VERSION, produce.MAX_VERSION))
+def test_any_records_get_an_answer_or_none(records: bytes, version: int) -> None:
+    refused = produce.records_error(version, memoryview(records))
+    assert refused is None or (isinstance(refused[0], ErrorCode) and refused[1])

@@ -495,7 +495,7 @@ def test_advertised_listeners_change_per_broker_as_on_kafka_39(make_broker: Make
 
 def stored_batches(broker: BrokerProcess, topic: str) -> list[Any]:
     """The headers of the batches partition 0 of ``topic`` stores, read by a raw Fetch."""
-    request = fetch_request(topic, {0: 0}, max_wait_ms=0)
+    request = fetch_request(topic, {0: 0}, max_wait_ms=0, version=10)  # zstd needs v10
     conn = RawConnection(broker.bootstrap)
     try:
         response = conn.call(request, FetchResponse)

@@ -119,3 +119,66 @@ def test_a_failed_acks_0_produce_closes_the_connection(broker: BrokerProcess) ->
                 closing.send(closing.frame(request)[1])
                 closing.sock.settimeout(10)
                 assert closing.sock.recv(1) == b"", f"{missing}: the connection stayed open"
+
+
+def _batch(value: bytes, codec: Compression = Compression.NONE) -> bytes:
+    return bytes(build_batch([RecordInput(value, b"k")], compression=codec))
+
+
+def test_a_produce_request_holds_one_magic_2_batch_per_partition(broker: BrokerProcess) -> None:
+    """Kafka's own rules for a Produce request's records, checked before the partition reads
+    them: at least and at most one batch, of magic 2; zstd only from v7 (KIP-110). Nothing of
+    a refused request reaches the log."""
+    from tests.support.raw_connection import partition_produce_request
+
+    topic = f"one-batch-{uuid.uuid4().hex[:8]}"
+    create_topics(admin_for(broker), NewTopic(topic, 1, 1))
+    legacy = bytes(8) + (14).to_bytes(4, "big") + bytes(4) + b"\x01" + bytes(9)
+    refused = [
+        (9, b"", ErrorCode.INVALID_RECORD),
+        (9, _batch(b"a") + _batch(b"b"), ErrorCode.INVALID_RECORD),
+        (9, legacy, ErrorCode.INVALID_RECORD),
+        (6, _batch(b"z", Compression.ZSTD), ErrorCode.UNSUPPORTED_COMPRESSION_TYPE),
+    ]
+    with RawConnection(broker.bootstrap) as conn:
+        for version, records, code in refused:
+            answer = conn.call(
+                partition_produce_request(topic, 0, records, version=version),
+                ProduceResponse[version],
+            )
+            partition = answer.responses[0].partition_responses[0]
+            assert partition.error_code == code, (version, records[:20], partition)
+        answer = conn.call(
+            partition_produce_request(topic, 0, _batch(b"z", Compression.ZSTD), version=7),
+            ProduceResponse[7],
+        )
+        assert answer.responses[0].partition_responses[0].error_code == ErrorCode.NONE
+        fetched = conn.call(fetch_request(topic, {0: 0}, version=10), FetchResponse[10])
+    data = memoryview(fetched.responses[0].partitions[0].records or b"")
+    batches = [bytes(view) for _, view in record_batch.iter_batches(data)]
+    assert [r.value for b in batches for r in parse_records(b)] == [b"z"]
+
+
+def test_a_zstd_topic_is_not_fetched_below_v10(broker: BrokerProcess) -> None:
+    """A consumer whose Fetch predates zstd (v9 and older) gets UNSUPPORTED_COMPRESSION_TYPE
+    for a partition of a ``compression.type=zstd`` topic, as Kafka answers it, where it could
+    not read the batches; a topic of another codec serves it."""
+    zstd, gzip = (f"{c}-{uuid.uuid4().hex[:8]}" for c in ("zstd", "gzip"))
+    create_topics(
+        admin_for(broker),
+        NewTopic(zstd, 1, 1, config={"compression.type": "zstd"}),
+        NewTopic(gzip, 1, 1, config={"compression.type": "gzip"}),
+    )
+    with RawConnection(broker.bootstrap) as conn:
+        for topic in (zstd, gzip):
+            assert _produce(conn, topic, _batch(b"v")) == (ErrorCode.NONE, None)
+        for version in (4, 9, 10):
+            for topic in (zstd, gzip):
+                answer = conn.call(
+                    fetch_request(topic, {0: 0}, version=version), FetchResponse[version]
+                )
+                partition = answer.responses[0].partitions[0]
+                refused = topic == zstd and version < 10
+                expected = ErrorCode.UNSUPPORTED_COMPRESSION_TYPE if refused else ErrorCode.NONE
+                assert partition.error_code == expected, (topic, version)
+                assert bool(partition.records) is not refused, (topic, version)
