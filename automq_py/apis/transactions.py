@@ -197,16 +197,27 @@ async def handle_txn_offset_commit(ctx: BrokerContext, request: Request) -> Any:
     else:
         readable = {c.topic for c in commits if ctx.allowed(READ, TOPIC, c.topic)}
         allowed = [c for c in commits if c.topic in readable]
+        transactional_id = str(body.transactional_id)
+        producer_id, producer_epoch = int(body.producer_id), int(body.producer_epoch)
+
+        async def verify(offsets: TopicPartition) -> ErrorCode:
+            verdict = await _coordinator(ctx).verify_partitions(
+                transactional_id, producer_id, producer_epoch, [offsets]
+            )
+            error = verdict.get(offsets, ErrorCode.NONE)
+            return tm.offset_commit_error_for_unverified(request.api_version, error)
+
         # as in Kafka, with no topic left the group is not asked at all
         done = iter(
             await ctx.groups.offsets.commit_txn(
                 str(body.group_id),
-                int(body.producer_id),
-                int(body.producer_epoch),
+                producer_id,
+                producer_epoch,
                 int(getattr(body, "generation_id", -1)),
                 str(getattr(body, "member_id", "") or ""),
                 getattr(body, "group_instance_id", None),
                 allowed,
+                verify,
             )
             if allowed
             else []

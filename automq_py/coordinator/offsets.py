@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from automq_py.coordinator import records
@@ -275,13 +275,23 @@ class OffsetManager:
         member_id: str,
         group_instance_id: str | None,
         commits: Sequence[OffsetCommit],
+        verify: Callable[[TopicPartition], Awaitable[ErrorCode]] | None = None,
     ) -> list[ErrorCode]:
         """TxnOffsetCommit: offsets written as part of ``producer_id``'s transaction, visible
         once its COMMIT marker reaches this group's partition (:meth:`complete_transaction`).
-        One error per commit, in order."""
+        One error per commit, in order.
+
+        ``verify`` asks the transaction coordinator whether the group's offsets partition is
+        in the transaction (KIP-890 part 1), unless the producer already wrote to it in this
+        transaction: offsets written outside one would stay pending for ever, as no marker
+        would end them. It answers the error to give the client."""
         error = await group_ready(self.runtime, group_id)
         if error != ErrorCode.NONE:
             return [error] * len(commits)
+        if verify is not None:
+            error = await self._verify_in_txn(group_id, producer_id, verify)
+            if error != ErrorCode.NONE:
+                return [error] * len(commits)
         group = self.groups.get(group_id)
         if group is not None and (generation_id >= 0 or member_id or group_instance_id):
             # v3+ carries the member: checked as an OffsetCommit's would be
@@ -306,6 +316,21 @@ class OffsetManager:
             self.groups[group_id] = ClassicGroup(group_id, now)  # Kafka creates it too
         self.pending.setdefault(producer_id, {}).setdefault(group_id, {}).update(values)
         return results
+
+    async def _verify_in_txn(
+        self,
+        group_id: str,
+        producer_id: int,
+        verify: Callable[[TopicPartition], Awaitable[ErrorCode]],
+    ) -> ErrorCode:
+        try:
+            partition = await self.runtime.partition(group_id)
+        except Exception as e:
+            log.warning("cannot open the offsets partition of group %s: %s", group_id, e)
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if partition.log.producer_state.ongoing_txn_first_offset(producer_id) >= 0:
+            return ErrorCode.NONE
+        return await verify((partition.topic, partition.index))
 
     def complete_transaction(self, producer_id: int, commit: bool) -> None:
         """``producer_id``'s transaction was decided and its marker is in the offsets topic:

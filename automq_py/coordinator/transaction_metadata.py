@@ -946,6 +946,31 @@ def produce_error_for_unverified(
     return code, None
 
 
+# what a TxnOffsetCommit answers for the coordinator's errors on verifying the group's
+# offsets partition (Kafka 3.9's GroupMetadataManager.maybeConvertOffsetCommitError)
+_UNVERIFIED_OFFSET_COMMIT: Mapping[ErrorCode, ErrorCode] = {
+    ErrorCode.NETWORK_EXCEPTION: ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.NOT_ENOUGH_REPLICAS: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.NOT_LEADER_OR_FOLLOWER: ErrorCode.NOT_COORDINATOR,
+    ErrorCode.KAFKA_STORAGE_ERROR: ErrorCode.NOT_COORDINATOR,
+    ErrorCode.MESSAGE_TOO_LARGE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
+    ErrorCode.RECORD_LIST_TOO_LARGE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
+    ErrorCode.INVALID_FETCH_SIZE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
+}
+
+
+def offset_commit_error_for_unverified(api_version: int, error: ErrorCode) -> ErrorCode:
+    """The error a TxnOffsetCommit at ``api_version`` answers when the transaction coordinator
+    did not verify the group's offsets partition with ``error``: a partition not in the
+    transaction is ``INVALID_TXN_STATE`` (``TRANSACTION_ABORTABLE`` from v4), a fenced epoch
+    ``INVALID_PRODUCER_EPOCH``, and the coordinator's transport and placement errors become
+    the group coordinator's own retriable ones."""
+    code = verification_error_for_client(ApiKey.TXN_OFFSET_COMMIT, api_version, error)
+    return _UNVERIFIED_OFFSET_COMMIT.get(code, code)
+
+
 _APPEND_ERRORS: Mapping[ErrorCode, ErrorCode] = {
     ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: ErrorCode.COORDINATOR_NOT_AVAILABLE,
     ErrorCode.NOT_ENOUGH_REPLICAS: ErrorCode.COORDINATOR_NOT_AVAILABLE,

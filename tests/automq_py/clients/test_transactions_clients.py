@@ -457,3 +457,105 @@ def test_a_transactional_write_to_a_partition_not_in_the_transaction_is_refused(
             } == {0: ErrorCode.NONE, 1: ErrorCode.TRANSACTION_ABORTABLE}
     finally:
         conn.close()
+
+
+def test_offsets_committed_outside_the_transaction_are_refused(broker: BrokerProcess) -> None:
+    """KIP-890 part 1 for offsets: the group coordinator asks the transaction coordinator
+    whether the group's offsets partition is in the transaction before a TxnOffsetCommit
+    writes there. Without AddOffsetsToTxn no marker would ever end those offsets, and the
+    group's stable offsets would wait on them for ever."""
+    from kafka.protocol.consumer.group import OffsetFetchRequest, OffsetFetchResponse
+    from kafka.protocol.producer.transaction import (
+        AddOffsetsToTxnRequest,
+        AddOffsetsToTxnResponse,
+        EndTxnRequest,
+        EndTxnResponse,
+        InitProducerIdRequest,
+        InitProducerIdResponse,
+        TxnOffsetCommitRequest,
+        TxnOffsetCommitResponse,
+    )
+
+    from protocol.errors import ErrorCode
+    from tests.support.raw_connection import RawConnection
+
+    topic = f"txn-offsets-{uuid.uuid4().hex[:8]}"
+    create_topic(broker.bootstrap, topic, PARTITIONS)
+    txn_id, group = f"raw-{uuid.uuid4()}", f"group-{uuid.uuid4().hex[:8]}"
+    with RawConnection(broker.bootstrap) as conn:
+        for key, key_type in ((txn_id, 1), (group, 0)):
+            found = conn.call(
+                FindCoordinatorRequest[1](key=key, key_type=key_type), FindCoordinatorResponse
+            )
+            assert found.error_code == ErrorCode.NONE
+        init = conn.call(
+            InitProducerIdRequest[1](transactional_id=txn_id, transaction_timeout_ms=60000),
+            InitProducerIdResponse,
+        )
+        pid, epoch = init.producer_id, init.producer_epoch
+
+        def commit(version: int, offset: int) -> int:
+            request = TxnOffsetCommitRequest[version]
+            answer = conn.call(
+                request(
+                    transactional_id=txn_id,
+                    group_id=group,
+                    producer_id=pid,
+                    producer_epoch=epoch,
+                    topics=[
+                        request.TxnOffsetCommitRequestTopic(
+                            name=topic,
+                            partitions=[
+                                request.TxnOffsetCommitRequestTopic.TxnOffsetCommitRequestPartition(
+                                    partition_index=0,
+                                    committed_offset=offset,
+                                    committed_metadata="",
+                                )
+                            ],
+                        )
+                    ],
+                ),
+                TxnOffsetCommitResponse,
+            )
+            return int(answer.topics[0].partitions[0].error_code)
+
+        def stable() -> tuple[int, int]:
+            fetched = conn.call(
+                OffsetFetchRequest[7](
+                    group_id=group,
+                    topics=[
+                        OffsetFetchRequest.OffsetFetchRequestTopic(
+                            name=topic, partition_indexes=[0]
+                        )
+                    ],
+                    require_stable=True,
+                ),
+                OffsetFetchResponse,
+            )
+            p = fetched.topics[0].partitions[0]
+            return int(p.error_code), int(p.committed_offset)
+
+        assert commit(3, 5) == ErrorCode.INVALID_TXN_STATE
+        assert commit(4, 5) == ErrorCode.TRANSACTION_ABORTABLE
+        assert stable() == (ErrorCode.NONE, -1)  # nothing was written, nothing hangs
+        added = conn.call(
+            AddOffsetsToTxnRequest[1](
+                transactional_id=txn_id, producer_id=pid, producer_epoch=epoch, group_id=group
+            ),
+            AddOffsetsToTxnResponse,
+        )
+        assert added.error_code == ErrorCode.NONE
+        assert commit(3, 5) == ErrorCode.NONE
+        assert stable()[0] == ErrorCode.UNSTABLE_OFFSET_COMMIT
+        assert commit(4, 7) == ErrorCode.NONE  # written in this transaction already
+        ended = conn.call(
+            EndTxnRequest[1](
+                transactional_id=txn_id, producer_id=pid, producer_epoch=epoch, committed=True
+            ),
+            EndTxnResponse,
+        )
+        assert ended.error_code == ErrorCode.NONE
+        deadline = time.monotonic() + 10
+        while (got := stable()) != (ErrorCode.NONE, 7) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert got == (ErrorCode.NONE, 7)

@@ -41,6 +41,7 @@ from automq_py.coordinator.transaction_metadata import (
     expired_transactional_ids,
     init_producer_id,
     list_transactions,
+    offset_commit_error_for_unverified,
     produce_error_for_unverified,
     timed_out_transactions,
     verification_error_for_client,
@@ -766,6 +767,19 @@ def test_a_produce_answers_the_coordinators_retriable_errors_as_not_enough_repli
     assert f(11, E.TRANSACTION_ABORTABLE) == (E.TRANSACTION_ABORTABLE, None)
     assert f(11, E.PRODUCER_FENCED) == (E.INVALID_PRODUCER_EPOCH, None)
     assert f(11, E.INVALID_PRODUCER_ID_MAPPING) == (E.INVALID_PRODUCER_ID_MAPPING, None)
+
+
+def test_an_unverified_offsets_partition_answers_as_kafka_39s_group_coordinator() -> None:
+    f = offset_commit_error_for_unverified
+    assert f(3, E.TRANSACTION_ABORTABLE) is E.INVALID_TXN_STATE
+    assert f(4, E.TRANSACTION_ABORTABLE) is E.TRANSACTION_ABORTABLE
+    assert f(4, E.PRODUCER_FENCED) is E.INVALID_PRODUCER_EPOCH
+    assert f(4, E.NETWORK_EXCEPTION) is E.COORDINATOR_LOAD_IN_PROGRESS
+    assert f(4, E.NOT_ENOUGH_REPLICAS) is E.COORDINATOR_NOT_AVAILABLE
+    assert f(4, E.NOT_LEADER_OR_FOLLOWER) is E.NOT_COORDINATOR
+    assert f(4, E.MESSAGE_TOO_LARGE) is E.INVALID_COMMIT_OFFSET_SIZE
+    for kept in (E.COORDINATOR_NOT_AVAILABLE, E.NOT_COORDINATOR, E.CONCURRENT_TRANSACTIONS):
+        assert f(4, kept) is kept
 
 
 def test_a_refused_log_append_becomes_a_coordinator_error() -> None:
