@@ -84,7 +84,8 @@ async def _add_partitions(
     if request.api_version < 4 and not _may_write(ctx, transactional_id):
         return dict.fromkeys(wanted, TXN_REFUSED)
     # Kafka's KafkaApis: partitions a client may not write (an internal topic never) or that
-    # do not exist fail, the others are not attempted
+    # do not exist fail, the others are not attempted. A broker's verification (v4+) may ask
+    # for an internal one: a group coordinator, for the offsets partition of a TxnOffsetCommit
     failed: dict[TopicPartition, ErrorCode] = {}
     for tp in wanted:
         info = ctx.topics.get(tp[0])
@@ -92,7 +93,7 @@ async def _add_partitions(
             (info is not None and info.internal) or not ctx.allowed(WRITE, TOPIC, tp[0])
         ):
             failed[tp] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
-        elif info is None or info.internal or not 0 <= tp[1] < info.partitions:
+        elif info is None or not 0 <= tp[1] < info.partitions:
             failed[tp] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     if failed:
         return {tp: failed.get(tp, ErrorCode.OPERATION_NOT_ATTEMPTED) for tp in wanted}

@@ -59,15 +59,42 @@ def test_commit_and_abort_across_brokers(cluster_factory: ClusterFactory) -> Non
     assert sorted(got) == sorted(f"{r}-{i}".encode() for r in (0, 2) for i in range(60))
 
 
+def _coordinator(bootstrap: str, key: str, key_type: int) -> int:
+    """The node FindCoordinator names for a group (0) or transactional id (1)."""
+    from kafka.protocol.metadata.find_coordinator import (
+        FindCoordinatorRequest,
+        FindCoordinatorResponse,
+    )
+
+    from tests.support.raw_connection import RawConnection
+
+    with RawConnection(bootstrap) as conn:
+        for _ in range(100):
+            found = conn.call(
+                FindCoordinatorRequest[1](key=key, key_type=key_type), FindCoordinatorResponse
+            )
+            if found.error_code == 0:
+                return int(found.node_id)
+            time.sleep(0.1)
+    raise AssertionError(f"no coordinator for {key}")
+
+
 def test_offsets_committed_in_a_transaction(cluster_factory: ClusterFactory) -> None:
+    """The group's coordinator is not the transaction's: it verifies the offsets partition
+    with the transaction coordinator on another broker (KIP-890) before it writes."""
     cluster = cluster_factory(brokers=3)
     admin = cluster.admin(0)
     admin.create_topics([NewTopic("source", 3)])["source"].result(timeout=30)
+    bootstrap = cluster.brokers[0].bootstrap
+    txn_node = _coordinator(bootstrap, "offsets-writer", 1)
+    group = next(
+        g for g in (f"tx-group-{i}" for i in range(50)) if _coordinator(bootstrap, g, 0) != txn_node
+    )
     producer = Producer(
         {"bootstrap.servers": cluster.bootstrap, "transactional.id": "offsets-writer"}
     )
     producer.init_transactions(30)
-    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "tx-group"})
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": group})
     try:
         metadata = consumer.consumer_group_metadata()
         producer.begin_transaction()
