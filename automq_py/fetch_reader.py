@@ -26,13 +26,15 @@ from storage.eager import gather_eagerly
 
 @dataclass(slots=True)
 class FetchEntry:
-    """One partition to read: from ``offset``, at most ``max_bytes`` of it."""
+    """One partition to read: from ``offset``, at most ``max_bytes`` of it; the leader epoch
+    the client knows (-1: none given, Fetch v8 and older)."""
 
     topic: TopicInfo | None
     index: int
     offset: int
     max_bytes: int
     error: ErrorCode = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    current_leader_epoch: int = -1
 
 
 # What a fetch read from one partition (Kafka's ``FetchPartitionData``): the response's
@@ -40,6 +42,18 @@ class FetchEntry:
 # bytes of ``records``; ``aborted_transactions`` (read_committed, else None) the aborted
 # transactions with data among them, the index's entries as they are.
 FetchData = FetchPartitionResult
+
+
+def leader_epoch_error(current: int, leader_epoch: int) -> ErrorCode | None:
+    """What a request naming ``current`` as the partition's leader epoch (-1: none) gets from
+    a partition led at ``leader_epoch`` (Kafka's checkCurrentLeaderEpoch): an older one is
+    FENCED_LEADER_EPOCH (the client's metadata is stale), a newer one UNKNOWN_LEADER_EPOCH
+    (this broker's is); None when they agree."""
+    if current < 0 or current == leader_epoch:
+        return None
+    if current < leader_epoch:
+        return ErrorCode.FENCED_LEADER_EPOCH
+    return ErrorCode.UNKNOWN_LEADER_EPOCH
 
 
 def fetch_data(entry: FetchEntry, error: ErrorCode) -> FetchData:
@@ -179,7 +193,9 @@ class FetchReader:
             if topic is None or not 0 <= entry.index < topic.partitions:
                 return None  # the error's answer is the coroutines' (_open_for_read)
             p = self._opened(topic, entry.index)
-            if p is None:
+            if p is None or (
+                entry.current_leader_epoch >= 0 and entry.current_leader_epoch != p.leader_epoch
+            ):
                 return None
             opened.append(p)
         total = 0
@@ -202,9 +218,11 @@ class FetchReader:
         if topic is None or not 0 <= entry.index < topic.partitions:
             return fetch_data(entry, entry.error)
         try:
-            return await self._partition(topic, entry.index)
+            partition = await self._partition(topic, entry.index)
         except Exception as e:
             return fetch_data(entry, self._failed(entry, e))
+        error = leader_epoch_error(entry.current_leader_epoch, partition.leader_epoch)
+        return partition if error is None else fetch_data(entry, error)
 
     async def _read_partition(
         self,

@@ -17,7 +17,7 @@ from typing import Any
 
 from automq_py.apis.context import BrokerContext
 from automq_py.errors import partition_failed
-from automq_py.fetch_reader import FetchData, FetchEntry, fetch_data
+from automq_py.fetch_reader import FetchData, FetchEntry, fetch_data, leader_epoch_error
 from automq_py.log.elastic_log import LogOffsetOutOfRangeError
 from automq_py.partition import Partition
 from automq_py.security.acls import AclOperation, ResourceType
@@ -74,7 +74,14 @@ async def handle_fetch(ctx: BrokerContext, request: Request) -> Any:
             info, missing, refused = None, ErrorCode.TOPIC_AUTHORIZATION_FAILED, True
         for p in t.partitions:
             entries.append(
-                FetchEntry(info, p.partition, p.fetch_offset, p.partition_max_bytes, missing)
+                FetchEntry(
+                    info,
+                    p.partition,
+                    p.fetch_offset,
+                    p.partition_max_bytes,
+                    missing,
+                    getattr(p, "current_leader_epoch", -1),
+                )
             )
     read = entries
     if refused:  # only the allowed partitions are read (Kafka's "interesting" ones)
@@ -170,6 +177,7 @@ def _refused_topic(ctx: BrokerContext, info: Any, name: Any, follower_allowed: b
 
 
 async def handle_list_offsets(ctx: BrokerContext, request: Request) -> Any:
+    read_committed = int(getattr(request.body, "isolation_level", 0)) == READ_COMMITTED
     out = []
     for t in request.body.topics:
         info = ctx.topics.get(str(t.name))
@@ -194,25 +202,34 @@ async def handle_list_offsets(ctx: BrokerContext, request: Request) -> Any:
                 continue
             try:
                 partition = await ctx.replicas.partition(info, index)
+                epoch_error = leader_epoch_error(
+                    int(getattr(p, "current_leader_epoch", -1)), partition.leader_epoch
+                )
+                if epoch_error is not None:
+                    entry["error_code"] = epoch_error
+                    parts.append(entry)
+                    continue
                 ts = int(p.timestamp)
+                # what a consumer may read: read_committed ones start from, and see lag to,
+                # the stable offset; a record found at or past it is not answered (Kafka's
+                # fetchOffsetForTimestamp)
+                fetchable = (
+                    partition.last_stable_offset if read_committed else partition.high_watermark
+                )
                 if ts in (EARLIEST, EARLIEST_LOCAL):
                     # no tiered storage (Kafka's remote log): the whole log is local
                     entry["offset"] = partition.log_start_offset
                 elif ts == LATEST_TIERED:
                     pass  # nothing in remote storage: Kafka answers offset -1, epoch -1
                 elif ts == LATEST:
-                    # read_committed consumers start from, and see lag to, the stable offset
-                    entry["offset"] = (
-                        partition.last_stable_offset
-                        if int(getattr(request.body, "isolation_level", 0)) == READ_COMMITTED
-                        else partition.high_watermark
-                    )
+                    entry["offset"] = fetchable
                 elif ts == MAX_TIMESTAMP:
                     offset, max_ts = await partition.log.max_timestamp_offset()
-                    entry.update(offset=offset, timestamp=max_ts)
+                    if 0 <= offset < fetchable:
+                        entry.update(offset=offset, timestamp=max_ts)
                 else:
                     found = await first_record_at_or_after(partition, ts)
-                    if found is not None:
+                    if found is not None and found[0] < fetchable:
                         entry.update(offset=found[0], timestamp=found[1])
             except Exception as e:
                 entry["error_code"] = partition_failed("list offsets of", info.name, index, e)

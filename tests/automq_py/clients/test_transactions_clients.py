@@ -559,3 +559,56 @@ def test_offsets_committed_outside_the_transaction_are_refused(broker: BrokerPro
         while (got := stable()) != (ErrorCode.NONE, 7) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert got == (ErrorCode.NONE, 7)
+
+
+def test_a_time_lookup_answers_only_what_the_isolation_level_may_read(
+    broker: BrokerProcess,
+) -> None:
+    """ListOffsets by timestamp, and for the largest timestamp, answers no offset at or past
+    what the consumer may read (Kafka's fetchOffsetForTimestamp): a read_committed consumer
+    is not sent into an open transaction, a read_uncommitted one reads it."""
+    from kafka.protocol.consumer.offsets import ListOffsetsRequest, ListOffsetsResponse
+
+    from tests.support.raw_connection import RawConnection
+
+    topic = f"txn-times-{uuid.uuid4().hex[:8]}"
+    create_topic(broker.bootstrap, topic, 1)
+    plain = Producer({"bootstrap.servers": broker.bootstrap})
+    plain.produce(topic, b"old", partition=0, timestamp=1_000_000)
+    assert plain.flush(30) == 0
+    producer = txn_producer(broker.bootstrap, f"times-{uuid.uuid4()}")
+    producer.begin_transaction()
+    producer.produce(topic, b"open", partition=0, timestamp=2_000_000)
+    assert producer.flush(30) == 0
+
+    def lookup(conn: RawConnection, isolation: int, timestamp: int) -> tuple[int, int]:
+        t = ListOffsetsRequest.ListOffsetsTopic
+        answer = conn.call(
+            ListOffsetsRequest[7](
+                replica_id=-1,
+                isolation_level=isolation,
+                topics=[
+                    t(
+                        name=topic,
+                        partitions=[t.ListOffsetsPartition(partition_index=0, timestamp=timestamp)],
+                    )
+                ],
+            ),
+            ListOffsetsResponse,
+        )
+        p = answer.topics[0].partitions[0]
+        assert p.error_code == 0
+        return int(p.offset), int(p.timestamp)
+
+    max_timestamp = -3
+    with RawConnection(broker.bootstrap) as conn:
+        assert lookup(conn, 1, 1_500_000) == (-1, -1)
+        assert lookup(conn, 0, 1_500_000) == (1, 2_000_000)
+        assert lookup(conn, 1, 500_000) == (0, 1_000_000)
+        assert lookup(conn, 1, max_timestamp) == (-1, -1)
+        assert lookup(conn, 0, max_timestamp) == (1, 2_000_000)
+        producer.commit_transaction(30)
+        deadline = time.monotonic() + 10  # the markers follow the commit's answer
+        while (found := lookup(conn, 1, 1_500_000)) == (-1, -1) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert found == (1, 2_000_000)
