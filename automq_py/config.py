@@ -45,6 +45,7 @@ from automq_py.security.config import LISTENER_PREFIX, SecurityConfig
 from storage.config import S3StreamConfig
 from storage.config_def import (
     INT_MAX,
+    LONG_MAX,
     ConfigError,
     ConfigKey,
     ConfigType,
@@ -535,6 +536,30 @@ class BrokerConfig:
     )
     delete_topic_enable: bool = _prop(
         "delete.topic.enable", True, ConfigType.BOOLEAN, None, "allow DeleteTopics"
+    )
+    # Kafka's replication throttles (set by kafka-reassign-partitions.sh --throttle): taken and
+    # described as Kafka takes them; a partition has one replica over shared storage here, so
+    # no replica traffic is there to throttle
+    leader_replication_throttled_rate: int = _prop(
+        "leader.replication.throttled.rate",
+        LONG_MAX,
+        ConfigType.LONG,
+        0,
+        "bytes/s of replication a leader may send (no replica traffic: no effect)",
+    )
+    follower_replication_throttled_rate: int = _prop(
+        "follower.replication.throttled.rate",
+        LONG_MAX,
+        ConfigType.LONG,
+        0,
+        "bytes/s of replication a follower may fetch (no replica traffic: no effect)",
+    )
+    replica_alter_log_dirs_io_max_bytes_per_second: int = _prop(
+        "replica.alter.log.dirs.io.max.bytes.per.second",
+        LONG_MAX,
+        ConfigType.LONG,
+        0,
+        "bytes/s of moving logs between directories (one log directory: no effect)",
     )
     log_retention_check_interval_ms: int = _prop(
         "log.retention.check.interval.ms",

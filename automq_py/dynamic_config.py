@@ -18,6 +18,9 @@ broker of 3.9 allows: its listener names must be the broker's listeners and no a
 a wildcard, and the endpoints it names must be the ones the broker registered (Kafka: "Advertised
 listeners cannot be altered when using a Raft-based metadata quorum"), so a value is accepted
 (and then described as this broker's dynamic config) but clients are never sent elsewhere.
+The replication throttles (``leader.replication.throttled.rate`` and its kin, which
+``kafka-reassign-partitions.sh --throttle`` sets) are taken and described as Kafka takes them,
+with nothing to throttle: a partition has one replica over shared storage.
 Every other broker property is read-only, and changing it is refused as Kafka refuses a static
 config.
 """
@@ -51,8 +54,17 @@ PER_BROKER = frozenset({ADVERTISED_LISTENERS})
 CLEANER_BACKOFF_MS = "log.cleaner.backoff.ms"
 # the log cleaner's properties that change without a restart
 CLEANER = frozenset({CLEANER_BACKOFF_MS})
+# Kafka's replication throttles (DynamicConfig.Broker), which kafka-reassign-partitions.sh
+# sets: taken, without effect (no replica traffic over shared storage)
+THROTTLES = frozenset(
+    {
+        "leader.replication.throttled.rate",
+        "follower.replication.throttled.rate",
+        "replica.alter.log.dirs.io.max.bytes.per.second",
+    }
+)
 # what DescribeConfigs describes as not read-only
-DYNAMIC = RECONFIGURABLE | PER_BROKER | CLEANER
+DYNAMIC = RECONFIGURABLE | PER_BROKER | CLEANER | THROTTLES
 
 
 class RefusedConfigError(ConfigError):
@@ -130,9 +142,9 @@ class DynamicBrokerConfig:
         if read_only:
             raise ReadOnlyConfigError(
                 f"Cannot update these configs dynamically: {', '.join(read_only)} (automq-py "
-                "changes only the broker defaults of topic configs, log.cleaner.backoff.ms and "
-                "advertised.listeners at run time; set the others in server.properties or "
-                "--override)"
+                "changes only the broker defaults of topic configs, log.cleaner.backoff.ms, "
+                "advertised.listeners and the replication throttles at run time; set the "
+                "others in server.properties or --override)"
             )
         per_broker = sorted(name for name in configs if name in PER_BROKER)
         if resource == "" and per_broker:
@@ -142,7 +154,9 @@ class DynamicBrokerConfig:
             )
         if ADVERTISED_LISTENERS in configs:
             check_advertised_listeners(self.config, configs[ADVERTISED_LISTENERS])
-        parse_declared(BrokerConfig, {n: v for n, v in configs.items() if n in CLEANER})
+        parse_declared(
+            BrokerConfig, {n: v for n, v in configs.items() if n in CLEANER or n in THROTTLES}
+        )
         if resource == "":
             merged = {**self.config.properties, **configs, **self._own}
         else:

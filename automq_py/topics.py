@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -74,6 +74,20 @@ def validate_name(name: str) -> None:
             f"topic name {name!r} is illegal: use 1-{MAX_NAME_LENGTH} characters of "
             "ASCII letters, digits, '.', '_' and '-'",
         )
+
+
+def check_collision(name: str, existing: Iterable[str]) -> None:
+    """Kafka refuses a new topic whose name differs from an existing one's only by '.' against
+    '_': their metric names would be the same."""
+    if "." not in name and "_" not in name:
+        return
+    unified = name.replace(".", "_")
+    for other in existing:
+        if other != name and other.replace(".", "_") == unified:
+            raise TopicError(
+                ErrorCode.INVALID_TOPIC_EXCEPTION,
+                f"Topic '{name}' collides with existing topic: {other}",
+            )
 
 
 def check_partition_count(partitions: int) -> None:

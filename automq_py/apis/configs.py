@@ -40,7 +40,7 @@ from automq_py.apis.context import BrokerContext
 from automq_py.config import BrokerConfig
 from automq_py.coordinator.group_configs import KEYS as GROUP_CONFIG_KEYS
 from automq_py.coordinator.group_configs import GroupConfigs
-from automq_py.dynamic_config import DYNAMIC, RefusedConfigError
+from automq_py.dynamic_config import DYNAMIC
 from automq_py.log.log_config import LogConfig
 from automq_py.security.acls import CLUSTER_NAME, AclOperation
 from automq_py.security.acls import ResourceType as AclResource
@@ -282,8 +282,7 @@ async def handle_alter_configs(ctx: BrokerContext, request: Request) -> Any:
     """Replace the whole set of a topic's configs (a config left out returns to its default)."""
 
     def replace_all(current: Any, entries: Any, inherited: Any, is_list: Any) -> dict[str, str]:
-        # a null value sets nothing, as in Kafka
-        return {str(c.name): str(c.value) for c in entries if c.value is not None}
+        return {str(c.name): str(c.value) for c in entries}  # (no null: _check_values)
 
     return await _alter(ctx, request, 33, replace_all)
 
@@ -315,6 +314,7 @@ async def _alter(
             _authorize(ctx, AclOperation.ALTER_CONFIGS, kind, name)
             names = [str(c.name) for c in r.configs]
             _check_unique(names)
+            _check_values(api_key, r.configs)
             if kind == ResourceType.TOPIC:
                 topic = _topic(ctx, name)
                 configs = new_configs(
@@ -428,10 +428,9 @@ async def alter_broker(
             dynamic.validate(name, configs)
             return
         defaults = await dynamic.alter(name, configs)
-    except RefusedConfigError as e:
-        raise ConfigRequestError(ErrorCode.INVALID_REQUEST, str(e)) from None
     except ConfigError as e:
-        raise ConfigRequestError(ErrorCode.INVALID_CONFIG, str(e)) from None
+        # Kafka's broker answers any refused broker config INVALID_REQUEST (KAFKA-13609)
+        raise ConfigRequestError(ErrorCode.INVALID_REQUEST, str(e)) from None
     ctx.replicas.topic_defaults = defaults
     for topic in ctx.topics.all():
         ctx.replicas.apply_config(topic)
@@ -499,7 +498,25 @@ def _check_unique(names: list[str]) -> None:
     repeated = sorted(n for n, count in Counter(names).items() if count > 1)
     if repeated:
         raise ConfigRequestError(
-            ErrorCode.INVALID_REQUEST, f"duplicate config keys: {', '.join(repeated)}"
+            ErrorCode.INVALID_REQUEST,
+            f"Error due to duplicate config keys ({', '.join(repeated)})",
+        )
+
+
+def _check_values(api_key: int, entries: Any) -> None:
+    """Kafka's broker refuses a null value before it looks at the resource: any in a legacy
+    AlterConfigs, any but a DELETE's in an IncrementalAlterConfigs."""
+    nulls = [
+        str(c.name)
+        for c in entries
+        if c.value is None
+        and (
+            api_key != ApiKey.INCREMENTAL_ALTER_CONFIGS or int(c.config_operation) != OpType.DELETE
+        )
+    ]
+    if nulls:
+        raise ConfigRequestError(
+            ErrorCode.INVALID_REQUEST, "Null value not supported for : " + ", ".join(nulls)
         )
 
 

@@ -3,7 +3,9 @@
 ``offset`` -1 means the high watermark (delete everything). The log start moves at once and
 durably (ElasticLog.truncate_start); whole segments below it are dropped and their streams
 trimmed. The answer's ``low_watermark`` is the log start offset afterwards. As in Kafka, each
-topic needs DELETE on it (else TOPIC_AUTHORIZATION_FAILED, whether it exists or not).
+topic needs DELETE on it (else TOPIC_AUTHORIZATION_FAILED, whether it exists or not), an
+internal topic's records are not deleted (INVALID_TOPIC_EXCEPTION), and a partition another
+broker leads is answered NOT_LEADER_OR_FOLLOWER, the request's others going on.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from automq_py.apis.context import BrokerContext
+from automq_py.errors import partition_failed
 from automq_py.log.elastic_log import LogOffsetOutOfRangeError
 from automq_py.partition import Partition
 from automq_py.security.acls import AclOperation, ResourceType
@@ -38,11 +41,17 @@ async def handle_delete_records(ctx: BrokerContext, request: Request) -> Any:
             }
             if not allowed:
                 entry["error_code"] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+            elif info is not None and info.internal and 0 <= index < info.partitions:
+                entry["error_code"] = ErrorCode.INVALID_TOPIC_EXCEPTION
             elif info is not None and 0 <= index < info.partitions:
-                partition = await ctx.replicas.partition(info, index)
-                error = await delete_records_before(partition, int(p.offset))
+                try:
+                    partition = await ctx.replicas.partition(info, index)
+                    error = await delete_records_before(partition, int(p.offset))
+                except Exception as e:  # led elsewhere, or its log failed: this partition's
+                    error = partition_failed("delete records of", name, index, e)
+                    partition = None
                 entry["error_code"] = error
-                if error == ErrorCode.NONE:
+                if error == ErrorCode.NONE and partition is not None:
                     entry["low_watermark"] = partition.log_start_offset
             parts.append(entry)
         topics.append({"name": name, "partitions": parts})

@@ -25,7 +25,13 @@ from automq_py.apis.context import BrokerContext
 from automq_py.apis.replication import assignment_problem
 from automq_py.security.acls import AclOperation, ResourceType
 from automq_py.topic_config import effective_topic_config
-from automq_py.topics import INTERNAL_TOPICS, TopicError, check_partition_count, validate_name
+from automq_py.topics import (
+    INTERNAL_TOPICS,
+    TopicError,
+    check_collision,
+    check_partition_count,
+    validate_name,
+)
 from protocol import build
 from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
@@ -147,7 +153,20 @@ async def handle_create_topics(ctx: BrokerContext, request: Request) -> Any:
         configs = {str(c.name): str(c.value) for c in t.configs if c.value is not None}
         replication = int(t.replication_factor)
         try:
+            # in the order of Kafka's controller: the name, whether it exists, the configs,
+            # then the partitions (so an existing topic is TOPIC_ALREADY_EXISTS whatever else
+            # the request asks, which `kafka-topics.sh --if-not-exists` takes as success)
             validate_name(name)
+            if ctx.topics.get(name) is not None:
+                raise TopicError(ErrorCode.TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.")
+            check_collision(name, (info.name for info in ctx.topics.all()))
+            nulls = [str(c.name) for c in t.configs if c.value is None]
+            if nulls:
+                raise TopicError(
+                    ErrorCode.INVALID_CONFIG,
+                    f"Null value not supported for topic configs: {','.join(nulls)}",
+                )
+            effective_topic_config(ctx.replicas.topic_defaults, configs, strict=True)
             if t.assignments:
                 partitions = manual_partition_count(
                     int(t.num_partitions),
@@ -164,9 +183,6 @@ async def handle_create_topics(ctx: BrokerContext, request: Request) -> Any:
                     replication, ctx.config.default_replication_factor
                 )
             check_partition_count(partitions)
-            effective_topic_config(ctx.replicas.topic_defaults, configs, strict=True)
-            if ctx.topics.get(name) is not None:
-                raise TopicError(ErrorCode.TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.")
             if not body.validate_only:
                 info = await ctx.topics.create(name, partitions, configs)
                 opening.append(ctx.replicas.open_in_background(info))
@@ -234,6 +250,23 @@ async def handle_delete_topics(ctx: BrokerContext, request: Request) -> Any:
     else:
         names = [(str(n), None) for n in getattr(body, "topic_names", ())]
     responses = []
+    if not ctx.config.delete_topic_enable:
+        # Kafka's controller refuses the whole request first (v0-v2 know no TOPIC_DELETION_DISABLED)
+        code = (
+            ErrorCode.TOPIC_DELETION_DISABLED
+            if request.api_version >= 3
+            else ErrorCode.INVALID_REQUEST
+        )
+        responses = [
+            {
+                "name": name,
+                "topic_id": topic_id,
+                "error_code": code,
+                "error_message": "Topic deletion is disabled.",
+            }
+            for name, topic_id in names
+        ]
+        names = []
     may_delete_any = ctx.allowed_on_cluster(AclOperation.DELETE)
     for name, topic_id in names:
         by_id = name is None and topic_id is not None

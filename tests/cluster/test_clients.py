@@ -209,16 +209,23 @@ def test_each_broker_describes_the_logs_it_leads(cluster_factory: ClusterFactory
         leaders = cluster.leaders("dirs")
         assert set(leaders.values()) == {0, 1, 2}
         for asked in (None, {"dirs": list(range(6))}):
-            described: dict[int, int] = {}
-            answers = admin.describe_log_dirs(topic_partitions=asked)
-            assert len(answers) == 3
-            for answer in answers:
-                [result] = answer["log_dirs"]
-                assert result["error_code"] == 0, result
-                for topic in result["topics"]:
-                    if topic["name"] == "dirs":
-                        for p in topic["partitions"]:
-                            described[p["partition_index"]] = answer["broker"]
+            # every log: those the leaders have opened (as in Kafka, a broker creates the logs
+            # of a new topic's partitions soon after CreateTopics is answered, not before)
+            deadline = time.monotonic() + 10
+            while True:
+                described: dict[int, int] = {}
+                answers = admin.describe_log_dirs(topic_partitions=asked)
+                assert len(answers) == 3
+                for answer in answers:
+                    [result] = answer["log_dirs"]
+                    assert result["error_code"] == 0, result
+                    for topic in result["topics"]:
+                        if topic["name"] == "dirs":
+                            for p in topic["partitions"]:
+                                described[p["partition_index"]] = answer["broker"]
+                if described == leaders or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
             assert described == leaders
     finally:
         admin.close()
@@ -326,3 +333,47 @@ def test_a_topic_config_altered_through_one_broker_acts_on_every_leader(
     while (refused := send(5000)) is None and time.monotonic() < deadline:
         time.sleep(0.1)
     assert refused is not None and refused.code() == KafkaError.MSG_SIZE_TOO_LARGE
+
+
+def test_delete_records_on_a_partition_led_elsewhere_is_not_leader(
+    cluster_factory: ClusterFactory,
+) -> None:
+    """DeleteRecords sent to a broker for a partition another one leads (an admin client's
+    stale metadata) is answered NOT_LEADER_OR_FOLLOWER for that partition, as Kafka answers
+    it; the request's other partitions are trimmed and the connection goes on. Through the
+    cluster the admin client trims both."""
+    from kafka.protocol.admin import DeleteRecordsRequest, DeleteRecordsResponse
+
+    from tests.support.raw_connection import RawConnection
+
+    cluster = cluster_factory(brokers=2)
+    _create(cluster.admin(0), "trim", 2)
+    _produce(cluster.bootstrap, "trim", 40)
+    leaders = cluster.leaders("trim")
+    assert sorted(leaders.values()) == [0, 1]
+    mine = next(p for p, leader in leaders.items() if leader == 0)
+    other = 1 - mine
+    topic = DeleteRecordsRequest.DeleteRecordsTopic
+    request = DeleteRecordsRequest[2](
+        topics=[
+            topic(
+                name="trim",
+                partitions=[
+                    topic.DeleteRecordsPartition(partition_index=p, offset=2) for p in (0, 1)
+                ],
+            )
+        ],
+        timeout_ms=10_000,
+    )
+    with RawConnection(cluster.brokers[0].bootstrap) as conn:
+        answer = conn.call(request, DeleteRecordsResponse)
+        got = {
+            p.partition_index: (p.error_code, p.low_watermark) for p in answer.topics[0].partitions
+        }
+        assert got == {mine: (0, 2), other: (6, -1)}  # NOT_LEADER_OR_FOLLOWER
+        answer = conn.call(request, DeleteRecordsResponse)  # the connection serves on
+        assert answer.topics[0].partitions[0].partition_index == 0
+    admin = cluster.admin(0)  # (kept: its futures complete only while it lives)
+    trimmed = admin.delete_records([TopicPartition("trim", p, 3) for p in (0, 1)])
+    for future in trimmed.values():
+        assert future.result(timeout=30).low_watermark == 3

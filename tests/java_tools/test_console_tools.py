@@ -636,9 +636,17 @@ def test_leader_election_and_partition_reassignment_on_one_broker(
     ]
     plan = tmp_path / "plan.json"
     plan.write_text(generated[3])
+    # with a replication throttle, set on the broker and the topic first (no replica traffic
+    # to throttle over shared storage, but taken as Kafka takes it) and cleared by --verify
     executed = tool(
-        "kafka-reassign-partitions", "--execute", "--reassignment-json-file", str(plan)
+        "kafka-reassign-partitions",
+        "--execute",
+        "--reassignment-json-file",
+        str(plan),
+        "--throttle",
+        "50000000",
     ).stdout
+    assert "The inter-broker throttle limit was set to 50000000 B/s" in executed
     assert "Successfully started partition reassignments for routes-0,routes-1" in executed
     verified = tool(
         "kafka-reassign-partitions", "--verify", "--reassignment-json-file", str(plan)

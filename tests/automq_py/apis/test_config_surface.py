@@ -398,8 +398,12 @@ def test_dynamic_broker_configs_change_topic_defaults_and_survive_a_restart(
     refused = kafka_error(alter_broker(admin, "0", listeners="PLAINTEXT://127.0.0.1:1"))
     assert refused.code() == KafkaError.INVALID_REQUEST
     assert "Cannot update these configs dynamically: listeners" in refused.str()
+    # (Kafka's broker answers a bad broker config INVALID_REQUEST, not INVALID_CONFIG)
     bad = kafka_error(alter_broker(admin, "0", log_cleanup_policy="shred"))
-    assert bad.code() == KafkaError.INVALID_CONFIG and "log.cleanup.policy" in bad.str()
+    assert bad.code() == KafkaError.INVALID_REQUEST and "log.cleanup.policy" in bad.str()
+    negative = kafka_error(alter_broker(admin, "0", leader_replication_throttled_rate="-1"))
+    assert negative.code() == KafkaError.INVALID_REQUEST
+    assert "leader.replication.throttled.rate" in negative.str()
     with pytest.raises(KafkaException) as raised:
         alter_cluster_defaults(broker, "7", log_retention_ms="1")
     other = raised.value.args[0]
@@ -434,6 +438,33 @@ def kafka_39_advertised(value: str | None, *synonyms: tuple[str, str, str]) -> d
         "config_type": "STRING",
         "documentation": None,
     }
+
+
+def test_replication_throttles_are_taken_as_kafka_takes_them(broker: BrokerProcess) -> None:
+    """kafka-reassign-partitions.sh --throttle sets the replication throttles on the brokers:
+    they are taken per broker and as cluster defaults and described as dynamic configs (with
+    no replica traffic over shared storage, nothing is throttled)."""
+    admin = admin_for(broker)
+    alter_broker(admin, "0", leader_replication_throttled_rate="50000000").result(TIMEOUT)
+    alter_cluster_defaults(broker, follower_replication_throttled_rate="40000000")
+    configs = described(broker, "broker", "0")
+    leader = configs["leader.replication.throttled.rate"]
+    assert (leader["value"], leader["config_source"], leader["read_only"]) == (
+        "50000000",
+        "DYNAMIC_BROKER_CONFIG",
+        False,
+    )
+    follower = configs["follower.replication.throttled.rate"]
+    assert (follower["value"], follower["config_source"]) == (
+        "40000000",
+        "DYNAMIC_DEFAULT_BROKER_CONFIG",
+    )
+    unset = configs["replica.alter.log.dirs.io.max.bytes.per.second"]
+    assert (unset["value"], unset["config_source"]) == (str((1 << 63) - 1), "DEFAULT_CONFIG")
+    alter_broker(admin, "0", leader_replication_throttled_rate=None).result(TIMEOUT)
+    assert described(broker, "broker", "0")["leader.replication.throttled.rate"][
+        "config_source"
+    ] == ("DEFAULT_CONFIG")
 
 
 def test_unset_advertised_listeners_are_described_as_kafka_39s(broker: BrokerProcess) -> None:

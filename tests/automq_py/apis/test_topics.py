@@ -417,3 +417,58 @@ async def test_metadata_that_auto_creates_a_topic_answers_leader_not_available_f
     )
     (again,) = (await call(ctx, request, MetadataResponse)).topics
     assert again.error_code == ErrorCode.NONE and len(again.partitions) == 1
+
+
+async def test_an_existing_topic_is_already_there_whatever_else_is_asked(
+    ctx: BrokerContext,
+) -> None:
+    """Kafka's controller checks whether the topic exists before its configs and partitions,
+    so `kafka-topics.sh --create --if-not-exists` succeeds against an existing topic whatever
+    its other arguments; a config with no value is INVALID_CONFIG."""
+    assert (await create_topics(ctx, new_topic("here")))[0].error_code == ErrorCode.NONE
+    for again in (new_topic("here", replication_factor=0), new_topic("here", partitions=0)):
+        (result,) = await create_topics(ctx, again)
+        assert (result.error_code, result.error_message) == (
+            ErrorCode.TOPIC_ALREADY_EXISTS,
+            "Topic 'here' already exists.",
+        )
+    unset = new_topic("unset")
+    unset.configs = [
+        CreateTopicsRequest.CreatableTopic.CreatableTopicConfig(name="retention.ms", value=None)
+    ]
+    (result,) = await create_topics(ctx, unset)
+    assert (result.error_code, result.error_message) == (
+        ErrorCode.INVALID_CONFIG,
+        "Null value not supported for topic configs: retention.ms",
+    )
+
+
+async def test_a_name_that_collides_with_a_topics_is_refused(ctx: BrokerContext) -> None:
+    """'.' and '_' make the same metric names, so Kafka refuses a topic whose name differs
+    from an existing one's only by them."""
+    assert (await create_topics(ctx, new_topic("orders_eu")))[0].error_code == ErrorCode.NONE
+    (result,) = await create_topics(ctx, new_topic("orders.eu"))
+    assert (result.error_code, result.error_message) == (
+        ErrorCode.INVALID_TOPIC_EXCEPTION,
+        "Topic 'orders.eu' collides with existing topic: orders_eu",
+    )
+    assert ctx.topics.get("orders.eu") is None
+    assert (await create_topics(ctx, new_topic("orders-eu")))[0].error_code == ErrorCode.NONE
+
+
+async def test_with_delete_topic_enable_false_no_topic_is_deleted(make_ctx: MakeContext) -> None:
+    from kafka.protocol.admin import DeleteTopicsRequest, DeleteTopicsResponse
+
+    ctx = await make_ctx(**{"delete.topic.enable": "false"})
+    assert (await create_topics(ctx, new_topic("kept")))[0].error_code == ErrorCode.NONE
+    for version, code in ((6, ErrorCode.TOPIC_DELETION_DISABLED), (2, ErrorCode.INVALID_REQUEST)):
+        if version >= 6:
+            request = DeleteTopicsRequest[version](
+                topics=[DeleteTopicsRequest.DeleteTopicState(name="kept", topic_id=None)],
+                timeout_ms=5000,
+            )
+        else:
+            request = DeleteTopicsRequest[version](topic_names=["kept"], timeout_ms=5000)
+        (result,) = (await call(ctx, request, DeleteTopicsResponse)).responses
+        assert result.error_code == code, version
+    assert ctx.topics.get("kept") is not None
