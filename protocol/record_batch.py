@@ -51,6 +51,8 @@ PARTITION_LEADER_EPOCH_OFFSET = 12
 ATTRIBUTES_OFFSET = 21
 MAX_TIMESTAMP_OFFSET = 35
 TIMESTAMP_TYPE_BIT = 0x08
+TRANSACTIONAL_BIT = 0x10
+CONTROL_BIT = 0x20
 DELETE_HORIZON_BIT = 0x40
 _INT64 = struct.Struct(">q")
 _INT32 = struct.Struct(">i")
@@ -118,11 +120,11 @@ class RecordBatchHeader(NamedTuple):
 
     @property
     def is_transactional(self) -> bool:
-        return bool(self.attributes & 0x10)
+        return bool(self.attributes & TRANSACTIONAL_BIT)
 
     @property
     def is_control(self) -> bool:
-        return bool(self.attributes & 0x20)
+        return bool(self.attributes & CONTROL_BIT)
 
     @property
     def delete_horizon_ms(self) -> int | None:

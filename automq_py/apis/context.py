@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
 from automq_py.config import BrokerConfig
 from automq_py.coordinator.group_configs import GroupConfigs
-from automq_py.coordinator.group_coordinator import GroupCoordinator
+from automq_py.coordinator.group_coordinator import OFFSETS_TOPIC, GroupCoordinator
 from automq_py.coordinator.transaction_coordinator import TransactionCoordinator
 from automq_py.dynamic_config import DynamicBrokerConfig
 from automq_py.metadata_cache import ClusterMetadataCache, Leadership
@@ -19,10 +20,18 @@ from automq_py.security.acls import CLUSTER_NAME, AclOperation, ResourceType, su
 from automq_py.security.quotas import ClientQuotas
 from automq_py.security.session import SESSION
 from automq_py.topic_config import ConfigLayers
-from automq_py.topics import TopicError, TopicInfo, TopicRegistry
+from automq_py.topics import (
+    INTERNAL_TOPICS,
+    TopicError,
+    TopicInfo,
+    TopicRegistry,
+    check_collision,
+)
 from protocol import build
 from protocol.errors import ErrorCode
 from protocol.messages import EncodedBody, Request, response_schema
+
+log = logging.getLogger("automq.apis")
 
 # the address of the client whose request is being handled ("/127.0.0.1", as Kafka shows it);
 # the socket server sets it for each connection's task
@@ -189,6 +198,15 @@ class BrokerContext:
             return topic, ErrorCode.NONE
         if not (auto_create and self.auto_create_topics):
             return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        if name in INTERNAL_TOPICS:
+            # made by its coordinator, with its partitions and configs (Kafka's
+            # AutoTopicCreationManager asks for offsets.topic.num.partitions, compaction, ...)
+            return await self._create_internal(name)
+        try:
+            check_collision(name, (t.name for t in self.topics.all()))
+        except TopicError:
+            # refused by Kafka's controller, which the Metadata answer does not wait for
+            return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         try:
             created = await self.topics.create(name, self.num_partitions)
             self.replicas.open_in_background(created)
@@ -197,6 +215,16 @@ class BrokerContext:
             if e.code == ErrorCode.TOPIC_ALREADY_EXISTS:
                 return self.topics.get(name), ErrorCode.NONE
             return None, ErrorCode(e.code)
+
+    async def _create_internal(self, name: str) -> tuple[TopicInfo | None, ErrorCode]:
+        coordinator = self.groups if name == OFFSETS_TOPIC else self.transactions
+        if coordinator is None:
+            return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        try:
+            return await coordinator.runtime.topic(), ErrorCode.NONE
+        except Exception as e:
+            log.warning("cannot create %s: %s", name, e)
+            return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
 
 
 def respond(request: Request, data: dict[str, Any]) -> Any:

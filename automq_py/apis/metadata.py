@@ -16,7 +16,7 @@ from typing import Any
 from automq_py.apis.context import BrokerContext
 from automq_py.controller.cluster_records import NO_LEADER
 from automq_py.security.acls import AclOperation, ResourceType
-from automq_py.topics import TopicError, TopicInfo, validate_name
+from automq_py.topics import INTERNAL_TOPICS, TopicError, TopicInfo, validate_name
 from protocol import api_versions, build
 from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
@@ -172,12 +172,33 @@ async def handle_metadata(ctx: BrokerContext, request: Request) -> Any:
             if secured and not _may_see(ctx, str(name), existed, allow_auto):
                 topics.append(_refused_topic(str(name)))
                 continue
+            if not existed and not valid_name(str(name)):
+                # Kafka checks the name of a topic it does not have, whether or not it would
+                # create it: a client fails at once rather than waiting for it
+                topics.append(
+                    {
+                        "error_code": ErrorCode.INVALID_TOPIC_EXCEPTION,
+                        "name": name,
+                        "partitions": [],
+                    }
+                )
+                continue
             topic, error = await ctx.topic_for_write(str(name), allow_auto)
             if topic is None:
-                topics.append({"error_code": error, "name": name, "partitions": []})
+                topics.append(
+                    {
+                        "error_code": error,
+                        "name": name,
+                        "is_internal": str(name) in INTERNAL_TOPICS,
+                        "partitions": [],
+                    }
+                )
             elif not existed:
-                # auto-created by this request: as Kafka's AutoTopicCreationManager answers,
-                # LEADER_NOT_AVAILABLE and no partitions; the client asks again and finds it
+                # auto-created by this request: LEADER_NOT_AVAILABLE and no partitions, as
+                # Kafka's AutoTopicCreationManager answers when it creates the topic itself;
+                # the client asks again and finds it. (A KRaft broker, which leaves it to the
+                # controller, answers UNKNOWN_TOPIC_OR_PARTITION; kafka-go's group leader then
+                # assigns nothing here, where its topic watcher never sees the topic appear)
                 topics.append(
                     {
                         "error_code": ErrorCode.LEADER_NOT_AVAILABLE,
@@ -302,12 +323,21 @@ def _describe_topic_partitions_response(
 
 
 def _unknown_topic(name: str) -> dict[str, Any]:
+    error = (
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        if valid_name(name)
+        else ErrorCode.INVALID_TOPIC_EXCEPTION
+    )
+    return {"error_code": error, "name": name, "topic_id": ZERO_UUID, "partitions": []}
+
+
+def valid_name(name: str) -> bool:
+    """Whether ``name`` is one Kafka allows a topic (Topic.validate)."""
     try:
         validate_name(name)
-        error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     except TopicError:
-        error = ErrorCode.INVALID_TOPIC_EXCEPTION
-    return {"error_code": error, "name": name, "topic_id": ZERO_UUID, "partitions": []}
+        return False
+    return True
 
 
 # ApiVersions (18) is added by KafkaApis, which knows the whole table.

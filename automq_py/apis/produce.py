@@ -40,10 +40,18 @@ from protocol.messages import Request
 from protocol.produce import ProducePartitionResponse, encode_produce_response, records_error
 from protocol.record_batch import InvalidRecordBatchError
 
+# the low byte of a batch's attributes (big-endian int16), which holds the transactional bit
+_ATTRIBUTES_LOW = record_batch.ATTRIBUTES_OFFSET + 1
+
 
 async def handle_produce(ctx: BrokerContext, request: Request) -> Any:
     body = request.body
-    if body.transactional_id is not None and not ctx.allowed(
+    if body.transactional_id is None:
+        if _has_transactional_batch(body):
+            # Kafka refuses transactional records without a transactional id: no coordinator
+            # would ever end the transaction they would open in the partition
+            return _refused(request, body, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+    elif not ctx.allowed(
         AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, str(body.transactional_id)
     ):
         return _refused(request, body, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
@@ -214,6 +222,22 @@ async def _entries(ctx: BrokerContext, request: Request) -> tuple[list[str], lis
                     entry = AppendEntry(None, p.index, p.records, code, str(name), message)
             entries.append(entry)
     return names, entries
+
+
+def _has_transactional_batch(body: Any) -> bool:
+    """Whether a partition's records hold a transactional magic-v2 batch (its first: a
+    Produce request carries one batch a partition, :func:`records_error`)."""
+    for t in body.topics:
+        for p in t.partitions:
+            records = p.records
+            if (
+                records is not None
+                and len(records) > _ATTRIBUTES_LOW
+                and records[record_batch.MAGIC_OFFSET] == 2
+                and records[_ATTRIBUTES_LOW] & record_batch.TRANSACTIONAL_BIT
+            ):
+                return True
+    return False
 
 
 def _throttle(ctx: BrokerContext, request: Request) -> int:

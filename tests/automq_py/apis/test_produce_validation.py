@@ -182,3 +182,42 @@ def test_a_zstd_topic_is_not_fetched_below_v10(broker: BrokerProcess) -> None:
                 expected = ErrorCode.UNSUPPORTED_COMPRESSION_TYPE if refused else ErrorCode.NONE
                 assert partition.error_code == expected, (topic, version)
                 assert bool(partition.records) is not refused, (topic, version)
+
+
+def test_transactional_records_without_a_transactional_id_are_refused(
+    broker: BrokerProcess,
+) -> None:
+    """Kafka refuses a Produce holding a transactional batch but naming no transactional id
+    (TRANSACTIONAL_ID_AUTHORIZATION_FAILED for every partition): no coordinator would end the
+    transaction it opened, and read_committed consumers would wait on it for ever."""
+    from kafka.protocol.consumer.offsets import ListOffsetsRequest, ListOffsetsResponse
+
+    from tests.support.raw_connection import partition_produce_request
+
+    topic = f"no-txn-id-{uuid.uuid4().hex[:8]}"
+    create_topics(admin_for(broker), NewTopic(topic, 1, 1))
+    transactional = bytes(
+        build_batch(
+            [RecordInput(b"v", b"k")],
+            producer_id=7,
+            producer_epoch=0,
+            base_sequence=0,
+            is_transactional=True,
+        )
+    )
+    t = ListOffsetsRequest.ListOffsetsTopic
+    stable = ListOffsetsRequest[7](
+        replica_id=-1,
+        isolation_level=1,
+        topics=[
+            t(name=topic, partitions=[t.ListOffsetsPartition(partition_index=0, timestamp=-1)])
+        ],
+    )
+    with RawConnection(broker.bootstrap) as conn:
+        answer = conn.call(partition_produce_request(topic, 0, transactional), ProduceResponse[9])
+        refused = answer.responses[0].partition_responses[0]
+        assert refused.error_code == ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        assert _produce(conn, topic, _batch(b"plain")) == (ErrorCode.NONE, None)
+        # nothing holds the stable offset back: the plain record is readable committed
+        listed = conn.call(stable, ListOffsetsResponse).topics[0].partitions[0]
+        assert listed.offset == 1

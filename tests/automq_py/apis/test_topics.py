@@ -398,25 +398,53 @@ async def test_a_name_given_twice_is_refused_and_created_by_neither(ctx: BrokerC
     assert ctx.topics.get("twice") is None and ctx.topics.get("once") is not None
 
 
+def _metadata_request(*names: str, auto: bool = True) -> Any:
+    return MetadataRequest[12](
+        topics=[MetadataRequest.MetadataRequestTopic(topic_id=None, name=n) for n in names],
+        allow_auto_topic_creation=auto,
+        include_topic_authorized_operations=False,
+    )
+
+
 async def test_metadata_that_auto_creates_a_topic_answers_leader_not_available_first(
     ctx: BrokerContext,
 ) -> None:
     """Kafka's AutoTopicCreationManager answers the Metadata request that creates a topic with
     LEADER_NOT_AVAILABLE and no partitions; the client's next request finds the topic."""
     ctx.auto_create_topics = True
-    request = MetadataRequest[12](
-        topics=[MetadataRequest.MetadataRequestTopic(topic_id=None, name="auto")],
-        allow_auto_topic_creation=True,
-        include_topic_authorized_operations=False,
-    )
-    (first,) = (await call(ctx, request, MetadataResponse)).topics
+    (first,) = (await call(ctx, _metadata_request("auto"), MetadataResponse)).topics
     assert (first.name, first.error_code, list(first.partitions)) == (
         "auto",
         ErrorCode.LEADER_NOT_AVAILABLE,
         [],
     )
-    (again,) = (await call(ctx, request, MetadataResponse)).topics
+    (again,) = (await call(ctx, _metadata_request("auto"), MetadataResponse)).topics
     assert again.error_code == ErrorCode.NONE and len(again.partitions) == 1
+
+
+async def test_metadata_names_an_illegal_topic_invalid_whether_or_not_it_creates(
+    ctx: BrokerContext,
+) -> None:
+    """Kafka checks the name of a topic it does not have: an illegal one is
+    INVALID_TOPIC_EXCEPTION (the Java producer fails at once, where an unknown topic has it
+    wait max.block.ms), with auto-creation or without."""
+    for auto in (True, False):
+        ctx.auto_create_topics = auto
+        response = await call(ctx, _metadata_request("bad name!", "", auto=auto), MetadataResponse)
+        assert [(t.name, t.error_code) for t in response.topics] == [
+            ("bad name!", ErrorCode.INVALID_TOPIC_EXCEPTION),
+            ("", ErrorCode.INVALID_TOPIC_EXCEPTION),
+        ]
+    assert ctx.topics.get("bad name!") is None
+
+
+async def test_metadata_does_not_auto_create_a_colliding_name(ctx: BrokerContext) -> None:
+    ctx.auto_create_topics = True
+    assert (await create_topics(ctx, new_topic("a.b")))[0].error_code == ErrorCode.NONE
+    for _ in range(2):
+        (answer,) = (await call(ctx, _metadata_request("a_b"), MetadataResponse)).topics
+        assert answer.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    assert ctx.topics.get("a_b") is None
 
 
 async def test_an_existing_topic_is_already_there_whatever_else_is_asked(

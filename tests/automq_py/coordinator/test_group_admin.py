@@ -29,7 +29,7 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec, ResourceType
 from kafka import KafkaAdminClient  # type: ignore[import-untyped]
 from kafka import TopicPartition as KafkaPythonTopicPartition
 from kafka.errors import (  # type: ignore[import-untyped]
@@ -520,3 +520,44 @@ def test_offsets_of_unknown_topics_are_refused(broker: BrokerProcess) -> None:
     errors = {tp.topic: tp.error.code() if tp.error else None for tp in done.topic_partitions}
     assert errors == {"real": None, "imaginary": KafkaError.UNKNOWN_TOPIC_OR_PART}
     assert committed(admin, "strays", TopicPartition("real", 0)) == {("real", 0): (1, "")}
+
+
+def test_metadata_auto_creates_the_internal_topics_as_their_coordinators_would(
+    own_broker: BrokerProcess,
+) -> None:
+    """A Metadata request naming __consumer_offsets or __transaction_state before any group or
+    transaction made them (a lag exporter, `kcat -L -t __consumer_offsets`) creates them as
+    their coordinators do, as Kafka's AutoTopicCreationManager does: their partition counts,
+    compacted. Groups then use that topic."""
+    from kafka.protocol.metadata import MetadataRequest, MetadataResponse
+
+    from tests.support.raw_connection import RawConnection
+
+    internal = ("__consumer_offsets", "__transaction_state")
+    with RawConnection(own_broker.bootstrap) as conn:
+        answer = conn.call(
+            MetadataRequest[9](
+                topics=[MetadataRequest.MetadataRequestTopic(name=n) for n in internal],
+                allow_auto_topic_creation=True,
+            ),
+            MetadataResponse,
+        )
+    assert [(t.name, t.error_code, t.is_internal) for t in answer.topics] == [
+        (n, 5, True)
+        for n in internal  # LEADER_NOT_AVAILABLE: created by this request
+    ]
+    admin = admin_for(own_broker)
+    listed = admin.list_topics(timeout=TIMEOUT).topics
+    assert {n: len(listed[n].partitions) for n in internal} == {n: 50 for n in internal}
+    resources = [ConfigResource(ResourceType.TOPIC, n) for n in internal]
+    for resource, future in admin.describe_configs(resources).items():
+        assert future.result(TIMEOUT)["cleanup.policy"].value == "compact", resource
+    create_topic(admin, "after-internal", 1)
+    consumer = Consumer({"bootstrap.servers": own_broker.bootstrap, "group.id": "after"})
+    try:
+        consumer.commit(offsets=[TopicPartition("after-internal", 0, 0)], asynchronous=False)
+    finally:
+        consumer.close()
+    assert committed(admin, "after", TopicPartition("after-internal", 0)) == {
+        ("after-internal", 0): (0, "")
+    }
