@@ -151,18 +151,7 @@ class S3Storage:
             metadata = await MetadataManager.open(config.metadata_url)
         for attempt in range(1, START_ATTEMPTS + 1):
             node_epoch = await metadata.register_node(config.node_id)
-            wal: WriteAheadLog
-            if config.wal_object_store_url is not None:
-                wal = await open_object_wal(config, node_epoch, store)
-            else:
-                os.makedirs(config.wal_path, exist_ok=True)
-                wal = await FileWAL.open(
-                    os.path.join(config.wal_path, WAL_FILE),
-                    config.wal_capacity,
-                    node_id=config.node_id,
-                    init_zero=config.wal_init_zero,
-                    realtime_io=config.wal_io_realtime,
-                )
+            wal = await _open_wal(config, node_epoch, store)
             storage = cls(
                 config, wal, metadata, store, node_epoch, owns_metadata=False, owns_store=False
             )
@@ -744,4 +733,18 @@ def _epoch_expired(*errors: BaseException | None) -> bool:
     """Whether the node's epoch was taken over: a metadata change refused NODE_EPOCH_EXPIRED."""
     return any(
         isinstance(e, MetadataError) and e.code == ErrorCode.NODE_EPOCH_EXPIRED for e in errors
+    )
+
+
+async def _open_wal(config: S3StreamConfig, node_epoch: int, store: ObjectStore) -> WriteAheadLog:
+    """This node's WAL at ``node_epoch``, as ``s3.wal.path`` says: objects or a local file."""
+    if config.wal_object_store_url is not None:
+        return await open_object_wal(config, node_epoch, store)
+    os.makedirs(config.wal_path, exist_ok=True)
+    return await FileWAL.open(
+        os.path.join(config.wal_path, WAL_FILE),
+        config.wal_capacity,
+        node_id=config.node_id,
+        init_zero=config.wal_init_zero,
+        realtime_io=config.wal_io_realtime,
     )

@@ -156,8 +156,25 @@ class ClusterController:
             if not broker.fenced and self._silent(broker) > self._session_s:
                 await self._fence(me, broker)
         self._recover_fenced()
+        self._forget_old_sightings()
         await self._fail_over(me)
         await self._rebalance(me)
+
+    def _forget_old_sightings(self) -> None:
+        """Drop the first sightings of registrations and starts that are no longer a broker's
+        latest: one of each a broker start, kept for as long as it is current."""
+        brokers = self._cache.brokers()
+        nodes = self._metadata.image.nodes
+        self._registered_seen = {
+            key: seen
+            for key, seen in self._registered_seen.items()
+            if (b := brokers.get(key[0])) is not None and b.incarnation == key[1]
+        }
+        self._restarts_seen = {
+            key: seen
+            for key, seen in self._restarts_seen.items()
+            if (n := nodes.get(key[0])) is not None and n.epoch == key[1]
+        }
 
     def _silent(self, broker: BrokerRegistration) -> float:
         """How long ``broker`` has been silent, as far as this controller knows."""
