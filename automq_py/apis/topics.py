@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -37,6 +38,8 @@ from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
 from protocol.messages import Request, response_schema
 from storage.config_def import ConfigError
+
+ZERO_UUID = uuid.UUID(int=0)
 
 log = logging.getLogger("automq.apis.topics")
 
@@ -267,6 +270,8 @@ async def handle_delete_topics(ctx: BrokerContext, request: Request) -> Any:
             for name, topic_id in names
         ]
         names = []
+    refused, names = _checked_rows(ctx, names)
+    responses += refused
     may_delete_any = ctx.allowed_on_cluster(AclOperation.DELETE)
     for name, topic_id in names:
         by_id = name is None and topic_id is not None
@@ -305,6 +310,62 @@ async def handle_delete_topics(ctx: BrokerContext, request: Request) -> Any:
         response_schema(ApiKey.DELETE_TOPICS, request.api_version),
         {"throttle_time": 0, "responses": responses},
     )
+
+
+def _checked_rows(
+    ctx: BrokerContext, rows: list[tuple[str | None, Any]]
+) -> tuple[list[dict[str, Any]], list[tuple[str | None, Any]]]:
+    """The DeleteTopics rows Kafka's controller refuses before it authorizes or deletes any
+    (INVALID_REQUEST: neither a name nor an id, both, a name or an id given twice, answered
+    once, a name whose topic another row names by id), and the others, in order."""
+
+    def has_id(topic_id: Any) -> bool:
+        return topic_id is not None and topic_id != ZERO_UUID
+
+    names = Counter(n for n, i in rows if n is not None and not has_id(i))
+    ids = Counter(i for n, i in rows if n is None and has_id(i))
+    refused: list[dict[str, Any]] = []
+    kept: list[tuple[str | None, Any]] = []
+    answered: set[Any] = set()
+
+    def refuse(name: str | None, topic_id: Any, message: str) -> None:
+        refused.append(
+            {
+                "name": name,
+                "topic_id": topic_id if has_id(topic_id) else ZERO_UUID,
+                "error_code": ErrorCode.INVALID_REQUEST,
+                "error_message": message,
+            }
+        )
+
+    for name, topic_id in rows:
+        if name is None and not has_id(topic_id):
+            refuse(None, None, "Neither topic name nor id were specified.")
+        elif name is not None and has_id(topic_id):
+            refuse(name, topic_id, "You may not specify both topic name and topic id.")
+        elif name is not None and names[name] > 1:
+            if name not in answered:  # (answered once)
+                answered.add(name)
+                refuse(name, None, "Duplicate topic name.")
+        elif name is None and ids[topic_id] > 1:
+            if topic_id not in answered:
+                answered.add(topic_id)
+                refuse(None, topic_id, "Duplicate topic id.")
+        else:
+            kept.append((name, topic_id))
+    by_id = {i for n, i in kept if n is None}
+    out: list[tuple[str | None, Any]] = []
+    for name, topic_id in kept:
+        found = ctx.topics.get(name) if name is not None else None
+        if found is not None and found.topic_id in by_id:
+            refuse(
+                name,
+                found.topic_id,
+                "The provided topic name maps to an ID that was already supplied.",
+            )
+        else:
+            out.append((name, topic_id))
+    return refused, out
 
 
 def _may_delete(ctx: BrokerContext, name: str, by_id: bool) -> tuple[bool, str | None]:

@@ -500,3 +500,59 @@ async def test_with_delete_topic_enable_false_no_topic_is_deleted(make_ctx: Make
         (result,) = (await call(ctx, request, DeleteTopicsResponse)).responses
         assert result.error_code == code, version
     assert ctx.topics.get("kept") is not None
+
+
+async def test_delete_topics_refuses_the_rows_kafkas_controller_refuses(ctx: BrokerContext) -> None:
+    """Before it deletes anything, Kafka's controller refuses with INVALID_REQUEST a row with
+    neither a name nor an id, one with both, a name or an id given twice (answered once), and a
+    name whose topic another row names by id; the request's other rows are deleted."""
+    import uuid
+
+    from kafka.protocol.admin import DeleteTopicsRequest, DeleteTopicsResponse
+
+    for name in ("twice", "both", "named", "gone"):
+        assert (await create_topics(ctx, new_topic(name)))[0].error_code == ErrorCode.NONE
+    named_id = ctx.topics.get("named").topic_id  # type: ignore[union-attr]
+    both_id = ctx.topics.get("both").topic_id  # type: ignore[union-attr]
+    gone_id = str(ctx.topics.get("gone").topic_id)  # type: ignore[union-attr]
+    zero = uuid.UUID(int=0)
+    state = DeleteTopicsRequest.DeleteTopicState
+    request = DeleteTopicsRequest[6](
+        topics=[
+            state(name=None, topic_id=zero),
+            state(name="both", topic_id=both_id),
+            state(name="twice", topic_id=zero),
+            state(name="twice", topic_id=zero),
+            state(name=None, topic_id=named_id),
+            state(name="named", topic_id=zero),
+            state(name="gone", topic_id=zero),
+        ],
+        timeout_ms=5000,
+    )
+    answers = (await call(ctx, request, DeleteTopicsResponse)).responses
+    got = sorted(
+        ((r.name or "", str(r.topic_id or zero), r.error_code, r.error_message) for r in answers),
+        key=lambda a: (a[0], a[1]),
+    )
+    assert got == sorted(
+        [
+            ("", str(zero), ErrorCode.INVALID_REQUEST, "Neither topic name nor id were specified."),
+            (
+                "both",
+                str(both_id),
+                ErrorCode.INVALID_REQUEST,
+                "You may not specify both topic name and topic id.",
+            ),
+            ("twice", str(zero), ErrorCode.INVALID_REQUEST, "Duplicate topic name."),
+            (
+                "named",
+                str(named_id),
+                ErrorCode.INVALID_REQUEST,
+                "The provided topic name maps to an ID that was already supplied.",
+            ),
+            ("named", str(named_id), ErrorCode.NONE, None),
+            ("gone", gone_id, ErrorCode.NONE, None),
+        ],
+        key=lambda a: (a[0], a[1]),
+    )
+    assert [n for n in ("twice", "both", "named", "gone") if ctx.topics.get(n)] == ["twice", "both"]
