@@ -33,7 +33,7 @@ from protocol.errors import ErrorCode
 
 E = TypeVar("E")
 
-_ZERO_UUID = uuid.UUID(int=0)
+ZERO_UUID = uuid.UUID(int=0)
 
 Converter = Callable[[Any], Any]
 
@@ -243,7 +243,7 @@ def _zero(inner: Any, nullable: bool, kafka_type: str | None) -> Any:
     if kafka_type == "error_code":
         return ErrorCode.NONE
     if kafka_type == "uuid":
-        return _ZERO_UUID
+        return ZERO_UUID
     if kafka_type == "bool":
         return False
     if kafka_type == "string":

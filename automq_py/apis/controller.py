@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -47,6 +46,7 @@ from automq_py.topics import TopicInfo
 from protocol import extensions as ext
 from protocol import wire
 from protocol.api_keys import ApiKey
+from protocol.build import ZERO_UUID
 from protocol.errors import ErrorCode
 from protocol.messages import Request
 from storage.metadata.model import CommitRange, CommitStreamObject, MetadataError
@@ -62,7 +62,6 @@ MAX_TTL_MS = 1 << 62  # so that now + ttl (the deadline) fits in an int64
 NO_NODE = -1
 NO_PARTITION = -1
 NO_TIME = -1
-ZERO_UUID = uuid.UUID(int=0)
 
 
 def _now_ms() -> int:

@@ -19,12 +19,12 @@ from automq_py.security.acls import AclOperation, ResourceType
 from automq_py.topics import INTERNAL_TOPICS, TopicError, TopicInfo, validate_name
 from protocol import api_versions, build
 from protocol.api_keys import ApiKey
+from protocol.build import ZERO_UUID
 from protocol.errors import ErrorCode
 from protocol.messages import Request, encode_response_body, frame_response, response_schema
 
 # Kafka's value of an ``*_authorized_operations`` field not asked for
 AUTHORIZED_OPERATIONS_OMITTED = -2147483648
-ZERO_UUID = uuid.UUID(int=0)
 DESCRIBE, TOPIC = AclOperation.DESCRIBE, ResourceType.TOPIC
 
 # The feature flags (KIP-584) Kafka tools show, at the levels automq-py serves: metadata.version

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -35,11 +34,10 @@ from automq_py.topics import (
 )
 from protocol import build
 from protocol.api_keys import ApiKey
+from protocol.build import ZERO_UUID
 from protocol.errors import ErrorCode
 from protocol.messages import Request, response_schema
 from storage.config_def import ConfigError
-
-ZERO_UUID = uuid.UUID(int=0)
 
 log = logging.getLogger("automq.apis.topics")
 
