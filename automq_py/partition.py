@@ -254,9 +254,16 @@ class Partition:
         duplicate, answered once the original is durable); None when they may be appended."""
         check = self.log.producer_state.check(headers, check_sequence=check_sequence)
         if check.duplicate is not None:
-            # the original may still be on its way to the WAL: answer once it is durable
-            first, last = check.duplicate.first_offset, check.duplicate.last_offset
-            return PendingAppend(self.wait_durable(last + 1), first, self)
+            # the original may still be on its way to the WAL: answer once it is durable, with
+            # its offsets and, as Kafka's UnifiedLog answers a duplicate, its max timestamp as
+            # the log append time (the append time on a LogAppendTime topic)
+            duplicate = check.duplicate
+            return PendingAppend(
+                self.wait_durable(duplicate.last_offset + 1),
+                duplicate.first_offset,
+                self,
+                duplicate.timestamp,
+            )
         if check.error != ErrorCode.NONE:
             # as Kafka's ReplicaManager logs an append a producer's state refuses: the client
             # acts on it (librdkafka bumps its epoch on OUT_OF_ORDER_SEQUENCE_NUMBER)

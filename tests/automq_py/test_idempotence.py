@@ -15,6 +15,7 @@ from confluent_kafka.admin import (
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
+    NewTopic,
     ResourceType,
 )
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
@@ -47,6 +48,14 @@ def produce(
     conn: RawConnection, topic: str, producer_id: int, epoch: int, seq: int, count: int = 3
 ) -> tuple[int, int]:
     """Send one idempotent batch to partition 0 with acks=all: ``(error code, base offset)``."""
+    part = produce_answer(conn, topic, producer_id, epoch, seq, count)
+    return part.error_code, part.base_offset
+
+
+def produce_answer(
+    conn: RawConnection, topic: str, producer_id: int, epoch: int, seq: int, count: int = 3
+) -> Any:
+    """:func:`produce`'s partition response, whole."""
     batch = build_batch(
         [RecordInput(f"v{seq + i}".encode(), b"k", [], 1_700_000_000_000) for i in range(count)],
         compression=Compression.LZ4,
@@ -70,7 +79,7 @@ def produce(
         ProduceResponse,
     )
     (part,) = response.responses[0].partition_responses
-    return part.error_code, part.base_offset
+    return part
 
 
 def log_end(bootstrap: str, topic: str) -> int:
@@ -141,7 +150,10 @@ def test_a_retried_produce_is_answered_with_the_original_offset(broker: BrokerPr
         assert produce(conn, "dedup", pid, 0, 0) == (ErrorCode.NONE, 0)
         assert produce(conn, "dedup", pid, 0, 3) == (ErrorCode.NONE, 3)
         assert produce(conn, "dedup", pid, 0, 0) == (ErrorCode.NONE, 0)  # the same batch again
-        assert produce(conn, "dedup", pid, 0, 3) == (ErrorCode.NONE, 3)
+        # the duplicate's log append time is the original's max timestamp, as in Kafka
+        retried = produce_answer(conn, "dedup", pid, 0, 3)
+        assert (retried.error_code, retried.base_offset) == (ErrorCode.NONE, 3)
+        assert retried.log_append_time_ms == 1_700_000_000_000
         assert log_end(broker.bootstrap, "dedup") == 6  # nothing appended twice
         assert produce(conn, "dedup", pid, 0, 9)[0] == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
         assert produce(conn, "dedup", pid, 1, 5)[0] == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
@@ -160,6 +172,26 @@ def test_a_retried_produce_is_answered_with_the_original_offset(broker: BrokerPr
         "INVALID_PRODUCER_EPOCH",
     ], refused
     assert f"producer {pid} sent sequence 9, expected 6" in refused[0]
+
+
+def test_a_retried_produce_to_a_log_append_time_topic_gets_the_original_append_time(
+    broker: BrokerProcess,
+) -> None:
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    topic = NewTopic("dedup-append-time", 1, 1, config={"message.timestamp.type": "LogAppendTime"})
+    for future in admin.create_topics([topic]).values():
+        future.result(15)
+    conn = RawConnection(broker.bootstrap)
+    try:
+        pid = init_producer_id(conn).producer_id
+        first = produce_answer(conn, "dedup-append-time", pid, 0, 0)
+        assert first.error_code == ErrorCode.NONE and first.log_append_time_ms > 1_700_000_000_000
+        time.sleep(0.01)  # a new append now would get a later time
+        again = produce_answer(conn, "dedup-append-time", pid, 0, 0)
+        assert (again.error_code, again.base_offset) == (ErrorCode.NONE, first.base_offset)
+        assert again.log_append_time_ms == first.log_append_time_ms
+    finally:
+        conn.close()
 
 
 def test_a_batch_refused_before_it_was_appended_is_owed_before_the_next(
