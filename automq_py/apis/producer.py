@@ -5,11 +5,9 @@ Producer ids come from blocks reserved in the metadata KV under :data:`PRODUCER_
 out ``ProducerIdsRecord`` blocks. A block is reserved durably before any of its ids is given
 out, so a restart skips the rest of the block and never issues an id twice.
 
-* ``transactional_id`` null, no current producer: a new id, epoch 0.
-* ``transactional_id`` null with the producer's current id and epoch (KIP-360, v3+): the same id
-  with the epoch bumped, which fences the old epoch's in-flight batches in every partition; a
-  new id with epoch 0 when the epoch is exhausted or the id was never issued here. (Kafka itself
-  always gives an idempotent producer a new id; bumping keeps the id stable and fences as well.)
+* ``transactional_id`` null: a new id, epoch 0, also when the producer gives its current id and
+  epoch (KIP-360, v3+), as Kafka's coordinator answers an idempotent producer resetting its
+  sequences.
 * a ``transactional_id``: the transaction coordinator decides
   (:meth:`~automq_py.coordinator.transaction_coordinator.TransactionCoordinator.init_producer_id`:
   a new id, or the id's epoch bumped, which fences the previous producer and aborts its open
@@ -43,7 +41,6 @@ log = logging.getLogger("automq.producer")
 
 PRODUCER_ID_BLOCK_KEY = "producer_id_block"
 PRODUCER_ID_BLOCK_SIZE = 1000
-MAX_PRODUCER_EPOCH = 0x7FFF
 _LONG = struct.Struct(">q")
 
 
@@ -56,14 +53,6 @@ class ProducerIdManager:
         self._next = 0
         self._block_end = 0  # ids in [_next, _block_end) are reserved and unused
         self._lock = asyncio.Lock()
-
-    def _reserved_end(self) -> int:
-        raw = self.metadata.get_kv(PRODUCER_ID_BLOCK_KEY)
-        return 0 if raw is None else int(_LONG.unpack(raw)[0])
-
-    def was_issued(self, producer_id: int) -> bool:
-        """Whether ``producer_id`` lies in a block this cluster has reserved."""
-        return 0 <= producer_id < self._reserved_end()
 
     async def generate(self) -> int:
         """A producer id never issued before (reserving a new block when needed)."""
@@ -85,18 +74,6 @@ class ProducerIdManager:
             producer_id = self._next
             self._next += 1
             return producer_id
-
-    async def init_producer(self, producer_id: int, producer_epoch: int) -> tuple[int, int]:
-        """``(id, epoch)`` for an idempotent producer that reports its current ones (-1, -1
-        when it has none)."""
-        if (
-            producer_id >= 0
-            and 0 <= producer_epoch < MAX_PRODUCER_EPOCH - 1
-            and self.was_issued(producer_id)
-        ):
-            return producer_id, producer_epoch + 1
-        # Kafka's isEpochExhausted: epoch >= Short.MaxValue - 1 takes a new id
-        return await self.generate(), 0
 
 
 # one manager per metadata store: the handler has only the broker context to find it by
@@ -150,10 +127,9 @@ async def handle_init_producer_id(ctx: BrokerContext, request: Request) -> Any:
         )
         error = tm.error_for_version(ApiKey.INIT_PRODUCER_ID, request.api_version, error)
     else:
-        # v0-v2 requests carry no current id/epoch
-        producer_id, producer_epoch = await producer_id_manager(ctx).init_producer(
-            int(getattr(body, "producer_id", -1)), int(getattr(body, "producer_epoch", -1))
-        )
+        # as Kafka's TransactionCoordinator: a new id at epoch 0 whatever the request says of
+        # the producer's current one (KIP-360's v3+ fields are read only with a transactional id)
+        producer_id, producer_epoch = await producer_id_manager(ctx).generate(), 0
     return build.build(
         response_schema(ApiKey.INIT_PRODUCER_ID, request.api_version),
         {

@@ -108,7 +108,7 @@ TopicPartition = tuple[str, int]
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
 NO_TXN_START_TIMESTAMP = -1
-MAX_PRODUCER_EPOCH = 0x7FFF  # Short.MaxValue, as automq_py.apis.producer.MAX_PRODUCER_EPOCH
+MAX_PRODUCER_EPOCH = 0x7FFF  # Short.MaxValue
 OFFSETS_TOPIC = "__consumer_offsets"  # Kafka's GROUP_METADATA_TOPIC_NAME
 
 DEFAULT_TRANSACTION_MAX_TIMEOUT_MS = 900_000  # transaction.max.timeout.ms (15 minutes)

@@ -189,10 +189,8 @@ def test_only_ids_without_an_open_transaction_may_expire() -> None:
     assert {s for s in S if s.is_expiration_allowed} == {S.EMPTY, *COMPLETE}
 
 
-def test_max_producer_epoch_is_the_idempotent_producers() -> None:
-    from automq_py.apis.producer import MAX_PRODUCER_EPOCH as IDEMPOTENT_MAX
-
-    assert MAX_PRODUCER_EPOCH == IDEMPOTENT_MAX == 32767
+def test_max_producer_epoch_is_kafkas() -> None:
+    assert MAX_PRODUCER_EPOCH == 32767
 
 
 # -- InitProducerId --------------------------------------------------------------------------
