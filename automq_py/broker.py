@@ -158,6 +158,8 @@ class Broker:
             log.warning("dynamic broker configs ignored: %s", e)
             topic_defaults = config.topic_defaults()
         self.replicas = ReplicaManager(self.storage, topic_defaults, cluster=cache)
+        self.replicas.set_producer_id_expiration_ms(dynamic_config.producer_id_expiration_ms())
+        self.replicas.expire_producers_every(config.producer_id_expiration_check_interval_ms / 1000)
         dynamic_config.add_listener(lambda: self._dynamic_config_changed(dynamic_config, topics))
         # a topic's configs altered through another broker reach its partitions open here
         topics.add_config_listener(self.replicas.apply_config)
@@ -253,8 +255,9 @@ class Broker:
 
     def _dynamic_config_changed(self, dynamic: DynamicBrokerConfig, topics: TopicRegistry) -> None:
         """The stored dynamic configs changed (here, or through another broker): the open
-        partitions take the topic defaults now in effect."""
+        partitions take the topic defaults and ``producer.id.expiration.ms`` now in effect."""
         assert self.replicas is not None
+        self.replicas.set_producer_id_expiration_ms(dynamic.producer_id_expiration_ms())
         try:
             defaults = dynamic.topic_defaults()
         except ConfigError as e:

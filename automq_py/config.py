@@ -411,6 +411,21 @@ class BrokerConfig:
         1,
         "largest transaction.timeout.ms a producer may ask for",
     )
+    producer_id_expiration_ms: int = _prop(
+        "producer.id.expiration.ms",
+        86_400_000,
+        ConfigType.INT,
+        1,
+        "a partition leader forgets an idempotent producer that wrote nothing for this long "
+        "(never one with a transaction open); dynamic",
+    )
+    producer_id_expiration_check_interval_ms: int = _prop(
+        "producer.id.expiration.check.interval.ms",
+        600_000,
+        ConfigType.INT,
+        1,
+        "how often the partition leaders look for producer ids past producer.id.expiration.ms",
+    )
     transactional_id_expiration_ms: int = _prop(
         "transactional.id.expiration.ms",
         604_800_000,

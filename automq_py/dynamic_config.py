@@ -12,7 +12,8 @@ configs (Kafka's ``DynamicLogConfig.ReconfigurableConfigs``: ``log.retention.ms`
 ``log.segment.bytes``, ``message.max.bytes``, ``log.cleanup.policy``, ...), which the open
 partitions take at once, as a topic config change does; and of the log cleaner's (Kafka's
 ``LogCleaner.ReconfigurableConfigs``) the one automq-py has, ``log.cleaner.backoff.ms``, how
-often key compaction is checked, taken from the next check on. ``advertised.listeners`` is
+often key compaction is checked, taken from the next check on; and ``producer.id.expiration.ms``,
+which the partition leaders' next check for idle producers takes. ``advertised.listeners`` is
 dynamic per broker, as in Kafka 3.9 (never a cluster-wide default), and held to what a KRaft
 broker of 3.9 allows: its listener names must be the broker's listeners and no address may be
 a wildcard, and the endpoints it names must be the ones the broker registered (Kafka: "Advertised
@@ -63,8 +64,11 @@ THROTTLES = frozenset(
         "replica.alter.log.dirs.io.max.bytes.per.second",
     }
 )
+PRODUCER_ID_EXPIRATION_MS = "producer.id.expiration.ms"
+# the other broker properties that change without a restart, as in Kafka
+OTHERS = frozenset({PRODUCER_ID_EXPIRATION_MS})
 # what DescribeConfigs describes as not read-only
-DYNAMIC = RECONFIGURABLE | PER_BROKER | CLEANER | THROTTLES
+DYNAMIC = RECONFIGURABLE | PER_BROKER | CLEANER | THROTTLES | OTHERS
 
 
 class RefusedConfigError(ConfigError):
@@ -121,18 +125,26 @@ class DynamicBrokerConfig:
         return check_topic_defaults(self.layers().merged())
 
     def cleaner_backoff_ms(self) -> int:
-        """``log.cleaner.backoff.ms`` in effect, dynamic configs included (a stored value
-        no longer valid is skipped, as Kafka skips one)."""
-        value = self.layers().merged().get(CLEANER_BACKOFF_MS)
+        """``log.cleaner.backoff.ms`` in effect, dynamic configs included."""
+        return self._int_in_effect(CLEANER_BACKOFF_MS, "log_cleaner_backoff_ms")
+
+    def producer_id_expiration_ms(self) -> int:
+        """``producer.id.expiration.ms`` in effect, dynamic configs included."""
+        return self._int_in_effect(PRODUCER_ID_EXPIRATION_MS, "producer_id_expiration_ms")
+
+    def _int_in_effect(self, name: str, field: str) -> int:
+        """Broker property ``name`` (:class:`BrokerConfig` field ``field``) in effect: its
+        dynamic value, else the static one (a stored value no longer valid is skipped, as
+        Kafka skips one)."""
+        value = self.layers().merged().get(name)
         if value is not None:
             try:
-                parsed: int = parse_declared(BrokerConfig, {CLEANER_BACKOFF_MS: value})[
-                    "log_cleaner_backoff_ms"
-                ]
+                parsed: int = parse_declared(BrokerConfig, {name: value})[field]
                 return parsed
             except ConfigError:
                 pass
-        return self.config.log_cleaner_backoff_ms
+        static: int = getattr(self.config, field)
+        return static
 
     def validate(self, resource: str, configs: Mapping[str, str]) -> dict[str, str]:
         """The topic defaults that setting broker resource ``resource``'s dynamic configs to
@@ -143,8 +155,8 @@ class DynamicBrokerConfig:
             raise ReadOnlyConfigError(
                 f"Cannot update these configs dynamically: {', '.join(read_only)} (automq-py "
                 "changes only the broker defaults of topic configs, log.cleaner.backoff.ms, "
-                "advertised.listeners and the replication throttles at run time; set the "
-                "others in server.properties or --override)"
+                "producer.id.expiration.ms, advertised.listeners and the replication "
+                "throttles at run time; set the others in server.properties or --override)"
             )
         per_broker = sorted(name for name in configs if name in PER_BROKER)
         if resource == "" and per_broker:
@@ -155,7 +167,8 @@ class DynamicBrokerConfig:
         if ADVERTISED_LISTENERS in configs:
             check_advertised_listeners(self.config, configs[ADVERTISED_LISTENERS])
         parse_declared(
-            BrokerConfig, {n: v for n, v in configs.items() if n in CLEANER or n in THROTTLES}
+            BrokerConfig,
+            {n: v for n, v in configs.items() if n in CLEANER or n in THROTTLES or n in OTHERS},
         )
         if resource == "":
             merged = {**self.config.properties, **configs, **self._own}

@@ -38,6 +38,7 @@ from automq_py.loop_lag import collector_paused
 from automq_py.metadata_cache import ClusterMetadataCache
 from automq_py.metrics.topic_stats import BrokerTopicStats
 from automq_py.partition import AppendResult, Partition, PendingAppend
+from automq_py.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
 from automq_py.refused_batches import RETRIED, RefusedBatches
 from automq_py.topic_config import effective_topic_config
 from automq_py.topics import TopicError, TopicInfo
@@ -155,6 +156,7 @@ class ReplicaManager:
         self._handovers: dict[tuple[str, int], int] = {}
         self._handing_over: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self.producer_id_expiration_ms = DEFAULT_PRODUCER_ID_EXPIRATION_MS
         self._stopping = False  # close() has begun: failed closes are not tried again
         # topics whose partitions were closed to be deleted, by id (a new topic may take the
         # name): never opened again; a request that raced the deletion is told the topic is
@@ -192,6 +194,35 @@ class ReplicaManager:
             partition.log.config = config
             partition.max_message_bytes = config.max_message_bytes
         return config
+
+    def set_producer_id_expiration_ms(self, expiration_ms: int) -> None:
+        """Take ``producer.id.expiration.ms`` (a dynamic config) in the open partitions and
+        the ones opened from now on."""
+        self.producer_id_expiration_ms = expiration_ms
+        for partition in self._partitions.values():
+            partition.log.producer_id_expiration_ms = expiration_ms
+
+    def expire_producers(self) -> int:
+        """Forget the producers idle past ``producer.id.expiration.ms`` in every partition led
+        here; how many were."""
+        return sum(partition.log.expire_producers() for partition in self.open_partitions())
+
+    def expire_producers_every(self, interval_s: float) -> None:
+        """Check for idle producers every ``interval_s`` (Kafka's
+        ``producer.id.expiration.check.interval.ms``) until :meth:`close`."""
+
+        async def every() -> None:
+            while True:
+                await asyncio.sleep(interval_s)
+                expired = self.expire_producers()
+                if expired:
+                    log.info(
+                        "forgot %d producer ids idle for producer.id.expiration.ms (%d ms)",
+                        expired,
+                        self.producer_id_expiration_ms,
+                    )
+
+        self._in_background(every(), "expire-producer-ids")
 
     def open_in_background(self, topic: TopicInfo) -> asyncio.Task[None]:
         """Open a new topic's partitions now, as Kafka creates a topic's logs when the topic
@@ -339,6 +370,7 @@ class ReplicaManager:
             await elastic_log.close()
             self._check_leader(topic, index)
             raise NotLeaderError(f"{topic.name}-{index} changed leader epoch while opening")
+        elastic_log.producer_id_expiration_ms = self.producer_id_expiration_ms
         partition = Partition(topic.name, index, elastic_log, epoch, config.max_message_bytes)
         self._partitions[key] = partition
         log.info(

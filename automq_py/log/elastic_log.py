@@ -58,7 +58,7 @@ from automq_py.log.txn_index import (
     decode_entries,
     encode_entry,
 )
-from automq_py.producer_state import ProducerStateManager
+from automq_py.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS, ProducerStateManager
 from protocol import control_records
 from protocol.record_batch import InvalidRecordBatchError, RecordBatchHeader, parse_header
 from storage.errors import OffsetOutOfRangeError, StreamClosedError
@@ -144,6 +144,8 @@ class ElasticLog:
         self._lock = asyncio.Lock()  # appends, rolls, meta writes: one at a time
         self._closed = False
         self.producer_state = producer_state
+        # producer.id.expiration.ms, as the broker has it now (a dynamic config)
+        self.producer_id_expiration_ms = DEFAULT_PRODUCER_ID_EXPIRATION_MS
         # the aborted-transaction index, (stream name, position, entry), read on first use
         self._aborted: list[tuple[str, int, AbortedTxn]] | None = None
         self._aborted_lock = asyncio.Lock()
@@ -738,11 +740,16 @@ class ElasticLog:
             keys.LEADER_EPOCH_CHECKPOINT, self._leader_epochs.checkpoint().encode()
         )
 
+    def expire_producers(self) -> int:
+        """Forget the producers idle for ``producer.id.expiration.ms`` but those with a
+        transaction open (Kafka's ``removeExpiredProducers``); how many were."""
+        return self.producer_state.expire(self._clock(), self.producer_id_expiration_ms)
+
     async def _persist_producer_snapshot(self, offset: int) -> None:
         """Write ``PRODUCER_SNAPSHOTS`` covering batches below ``offset``, first forgetting
         producers idle longer than ``producer.id.expiration.ms``. A partition that never saw
         an idempotent producer writes nothing."""
-        self.producer_state.expire(self._clock())
+        self.expire_producers()
         if not len(self.producer_state) and self.meta_stream.get(keys.PRODUCER_SNAPSHOTS) is None:
             return
         await self.meta_stream.put(keys.PRODUCER_SNAPSHOTS, self.producer_state.snapshot(offset))

@@ -15,6 +15,7 @@ from confluent_kafka.admin import (
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
+    ConfigSource,
     NewTopic,
     ResourceType,
 )
@@ -23,6 +24,7 @@ from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProdu
 
 from protocol.errors import ErrorCode
 from protocol.records import Compression, RecordInput, build_batch
+from tests.automq_py.apis.test_config_surface import alter_cluster_defaults
 from tests.automq_py.clients.test_clients import PARTITIONS, N, consume_and_check, create_topic
 from tests.automq_py.conftest import MakeBroker, module_broker
 from tests.support.broker import BrokerProcess
@@ -257,6 +259,35 @@ def test_a_known_producer_s_batch_after_a_refused_one_is_refused_the_same_way(
         assert log_end(broker.bootstrap, "owed-known") == 9
     finally:
         conn.close()
+
+
+def test_idle_producers_are_forgotten_after_producer_id_expiration_ms(
+    make_broker: MakeBroker,
+) -> None:
+    """``producer.id.expiration.ms`` is a dynamic cluster-wide config, as in Kafka, and the
+    leaders check for idle producers every ``producer.id.expiration.check.interval.ms``: a
+    producer forgotten may start at any sequence (KIP-360), one still known may not."""
+    broker = make_broker(**{"producer.id.expiration.check.interval.ms": "300"})
+    create_topic(broker.bootstrap, "expiring", 1)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    conn = RawConnection(broker.bootstrap)
+    try:
+        pid = init_producer_id(conn).producer_id
+        assert produce(conn, "expiring", pid, 0, 0) == (ErrorCode.NONE, 0)
+        time.sleep(1.0)  # a few checks: 24 h by default
+        assert produce(conn, "expiring", pid, 0, 9)[0] == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+        alter_cluster_defaults(broker, producer_id_expiration_ms="500")
+        described = admin.describe_configs([ConfigResource(ResourceType.BROKER, "0")])
+        (config,) = (future.result(15) for future in described.values())
+        value = config["producer.id.expiration.ms"]
+        assert (value.value, value.is_read_only) == ("500", False)
+        assert value.source == ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG.value
+        time.sleep(1.5)
+        assert produce(conn, "expiring", pid, 0, 9) == (ErrorCode.NONE, 3)  # a stranger now
+        assert produce(conn, "expiring", pid, 0, 15)[0] == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+    finally:
+        conn.close()
+    assert "forgot 1 producer ids idle for producer.id.expiration.ms" in broker.log_path.read_text()
 
 
 def test_duplicates_are_recognised_after_kill_9_and_restart(make_broker: MakeBroker) -> None:
