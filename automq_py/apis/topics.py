@@ -167,7 +167,7 @@ async def handle_create_topics(ctx: BrokerContext, request: Request) -> Any:
                     ErrorCode.INVALID_CONFIG,
                     f"Null value not supported for topic configs: {','.join(nulls)}",
                 )
-            effective_topic_config(ctx.replicas.topic_defaults, configs, strict=True)
+            effective = effective_topic_config(ctx.replicas.topic_defaults, configs, strict=True)
             if t.assignments:
                 partitions = manual_partition_count(
                     int(t.num_partitions),
@@ -198,18 +198,21 @@ async def handle_create_topics(ctx: BrokerContext, request: Request) -> Any:
                         " (default.replication.factor)" if replication == -1 else "",
                     )
             if ctx.allowed(AclOperation.DESCRIBE_CONFIGS, TOPIC, name):
+                # every config the topic has in effect and where it comes from, by name, as
+                # Kafka's controller lists them (AdminClient's CreateTopicsResult.config)
+                described = effective.describe(ctx.config_layers())
                 entry.update(
                     num_partitions=partitions,
                     replication_factor=1,
                     configs=[
                         {
-                            "name": k,
-                            "value": v,
+                            "name": c.name,
+                            "value": c.value,
                             "read_only": False,
-                            "config_source": 1,
+                            "config_source": c.source,
                             "is_sensitive": False,
                         }
-                        for k, v in configs.items()
+                        for c in sorted(described, key=lambda c: c.name)
                     ],
                 )
             else:

@@ -21,6 +21,7 @@ from kafka.protocol.admin.topics import (
 )
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 
+from automq_py.apis.configs import describe_topic
 from automq_py.apis.context import BrokerContext
 from automq_py.apis.topics import (
     check_new_partition_assignments,
@@ -556,3 +557,31 @@ async def test_delete_topics_refuses_the_rows_kafkas_controller_refuses(ctx: Bro
         key=lambda a: (a[0], a[1]),
     )
     assert [n for n in ("twice", "both", "named", "gone") if ctx.topics.get(n)] == ["twice", "both"]
+
+
+async def test_a_created_topic_is_answered_with_every_config_in_effect(
+    make_ctx: MakeContext,
+) -> None:
+    """As Kafka's controller answers CreateTopics (AdminClient's CreateTopicsResult.config):
+    every topic config by name, with its value in effect and its source, what DescribeConfigs
+    then says of the topic."""
+    ctx = await make_ctx(**{"log.segment.bytes": str(2 << 20)})
+    topic = new_topic("described")
+    topic.configs = [
+        CreateTopicsRequest.CreatableTopic.CreatableTopicConfig(name=n, value=v)
+        for n, v in (("cleanup.policy", "compact"), ("retention.ms", "60000"))
+    ]
+    for validate_only in (True, False):
+        (result,) = await create_topics(ctx, topic, validate_only=validate_only)
+        assert result.error_code == ErrorCode.NONE
+        configs = {c.name: (c.value, c.config_source, c.read_only) for c in result.configs}
+        assert [c.name for c in result.configs] == sorted(configs)
+        assert configs["cleanup.policy"] == ("compact", 1, False)  # TOPIC_CONFIG
+        assert configs["retention.ms"] == ("60000", 1, False)
+        assert configs["segment.bytes"] == (str(2 << 20), 4, False)  # STATIC_BROKER_CONFIG
+        assert configs["max.message.bytes"] == ("1048588", 5, False)  # DEFAULT_CONFIG
+    described = {
+        c["name"]: (c["value"], c["config_source"], c["read_only"])
+        for c in describe_topic(ctx, ctx.topics.get("described"), False, False)
+    }
+    assert configs == described
