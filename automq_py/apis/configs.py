@@ -50,7 +50,7 @@ from protocol import build
 from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
 from protocol.messages import Request, response_schema
-from storage.config_def import ConfigError, ConfigType, split_list
+from storage.config_def import ConfigError, ConfigType, format_value, split_list
 
 
 class ResourceType(IntEnum):
@@ -318,7 +318,7 @@ async def _alter(
             if kind == ResourceType.TOPIC:
                 topic = _topic(ctx, name)
                 configs = new_configs(
-                    topic.configs, r.configs, _topic_inherited(ctx), _is_topic_list
+                    topic.configs, r.configs, _topic_schema_default, _is_topic_list
                 )
                 await apply_topic_configs(ctx, topic, configs, bool(body.validate_only))
             elif kind == ResourceType.BROKER:
@@ -351,7 +351,9 @@ def incremental_configs(
 ) -> dict[str, str]:
     """A resource's configs ``current`` after ``ops`` (each with name, config_operation,
     value); APPEND and SUBTRACT start from ``inherited(name)`` where the resource has no
-    value of its own, and apply to the configs ``is_list`` says are lists."""
+    value of its own, and apply to the configs ``is_list`` says are lists (Kafka's
+    ConfigurationControlManager: each item appended unless the list has it, each subtracted
+    item removed)."""
     configs = dict(current)
     for op in ops:
         name, value, kind = str(op.name), op.value, int(op.config_operation)
@@ -368,15 +370,19 @@ def incremental_configs(
             configs[name] = str(value)
             continue
         if not is_list(name):
-            verb = "append" if kind == OpType.APPEND else "subtract"
+            verb = "APPEND" if kind == OpType.APPEND else "SUBTRACT"
             raise ConfigRequestError(
-                ErrorCode.INVALID_CONFIG, f"{name}: {verb} applies to list configs only"
+                ErrorCode.INVALID_CONFIG,
+                f"Can't {verb} to key {name} because its type is not LIST.",
             )
         # the list the resource has now: its own value, else what it inherits
-        items = list(split_list(configs.get(name) or inherited(name) or ""))
+        own = configs.get(name)
+        items = list(split_list(own if own is not None else inherited(name) or ""))
         given = split_list(str(value))
         if kind == OpType.APPEND:
-            items += [v for v in given if v not in items]
+            for item in given:
+                if item not in items:
+                    items.append(item)
         else:
             items = [v for v in items if v not in given]
         configs[name] = ",".join(items)
@@ -390,9 +396,11 @@ NewConfigs = Callable[
 ]
 
 
-def _topic_inherited(ctx: BrokerContext) -> Callable[[str], str | None]:
-    inherited = effective_topic_config(ctx.replicas.topic_defaults, {})
-    return lambda name: inherited.value(name) if name in LogConfig.properties() else None
+def _topic_schema_default(name: str) -> str | None:
+    """What a topic config the topic does not set starts from in APPEND and SUBTRACT: the
+    topic schema's default, as Kafka's controller takes it (not the broker's default)."""
+    found = LogConfig.properties().get(name)
+    return None if found is None else format_value(found[1].default)
 
 
 def _is_topic_list(name: str) -> bool:
@@ -412,11 +420,12 @@ async def alter_broker(
     if dynamic is None:
         raise ConfigRequestError(ErrorCode.INVALID_REQUEST, "the broker is not started")
     layers = dynamic.layers()
-    merged = layers.merged()
     keys = BrokerConfig.config_keys()
 
     def inherited(prop: str) -> str | None:
-        return merged.get(prop, layers.defaults.get(prop))
+        # as Kafka's controller: a list the resource does not set starts from the property's
+        # default, not from another layer's value
+        return layers.defaults.get(prop)
 
     def is_list(prop: str) -> bool:
         key = keys.get(prop)

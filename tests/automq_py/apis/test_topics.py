@@ -13,6 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kafka.protocol.admin.configs import (
+    IncrementalAlterConfigsRequest,
+    IncrementalAlterConfigsResponse,
+)
 from kafka.protocol.admin.topics import (
     CreatePartitionsRequest,
     CreatePartitionsResponse,
@@ -585,3 +589,29 @@ async def test_a_created_topic_is_answered_with_every_config_in_effect(
         for c in describe_topic(ctx, ctx.topics.get("described"), False, False)
     }
     assert configs == described
+
+
+async def test_append_to_a_list_the_topic_does_not_set_starts_from_the_schemas_default(
+    make_ctx: MakeContext,
+) -> None:
+    """As Kafka's controller: IncrementalAlterConfigs APPEND on a topic list config the topic
+    does not set starts from the topic schema's default (cleanup.policy ``delete``), not from
+    the broker's (``log.cleanup.policy``); an item already there is not added twice."""
+    ctx = await make_ctx(**{"log.cleanup.policy": "compact"})
+    await ctx.topics.create("appended", 1, {})
+    alterable = IncrementalAlterConfigsRequest.AlterConfigsResource.AlterableConfig
+    request = IncrementalAlterConfigsRequest[1](
+        resources=[
+            IncrementalAlterConfigsRequest.AlterConfigsResource(
+                resource_type=2,
+                resource_name="appended",
+                configs=[
+                    alterable(name="cleanup.policy", config_operation=2, value="compact,compact")
+                ],
+            )
+        ],
+        validate_only=False,
+    )
+    (result,) = (await call(ctx, request, IncrementalAlterConfigsResponse)).responses
+    assert result.error_code == ErrorCode.NONE, result.error_message
+    assert ctx.topics.get("appended").configs == {"cleanup.policy": "delete,compact"}
