@@ -1,4 +1,4 @@
-"""Fetch (1) and ListOffsets (2).
+"""Fetch (1), ListOffsets (2) and OffsetForLeaderEpoch (23).
 
 Fetch hands the partitions asked for to the ReplicaManager, which reads them and, while fewer
 than ``min_bytes`` came back, waits on them for new data (or ``max_wait``): Kafka's delayed
@@ -8,11 +8,13 @@ re-encoded.
 Authorization is Kafka's (``KafkaApis.handleFetchRequest``, ``handleListOffsetRequest``): a
 consumer's fetch needs READ on each topic and a follower's (``replica_id`` >= 0) CLUSTER_ACTION
 on the cluster, a refused partition answering TOPIC_AUTHORIZATION_FAILED (and left out of the
-read, so the others still wait for data); ListOffsets needs DESCRIBE on each topic.
+read, so the others still wait for data); ListOffsets needs DESCRIBE on each topic, and
+OffsetForLeaderEpoch CLUSTER_ACTION on the cluster or DESCRIBE on each topic.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from automq_py.apis.context import BrokerContext
@@ -37,6 +39,16 @@ EARLIEST = -2
 MAX_TIMESTAMP = -3  # v7+ (KIP-734)
 EARLIEST_LOCAL = -4  # v8+ (KIP-405): the first offset held locally, not in remote storage
 LATEST_TIERED = -5  # v9+ (KIP-1005): the last offset in remote storage
+# the first ListOffsets version of each special timestamp (Kafka's
+# timestampMinSupportedVersion); any other negative timestamp is UNSUPPORTED_VERSION
+SPECIAL_TIMESTAMP_VERSIONS = {
+    EARLIEST: 1,
+    LATEST: 1,
+    MAX_TIMESTAMP: 7,
+    EARLIEST_LOCAL: 8,
+    LATEST_TIERED: 9,
+}
+NEVER = 1 << 15  # a version no request has
 READ_COMMITTED = 1  # isolation_level of Fetch v4+ and ListOffsets v2+
 # Fetch versions whose clients do not know KAFKA_STORAGE_ERROR (KIP-112 gave it to v6)
 LAST_WITHOUT_STORAGE_ERROR = 5
@@ -178,11 +190,16 @@ def _refused_topic(ctx: BrokerContext, info: Any, name: Any, follower_allowed: b
 
 async def handle_list_offsets(ctx: BrokerContext, request: Request) -> Any:
     read_committed = int(getattr(request.body, "isolation_level", 0)) == READ_COMMITTED
-    out = []
+    asked = Counter(
+        (str(t.name), int(p.partition_index)) for t in request.body.topics for p in t.partitions
+    )
+    # the answer by topic (Kafka's is built from a map of partitions: a topic named twice is
+    # answered once, and so is a partition asked twice)
+    grouped: dict[str, list[dict[str, Any]]] = {}
     for t in request.body.topics:
         info = ctx.topics.get(str(t.name))
         allowed = ctx.allowed(AclOperation.DESCRIBE, TOPIC, str(t.name))
-        parts = []
+        parts = grouped.setdefault(str(t.name), [])
         for p in t.partitions:
             index = int(p.partition_index)
             entry: dict[str, Any] = {
@@ -192,8 +209,20 @@ async def handle_list_offsets(ctx: BrokerContext, request: Request) -> Any:
                 "leader_epoch": -1,
                 "error_code": ErrorCode.NONE,
             }
+            ts = int(p.timestamp)
+            # in Kafka's order: the topic's authorization, a partition asked twice (answered
+            # once), a special timestamp the request's version does not know, the partition
             if not allowed:
                 entry["error_code"] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                parts.append(entry)
+                continue
+            if asked[str(t.name), index] > 1:
+                entry["error_code"] = ErrorCode.INVALID_REQUEST
+                if all(e["partition_index"] != index for e in parts):
+                    parts.append(entry)
+                continue
+            if ts < 0 and request.api_version < SPECIAL_TIMESTAMP_VERSIONS.get(ts, NEVER):
+                entry["error_code"] = ErrorCode.UNSUPPORTED_VERSION
                 parts.append(entry)
                 continue
             if info is None or not 0 <= index < info.partitions:
@@ -209,38 +238,102 @@ async def handle_list_offsets(ctx: BrokerContext, request: Request) -> Any:
                     entry["error_code"] = epoch_error
                     parts.append(entry)
                     continue
-                ts = int(p.timestamp)
+                epochs = partition.log.leader_epoch_cache
                 # what a consumer may read: read_committed ones start from, and see lag to,
                 # the stable offset; a record found at or past it is not answered (Kafka's
                 # fetchOffsetForTimestamp)
                 fetchable = (
                     partition.last_stable_offset if read_committed else partition.high_watermark
                 )
+                # each answer's leader epoch as Kafka's fetchOffsetByTimestamp gives it: the
+                # partition's for the latest, the first entry's for the earliest (when it
+                # starts there), else the epoch of the record's batch
                 if ts in (EARLIEST, EARLIEST_LOCAL):
                     # no tiered storage (Kafka's remote log): the whole log is local
-                    entry["offset"] = partition.log_start_offset
+                    start = partition.log_start_offset
+                    first = epochs.entries[0] if epochs.entries else None
+                    entry.update(
+                        offset=start,
+                        leader_epoch=first[0] if first is not None and first[1] <= start else -1,
+                    )
                 elif ts == LATEST_TIERED:
                     pass  # nothing in remote storage: Kafka answers offset -1, epoch -1
                 elif ts == LATEST:
-                    entry["offset"] = fetchable
+                    entry.update(offset=fetchable, leader_epoch=partition.leader_epoch)
                 elif ts == MAX_TIMESTAMP:
                     offset, max_ts = await partition.log.max_timestamp_offset()
                     if 0 <= offset < fetchable:
-                        entry.update(offset=offset, timestamp=max_ts)
+                        entry.update(
+                            offset=offset,
+                            timestamp=max_ts,
+                            leader_epoch=epochs.epoch_for_offset(offset),
+                        )
                 else:
                     found = await first_record_at_or_after(partition, ts)
                     if found is not None and found[0] < fetchable:
-                        entry.update(offset=found[0], timestamp=found[1])
+                        entry.update(
+                            offset=found[0],
+                            timestamp=found[1],
+                            leader_epoch=epochs.epoch_for_offset(found[0]),
+                        )
             except Exception as e:
                 entry["error_code"] = partition_failed("list offsets of", info.name, index, e)
                 parts.append(entry)
                 continue
-            if entry["offset"] >= 0:
-                entry["leader_epoch"] = partition.leader_epoch
             parts.append(entry)
-        out.append({"name": t.name, "partitions": parts})
+    out = [{"name": name, "partitions": parts} for name, parts in grouped.items()]
     return build.build(
         response_schema(ApiKey.LIST_OFFSETS, request.api_version),
+        {"throttle_time": 0, "topics": out},
+    )
+
+
+async def handle_offset_for_leader_epoch(ctx: BrokerContext, request: Request) -> Any:
+    """Where each asked leader epoch ends in a partition's log (KIP-101, KIP-320: a consumer
+    checks its position after a leader change), as Kafka's ``lastOffsetForLeaderEpoch``:
+    the largest epoch at or below the one asked and the start of the next (the log end for
+    the latest); -1, -1 for an epoch past the latest. CLUSTER_ACTION on the cluster or
+    DESCRIBE on each topic."""
+    cluster_allowed = ctx.allowed_on_cluster(CLUSTER_ACTION)
+    out = []
+    for t in request.body.topics:
+        name = str(t.topic)
+        allowed = cluster_allowed or ctx.allowed(AclOperation.DESCRIBE, TOPIC, name)
+        info = ctx.topics.get(name) if allowed else None
+        parts = []
+        for p in t.partitions:
+            index = int(p.partition)
+            entry: dict[str, Any] = {
+                "error_code": ErrorCode.NONE,
+                "partition": index,
+                "leader_epoch": -1,
+                "end_offset": -1,
+            }
+            parts.append(entry)
+            if not allowed:
+                entry["error_code"] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                continue
+            if info is None or not 0 <= index < info.partitions:
+                entry["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                continue
+            try:
+                partition = await ctx.replicas.partition(info, index)
+            except Exception as e:
+                entry["error_code"] = partition_failed("end offset of an epoch of", name, index, e)
+                continue
+            error = leader_epoch_error(int(p.current_leader_epoch), partition.leader_epoch)
+            if error is not None:
+                entry["error_code"] = error
+                continue
+            log = partition.log
+            epoch, end = log.leader_epoch_cache.end_offset_for(
+                int(p.leader_epoch), log.log_end_offset
+            )
+            if end >= 0:
+                entry.update(leader_epoch=epoch, end_offset=end)
+        out.append({"topic": name, "partitions": parts})
+    return build.build(
+        response_schema(ApiKey.OFFSET_FOR_LEADER_EPOCH, request.api_version),
         {"throttle_time": 0, "topics": out},
     )
 
@@ -305,4 +398,7 @@ API_KEY = ApiKey.FETCH
 HANDLERS: dict[int, tuple[Any, int, int]] = {
     API_KEY: (handle_fetch, 4, 17),
     ApiKey.LIST_OFFSETS: (handle_list_offsets, 1, 9),
+    # v0 and v1 went in Kafka 4.0 (KIP-896), and kio with them; librdkafka and the Java
+    # client send v2+
+    ApiKey.OFFSET_FOR_LEADER_EPOCH: (handle_offset_for_leader_epoch, 2, 4),
 }

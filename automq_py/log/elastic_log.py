@@ -47,7 +47,7 @@ from automq_py.log.elastic_log_meta import (
     SliceRange,
     TimestampOffset,
 )
-from automq_py.log.elastic_log_segment import ElasticLogSegment
+from automq_py.log.elastic_log_segment import BatchView, ElasticLogSegment
 from automq_py.log.leader_epoch_cache import LeaderEpochCache
 from automq_py.log.log_config import LogConfig
 from automq_py.log.meta_stream import MetaStream
@@ -60,7 +60,13 @@ from automq_py.log.txn_index import (
 )
 from automq_py.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS, ProducerStateManager
 from protocol import control_records
-from protocol.record_batch import InvalidRecordBatchError, RecordBatchHeader, parse_header
+from protocol.record_batch import (
+    TIMESTAMP_TYPE_BIT,
+    InvalidRecordBatchError,
+    RecordBatchHeader,
+    parse_header,
+)
+from protocol.records import parse_records
 from storage.errors import OffsetOutOfRangeError, StreamClosedError
 from storage.retention import SegmentInfo
 from storage.stream import S3Stream, StreamClient, close_streams
@@ -100,6 +106,23 @@ class CleanedBatch:
 
     data: bytes | memoryview
     count: int
+
+
+def _offset_of_max_timestamp(view: BatchView) -> int:
+    """The offset of the first record of ``view`` whose timestamp is its batch's max (Kafka's
+    ``offsetOfMaxTimestamp``): the base offset of a LogAppendTime batch, whose records all
+    take its time, or of one whose records cannot be read."""
+    header = view.header
+    if header.attributes & TIMESTAMP_TYPE_BIT:
+        return header.base_offset
+    try:
+        records = parse_records(view.data)
+    except InvalidRecordBatchError:
+        return header.base_offset
+    for record in records:
+        if record.timestamp == header.max_timestamp:
+            return int(record.offset)
+    return header.base_offset
 
 
 def batch_marker(header: RecordBatchHeader, batch: bytes | memoryview) -> tuple[bool, int] | None:
@@ -850,9 +873,10 @@ class ElasticLog:
         return None
 
     async def max_timestamp_offset(self) -> tuple[int, int]:
-        """``(offset, timestamp)`` of the batch holding the largest timestamp (ListOffsets
-        MAX_TIMESTAMP), the first such batch on ties; ``(-1, -1)`` for an empty log. The offset
-        is the batch's base offset, as in :meth:`offset_for_timestamp`."""
+        """``(offset, timestamp)`` of the record holding the largest timestamp (ListOffsets
+        MAX_TIMESTAMP), the first such record on ties, as Kafka's ``offsetOfMaxTimestamp``
+        finds it in its batch (a LogAppendTime batch's first record); ``(-1, -1)`` for an
+        empty log."""
         best: ElasticLogSegment | None = None
         for segment in self._segments:
             if segment.max_timestamp > (best.max_timestamp if best else NO_TIMESTAMP):
@@ -864,4 +888,4 @@ class ElasticLog:
         view = await best.batch_holding(max(max_so_far.offset, start))
         if view is None:
             return -1, NO_TIMESTAMP
-        return max(view.header.base_offset, start), max_so_far.timestamp
+        return max(_offset_of_max_timestamp(view), start), max_so_far.timestamp

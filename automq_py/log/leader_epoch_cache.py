@@ -58,6 +58,16 @@ class LeaderEpochCache:
         self._entries.insert(0, (epoch, start_offset))
         return old_start != start_offset or removed > 1
 
+    def epoch_for_offset(self, offset: int) -> int:
+        """The epoch in force at ``offset`` (Kafka's ``epochForOffset``): the last entry that
+        starts at or before it; undefined (-1) before the first."""
+        found = UNDEFINED_EPOCH
+        for epoch, start in self._entries:
+            if start > offset:
+                break
+            found = epoch
+        return found
+
     def end_offset_for(self, epoch: int, log_end_offset: int) -> tuple[int, int]:
         """``(epoch, end offset)`` for OffsetForLeaderEpoch (Kafka's ``endOffsetFor``): the
         largest known epoch <= ``epoch`` and the start offset of the next one, the log end for

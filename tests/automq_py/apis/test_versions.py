@@ -142,6 +142,7 @@ MIN_EXCEPTIONS: dict[int, int] = {
     ApiKey.DESCRIBE_ACLS: 1,
     ApiKey.CREATE_ACLS: 1,
     ApiKey.DELETE_ACLS: 1,
+    ApiKey.OFFSET_FOR_LEADER_EPOCH: 2,
 }
 # Where this broker's maximum is not Kafka 3.9's, and why.
 MAX_EXCEPTIONS: dict[int, int] = {
