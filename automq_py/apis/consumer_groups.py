@@ -28,7 +28,12 @@ from automq_py.apis.groups import (
     millis,
 )
 from automq_py.coordinator.classic_group import ClassicState
-from automq_py.coordinator.consumer_group import ConsumerGroup, HeartbeatRequest, Partitions
+from automq_py.coordinator.consumer_group import (
+    ConsumerGroup,
+    HeartbeatRequest,
+    Partitions,
+    validate_heartbeat,
+)
 from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
 from protocol.messages import Request
@@ -54,7 +59,6 @@ async def handle_consumer_group_heartbeat(ctx: BrokerContext, request: Request) 
     if subscribed and authorized_names(ctx, DESCRIBE, TOPIC, subscribed) != subscribed:
         # Kafka 4.0 (KAFKA-18813): a subscription naming a topic the member may not DESCRIBE
         return error_response(request, TOPIC_REFUSED)
-    error, group = await coordinator.consumer_group(group_id)
     config = coordinator.config
     # the group's own settings (kafka-configs --entity-type groups) over the broker's
     if ctx.group_configs is not None:
@@ -62,28 +66,22 @@ async def handle_consumer_group_heartbeat(ctx: BrokerContext, request: Request) 
     else:
         session_timeout = config.consumer_session_timeout_ms
         interval = config.consumer_heartbeat_interval_ms
-    if group is None:
+
+    def refused(code: ErrorCode, message: str | None) -> Any:
         return respond(
             request,
             {
                 "throttle_time": 0,
-                "error_code": error,
+                "error_code": code,
+                "error_message": message,
                 "member_epoch": int(body.member_epoch),
                 "heartbeat_interval": interval,
             },
         )
-    if request.api_version >= 1 and not str(body.member_id):
+
+    if request.api_version >= 1 and not str(body.member_id).strip():
         # KIP-1082: from v1 the client makes its member id
-        return respond(
-            request,
-            {
-                "throttle_time": 0,
-                "error_code": ErrorCode.INVALID_REQUEST,
-                "error_message": "MemberId can't be empty.",
-                "member_epoch": int(body.member_epoch),
-                "heartbeat_interval": interval,
-            },
-        )
+        return refused(ErrorCode.INVALID_REQUEST, "MemberId can't be empty.")
     names = getattr(body, "subscribed_topic_names", None)
     heartbeat = HeartbeatRequest(
         group_id=group_id,
@@ -99,6 +97,15 @@ async def handle_consumer_group_heartbeat(ctx: BrokerContext, request: Request) 
         client_id=request.header.client_id or "",
         client_host=CLIENT_HOST.get(),
     )
+    # as Kafka's GroupCoordinatorService: the request is checked before the group is looked up
+    invalid = validate_heartbeat(heartbeat, config.consumer_assignors)
+    if invalid is not None:
+        return refused(invalid.error, invalid.message)
+    # a group is made only by a member joining (epoch 0): Kafka's GROUP_ID_NOT_FOUND else
+    error, group = await coordinator.consumer_group(group_id, create=heartbeat.member_epoch == 0)
+    if group is None:
+        missing = error == ErrorCode.GROUP_ID_NOT_FOUND
+        return refused(error, f"Consumer group {group_id} not found." if missing else None)
     topics = ctx.topics
 
     def resolve(wanted: set[str]) -> dict[str, tuple[uuid.UUID, int]]:
@@ -125,6 +132,7 @@ async def handle_consumer_group_heartbeat(ctx: BrokerContext, request: Request) 
         every_member_sees=not ctx.secured,
     )
     if result.error == ErrorCode.NONE:
+        coordinator.add_consumer_group(group)  # (nothing awaited since it was made)
         stored = await coordinator.store_consumer_group(group)
         if stored != ErrorCode.NONE:
             result = type(result)(stored, result.member_id, result.member_epoch)
@@ -201,7 +209,7 @@ async def handle_consumer_group_describe(ctx: BrokerContext, request: Request) -
                 "group_state": group.state,
                 "group_epoch": group.group_epoch,
                 "assignment_epoch": group.assignment_epoch,
-                "assignor_name": group.assignor_name,
+                "assignor_name": group.preferred_assignor(coordinator.config.consumer_assignors),
                 "members": [
                     {
                         "member_id": m.member_id,

@@ -111,6 +111,10 @@ async def handle_join_group(ctx: BrokerContext, request: Request) -> Any:
 
 async def handle_sync_group(ctx: BrokerContext, request: Request) -> Any:
     body = request.body
+    if request.api_version >= 5 and (body.protocol_type is None or body.protocol_name is None):
+        # Kafka's KafkaApis checks the mandatory protocol type and name first, before the
+        # group's authorization
+        return error_response(request, ErrorCode.INCONSISTENT_GROUP_PROTOCOL, assignment=b"")
     if not ctx.allowed(READ, GROUP, str(body.group_id)):
         return error_response(request, GROUP_REFUSED, assignment=b"")
     assignments = {str(a.member_id): bytes(a.assignment) for a in body.assignments}
@@ -235,6 +239,7 @@ async def _fetch_group(
     member_id: str | None,
     member_epoch: int,
     require_stable: bool = False,
+    api_version: int = 8,
 ) -> dict[str, Any]:
     """One group's OffsetFetch answer. Offsets of topics the session may not DESCRIBE are
     not shown: left out of an answer about every topic, TOPIC_AUTHORIZATION_FAILED when asked
@@ -259,8 +264,9 @@ async def _fetch_group(
             describable = authorized_names(ctx, DESCRIBE, TOPIC, (tp[0] for tp, _ in found))
             found = [(tp, value) for tp, value in found if tp[0] in describable]
     if error != ErrorCode.NONE:
-        # partitions carry the error too, for versions without a group-level error code
-        found = [(tp, None) for tp in wanted or []]
+        # v0 and v1 have no group-level error code: their partitions carry it; from v2 the
+        # answer is the error alone (Kafka's getErrorResponse)
+        found = [(tp, None) for tp in wanted or []] if api_version < 2 else []
         refused = []
     # require_stable (v7+, KIP-447): an offset a transaction has not decided yet is unstable
     unstable = coordinator.offsets.pending_partitions(group_id) if require_stable else set()
@@ -298,7 +304,9 @@ async def handle_offset_fetch(ctx: BrokerContext, request: Request) -> Any:
     body = request.body
     require_stable = bool(getattr(body, "require_stable", False))
     if request.api_version < 8:
-        group = await _fetch_group(ctx, str(body.group_id), body.topics, None, -1, require_stable)
+        group = await _fetch_group(
+            ctx, str(body.group_id), body.topics, None, -1, require_stable, request.api_version
+        )
         return respond(
             request,
             {"throttle_time": 0, "error_code": group["error_code"], "topics": group["topics"]},
@@ -425,7 +433,9 @@ async def handle_describe_groups(ctx: BrokerContext, request: Request) -> Any:
                     "group_id": group_id,
                     "group_state": group.state,
                     "protocol_type": "consumer",
-                    "protocol_data": group.assignor_name,
+                    "protocol_data": group.preferred_assignor(
+                        group_coordinator(ctx).config.consumer_assignors
+                    ),
                     "members": [
                         {
                             "member_id": m.member_id,

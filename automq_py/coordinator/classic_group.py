@@ -106,8 +106,11 @@ class ClassicGroup:
         # the first rebalance of an empty group waits group.initial.rebalance.delay.ms
         self.initial_delay = False
         self.rebalance_timer: asyncio.TimerHandle | None = None
-        # monotonic deadline for the SyncGroup phase (members that never sync are removed)
+        # monotonic deadline for the SyncGroup phase: the generation's members that have not
+        # sent SyncGroup by then (``pending_sync``) are removed, in CompletingRebalance or
+        # once Stable (Kafka's pending sync members)
         self.sync_deadline: float | None = None
+        self.pending_sync: set[str] = set()
 
     # --- state -----------------------------------------------------------------------------
 
@@ -137,6 +140,7 @@ class ClassicGroup:
     def remove(self, member_id: str) -> ClassicMember | None:
         member = self.members.pop(member_id, None)
         self.pending_members.pop(member_id, None)
+        self.pending_sync.discard(member_id)
         if member is None:
             return None
         instance = member.group_instance_id
@@ -161,6 +165,9 @@ class ClassicGroup:
         self.static_members[instance_id] = new_id
         if self.leader_id == old_id:
             self.leader_id = new_id
+        if old_id in self.pending_sync:
+            self.pending_sync.discard(old_id)
+            self.pending_sync.add(new_id)
         return member
 
     def is_static_member_fenced(self, member_id: str, instance_id: str | None) -> bool:

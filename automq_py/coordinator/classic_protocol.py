@@ -100,20 +100,17 @@ class ClassicProtocol:
             if member.deadline <= now and not keep_alive:
                 self._remove_member(group, member, "session timeout expired")
         if (
-            group.is_(ClassicState.COMPLETING_REBALANCE)
+            group.is_(ClassicState.COMPLETING_REBALANCE, ClassicState.STABLE)
             and group.sync_deadline is not None
             and group.sync_deadline <= now
         ):
+            # Kafka's expirePendingSync: whoever of the generation has not synced by now
             group.sync_deadline = None
-            late = [m for m in group.members.values() if not m.awaiting_sync]
-            for member in late:
-                group.remove(member.member_id)
+            late = sorted(group.pending_sync & group.members.keys())
+            for member_id in late:
+                group.remove(member_id)
             if late:
-                log.info(
-                    "group %s: %s did not sync in time",
-                    group.group_id,
-                    ", ".join(m.member_id for m in late),
-                )
+                log.info("group %s: %s did not sync in time", group.group_id, ", ".join(late))
                 self._prepare_rebalance(group, "members did not sync in time")
 
     async def _store(self, group: ClassicGroup) -> ErrorCode:
@@ -124,17 +121,19 @@ class ClassicProtocol:
     # --- JoinGroup -------------------------------------------------------------------------------
 
     async def join_group(self, req: JoinRequest) -> JoinResult:
+        # in Kafka's order (GroupCoordinatorService.joinGroup): the group id, the session
+        # timeout, then whether this broker coordinates the group
         if not req.group_id:
             return JoinResult(ErrorCode.INVALID_GROUP_ID, req.member_id)
-        error = await group_ready(self.runtime, req.group_id)
-        if error != ErrorCode.NONE:
-            return JoinResult(error, req.member_id)
         if not (
             self.config.min_session_timeout_ms
             <= req.session_timeout_ms
             <= self.config.max_session_timeout_ms
         ):
             return JoinResult(ErrorCode.INVALID_SESSION_TIMEOUT, req.member_id)
+        error = await group_ready(self.runtime, req.group_id)
+        if error != ErrorCode.NONE:
+            return JoinResult(error, req.member_id)
         if not req.protocol_type or not req.protocols:
             return JoinResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, req.member_id)
         found = self.groups.get(req.group_id)
@@ -155,9 +154,30 @@ class ClassicProtocol:
             return JoinResult(ErrorCode.COORDINATOR_NOT_AVAILABLE, req.member_id)
         if not group.supports(req.protocol_type, req.protocols):
             return JoinResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, req.member_id)
+        if not self._accepts(group, req.member_id):
+            # Kafka's acceptJoiningMember refused: a member not let in is out of the group
+            removed = group.remove(req.member_id)
+            if removed is not None:
+                _resolve_join(removed, JoinResult(ErrorCode.GROUP_MAX_SIZE_REACHED, ""))
+                _resolve_sync(removed, SyncResult(ErrorCode.GROUP_MAX_SIZE_REACHED))
+                self._try_complete_join(group)
+            return JoinResult(ErrorCode.GROUP_MAX_SIZE_REACHED, "")
         if not req.member_id:
             return await self._join_unknown_member(group, req)
         return await self._join_known_member(group, req)
+
+    def _accepts(self, group: ClassicGroup, member_id: str) -> bool:
+        """Kafka's acceptJoiningMember (group.max.size): any join of an empty group; while it
+        rebalances, a member already waiting to join or while fewer than the maximum wait;
+        else a member of the group or while it has fewer than the maximum."""
+        limit = self.config.max_size
+        if group.is_(ClassicState.EMPTY, ClassicState.DEAD):
+            return True
+        member = group.members.get(member_id)
+        if group.is_(ClassicState.PREPARING_REBALANCE):
+            waiting = sum(1 for m in group.members.values() if m.awaiting_join)
+            return (member is not None and member.awaiting_join) or waiting < limit
+        return member is not None or len(group.members) < limit
 
     def _new_member(self, req: JoinRequest, member_id: str) -> ClassicMember:
         return ClassicMember(
@@ -179,8 +199,6 @@ class ClassicProtocol:
             old_id = group.static_members.get(req.group_instance_id)
             if old_id is not None and old_id in group.members:
                 return await self._rejoin_static_member(group, req, old_id, new_id)
-        if len(group.members) + len(group.pending_members) >= self.config.max_size:
-            return JoinResult(ErrorCode.GROUP_MAX_SIZE_REACHED, req.member_id)
         if req.group_instance_id is None and req.require_known_member_id:
             group.pending_members[new_id] = self.clock() + req.session_timeout_ms / 1000
             return JoinResult(ErrorCode.MEMBER_ID_REQUIRED, new_id)
@@ -244,8 +262,10 @@ class ClassicProtocol:
                     generation,
                     group.protocol_type,
                     group.protocol_name,
-                    # an old client that thinks it leads would reassign: tell it the old id
-                    new_id if skip or not is_leader else old_id,
+                    # the group's leader (Kafka's updateStaticMemberThenRebalanceOrCompleteJoin);
+                    # a leader that cannot skip the assignment (below v9) is told its old id,
+                    # so it does not take itself for the leader and assign again
+                    (group.leader_id or "") if skip or not is_leader else old_id,
                     skip,
                     self._member_list(group) if skip else [],
                 )
@@ -380,9 +400,26 @@ class ClassicProtocol:
             return
         self._cancel_timer(group)
         group.initial_delay = False
+        # Kafka's completeClassicGroupJoin: a dynamic member that did not rejoin is removed; a
+        # static one stays (it is expected back, with its assignment) until its session ends
         for member in group.not_yet_rejoined():
+            if member.group_instance_id is not None:
+                continue
             log.info("group %s: member %s did not rejoin in time", group.group_id, member.member_id)
             group.remove(member.member_id)
+        joined = [m.member_id for m in group.members.values() if m.awaiting_join]
+        if group.members and not joined:
+            # nobody rejoined: wait another rebalance timeout, while the sessions run out
+            log.warning(
+                "group %s could not complete rebalance because no members rejoined",
+                group.group_id,
+            )
+            group.rebalance_timer = asyncio.get_running_loop().call_later(
+                group.rebalance_timeout_ms / 1000, self._complete_join, group
+            )
+            return
+        if group.leader_id not in joined and joined:
+            group.leader_id = joined[0]  # the leader must be one who rejoined
         group.generation_id += 1
         if not group.members:
             group.protocol_name = None
@@ -394,6 +431,7 @@ class ClassicProtocol:
         group.transition(ClassicState.COMPLETING_REBALANCE)
         now = self.clock()
         group.sync_deadline = now + group.rebalance_timeout_ms / 1000
+        group.pending_sync = set(group.members)
         log.info(
             "group %s: generation %d with %d members, protocol %s, leader %s",
             group.group_id,
@@ -456,6 +494,7 @@ class ClassicProtocol:
             return SyncResult(ErrorCode.UNKNOWN_MEMBER_ID)
         if group.is_(ClassicState.PREPARING_REBALANCE):
             return SyncResult(ErrorCode.REBALANCE_IN_PROGRESS)
+        group.pending_sync.discard(member_id)
         if group.is_(ClassicState.STABLE):
             return SyncResult(
                 ErrorCode.NONE, group.protocol_type, group.protocol_name, member.assignment
@@ -483,7 +522,8 @@ class ClassicProtocol:
                 _resolve_sync(member, SyncResult(error))
             self._prepare_rebalance(group, f"storing the assignment failed: {error.name}")
             return
-        group.sync_deadline = None
+        # (the sync deadline stays: a member of the generation that never syncs is removed
+        # once it passes, in Stable too)
         group.transition(ClassicState.STABLE)
         now = self.clock()
         for member in group.members.values():

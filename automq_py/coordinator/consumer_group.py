@@ -28,6 +28,7 @@ from __future__ import annotations
 import enum
 import re
 import uuid
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -74,8 +75,12 @@ class ConsumerMember:
     sent: Partitions | None = None
     deadline: float = 0.0
     revocation_deadline: float | None = None
-    # left with epoch -2: a static member that is expected back
-    left_temporarily: bool = False
+
+    @property
+    def left_temporarily(self) -> bool:
+        """A static member that left with epoch -2 (kept so, in the log too): its instance is
+        expected back, and takes its assignment over."""
+        return self.epoch == STATIC_LEAVE_EPOCH
 
 
 @dataclass(slots=True, frozen=True)
@@ -127,7 +132,6 @@ class ConsumerGroup:
         # False once loaded from the log: the next heartbeat takes the topics as they are
         # without a new epoch (the records keep the assignment, not the topics' metadata)
         self.metadata_known = True
-        self.assignor_name = ""
         # what the log holds: (key version, member id) -> value, and the target's epoch
         self._stored: dict[tuple[int, str], bytes] = {}
         self._stored_target_epoch = -1
@@ -212,7 +216,7 @@ class ConsumerGroup:
         the context of the heartbeat that refreshes them; ``every_member_sees``: they are
         what any member would see (no authorizer), so every member's regex is matched again,
         not only this one's."""
-        error = _validate(req, assignors)
+        error = validate_heartbeat(req, assignors)
         if error is not None:
             return error
         if req.member_epoch in (LEAVE_EPOCH, STATIC_LEAVE_EPOCH):
@@ -266,16 +270,53 @@ class ConsumerGroup:
         return HeartbeatResult(ErrorCode.NONE, member.member_id, member.epoch, send)
 
     def _leave(self, req: HeartbeatRequest, now: float, session_timeout_ms: int) -> HeartbeatResult:
-        member = self.members.get(req.member_id)
-        if member is None:
-            return HeartbeatResult(ErrorCode.UNKNOWN_MEMBER_ID, req.member_id, req.member_epoch)
+        found = self._member_named(req)
+        if isinstance(found, HeartbeatResult):
+            return found
+        member = found
         if req.member_epoch == STATIC_LEAVE_EPOCH and member.instance_id is not None:
-            # keep its assignment for a while: the same instance is expected back
-            member.left_temporarily = True
+            # Kafka's consumerGroupStaticMemberGroupLeave: it keeps its assignment, at epoch
+            # -2, for a while: the same instance is expected back
+            member.epoch = STATIC_LEAVE_EPOCH
+            member.pending_revocation = {}
             member.deadline = now + session_timeout_ms / 1000
+            self._dirty.add(member.member_id)
         else:
             self.remove(member.member_id)
         return HeartbeatResult(ErrorCode.NONE, req.member_id, req.member_epoch)
+
+    def _member_named(self, req: HeartbeatRequest) -> ConsumerMember | HeartbeatResult:
+        """The member a heartbeat names: a static one by its instance id (Kafka's
+        throwIfStaticMemberIsUnknown, then throwIfInstanceIdIsFenced: a member id the
+        instance no longer has is fenced), a dynamic one by its member id."""
+        if req.instance_id is None:
+            member = self.members.get(req.member_id)
+            if member is None:
+                return HeartbeatResult(
+                    ErrorCode.UNKNOWN_MEMBER_ID,
+                    req.member_id,
+                    req.member_epoch,
+                    message=f"member {req.member_id} is not in group {self.group_id}",
+                )
+            return member
+        holder_id = self.static_members.get(req.instance_id)
+        holder = None if holder_id is None else self.members.get(holder_id)
+        if holder is None:
+            return HeartbeatResult(
+                ErrorCode.UNKNOWN_MEMBER_ID,
+                req.member_id,
+                req.member_epoch,
+                message=f"Instance id {req.instance_id} is unknown.",
+            )
+        if holder.member_id != req.member_id:
+            return HeartbeatResult(
+                ErrorCode.FENCED_INSTANCE_ID,
+                req.member_id,
+                req.member_epoch,
+                message=f"Static member {req.member_id} with instance id {req.instance_id} "
+                f"was fenced by member {holder.member_id}.",
+            )
+        return holder
 
     def _join(
         self, req: HeartbeatRequest, max_size: int
@@ -284,29 +325,35 @@ class ConsumerGroup:
         if req.instance_id is not None:
             old_id = self.static_members.get(req.instance_id)
             old = self.members.get(old_id) if old_id is not None else None
-            if old is not None and old.member_id != member_id:
-                if not old.left_temporarily:
-                    return HeartbeatResult(
-                        ErrorCode.UNRELEASED_INSTANCE_ID,
-                        message=f"instance {req.instance_id} is in use by {old.member_id}",
-                    )
-                # the static member is back under a new id: it takes over the assignment
-                del self.members[old.member_id]
-                self._dirty.add(old.member_id)
-                old.member_id = member_id
-                old.left_temporarily = False
+            if old is not None and old.member_id != member_id and not old.left_temporarily:
+                return HeartbeatResult(
+                    ErrorCode.UNRELEASED_INSTANCE_ID,
+                    message=f"Static member {member_id} with instance id {req.instance_id} "
+                    f"cannot join the group because the instance id is owned by "
+                    f"{old.member_id} member.",
+                )
+            if old is not None and old.left_temporarily:
+                # the static member is back (under a new id, or its own): it takes over the
+                # assignment, at epoch 0 (Kafka's copy of the member under its new id)
+                if old.member_id != member_id:
+                    del self.members[old.member_id]
+                    self._dirty.add(old.member_id)
+                    old.member_id = member_id
+                    self.members[member_id] = old
+                    self.static_members[req.instance_id] = member_id
+                    if old_id in self.target:
+                        self.target[member_id] = self.target.pop(old_id)
+                old.epoch = old.previous_epoch = 0
                 old.sent = None
-                self.members[member_id] = old
-                self.static_members[req.instance_id] = member_id
-                if old_id in self.target:
-                    self.target[member_id] = self.target.pop(old_id)
                 return old, False
         member = self.members.get(member_id)
         if member is not None:
-            # it lost its state (epoch 0 again): it owns nothing now
-            member.assigned, member.pending_revocation, member.sent = {}, {}, None
-            member.state = MemberState.STABLE
-            member.left_temporarily = False
+            # joining again under its id: it is answered its assignment in full, which it
+            # keeps. Kafka returns the member as it is when only its first answer was lost
+            # (previous epoch 0) and fences it otherwise; taking it back is kinder to a client
+            # that lost its state, and clearing the assignment here (as before) left the
+            # partitions to nobody until the next rebalance
+            member.sent = None
             return member, False
         if len(self.members) >= max_size:
             return HeartbeatResult(ErrorCode.GROUP_MAX_SIZE_REACHED, member_id)
@@ -317,17 +364,18 @@ class ConsumerGroup:
         return member, True
 
     def _existing(self, req: HeartbeatRequest) -> ConsumerMember | HeartbeatResult:
-        member = self.members.get(req.member_id)
-        if member is None:
-            return HeartbeatResult(
-                ErrorCode.UNKNOWN_MEMBER_ID,
-                req.member_id,
-                req.member_epoch,
-                message=f"member {req.member_id} is not in group {self.group_id}",
-            )
+        found = self._member_named(req)
+        if isinstance(found, HeartbeatResult):
+            return found
+        member = found
         if req.member_epoch != member.epoch:
-            lost_response = req.member_epoch == member.previous_epoch and (
-                req.owned is None or _flatten(req.owned) <= _flatten(member.assigned)
+            # Kafka's throwIfConsumerGroupMemberEpochIsInvalid: an epoch ahead of the member's
+            # is fenced (a static member that left is at -2); one behind it only when it is
+            # the epoch before and owns no more than the member has (the answer was lost)
+            lost_response = (
+                req.member_epoch < member.epoch
+                and req.member_epoch == member.previous_epoch
+                and (req.owned is None or _flatten(req.owned) <= _flatten(member.assigned))
             )
             if not lost_response:
                 return HeartbeatResult(
@@ -353,9 +401,20 @@ class ConsumerGroup:
                 changed = True
         return changed
 
+    def preferred_assignor(self, assignors: Sequence[str]) -> str:
+        """The assignor the group uses (Kafka's computePreferredServerAssignor, else the
+        default): the one most members ask for (on a tie the first of ``assignors``, the
+        broker's group.consumer.assignors), the first of ``assignors`` when none asks."""
+        wanted = Counter(
+            m.server_assignor for m in self.members.values() if m.server_assignor in assignors
+        )
+        if not wanted:
+            return assignors[0]
+        most = max(wanted.values())
+        return next(name for name in assignors if wanted.get(name) == most)
+
     def _compute_target(self, assignors: Sequence[str]) -> None:
-        wanted = [m.server_assignor for m in self.members.values() if m.server_assignor]
-        name = wanted[0] if wanted and wanted[0] in assignors else assignors[0]
+        name = self.preferred_assignor(assignors)
         ids = {tid: topic for topic, (tid, _) in self.metadata.items()}
         specs = []
         for m in sorted(self.members.values(), key=lambda m: m.member_id):
@@ -376,7 +435,6 @@ class ConsumerGroup:
             member_id: {self.metadata[t][0]: parts for t, parts in by_topic.items() if parts}
             for member_id, by_topic in result.items()
         }
-        self.assignor_name = name
         self.assignment_epoch = self.group_epoch
         self._targets_dirty = True
 
@@ -595,29 +653,46 @@ def _mapped(p: records.TopicPartitions) -> Partitions:
     return {t: frozenset(parts) for t, parts in p if parts}
 
 
-def _validate(req: HeartbeatRequest, assignors: Sequence[str]) -> HeartbeatResult | None:
+def validate_heartbeat(req: HeartbeatRequest, assignors: Sequence[str]) -> HeartbeatResult | None:
+    """The refusal of a heartbeat Kafka refuses before it looks at the group, else None."""
+
     def invalid(message: str) -> HeartbeatResult:
         return HeartbeatResult(
             ErrorCode.INVALID_REQUEST, req.member_id, req.member_epoch, message=message
         )
 
-    if req.member_epoch < STATIC_LEAVE_EPOCH:
-        return invalid(f"member epoch {req.member_epoch} is invalid")
-    if req.member_epoch != 0 and not req.member_id:
-        return invalid("member id must be set when the member epoch is not 0")
-    if req.member_epoch == 0:
+    # Kafka's throwIfConsumerGroupHeartbeatRequestIsInvalid, in its order and words (a v1
+    # request's empty member id is refused before, by the API handler)
+    epoch = req.member_epoch
+    if (epoch > 0 or epoch == LEAVE_EPOCH) and not req.member_id.strip():
+        return invalid("MemberId can't be empty.")
+    if not req.group_id.strip():
+        return invalid("GroupId can't be empty.")
+    if req.instance_id is not None and not req.instance_id.strip():
+        return invalid("InstanceId can't be empty.")
+    if req.rack_id is not None and not req.rack_id.strip():
+        return invalid("RackId can't be empty.")
+    if epoch == 0:
+        if req.rebalance_timeout_ms == -1:
+            return invalid("RebalanceTimeoutMs must be provided in first request.")
+        if req.owned is None or req.owned:
+            return invalid("TopicPartitions must be empty when (re-)joining.")
         if req.subscribed_topic_names is None and req.subscribed_topic_regex is None:
-            return invalid("a joining member must give its subscription")
-        if req.rebalance_timeout_ms < 0:
-            return invalid("a joining member must give its rebalance timeout")
-    if req.member_epoch == STATIC_LEAVE_EPOCH and req.instance_id is None:
-        return invalid("epoch -2 is for static members: instance id is missing")
+            return invalid(
+                "Either SubscribedTopicNames or SubscribedTopicRegex must be non-null when "
+                "(re-)joining."
+            )
+    elif epoch == STATIC_LEAVE_EPOCH and req.instance_id is None:
+        return invalid("InstanceId can't be null.")
+    elif epoch < STATIC_LEAVE_EPOCH:
+        return invalid("MemberEpoch is invalid.")
     if req.server_assignor is not None and req.server_assignor not in assignors:
         return HeartbeatResult(
             ErrorCode.UNSUPPORTED_ASSIGNOR,
             req.member_id,
             req.member_epoch,
-            message=f"assignor {req.server_assignor!r} is not one of {', '.join(assignors)}",
+            message=f"ServerAssignor {req.server_assignor} is not supported. Supported "
+            f"assignors: {', '.join(assignors)}.",
         )
     if req.subscribed_topic_regex:
         problem = regex_problem(req.subscribed_topic_regex)

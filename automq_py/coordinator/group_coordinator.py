@@ -150,6 +150,7 @@ class GroupCoordinator:
             self._drop_group,
             metadata_max_bytes=config.offset_metadata_max_bytes,
             retention_ms=config.offsets_retention_ms,
+            clock=clock,
         )
         self.classic = ClassicProtocol(config, self.groups, self.runtime, clock)
         # the classic protocol's requests
@@ -378,9 +379,13 @@ class GroupCoordinator:
 
     # --- consumer protocol (KIP-848) ---------------------------------------------------------
 
-    async def consumer_group(self, group_id: str) -> tuple[ErrorCode, ConsumerGroup | None]:
-        """The consumer-protocol group ``group_id``, created if new (an empty classic group
-        turns into one); the error to answer with otherwise."""
+    async def consumer_group(
+        self, group_id: str, create: bool = True
+    ) -> tuple[ErrorCode, ConsumerGroup | None]:
+        """The consumer-protocol group ``group_id``; a new one when there is none and
+        ``create`` (an empty classic group turns into one), which :meth:`add_consumer_group`
+        registers once a heartbeat made a member of it (Kafka's getOrMaybeCreateConsumerGroup:
+        a refused heartbeat leaves no group behind); the error to answer with otherwise."""
         if not group_id:
             return ErrorCode.INVALID_REQUEST, None
         error = await group_ready(self.runtime, group_id)
@@ -391,9 +396,15 @@ class GroupCoordinator:
             return ErrorCode.NONE, found
         if isinstance(found, ClassicGroup) and not found.is_(ClassicState.EMPTY):
             return ErrorCode.GROUP_ID_NOT_FOUND, None
-        group = ConsumerGroup(group_id)
-        self.groups[group_id] = group
-        return ErrorCode.NONE, group
+        if not create:
+            return ErrorCode.GROUP_ID_NOT_FOUND, None
+        return ErrorCode.NONE, ConsumerGroup(group_id)
+
+    def add_consumer_group(self, group: ConsumerGroup) -> None:
+        """Register ``group`` (of :meth:`consumer_group`) if it is new: in place of an empty
+        classic group of its id, or of none."""
+        if self.groups.get(group.group_id) is not group:
+            self.groups[group.group_id] = group
 
     async def store_consumer_group(self, group: ConsumerGroup) -> ErrorCode:
         """Append what changed of the group since it was last stored: its epoch, then its

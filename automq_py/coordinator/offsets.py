@@ -163,8 +163,11 @@ class OffsetManager:
         *,
         metadata_max_bytes: int,
         retention_ms: int,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``clock``: the monotonic seconds the classic members' session deadlines are in."""
         self.runtime = runtime
+        self.clock = clock
         self.topics = topics
         self.groups = groups
         self._drop_group = drop_group
@@ -217,16 +220,28 @@ class OffsetManager:
         commits: Sequence[OffsetCommit],
         api_version: int,
     ) -> list[ErrorCode]:
-        """OffsetCommit: one error per commit, in order."""
+        """OffsetCommit: one error per commit, in order. A partition that does not exist is
+        UNKNOWN_TOPIC_OR_PARTITION whatever the group says, and when none exists the group is
+        not asked (Kafka's KafkaApis answers them before the coordinator)."""
+        unknown = [not self._exists(c.topic, c.partition) for c in commits]
+        if all(unknown):
+            return [ErrorCode.UNKNOWN_TOPIC_OR_PARTITION] * len(commits)
         error = await group_ready(self.runtime, group_id, allow_empty_id=True)
+        if error == ErrorCode.NONE:
+            group = self.groups.get(group_id)
+            error = validate_commit(
+                group, generation_or_epoch, member_id, group_instance_id, api_version
+            )
         if error != ErrorCode.NONE:
-            return [error] * len(commits)
-        group = self.groups.get(group_id)
-        error = validate_commit(
-            group, generation_or_epoch, member_id, group_instance_id, api_version
-        )
-        if error != ErrorCode.NONE:
-            return [error] * len(commits)
+            return [ErrorCode.UNKNOWN_TOPIC_OR_PARTITION if u else error for u in unknown]
+        if isinstance(group, ClassicGroup) and group.is_(
+            ClassicState.STABLE, ClassicState.PREPARING_REBALANCE
+        ):
+            # a member's commit keeps its session alive, as its heartbeat does (Kafka's
+            # validateOffsetCommit reschedules the member's heartbeat)
+            member = group.members.get(member_id)
+            if member is not None:
+                member.deadline = self.clock() + member.session_timeout_ms / 1000
         now = _now_ms()
         results, entries, values = self._offset_records(group_id, commits, now)
         if entries:
@@ -240,6 +255,10 @@ class OffsetManager:
             self.committed.setdefault(group_id, {}).update(values)
         return results
 
+    def _exists(self, topic_name: str, partition: int) -> bool:
+        topic = self.topics.get(topic_name)
+        return topic is not None and 0 <= partition < topic.partitions
+
     def _offset_records(
         self, group_id: str, commits: Sequence[OffsetCommit], now: int
     ) -> tuple[list[ErrorCode], Entries, dict[TopicPartition, records.OffsetValue]]:
@@ -249,11 +268,10 @@ class OffsetManager:
         entries: Entries = []
         values: dict[TopicPartition, records.OffsetValue] = {}
         for c in commits:
-            topic = self.topics.get(c.topic)
             metadata = c.metadata or ""
             # Kafka compares String.length(): UTF-16 code units, not bytes
             length = len(metadata.encode("utf-16-le")) // 2
-            if topic is None or not 0 <= c.partition < topic.partitions:
+            if not self._exists(c.topic, c.partition):
                 results.append(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
             elif length > self.metadata_max_bytes:
                 results.append(ErrorCode.OFFSET_METADATA_TOO_LARGE)

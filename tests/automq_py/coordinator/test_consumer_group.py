@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 
 from hypothesis import given, settings
@@ -53,7 +54,8 @@ def beat(
             subscribed_topic_names=topics,
             subscribed_topic_regex=regex,
             server_assignor=assignor,
-            owned=owned,
+            # a member joining owns nothing (Kafka requires the empty list)
+            owned={} if owned is None and epoch == 0 else owned,
         ),
         now,
         resolve,
@@ -362,3 +364,92 @@ def test_what_a_regex_matched_is_kept_so_a_loaded_group_does_not_rebalance() -> 
     beat(group, "a", -1)
     gone = [(k, v) for k, v in group.changed_records() if isinstance(k, records.RegexKey)]
     assert gone == [(records.RegexKey("g", "t|u"), None)]
+
+
+def test_a_static_member_that_left_is_at_epoch_minus_2_in_the_log_too() -> None:
+    """Kafka's consumerGroupStaticMemberGroupLeave keeps the member at epoch -2, a record of
+    it written: a coordinator that loads the group afterwards still lets the instance back."""
+    group = ConsumerGroup("g")
+    beat(group, "a1", 0, topics=["t"], instance="i")
+    group.changed_records()
+    assert beat(group, "a1", -2, instance="i").error == ErrorCode.NONE
+    assert group.members["a1"].epoch == -2 and group.state == "Reconciling"
+    loaded = ConsumerGroup("g")
+    for key, value in group.changed_records():
+        if isinstance(key, records.ConsumerMemberKey):
+            decoded = None if value is None else records.decode_value(key, value)
+            loaded.replay(key, value, decoded, 0.0, SESSION_MS)
+    assert loaded.members["a1"].epoch == -2 and loaded.members["a1"].left_temporarily
+    back = beat(loaded, "a2", 0, topics=["t"], instance="i")
+    assert back.error == ErrorCode.NONE and "a1" not in loaded.members
+
+
+def test_a_static_member_s_heartbeat_is_checked_by_its_instance_id() -> None:
+    """As Kafka's throwIfStaticMemberIsUnknown and throwIfInstanceIdIsFenced: an instance id
+    nobody holds is UNKNOWN_MEMBER_ID, one another member now holds FENCED_INSTANCE_ID (the
+    client stops, where it would join again as a new member)."""
+    group = ConsumerGroup("g")
+    first = beat(group, "a1", 0, topics=["t"], instance="i")
+    assert beat(group, "a1", -2, instance="i").error == ErrorCode.NONE
+    assert beat(group, "a2", 0, topics=["t"], instance="i").error == ErrorCode.NONE
+    fenced = beat(group, "a1", first.member_epoch, instance="i")
+    assert fenced.error == ErrorCode.FENCED_INSTANCE_ID
+    assert fenced.message == "Static member a1 with instance id i was fenced by member a2."
+    assert beat(group, "a1", -1, instance="i").error == ErrorCode.FENCED_INSTANCE_ID
+    unknown = beat(group, "a1", 1, instance="nobody")
+    assert unknown.error == ErrorCode.UNKNOWN_MEMBER_ID
+    assert unknown.message == "Instance id nobody is unknown."
+
+
+def test_a_member_joining_again_under_its_id_keeps_what_it_was_given() -> None:
+    group = ConsumerGroup("g")
+    joined = beat(group, "a", 0, topics=["t"])
+    again = beat(group, "a", 0, topics=["t"])
+    assert again.member_epoch == joined.member_epoch and parts(again) == set(range(6))
+    assert set(group.members["a"].assigned[TOPIC_ID]) == set(range(6))
+
+
+def test_a_heartbeat_is_checked_as_kafka_checks_it() -> None:
+    """Kafka's throwIfConsumerGroupHeartbeatRequestIsInvalid: INVALID_REQUEST with its
+    messages, and UNSUPPORTED_ASSIGNOR naming the assignors there are."""
+    join = HeartbeatRequest("g", "m", 0, None, None, 5000, ["t"], None, None, {})
+
+    def answer(**changes: object) -> tuple[ErrorCode, str | None]:
+        request = dataclasses.replace(join, **changes)  # type: ignore[arg-type]
+        r = ConsumerGroup("g").heartbeat(request, 0.0, resolve, [], ASSIGNORS, SESSION_MS, 10)
+        return r.error, r.message
+
+    invalid = ErrorCode.INVALID_REQUEST
+    assert answer(member_epoch=1, member_id=" ") == (invalid, "MemberId can't be empty.")
+    assert answer(group_id="  ") == (invalid, "GroupId can't be empty.")
+    assert answer(instance_id="") == (invalid, "InstanceId can't be empty.")
+    assert answer(rack_id=" ") == (invalid, "RackId can't be empty.")
+    first = "RebalanceTimeoutMs must be provided in first request."
+    assert answer(rebalance_timeout_ms=-1) == (invalid, first)
+    empty = "TopicPartitions must be empty when (re-)joining."
+    assert answer(owned=None) == (invalid, empty)
+    assert answer(owned={TOPIC_ID: frozenset({0})}) == (invalid, empty)
+    assert answer(subscribed_topic_names=None) == (
+        invalid,
+        "Either SubscribedTopicNames or SubscribedTopicRegex must be non-null when (re-)joining.",
+    )
+    assert answer(member_epoch=-2) == (invalid, "InstanceId can't be null.")
+    assert answer(member_epoch=-3) == (invalid, "MemberEpoch is invalid.")
+    assert answer(server_assignor="sticky") == (
+        ErrorCode.UNSUPPORTED_ASSIGNOR,
+        "ServerAssignor sticky is not supported. Supported assignors: uniform, range.",
+    )
+    # an empty subscription joins, with nothing to consume
+    assert answer(subscribed_topic_names=[])[0] == ErrorCode.NONE
+
+
+def test_the_group_uses_the_assignor_most_members_ask_for() -> None:
+    """Kafka's computePreferredServerAssignor: the most asked for, the default (the first
+    configured) when nobody asks."""
+    group = ConsumerGroup("g")
+    assert group.preferred_assignor(ASSIGNORS) == "uniform"
+    beat(group, "a", 0, topics=["t"], assignor="range")
+    assert group.preferred_assignor(ASSIGNORS) == "range"
+    beat(group, "b", 0, topics=["t"], assignor="uniform")
+    beat(group, "c", 0, topics=["t"], assignor="uniform")
+    assert group.preferred_assignor(ASSIGNORS) == "uniform"

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -382,13 +383,15 @@ async def _consumer_heartbeat(
 
     # a client reports what it owns: what it was given, less what it was asked to revoke
     member = group.members.get(member_id)
-    owned = dict(member.assigned) if member is not None and epoch > 0 else None
+    owned = dict(member.assigned) if member is not None and epoch > 0 else {}
     request = HeartbeatRequest(
         group_id, member_id, epoch, None, "rack-a", 30_000, topics, None, None, owned, "c", "h"
     )
     result = group.heartbeat(request, groups.clock(), resolve, (), ["uniform"], 45_000, 100)
-    if result.error == ErrorCode.NONE and store:
-        assert await groups.store_consumer_group(group) == ErrorCode.NONE
+    if result.error == ErrorCode.NONE:
+        groups.add_consumer_group(group)
+        if store:
+            assert await groups.store_consumer_group(group) == ErrorCode.NONE
     return result.error, result.member_epoch, result.assignment
 
 
@@ -451,3 +454,72 @@ async def test_a_consumer_group_keeps_its_members_where_its_partition_loads_agai
         assert group.changed_records() == []
     finally:
         await again.stop()
+
+
+async def _stable_statics(
+    groups: GroupCoordinator, group_id: str, rebalance_timeout_ms: int
+) -> tuple[str, str]:
+    """Static members ``a`` (the leader) and ``b`` of a stable classic group: their ids."""
+    a_join = dataclasses.replace(
+        _join(group_id, instance="a"), rebalance_timeout_ms=rebalance_timeout_ms
+    )
+    a = await groups.join_group(a_join)
+    assert a.error == ErrorCode.NONE and a.leader == a.member_id
+    assert (await groups.sync_group(group_id, 1, a.member_id, "a", None, None, {})).error == 0
+    b_join = dataclasses.replace(a_join, group_instance_id="b")
+    b_task = asyncio.create_task(groups.join_group(b_join))
+    group = groups.groups[group_id]
+    assert isinstance(group, ClassicGroup)
+    for _ in range(200):  # b's join starts the rebalance a rejoins
+        if group.is_(ClassicState.PREPARING_REBALANCE):
+            break
+        await asyncio.sleep(0.01)
+    a_again = await groups.join_group(dataclasses.replace(a_join, member_id=a.member_id))
+    b = await b_task
+    assert a_again.leader == b.leader == a.member_id and a_again.generation_id == 2
+    synced = await asyncio.gather(
+        groups.sync_group(group_id, 2, a.member_id, "a", None, None, {}),
+        groups.sync_group(group_id, 2, b.member_id, "b", None, None, {}),
+    )
+    assert [s.error for s in synced] == [ErrorCode.NONE] * 2
+    return a.member_id, b.member_id
+
+
+async def test_a_static_follower_rejoining_is_told_who_leads(started: tuple[Broker, Path]) -> None:
+    """A static member that comes back under a new id to a stable group keeps its assignment,
+    and its JoinGroup answer names the group's leader (Kafka's
+    updateStaticMemberThenRebalanceOrCompleteJoin), not itself: a client that took itself for
+    the leader would assign again."""
+    broker, _ = started
+    groups = _coordinator(broker)
+    a, b = await _stable_statics(groups, "statics", 10_000)
+    again = await groups.join_group(_join("statics", instance="b"))
+    assert again.error == ErrorCode.NONE and again.member_id != b
+    assert (again.leader, again.skip_assignment, again.generation_id) == (a, False, 2)
+
+
+async def test_a_static_member_that_does_not_rejoin_stays_until_it_fails_to_sync(
+    started: tuple[Broker, Path],
+) -> None:
+    """Kafka's completeClassicGroupJoin keeps a static member that did not rejoin in the next
+    generation (its process may be restarting), with the leadership passed to one that did;
+    if it then sends no SyncGroup within the rebalance timeout, also once the group is
+    stable, it is removed and the group rebalances (expirePendingSync)."""
+    broker, _ = started
+    groups = _coordinator(broker)
+    a, b = await _stable_statics(groups, "keeps", 1000)
+    # b changes its protocols: a rebalance, which a (the leader) does not join
+    changed = dataclasses.replace(
+        _join("keeps", b, "b"), rebalance_timeout_ms=1000, protocols=[("range", b"\x00\x01")]
+    )
+    joined = await groups.join_group(changed)
+    assert joined.error == ErrorCode.NONE and joined.generation_id == 3
+    assert joined.leader == b  # the leader rejoined not: the one who did leads
+    assert {m for m, _, _ in joined.members} == {a, b}  # a is still a member
+    group = groups.groups["keeps"]
+    assert isinstance(group, ClassicGroup)
+    assert (await groups.sync_group("keeps", 3, b, "b", None, None, {})).error == ErrorCode.NONE
+    assert group.is_(ClassicState.STABLE) and group.pending_sync == {a}
+    assert group.sync_deadline is not None
+    groups.classic.expire(group, group.sync_deadline)
+    assert set(group.members) == {b} and group.is_(ClassicState.PREPARING_REBALANCE)

@@ -31,7 +31,7 @@ from protocol.api_keys import ApiKey
 from protocol.entity_reader import read_entity
 from protocol.errors import ErrorCode
 from protocol.messages import BufferCollector, request_schema, response_schema
-from tests.automq_py.conftest import module_broker
+from tests.automq_py.conftest import MakeBroker, module_broker
 from tests.protocol.kafka_oracle import request_frame
 from tests.support.broker import BrokerProcess
 from tests.support.seaweedfs import SeaweedFS
@@ -187,7 +187,7 @@ def sync(
     assignments: Mapping[str, bytes] | None = None,
     *,
     instance_id: str | None = None,
-    protocol_type: str = "consumer",
+    protocol_type: str | None = "consumer",
     timeout: float = TIMEOUT_S,
 ) -> Any:
     return call(
@@ -487,7 +487,14 @@ EMPTY_GROUP_ID_REQUESTS: dict[str, tuple[int, int, dict[str, Any]]] = {
     "SyncGroup": (
         ApiKey.SYNC_GROUP,
         5,
-        {"group_id": "", "generation_id": 1, "member_id": "m", "assignments": []},
+        {
+            "group_id": "",
+            "generation_id": 1,
+            "member_id": "m",
+            "protocol_type": "consumer",
+            "protocol_name": "range",
+            "assignments": [],
+        },
     ),
     "Heartbeat": (ApiKey.HEARTBEAT, 4, {"group_id": "", "generation_id": 1, "member_id": "m"}),
     "LeaveGroup": (ApiKey.LEAVE_GROUP, 5, {"group_id": "", "members": [{"member_id": "m"}]}),
@@ -748,5 +755,108 @@ def test_offset_commit_with_a_stale_member_epoch(broker: BrokerProcess) -> None:
         },
     )
     assert [g.error_code for g in fetched.groups] == [ErrorCode.STALE_MEMBER_EPOCH]
+    assert fetched.groups[0].topics == ()  # from v2 a group's error comes alone
     assert fetch_offsets(broker, "epochs") == {0: (4, "")}
     assert_serving(broker)
+
+
+def test_a_heartbeat_makes_a_group_only_by_joining(broker: BrokerProcess) -> None:
+    """As Kafka's getOrMaybeCreateConsumerGroup: a refused join leaves no group behind (none
+    to list), and a heartbeat with an epoch to a group that does not exist is
+    GROUP_ID_NOT_FOUND."""
+    member = str(uuid.uuid4())
+    refused = consumer_heartbeat(broker, "unmade", member, 0, topics=[TOPIC], assignor="sticky")
+    assert refused.error_code == ErrorCode.UNSUPPORTED_ASSIGNOR
+    listed = call(broker, ApiKey.LIST_GROUPS, 5, {})
+    assert "unmade" not in {g.group_id for g in listed.groups}
+    later = consumer_heartbeat(broker, "unmade", member, 3)
+    assert (later.error_code, later.error_message) == (
+        ErrorCode.GROUP_ID_NOT_FOUND,
+        "Consumer group unmade not found.",
+    )
+    assert_serving(broker)
+
+
+def test_a_member_joining_again_under_its_id_keeps_its_partitions(broker: BrokerProcess) -> None:
+    """A member that joins again with epoch 0 and its own id (its first answer was lost) is
+    answered its assignment in full and keeps it: the partitions were left to nobody."""
+    member = str(uuid.uuid4())
+    joined = consumer_heartbeat(broker, "again", member, 0, topics=[TOPIC])
+    assert (joined.error_code, joined.member_epoch) == (ErrorCode.NONE, 1)
+    again = consumer_heartbeat(broker, "again", member, 0, topics=[TOPIC])
+    assert (again.error_code, again.member_epoch) == (ErrorCode.NONE, 1)
+    assert again.assignment is not None
+    assert [sorted(t.partitions) for t in again.assignment.topic_partitions] == [[0, 1]]
+    described = call(
+        broker,
+        ApiKey.CONSUMER_GROUP_DESCRIBE,
+        0,
+        {"group_ids": ["again"], "include_authorized_operations": False},
+    )
+    (only,) = described.groups[0].members
+    assert [sorted(t.partitions) for t in only.assignment.topic_partitions] == [[0, 1]]
+    assert_serving(broker)
+
+
+def test_a_commit_of_an_unknown_partition_is_answered_before_the_group(
+    broker: BrokerProcess,
+) -> None:
+    """As Kafka's KafkaApis: a partition that does not exist is UNKNOWN_TOPIC_OR_PARTITION
+    whatever the group would say of the commit, and a commit of nothing that exists does not
+    ask the group at all (no GROUP_ID_NOT_FOUND, no group made)."""
+    member, generation = stable_member(broker, "unknown-parts")
+    mixed = commit(broker, "unknown-parts", generation + 1, member, {0: (1, ""), 5: (1, "")})
+    assert mixed == {0: ErrorCode.ILLEGAL_GENERATION, 5: ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
+    nowhere = commit(broker, "never-asked", 3, member, {5: (1, "")}, version=9)
+    assert nowhere == {5: ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
+    listed = call(broker, ApiKey.LIST_GROUPS, 5, {})
+    assert "never-asked" not in {g.group_id for g in listed.groups}
+    assert_serving(broker)
+
+
+def test_sync_group_v5_needs_its_protocol_type_and_name(broker: BrokerProcess) -> None:
+    member, generation = stable_member(broker, "named-protocol")
+    unnamed = sync(broker, "named-protocol", generation, member, protocol_type=None)
+    assert unnamed.error_code == ErrorCode.INCONSISTENT_GROUP_PROTOCOL
+    assert_serving(broker)
+
+
+def test_offset_commits_keep_a_member_s_session_alive(make_broker: MakeBroker) -> None:
+    """Kafka's validateOffsetCommit reschedules the member's heartbeat: a member that commits
+    but sends no heartbeat within its session timeout stays in the group."""
+    b = with_orders_topic(
+        make_broker(
+            **{"group.initial.rebalance.delay.ms": "0", "group.min.session.timeout.ms": "500"}
+        )
+    )
+    member, generation = stable_member(b, "committing", session_ms=2000)
+    for offset in range(8):  # 3.2 s, past the session timeout
+        time.sleep(0.4)
+        assert commit(b, "committing", generation, member, {0: (offset, "")}) == {0: ErrorCode.NONE}
+    assert heartbeat(b, "committing", generation, member) == ErrorCode.NONE
+    assert group_state(b, "committing") == "Stable"
+
+
+def test_group_max_size_is_checked_as_kafkas_accept_joining_member(
+    make_broker: MakeBroker,
+) -> None:
+    """Kafka's acceptJoiningMember: an empty group takes any join (member ids handed out
+    with MEMBER_ID_REQUIRED do not count); a full group refuses a newcomer
+    GROUP_MAX_SIZE_REACHED, with no member id."""
+    b = with_orders_topic(
+        make_broker(
+            **{
+                "group.initial.rebalance.delay.ms": "0",
+                "group.max.size": "1",
+                "group.min.session.timeout.ms": "500",
+            }
+        )
+    )
+    # (a short session: the join waits for the other handed-out id to expire)
+    first, second = join(b, "one-only", session_ms=800), join(b, "one-only", session_ms=800)
+    assert first.error_code == second.error_code == ErrorCode.MEMBER_ID_REQUIRED
+    joined = join(b, "one-only", first.member_id, session_ms=800)
+    assert joined.error_code == ErrorCode.NONE
+    refused = join(b, "one-only", second.member_id, session_ms=800)
+    assert (refused.error_code, refused.member_id) == (ErrorCode.GROUP_MAX_SIZE_REACHED, "")
+    assert_serving(b)
