@@ -29,6 +29,8 @@ from protocol.errors import ErrorCode
 from protocol.messages import Request
 
 NO_AUTHORIZER = "No Authorizer is configured."
+# DescribeAcls' own wording (Kafka's AclApis builds that answer by hand)
+NO_AUTHORIZER_DESCRIBE = "No Authorizer is configured on the broker"
 
 
 def _cluster_allowed(ctx: BrokerContext, operation: AclOperation) -> bool:
@@ -57,7 +59,11 @@ async def handle_describe_acls(ctx: BrokerContext, request: Request) -> Any:
     if access is None or not access.enabled:
         return respond(
             request,
-            {**data, "error_code": ErrorCode.SECURITY_DISABLED, "error_message": NO_AUTHORIZER},
+            {
+                **data,
+                "error_code": ErrorCode.SECURITY_DISABLED,
+                "error_message": NO_AUTHORIZER_DESCRIBE,
+            },
         )
     if not _cluster_allowed(ctx, AclOperation.DESCRIBE):
         return respond(request, {**data, "error_code": ErrorCode.CLUSTER_AUTHORIZATION_FAILED})
@@ -170,7 +176,8 @@ async def handle_describe_user_scram_credentials(ctx: BrokerContext, request: Re
         return respond(request, {**data, "error_code": ErrorCode.CLUSTER_AUTHORIZATION_FAILED})
     users = request.body.users
     kv = ctx.replicas.storage.metadata.image.kv
-    found = scram.describe(kv, None if users is None else [str(u.name) for u in users])
+    # no users named (null, or the empty list the Java AdminClient sends): every user
+    found = scram.describe(kv, [str(u.name) for u in users] if users else None)
     data["results"] = [
         {
             "user": u.user,

@@ -292,17 +292,14 @@ async def handle_list_transactions(ctx: BrokerContext, request: Request) -> Any:
         [str(s) for s in body.state_filters], [int(p) for p in body.producer_id_filters]
     )
     duration = int(getattr(body, "duration_filter", -1))
-    if duration >= 0:  # v1 (KIP-994): only transactions open longer than this
+    if duration >= 0:  # v1 (KIP-994): only transactions older than this
         now = _coordinator(ctx).clock_ms()
         started = {
             txn_id: m.txn_start_timestamp_ms for txn_id, m in _coordinator(ctx).transactions.items()
         }
-        listed = [
-            t
-            for t in listed
-            if started.get(t.transactional_id, -1) >= 0
-            and now - started[t.transactional_id] > duration
-        ]
+        # as Kafka's TransactionStateManager: an id with no transaction open has start time
+        # -1, so it is listed whatever the duration (now - -1 is past any)
+        listed = [t for t in listed if now - started.get(t.transactional_id, -1) > duration]
     listed = [
         t
         for t in listed
@@ -327,8 +324,13 @@ async def handle_list_transactions(ctx: BrokerContext, request: Request) -> Any:
 
 
 async def handle_write_txn_markers(ctx: BrokerContext, request: Request) -> Any:
-    # what a transaction coordinator sends: a refusal is every partition's error, as Kafka's
-    refused = not ctx.allowed_on_cluster(AclOperation.CLUSTER_ACTION)
+    # what a transaction coordinator sends, or an operator's kafka-transactions.sh abort:
+    # ALTER or CLUSTER_ACTION on the cluster (KIP-1037); a refusal is every partition's
+    # error, as Kafka's
+    refused = not (
+        ctx.allowed_on_cluster(AclOperation.ALTER)
+        or ctx.allowed_on_cluster(AclOperation.CLUSTER_ACTION)
+    )
     out = []
     for marker in request.body.markers:
         topics = []

@@ -219,14 +219,21 @@ class SaslAuthenticator:
 
     def _session_lifetime_ms(self) -> int:
         """The session's lifetime as SaslAuthenticate tells it (0: no re-authentication), and
-        its expiry set from it."""
-        if self._max_reauth_ms <= 0:
+        its expiry set from it, as Kafka's calcCompletionTimesAndReturnSessionLifetimeMs: the
+        shorter of ``connections.max.reauth.ms`` and what is left of the credential (an
+        OAUTHBEARER token's expiry), either alone when the other is not set."""
+        expiry = self._credential_lifetime_ms
+        if self._max_reauth_ms <= 0 and expiry is None:
             self._expires_at = None
             return 0
-        lifetime = self._max_reauth_ms
-        expiry = self._credential_lifetime_ms
-        if expiry is not None:
-            lifetime = max(0, min(lifetime, expiry - int(time.time() * 1000)))
+        left = None if expiry is None else expiry - int(time.time() * 1000)
+        if left is None:
+            lifetime = self._max_reauth_ms
+        elif self._max_reauth_ms <= 0:
+            lifetime = left
+        else:
+            lifetime = min(left, self._max_reauth_ms)
+        lifetime = max(0, lifetime)
         self._expires_at = self._clock() + lifetime / 1000
         return lifetime
 

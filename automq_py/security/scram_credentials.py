@@ -86,32 +86,36 @@ class UserResult:
 def plan_alter(
     kv: Mapping[str, bytes], deletions: Sequence[Deletion], upsertions: Sequence[Upsertion]
 ) -> tuple[list[rec.Record], list[UserResult]]:
-    """The records and per-user results of one AlterUserScramCredentials: a user any of whose
-    alterations is refused has none of them applied, with the first refusal as its result."""
+    """The records and per-user results of one AlterUserScramCredentials, as Kafka's
+    ScramControlManager decides them: the deletions then the upsertions, each user taking at
+    most one alteration. A user's first alteration refused is its result; a second one, of
+    either kind and any mechanism, makes the user DUPLICATE_RESOURCE and none of its
+    alterations is applied."""
     items: list[Deletion | Upsertion] = [*deletions, *upsertions]
     order: list[str] = []
     errors: dict[str, tuple[ErrorCode, str]] = {}
-    seen: dict[tuple[str, int], int] = {}
-    for item in items:
-        if item.user not in order:
-            order.append(item.user)
-        seen[(item.user, item.mechanism)] = seen.get((item.user, item.mechanism), 0) + 1
+    accepted: set[str] = set()
 
     def refuse(user: str, code: ErrorCode, message: str) -> None:
         errors.setdefault(user, (code, message))
 
     for item in items:
         user = item.user
-        if not user:
-            refuse(user, ErrorCode.UNACCEPTABLE_CREDENTIAL, "Username must not be empty")
-        elif item.mechanism not in MECHANISM_CODES:
-            refuse(user, ErrorCode.UNSUPPORTED_SASL_MECHANISM, "Unknown SCRAM mechanism")
-        elif seen[(user, item.mechanism)] > 1:
+        if user not in order:
+            order.append(user)
+        if user in errors:
+            continue
+        if user in accepted:
+            accepted.discard(user)
             refuse(
                 user,
                 ErrorCode.DUPLICATE_RESOURCE,
                 "A user credential cannot be altered twice in the same request",
             )
+        elif not user:
+            refuse(user, ErrorCode.UNACCEPTABLE_CREDENTIAL, "Username must not be empty")
+        elif item.mechanism not in MECHANISM_CODES:
+            refuse(user, ErrorCode.UNSUPPORTED_SASL_MECHANISM, "Unknown SCRAM mechanism")
         elif isinstance(item, Deletion):
             if credential_key(MECHANISM_CODES[item.mechanism], user) not in kv:
                 refuse(
@@ -119,12 +123,16 @@ def plan_alter(
                     ErrorCode.RESOURCE_NOT_FOUND,
                     "Attempt to delete a user credential that does not exist",
                 )
+            else:
+                accepted.add(user)
         elif item.iterations < SCRAM_MIN_ITERATIONS:
             refuse(user, ErrorCode.UNACCEPTABLE_CREDENTIAL, "Too few iterations")
         elif item.iterations > SCRAM_MAX_ITERATIONS:
             refuse(user, ErrorCode.UNACCEPTABLE_CREDENTIAL, "Too many iterations")
         elif not item.salt or not item.salted_password:
             refuse(user, ErrorCode.UNACCEPTABLE_CREDENTIAL, "Salt and salted password are needed")
+        else:
+            accepted.add(user)
     out: list[rec.Record] = []
     for d in deletions:
         if d.user not in errors:
@@ -181,7 +189,7 @@ def describe(kv: Mapping[str, bytes], users: Iterable[str] | None) -> list[UserC
                 UserCredentials(
                     user,
                     ErrorCode.RESOURCE_NOT_FOUND,
-                    f"Attempt to describe nonexistent user: {user}",
+                    f"Attempt to describe a user credential that does not exist: {user}",
                 )
             )
         else:

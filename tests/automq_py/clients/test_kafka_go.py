@@ -96,12 +96,14 @@ def test_kafka_go_suite_passes(make_broker: MakeBroker, tmp_path: Path) -> None:
         assert port_free(port), f"kafka-go's suite needs 127.0.0.1:{port}, which is taken"
     broker = make_broker(**COMPOSE_PROPERTIES)
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    upserts: list[UserScramCredentialAlteration] = [
-        UserScramCredentialUpsertion(user, ScramCredentialInfo(mechanism, 4096), password.encode())
-        for user, mechanism, password in SCRAM_CREDENTIALS
-    ]
-    for future in admin.alter_user_scram_credentials(upserts).values():
-        future.result(30)
+    for user, mechanism, password in SCRAM_CREDENTIALS:  # one a request: Kafka's rule
+        upserts: list[UserScramCredentialAlteration] = [
+            UserScramCredentialUpsertion(
+                user, ScramCredentialInfo(mechanism, 4096), password.encode()
+            )
+        ]
+        for future in admin.alter_user_scram_credentials(upserts).values():
+            future.result(30)
     del admin  # librdkafka's client goes with its last reference
 
     # -test.skip matches each level of a subtest's name with its own pattern

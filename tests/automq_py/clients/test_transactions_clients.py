@@ -294,6 +294,9 @@ def test_admin_lists_describes_and_aborts_transactions(make_broker: MakeBroker) 
     from kafka import TopicPartition as KafkaTopicPartition
     from kafka.admin import AbortTransactionSpec, KafkaAdminClient
     from kafka.errors import TransactionalIdNotFoundError
+    from kafka.protocol.admin import ListTransactionsRequest, ListTransactionsResponse
+
+    from tests.support.raw_connection import RawConnection
 
     broker = make_broker()  # its listing of every transaction names only this test's
 
@@ -317,6 +320,19 @@ def test_admin_lists_describes_and_aborts_transactions(make_broker: MakeBroker) 
         assert listed[done_id].state.name == "COMPLETE_COMMIT"
         (ongoing,) = admin.list_transactions(state_filters=["Ongoing"]).values()
         assert [t.transactional_id for t in ongoing] == [open_id]
+        # KIP-994's duration filter, as Kafka's: the transaction open for less than a minute
+        # is left out; an id with none open (start time -1) is older than any duration
+        idle_id = f"idle-{uuid.uuid4()}"
+        txn_producer(broker.bootstrap, idle_id)
+        with RawConnection(broker.bootstrap) as conn:
+            older = conn.call(
+                ListTransactionsRequest[1](
+                    state_filters=[], producer_id_filters=[], duration_filter=60_000
+                ),
+                ListTransactionsResponse,
+            )
+        long_running = {t.transactional_id for t in older.transaction_states}
+        assert idle_id in long_running and open_id not in long_running
 
         described = admin.describe_transactions([open_id])[open_id]
         assert described.state.name == "ONGOING"

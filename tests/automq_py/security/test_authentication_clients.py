@@ -5,8 +5,11 @@ untrusted certificates refused with Kafka's errors."""
 
 from __future__ import annotations
 
+import base64
+import json
 import socket
 import ssl
+import struct
 import subprocess
 import time
 import uuid
@@ -17,7 +20,13 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import (
     AdminClient,
     NewTopic,
+    ScramCredentialInfo,
     ScramMechanism,
+    UserScramCredentialUpsertion,
+)
+from kafka.protocol.admin import (
+    DescribeUserScramCredentialsRequest,
+    DescribeUserScramCredentialsResponse,
 )
 from kafka.protocol.metadata import MetadataRequest
 from kafka.protocol.producer import ProduceResponse
@@ -30,6 +39,7 @@ from kafka.protocol.sasl import (
 
 from protocol.records import RecordInput, build_batch
 from tests.automq_py.security.conftest import PLAIN_USERS, SCRAM_USERS, SecureBroker
+from tests.protocol.kafka_oracle import request_frame
 from tests.support.raw_connection import RawConnection, partition_produce_request
 from tests.support.tls import Certificates
 
@@ -407,6 +417,18 @@ def test_describe_user_scram_credentials(
     with pytest.raises(KafkaException) as info:
         missing.result(TIMEOUT_S)
     assert info.value.args[0].code() == KafkaError.RESOURCE_NOT_FOUND
+    assert "Attempt to describe a user credential that does not exist: nobody" in str(
+        info.value.args[0].str()
+    )
+    # no user named, by null or by the empty list the Java AdminClient sends: every user
+    with RawConnection(secure_broker.address("PLAINTEXT")) as conn:
+        for users in (None, []):
+            answer = conn.call(
+                DescribeUserScramCredentialsRequest[0](users=users),
+                DescribeUserScramCredentialsResponse,
+            )
+            assert answer.error_code == 0
+            assert {r.user for r in answer.results} >= set(scram_users), users
 
 
 def test_secrets_are_sensitive_and_never_logged(secure_broker: SecureBroker) -> None:
@@ -426,3 +448,55 @@ def test_secrets_are_sensitive_and_never_logged(secure_broker: SecureBroker) -> 
     log = secure_broker.broker.log_path.read_text()
     for password in [*PLAIN_USERS.values(), *SCRAM_USERS.values(), "key-secret"]:
         assert password not in log
+
+
+def _unsecured_token(subject: str, expires_s: float) -> str:
+    def part(value: dict[str, Any]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(value).encode()).rstrip(b"=").decode()
+
+    return f"{part({'alg': 'none'})}.{part({'sub': subject, 'exp': expires_s})}."
+
+
+def test_an_oauthbearer_session_ends_with_its_token(secure_broker: SecureBroker) -> None:
+    """As Kafka's SaslServerAuthenticator: without connections.max.reauth.ms an OAUTHBEARER
+    session lasts as long as its token, which SaslAuthenticate tells the client (it
+    re-authenticates before); a request after the token expired closes the connection."""
+    token = _unsecured_token("alice", time.time() + 2.0)
+    with RawConnection(secure_broker.address("SASL_PLAINTEXT")) as conn:
+        handshake = conn.call(
+            SaslHandshakeRequest[1](mechanism="OAUTHBEARER"), SaslHandshakeResponse
+        )
+        assert handshake.error_code == 0
+        answer = conn.call(
+            SaslAuthenticateRequest[2](auth_bytes=f"n,,\x01auth=Bearer {token}\x01\x01".encode()),
+            SaslAuthenticateResponse,
+        )
+        assert answer.error_code == 0
+        assert 0 < answer.session_lifetime_ms <= 2000
+        time.sleep(answer.session_lifetime_ms / 1000 + 0.3)
+        body = request_frame(MetadataRequest[12](topics=None), 9)
+        try:
+            conn.sock.sendall(struct.pack(">i", len(body)) + body)
+            answered = conn.sock.recv(1)
+        except ConnectionResetError:
+            answered = b""
+        assert answered == b""  # closed
+
+
+def test_a_user_is_altered_once_a_request(secure_broker: SecureBroker) -> None:
+    """As Kafka's ScramControlManager: two alterations of one user in one request, even of
+    two mechanisms (``kafka-configs --add-config 'SCRAM-SHA-256=[..],SCRAM-SHA-512=[..]'``),
+    are DUPLICATE_RESOURCE and neither is made."""
+    user = f"twice-{uuid.uuid4().hex[:6]}"
+    upserts = [
+        UserScramCredentialUpsertion(user, ScramCredentialInfo(mechanism, 4096), b"secret")
+        for mechanism in (ScramMechanism.SCRAM_SHA_256, ScramMechanism.SCRAM_SHA_512)
+    ]
+    client = admin(secure_broker)
+    (future,) = client.alter_user_scram_credentials(upserts).values()
+    with pytest.raises(KafkaException) as info:
+        future.result(TIMEOUT_S)
+    assert info.value.args[0].code() == KafkaError.DUPLICATE_RESOURCE
+    (missing,) = client.describe_user_scram_credentials([user]).values()
+    with pytest.raises(KafkaException):
+        missing.result(TIMEOUT_S)

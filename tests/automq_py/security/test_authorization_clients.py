@@ -494,6 +494,33 @@ def test_alice_is_refused_the_brokers_own_apis(acl_broker: AclBroker) -> None:
         assert body["error_code"] == refused_cluster
 
 
+def test_writing_txn_markers_takes_the_clusters_alter_too(acl_broker: AclBroker) -> None:
+    """KIP-1037: an operator's ``kafka-transactions.sh abort`` (WriteTxnMarkers) needs ALTER
+    or CLUSTER_ACTION on the cluster, not only the brokers' CLUSTER_ACTION."""
+    topic = create_topic(acl_broker)
+    t = WriteTxnMarkersRequest.WritableTxnMarker
+    markers = WriteTxnMarkersRequest[1](
+        markers=[
+            t(
+                producer_id=1,
+                producer_epoch=0,
+                transaction_result=False,
+                topics=[t.WritableTxnMarkerTopic(name=topic, partition_indexes=[0])],
+                coordinator_epoch=0,
+            )
+        ]
+    )
+
+    def written() -> int:
+        with raw_session(acl_broker, "alice") as conn:
+            answer = conn.call(markers, WriteTxnMarkersResponse)
+        return int(answer.markers[0].topics[0].partitions[0].error_code)
+
+    assert written() == KafkaError.CLUSTER_AUTHORIZATION_FAILED
+    grant(acl_broker, ResourceType.BROKER, "kafka-cluster", AclOperation.ALTER)
+    assert written() != KafkaError.CLUSTER_AUTHORIZATION_FAILED
+
+
 def test_broker_log_levels_need_the_clusters_configs_acls(acl_broker: AclBroker) -> None:
     """The broker logger resource is the cluster's: DESCRIBE_CONFIGS to see the levels,
     ALTER_CONFIGS to change one, refused with Kafka's error and message."""
