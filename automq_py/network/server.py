@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import ipaddress
 import logging
 import socket
 import ssl
@@ -190,7 +191,7 @@ class SocketServer:
         self.connection_count[listener] = self.connection_count.get(listener, 0) + 1
         self.connections_created[listener] = self.connections_created.get(listener, 0) + 1
         peer = conn.get_extra_info("peername")
-        address = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        address = java_host_address(str(peer[0])) if isinstance(peer, tuple) and peer else ""
         if address:
             CLIENT_HOST.set(f"/{address}")
         try:
@@ -592,3 +593,20 @@ class _ResponseQueue:
             self._room.set()
         if not self._queue or self._error is not None:
             self._drained.set()
+
+
+def java_host_address(address: str) -> str:
+    """A client's address as Java's ``InetAddress.getHostAddress()`` writes it, which Kafka
+    matches ACL hosts against and shows as a member's client host: an IPv6 address in full
+    (``0:0:0:0:0:0:0:1``, not ``::1``), an IPv4-mapped one as its IPv4 address."""
+    host, percent, scope = address.partition("%")
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv4Address):
+        return str(ip)
+    if ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    full = ":".join(f"{int(group, 16):x}" for group in ip.exploded.split(":"))
+    return full + percent + scope
