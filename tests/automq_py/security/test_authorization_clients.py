@@ -450,18 +450,7 @@ def test_alice_is_refused_the_brokers_own_apis(acl_broker: AclBroker) -> None:
         )
         updated = conn.call(update, UpdateFeaturesResponse)
         assert (updated.error_code, updated.results) == (refused_cluster, [])
-        t = WriteTxnMarkersRequest.WritableTxnMarker
-        markers = WriteTxnMarkersRequest[1](
-            markers=[
-                t(
-                    producer_id=1,
-                    producer_epoch=0,
-                    transaction_result=False,
-                    topics=[t.WritableTxnMarkerTopic(name=topic, partition_indexes=[0])],
-                    coordinator_epoch=0,
-                )
-            ]
-        )
+        markers = abort_marker(topic)
         written = conn.call(markers, WriteTxnMarkersResponse)
         assert written.markers[0].topics[0].partitions[0].error_code == refused_cluster
         described = conn.call(
@@ -494,12 +483,10 @@ def test_alice_is_refused_the_brokers_own_apis(acl_broker: AclBroker) -> None:
         assert body["error_code"] == refused_cluster
 
 
-def test_writing_txn_markers_takes_the_clusters_alter_too(acl_broker: AclBroker) -> None:
-    """KIP-1037: an operator's ``kafka-transactions.sh abort`` (WriteTxnMarkers) needs ALTER
-    or CLUSTER_ACTION on the cluster, not only the brokers' CLUSTER_ACTION."""
-    topic = create_topic(acl_broker)
+def abort_marker(topic: str) -> Any:
+    """WriteTxnMarkers: an abort marker of producer 1 in partition 0 of ``topic``."""
     t = WriteTxnMarkersRequest.WritableTxnMarker
-    markers = WriteTxnMarkersRequest[1](
+    return WriteTxnMarkersRequest[1](
         markers=[
             t(
                 producer_id=1,
@@ -510,6 +497,13 @@ def test_writing_txn_markers_takes_the_clusters_alter_too(acl_broker: AclBroker)
             )
         ]
     )
+
+
+def test_writing_txn_markers_takes_the_clusters_alter_too(acl_broker: AclBroker) -> None:
+    """KIP-1037: an operator's ``kafka-transactions.sh abort`` (WriteTxnMarkers) needs ALTER
+    or CLUSTER_ACTION on the cluster, not only the brokers' CLUSTER_ACTION."""
+    topic = create_topic(acl_broker)
+    markers = abort_marker(topic)
 
     def written() -> int:
         with raw_session(acl_broker, "alice") as conn:
