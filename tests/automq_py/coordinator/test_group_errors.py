@@ -750,7 +750,12 @@ def test_offset_commit_with_a_stale_member_epoch(broker: BrokerProcess) -> None:
         9,
         {
             "groups": [
-                {"group_id": "epochs", "member_id": member, "member_epoch": 1, "topics": None}
+                {
+                    "group_id": "epochs",
+                    "member_id": member,
+                    "member_epoch": 1,
+                    "topics": [{"name": TOPIC, "partition_indexes": [0]}],
+                }
             ]
         },
     )
