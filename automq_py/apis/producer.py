@@ -8,6 +8,7 @@ out, so a restart skips the rest of the block and never issues an id twice.
 * ``transactional_id`` null: a new id, epoch 0, also when the producer gives its current id and
   epoch (KIP-360, v3+), as Kafka's coordinator answers an idempotent producer resetting its
   sequences.
+* a current producer id without its epoch, or an epoch without its id: INVALID_REQUEST.
 * a ``transactional_id``: the transaction coordinator decides
   (:meth:`~automq_py.coordinator.transaction_coordinator.TransactionCoordinator.init_producer_id`:
   a new id, or the id's epoch bumped, which fences the previous producer and aborts its open
@@ -109,8 +110,13 @@ async def handle_init_producer_id(ctx: BrokerContext, request: Request) -> Any:
     error, producer_id, producer_epoch = ErrorCode.NONE, -1, -1
     transactional_id = None if body.transactional_id is None else str(body.transactional_id)
     refused = _refusal(ctx, transactional_id)
+    current_id = int(getattr(body, "producer_id", -1))
+    current_epoch = int(getattr(body, "producer_epoch", -1))
     if refused != ErrorCode.NONE:
         error = refused
+    elif (current_id == -1) != (current_epoch == -1):
+        # as Kafka's KafkaApis: a current producer id without its epoch, or the other way
+        error = ErrorCode.INVALID_REQUEST
     elif transactional_id is not None:
         assert ctx.transactions is not None, "the broker starts its coordinators before serving"
         timeout = body.transaction_timeout
@@ -122,8 +128,8 @@ async def handle_init_producer_id(ctx: BrokerContext, request: Request) -> Any:
         error, producer_id, producer_epoch = await ctx.transactions.init_producer_id(
             transactional_id,
             timeout_ms,
-            int(getattr(body, "producer_id", -1)),
-            int(getattr(body, "producer_epoch", -1)),
+            current_id,
+            current_epoch,
         )
         error = tm.error_for_version(ApiKey.INIT_PRODUCER_ID, request.api_version, error)
     else:

@@ -120,6 +120,9 @@ def test_init_producer_id_gives_new_ids(make_broker: MakeBroker) -> None:
         exhausted = init_producer_id(conn, reset.producer_id, 32766)
         assert exhausted.producer_id > reset.producer_id
         assert exhausted.producer_epoch == 0
+        # an id without its epoch, or an epoch without its id, as Kafka answers them
+        for pair in ((reset.producer_id, -1), (-1, 0)):
+            assert init_producer_id(conn, *pair).error_code == ErrorCode.INVALID_REQUEST
         # a transactional id gets an id of the same blocks, then its epoch bumped
         transactional, again = (
             conn.call(
