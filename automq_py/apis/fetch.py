@@ -190,6 +190,9 @@ def _refused_topic(ctx: BrokerContext, info: Any, name: Any, follower_allowed: b
 
 async def handle_list_offsets(ctx: BrokerContext, request: Request) -> Any:
     read_committed = int(getattr(request.body, "isolation_level", 0)) == READ_COMMITTED
+    # Kafka's fetchOffsetForTimestamp: only a consumer (replica id -1) is held to the high
+    # watermark or the stable offset; a follower or a debugging request (-2) reads to the end
+    from_consumer = int(getattr(request.body, "replica_id", -1)) == -1
     asked = Counter(
         (str(t.name), int(p.partition_index)) for t in request.body.topics for p in t.partitions
     )
@@ -242,9 +245,12 @@ async def handle_list_offsets(ctx: BrokerContext, request: Request) -> Any:
                 # what a consumer may read: read_committed ones start from, and see lag to,
                 # the stable offset; a record found at or past it is not answered (Kafka's
                 # fetchOffsetForTimestamp)
-                fetchable = (
-                    partition.last_stable_offset if read_committed else partition.high_watermark
-                )
+                if not from_consumer:
+                    fetchable = partition.log_end_offset
+                elif read_committed:
+                    fetchable = partition.last_stable_offset
+                else:
+                    fetchable = partition.high_watermark
                 # each answer's leader epoch as Kafka's fetchOffsetByTimestamp gives it: the
                 # partition's for the latest, the first entry's for the earliest (when it
                 # starts there), else the epoch of the record's batch

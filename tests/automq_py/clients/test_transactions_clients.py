@@ -582,7 +582,8 @@ def test_a_time_lookup_answers_only_what_the_isolation_level_may_read(
 ) -> None:
     """ListOffsets by timestamp, and for the largest timestamp, answers no offset at or past
     what the consumer may read (Kafka's fetchOffsetForTimestamp): a read_committed consumer
-    is not sent into an open transaction, a read_uncommitted one reads it."""
+    is not sent into an open transaction, a read_uncommitted one reads it, and a request of a
+    replica or a debugging one (replica id -2) reads to the log's end whatever its isolation."""
     from kafka.protocol.consumer.offsets import ListOffsetsRequest, ListOffsetsResponse
 
     from tests.support.raw_connection import RawConnection
@@ -597,11 +598,13 @@ def test_a_time_lookup_answers_only_what_the_isolation_level_may_read(
     producer.produce(topic, b"open", partition=0, timestamp=2_000_000)
     assert producer.flush(30) == 0
 
-    def lookup(conn: RawConnection, isolation: int, timestamp: int) -> tuple[int, int]:
+    def lookup(
+        conn: RawConnection, isolation: int, timestamp: int, replica_id: int = -1
+    ) -> tuple[int, int]:
         t = ListOffsetsRequest.ListOffsetsTopic
         answer = conn.call(
             ListOffsetsRequest[7](
-                replica_id=-1,
+                replica_id=replica_id,
                 isolation_level=isolation,
                 topics=[
                     t(
@@ -623,6 +626,10 @@ def test_a_time_lookup_answers_only_what_the_isolation_level_may_read(
         assert lookup(conn, 1, 500_000) == (0, 1_000_000)
         assert lookup(conn, 1, max_timestamp) == (-1, -1)
         assert lookup(conn, 0, max_timestamp) == (1, 2_000_000)
+        latest, debugging = -1, -2
+        assert lookup(conn, 1, latest) == (1, -1)
+        assert lookup(conn, 1, latest, debugging) == (2, -1)
+        assert lookup(conn, 1, 1_500_000, debugging) == (1, 2_000_000)
         producer.commit_transaction(30)
         deadline = time.monotonic() + 10  # the markers follow the commit's answer
         while (found := lookup(conn, 1, 1_500_000)) == (-1, -1) and time.monotonic() < deadline:
