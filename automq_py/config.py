@@ -107,6 +107,16 @@ def _buffer_size(value: int) -> str | None:
     return None if value == -1 or value > 0 else "must be -1 (the OS default) or above 0"
 
 
+MIGRATION_POLICIES = ("disabled", "downgrade", "upgrade", "bidirectional")
+
+
+def _migration_policy(value: str) -> str | None:
+    """group.consumer.migration.policy's rule: one of Kafka's values, in any case."""
+    if value.lower() in MIGRATION_POLICIES:
+        return None
+    return f"must be one of (case insensitive): {', '.join(p.upper() for p in MIGRATION_POLICIES)}"
+
+
 def _composite(
     name: str, default: Any, type: ConfigType, doc: str, minimum: int | None = None
 ) -> ConfigKey:
@@ -548,6 +558,15 @@ class BrokerConfig:
         ConfigType.LIST,
         None,
         "server-side assignors of consumer groups; the first is the default",
+    )
+    group_consumer_migration_policy: str = config_field(
+        "group.consumer.migration.policy",
+        "bidirectional",
+        ConfigType.STRING,
+        "moving a non-empty group between the classic and the consumer protocol as its "
+        "members switch group.protocol: bidirectional, upgrade (classic to consumer), "
+        "downgrade, or disabled (empty groups convert either way)",
+        check=_migration_policy,
     )
     delete_topic_enable: bool = _prop(
         "delete.topic.enable", True, ConfigType.BOOLEAN, None, "allow DeleteTopics"

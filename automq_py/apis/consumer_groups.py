@@ -9,7 +9,6 @@ TOPIC_AUTHORIZATION_FAILED.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -102,20 +101,13 @@ async def handle_consumer_group_heartbeat(ctx: BrokerContext, request: Request) 
     if invalid is not None:
         return refused(invalid.error, invalid.message)
     # a group is made only by a member joining (epoch 0): Kafka's GROUP_ID_NOT_FOUND else
-    error, group = await coordinator.consumer_group(group_id, create=heartbeat.member_epoch == 0)
+    # (a classic group of consumers may become one: KIP-848's online upgrade)
+    error, group, why = await coordinator.consumer_group(
+        group_id, create=heartbeat.member_epoch == 0
+    )
     if group is None:
-        missing = error == ErrorCode.GROUP_ID_NOT_FOUND
-        return refused(error, f"Consumer group {group_id} not found." if missing else None)
+        return refused(error, why)
     topics = ctx.topics
-
-    def resolve(wanted: set[str]) -> dict[str, tuple[uuid.UUID, int]]:
-        out = {}
-        for name in wanted:
-            info = topics.get(name)
-            if info is not None:
-                out[name] = (info.topic_id, info.partitions)
-        return out
-
     # the topics a regex may match: those the member may DESCRIBE (Kafka's
     # filterTopicDescribeAuthorizedTopics), every one without an authorizer
     visible: set[str] = set()
@@ -124,7 +116,7 @@ async def handle_consumer_group_heartbeat(ctx: BrokerContext, request: Request) 
     result = group.heartbeat(
         heartbeat,
         coordinator.clock(),
-        resolve,
+        coordinator.resolve,
         visible,
         config.consumer_assignors,
         session_timeout,
@@ -177,15 +169,19 @@ async def handle_consumer_group_describe(ctx: BrokerContext, request: Request) -
             out.append({"error_code": GROUP_REFUSED, "group_id": group_id})
             continue
         error, group = await coordinator.describe_group(str(group_id))
+        message = None
         if error == ErrorCode.NONE and not isinstance(group, ConsumerGroup):
             error = ErrorCode.GROUP_ID_NOT_FOUND
+            # Kafka's words (the Java admin then describes the group with DescribeGroups)
+            if group is None:
+                message = f"Group {group_id} not found."
+            else:
+                message = f"Group {group_id} is not a consumer group."
         if error != ErrorCode.NONE or not isinstance(group, ConsumerGroup):
             out.append(
                 {
                     "error_code": error,
-                    "error_message": f"group {group_id} is not a consumer-protocol group"
-                    if error == ErrorCode.GROUP_ID_NOT_FOUND
-                    else None,
+                    "error_message": message,
                     "group_id": group_id,
                     "group_state": ClassicState.DEAD.value,
                     "authorized_operations": NO_OPERATIONS,

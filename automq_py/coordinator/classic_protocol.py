@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from automq_py.coordinator import records
 from automq_py.coordinator.classic_group import (
@@ -59,6 +59,31 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+class ConsumerSide(Protocol):
+    """Where the classic requests of a member of a consumer-protocol group go (KIP-848's
+    online migration: the group coordinator)."""
+
+    async def classic_join(self, group: ConsumerGroup, req: JoinRequest) -> JoinResult: ...
+
+    async def classic_sync(
+        self,
+        group: ConsumerGroup,
+        member_id: str,
+        instance_id: str | None,
+        generation_id: int,
+        protocol_type: str | None,
+        protocol_name: str | None,
+    ) -> SyncResult: ...
+
+    def classic_heartbeat(
+        self, group: ConsumerGroup, member_id: str, instance_id: str | None, generation_id: int
+    ) -> ErrorCode: ...
+
+    async def classic_leave(
+        self, group: ConsumerGroup, members: Sequence[tuple[str, str | None]]
+    ) -> tuple[ErrorCode, list[ErrorCode]]: ...
+
+
 class ClassicProtocol:
     """The classic protocol's requests and rebalances, over the coordinator's groups."""
 
@@ -68,11 +93,13 @@ class ClassicProtocol:
         groups: dict[str, Group],
         runtime: CoordinatorRuntime,
         clock: Callable[[], float],
+        consumer_side: ConsumerSide | None = None,
     ) -> None:
         self.config = config
         self.groups = groups  # the coordinator's, shared
         self.runtime = runtime
         self.clock = clock
+        self.consumer_side = consumer_side
 
     def abandon(self, group: ClassicGroup) -> None:
         """The group is no longer coordinated here (its offsets partition moved, or the broker
@@ -81,6 +108,19 @@ class ClassicProtocol:
         for member in group.members.values():
             _resolve_join(member, JoinResult(ErrorCode.NOT_COORDINATOR))
             _resolve_sync(member, SyncResult(ErrorCode.NOT_COORDINATOR))
+
+    def hand_over(self, group: ClassicGroup) -> None:
+        """The group became a consumer-protocol group: members waiting for a join or a sync
+        are told to rejoin (Kafka's convertToConsumerGroup)."""
+        self._cancel_timer(group)
+        for member in group.members.values():
+            _resolve_join(member, JoinResult(ErrorCode.REBALANCE_IN_PROGRESS, member.member_id))
+            _resolve_sync(member, SyncResult(ErrorCode.REBALANCE_IN_PROGRESS))
+
+    def rebalance(self, group: ClassicGroup, reason: str) -> None:
+        """Start a rebalance of the Stable ``group`` (a consumer-protocol group turned back
+        into a classic one: its members rejoin)."""
+        self._prepare_rebalance(group, reason)
 
     def close(self, group: ClassicGroup) -> None:
         """The group was deleted (its offsets expired with it, or DeleteGroups)."""
@@ -139,7 +179,9 @@ class ClassicProtocol:
         found = self.groups.get(req.group_id)
         if isinstance(found, ConsumerGroup):
             if found.members:
-                return JoinResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, req.member_id)
+                if self.consumer_side is None:
+                    return JoinResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, req.member_id)
+                return await self.consumer_side.classic_join(found, req)
             # an empty consumer-protocol group turns classic (its offsets stay)
             del self.groups[req.group_id]
             found = None
@@ -475,6 +517,10 @@ class ClassicProtocol:
         if error != ErrorCode.NONE:
             return SyncResult(error)
         group = self.groups.get(group_id)
+        if isinstance(group, ConsumerGroup) and group.members and self.consumer_side:
+            return await self.consumer_side.classic_sync(
+                group, member_id, group_instance_id, generation_id, protocol_type, protocol_name
+            )
         if not isinstance(group, ClassicGroup):
             return SyncResult(ErrorCode.UNKNOWN_MEMBER_ID)
         if group.is_(ClassicState.DEAD):
@@ -545,6 +591,10 @@ class ClassicProtocol:
         if error != ErrorCode.NONE:
             return error
         group = self.groups.get(group_id)
+        if isinstance(group, ConsumerGroup) and group.members and self.consumer_side:
+            return self.consumer_side.classic_heartbeat(
+                group, member_id, group_instance_id, generation_id
+            )
         if not isinstance(group, ClassicGroup):
             return ErrorCode.UNKNOWN_MEMBER_ID
         if group.is_(ClassicState.DEAD):
@@ -570,6 +620,8 @@ class ClassicProtocol:
         if error != ErrorCode.NONE:
             return error, [error] * len(members)
         group = self.groups.get(group_id)
+        if isinstance(group, ConsumerGroup) and group.members and self.consumer_side:
+            return await self.consumer_side.classic_leave(group, members)
         if not isinstance(group, ClassicGroup):
             # as Kafka: each member unknown, the request itself fine (v0-v2 answer the member's)
             return ErrorCode.NONE, [ErrorCode.UNKNOWN_MEMBER_ID] * len(members)

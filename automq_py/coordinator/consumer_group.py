@@ -34,6 +34,11 @@ from dataclasses import dataclass, field
 
 from automq_py.coordinator import records
 from automq_py.coordinator.assignors import MemberSpec, assign
+from automq_py.coordinator.consumer_protocol import (
+    ConsumerProtocolError,
+    NamedPartitions,
+    parse_subscription,
+)
 from protocol.errors import ErrorCode
 
 LEAVE_EPOCH = -1
@@ -75,6 +80,17 @@ class ConsumerMember:
     sent: Partitions | None = None
     deadline: float = 0.0
     revocation_deadline: float | None = None
+    # a member of the classic protocol (JoinGroup, SyncGroup, Heartbeat): its session timeout
+    # and protocols; None for one of the consumer protocol
+    classic: records.ClassicMemberMetadata | None = None
+    # a classic member told to rejoin must by then; one that joined must sync by then
+    join_deadline: float | None = None
+    sync_deadline: float | None = None
+
+    @property
+    def session_timeout_s(self) -> float | None:
+        """A classic member's own session timeout (None: the group's)."""
+        return None if self.classic is None else self.classic.session_timeout_ms / 1000
 
     @property
     def left_temporarily(self) -> bool:
@@ -106,6 +122,37 @@ class HeartbeatResult:
     member_epoch: int = 0
     assignment: Partitions | None = None
     message: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class ClassicJoin:
+    """A JoinGroup for a consumer-protocol group (its members may speak either protocol)."""
+
+    member_id: str
+    instance_id: str | None
+    client_id: str
+    client_host: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    protocol_type: str
+    protocols: tuple[tuple[str, bytes], ...]
+    # KIP-394 (JoinGroup v4+): a new dynamic member first gets MEMBER_ID_REQUIRED
+    require_known_member_id: bool
+
+
+@dataclass(slots=True, frozen=True)
+class ClassicAnswer:
+    """What a classic member is answered: the error (and why), its member id and generation
+    (its member epoch), the protocol, and for SyncGroup its partitions by topic name."""
+
+    error: ErrorCode
+    message: str | None = None
+    member_id: str = ""
+    generation_id: int = -1
+    protocol_name: str | None = None
+    assignment: NamedPartitions | None = None
+    # the ConsumerProtocolAssignment version the member reads (its subscription's)
+    assignment_version: int = 0
 
 
 def _flatten(p: Partitions) -> set[tuple[TopicId, int]]:
@@ -140,6 +187,58 @@ class ConsumerGroup:
         # changed since last stored: these members' records, every target after a new one
         self._dirty: set[str] = set()
         self._targets_dirty = False
+        # made of a classic group whose record the next store deletes
+        self.replaces_classic = False
+
+    @classmethod
+    def converted(
+        cls,
+        group_id: str,
+        epoch: int,
+        members: Iterable[ConsumerMember],
+        metadata: TopicMetadata,
+    ) -> ConsumerGroup:
+        """A group made of a classic group's members (KIP-848's online upgrade): at the
+        classic generation ``epoch``, each member's target what it has. Everything is to be
+        stored, with the classic group's record deleted (``replaces_classic``)."""
+        group = cls(group_id)
+        group.group_epoch = group.assignment_epoch = epoch
+        group.stored_epoch = -1
+        group.metadata = metadata
+        for m in members:
+            group.members[m.member_id] = m
+            if m.instance_id is not None:
+                group.static_members[m.instance_id] = m.member_id
+            group.target[m.member_id] = dict(m.assigned)
+            group._dirty.add(m.member_id)
+        group._targets_dirty = True
+        group.replaces_classic = True
+        return group
+
+    def tombstones(self) -> list[tuple[records.Key, bytes | None]]:
+        """The records that delete the group from the log, in Kafka's order: each member's
+        current assignment, target and metadata, the target's epoch, the regexes, the group."""
+        member_ids = {m for _, m in self._stored} | set(self.members) | self._dirty
+        out: list[tuple[records.Key, bytes | None]] = []
+        for version in (
+            records.CURRENT_ASSIGNMENT_KEY_VERSION,
+            records.TARGET_MEMBER_KEY_VERSION,
+        ):
+            out += [
+                (records.ConsumerMemberKey(version, self.group_id, m), None)
+                for m in sorted(member_ids)
+            ]
+        out.append((records.TargetEpochKey(self.group_id), None))
+        out += [
+            (records.ConsumerMemberKey(records.MEMBER_METADATA_KEY_VERSION, self.group_id, m), None)
+            for m in sorted(member_ids)
+        ]
+        regexes = set(self._stored_regexes) | {
+            m.subscribed_regex for m in self.members.values() if m.subscribed_regex
+        }
+        out += [(records.RegexKey(self.group_id, r), None) for r in sorted(regexes)]
+        out.append((records.ConsumerGroupKey(self.group_id), None))
+        return out
 
     # --- views -------------------------------------------------------------------------------
 
@@ -161,14 +260,44 @@ class ConsumerGroup:
             out |= m.subscribed_names | m.regex_topics
         return out
 
-    def validate_member_epoch(self, member_id: str, epoch: int) -> ErrorCode:
-        """For OffsetCommit/OffsetFetch v9+: the member must exist and be at ``epoch``."""
+    def validate_member_epoch(
+        self, member_id: str, epoch: int, commit_version: int | None = None
+    ) -> ErrorCode:
+        """For OffsetCommit and OffsetFetch: the member must exist and be at ``epoch`` (a
+        classic member's generation is its epoch: ILLEGAL_GENERATION, as Kafka's
+        validateOffsetCommit; STALE_MEMBER_EPOCH for one of the consumer protocol, which must
+        commit with OffsetCommit v9+: ``commit_version``, None for a fetch or a transaction)."""
         member = self.members.get(member_id)
         if member is None:
             return ErrorCode.UNKNOWN_MEMBER_ID
+        if commit_version is not None and member.classic is None and commit_version < 9:
+            return ErrorCode.UNSUPPORTED_VERSION
         if epoch != member.epoch:
+            if member.classic is not None:
+                return ErrorCode.ILLEGAL_GENERATION
             return ErrorCode.STALE_MEMBER_EPOCH
         return ErrorCode.NONE
+
+    @property
+    def classic_members(self) -> list[ConsumerMember]:
+        return [m for m in self.members.values() if m.classic is not None]
+
+    def all_classic(self) -> bool:
+        """Whether every member speaks the classic protocol (and there is one): the group may
+        turn back into a classic group."""
+        return bool(self.members) and all(m.classic is not None for m in self.members.values())
+
+    def supports_classic_protocols(self, protocol_type: str, names: Collection[str]) -> bool:
+        """Kafka's supportsClassicProtocols: a classic member may join when it speaks the
+        consumer protocol type and one of its protocols is one every classic member has."""
+        if protocol_type != "consumer":
+            return False
+        common: set[str] | None = None
+        for m in self.classic_members:
+            assert m.classic is not None
+            have = {name for name, _ in m.classic.protocols}
+            common = have if common is None else common & have
+        return common is None or bool(common & set(names))
 
     # --- membership --------------------------------------------------------------------------
 
@@ -185,12 +314,19 @@ class ConsumerGroup:
 
     def expire_members(self, now: float) -> list[str]:
         """Remove members whose session ended or whose revocation took longer than their
-        rebalance timeout; their ids."""
+        rebalance timeout, and classic members that did not rejoin or sync in time; their
+        ids."""
+
+        def passed(deadline: float | None) -> bool:
+            return deadline is not None and deadline <= now
+
         gone = [
             m.member_id
             for m in self.members.values()
             if m.deadline <= now
-            or (m.revocation_deadline is not None and m.revocation_deadline <= now)
+            or passed(m.revocation_deadline)
+            or passed(m.join_deadline)
+            or passed(m.sync_deadline)
         ]
         for member_id in gone:
             self.remove(member_id)
@@ -233,6 +369,11 @@ class ConsumerGroup:
             member, changed = member_or_error, False
         member.deadline = now + session_timeout_ms / 1000
         member.client_id, member.client_host = req.client_id, req.client_host
+        if member.classic is not None:
+            # it speaks the consumer protocol now
+            member.classic = None
+            member.join_deadline = member.sync_deadline = None
+            changed = True
         if req.rack_id is not None:
             member.rack_id = req.rack_id
         if req.rebalance_timeout_ms >= 0:
@@ -250,16 +391,7 @@ class ConsumerGroup:
         changed |= self._resolve_regexes(
             self.members.values() if every_member_sees else (member,), topic_names
         )
-        if changed:
-            self.group_epoch += 1
-        metadata = resolve(self.subscribed_topic_names())
-        if metadata != self.metadata:
-            if self.metadata_known and self.assignment_epoch == self.group_epoch and self.target:
-                self.group_epoch += 1
-            self.metadata = metadata
-        self.metadata_known = True
-        if self.group_epoch > self.assignment_epoch or member.member_id not in self.target:
-            self._compute_target(assignors)
+        self._update_target(member.member_id, changed, resolve, assignors)
         self._reconcile(member, req.owned, now)
         self._dirty.add(member.member_id)
         full = req.member_epoch == 0 or req.owned is not None
@@ -386,7 +518,265 @@ class ConsumerGroup:
                 )
         return member
 
+    # --- members of the classic protocol (KIP-848's online migration) ------------------------
+
+    def classic_join(
+        self,
+        req: ClassicJoin,
+        now: float,
+        resolve: Callable[[set[str]], TopicMetadata],
+        assignors: Sequence[str],
+        max_size: int,
+    ) -> ClassicAnswer:
+        """A JoinGroup into this group, as Kafka's classicGroupJoinToConsumerGroup: the member
+        (new, or rejoining) takes its subscription from its first protocol's metadata, the
+        group's target follows, and it is answered at once with its member epoch as its
+        generation and no members to assign (the broker assigns); SyncGroup then gives it
+        its partitions. Whatever it lists as owned in the subscription counts as what it
+        still holds."""
+        member_id = req.member_id or str(uuid.uuid4())
+        if member_id not in self.members and len(self.members) >= max_size:
+            return ClassicAnswer(
+                ErrorCode.GROUP_MAX_SIZE_REACHED,
+                f"The consumer group has reached its maximum capacity of {max_size} members.",
+            )
+        if not req.protocols or not self.supports_classic_protocols(
+            req.protocol_type, [name for name, _ in req.protocols]
+        ):
+            return ClassicAnswer(
+                ErrorCode.INCONSISTENT_GROUP_PROTOCOL,
+                f"Member {member_id}'s protocols are not supported.",
+            )
+        if not req.member_id and req.instance_id is None and req.require_known_member_id:
+            return ClassicAnswer(ErrorCode.MEMBER_ID_REQUIRED, member_id=member_id)
+        try:
+            subscription = parse_subscription(req.protocols[0][1])
+        except ConsumerProtocolError:
+            return ClassicAnswer(
+                ErrorCode.INCONSISTENT_GROUP_PROTOCOL,
+                "Malformed embedded consumer protocol in subscription deserialization.",
+            )
+        member = self.members.get(member_id)
+        changed = False
+        if req.instance_id is not None:
+            holder_id = self.static_members.get(req.instance_id)
+            holder = None if holder_id is None else self.members.get(holder_id)
+            if holder is not None and holder.member_id != member_id:
+                # the instance came back under a new id: it takes the old one's place and
+                # partitions, at epoch 0 (Kafka's replaceMember)
+                del self.members[holder.member_id]
+                self._dirty.add(holder.member_id)
+                if holder.member_id in self.target:
+                    self.target[member_id] = self.target.pop(holder.member_id)
+                holder.member_id = member_id
+                holder.epoch = holder.previous_epoch = 0
+                holder.sent = None
+                member = self.members[member_id] = holder
+        if member is None:
+            member = self.members[member_id] = ConsumerMember(member_id, req.instance_id)
+            changed = True
+        if req.instance_id is not None:
+            self.static_members[req.instance_id] = member_id
+        member.classic = records.ClassicMemberMetadata(req.session_timeout_ms, req.protocols)
+        member.client_id, member.client_host = req.client_id, req.client_host
+        member.rack_id = subscription.rack_id
+        member.rebalance_timeout_ms = req.rebalance_timeout_ms
+        names = frozenset(subscription.topics)
+        changed |= names != member.subscribed_names or member.subscribed_regex is not None
+        member.subscribed_names = names
+        # (a classic member subscribes by name: its client matches any pattern itself)
+        member.subscribed_regex, member.regex_topics = None, frozenset()
+        self._update_target(member_id, changed, resolve, assignors)
+        owned = {
+            self.metadata[topic][0]: parts
+            for topic, parts in (subscription.owned or {}).items()
+            if topic in self.metadata
+        }
+        self._reconcile(member, owned, now)
+        member.deadline = now + req.session_timeout_ms / 1000
+        member.join_deadline = None
+        member.sync_deadline = now + req.rebalance_timeout_ms / 1000
+        member.revocation_deadline = None
+        self._dirty.add(member_id)
+        return ClassicAnswer(
+            ErrorCode.NONE,
+            member_id=member_id,
+            generation_id=member.epoch,
+            protocol_name=req.protocols[0][0],
+        )
+
+    def _classic_member(
+        self, member_id: str, instance_id: str | None, generation_id: int
+    ) -> ConsumerMember | ClassicAnswer:
+        """The classic member a SyncGroup or Heartbeat names, at the generation it names
+        (Kafka's validateConsumerGroupMember, throwIfMemberDoesNotUseClassicProtocol and
+        throwIfGenerationIdUnmatched)."""
+        if instance_id is None:
+            member = self.members.get(member_id)
+            if member is None:
+                return ClassicAnswer(
+                    ErrorCode.UNKNOWN_MEMBER_ID,
+                    f"Member {member_id} is not a member of group {self.group_id}.",
+                )
+        else:
+            holder_id = self.static_members.get(instance_id)
+            member = None if holder_id is None else self.members.get(holder_id)
+            if member is None:
+                return ClassicAnswer(
+                    ErrorCode.UNKNOWN_MEMBER_ID,
+                    f"Member with instance id {instance_id} is not a member of group "
+                    f"{self.group_id}.",
+                )
+            if member.member_id != member_id:
+                return ClassicAnswer(
+                    ErrorCode.FENCED_INSTANCE_ID,
+                    f"Static member {member_id} with instance id {instance_id} was fenced by "
+                    f"member {member.member_id}.",
+                )
+        if member.classic is None:
+            return ClassicAnswer(
+                ErrorCode.UNKNOWN_MEMBER_ID,
+                f"Member {member_id} does not use the classic protocol.",
+            )
+        if generation_id != member.epoch:
+            return ClassicAnswer(
+                ErrorCode.ILLEGAL_GENERATION,
+                f"The request generation id {generation_id} is not equal to the member epoch "
+                f"{member.epoch} of member {member_id}.",
+            )
+        return member
+
+    def _rejoin(self, member: ConsumerMember, now: float) -> ClassicAnswer:
+        """The classic member is told to rejoin (REBALANCE_IN_PROGRESS), by its rebalance
+        timeout (Kafka's consumer group join timeout)."""
+        if member.join_deadline is None:
+            member.join_deadline = now + member.rebalance_timeout_ms / 1000
+        return ClassicAnswer(
+            ErrorCode.REBALANCE_IN_PROGRESS,
+            f"A new rebalance is triggered in group {self.group_id} and member "
+            f"{member.member_id} should rejoin to catch up.",
+        )
+
+    def classic_sync(
+        self,
+        member_id: str,
+        instance_id: str | None,
+        generation_id: int,
+        protocol_type: str | None,
+        protocol_name: str | None,
+        now: float,
+    ) -> ClassicAnswer:
+        """A SyncGroup, as Kafka's classicGroupSyncToConsumerGroup: the member's partitions as
+        its current assignment has them (none of those it is to give up), unless the group
+        moved on since it joined."""
+        found = self._classic_member(member_id, instance_id, generation_id)
+        if isinstance(found, ClassicAnswer):
+            return found
+        member = found
+        assert member.classic is not None
+        first = member.classic.protocols[0] if member.classic.protocols else ("", b"")
+        if (protocol_type is not None and protocol_type != "consumer") or (
+            protocol_name is not None and protocol_name != first[0]
+        ):
+            return ClassicAnswer(ErrorCode.INCONSISTENT_GROUP_PROTOCOL)
+        if self.group_epoch > member.epoch and member.state != MemberState.UNREVOKED_PARTITIONS:
+            return self._rejoin(member, now)
+        member.sync_deadline = None
+        member.deadline = now + member.classic.session_timeout_ms / 1000
+        names = self.topic_names()
+        assignment = {
+            names[t]: parts for t, parts in member.assigned.items() if t in names and parts
+        }
+        try:
+            version = parse_subscription(first[1]).version
+        except ConsumerProtocolError:
+            version = 0
+        member.sent = dict(member.assigned)
+        return ClassicAnswer(
+            ErrorCode.NONE,
+            member_id=member.member_id,
+            generation_id=member.epoch,
+            protocol_name=first[0],
+            assignment=assignment,
+            assignment_version=version,
+        )
+
+    def classic_heartbeat(
+        self, member_id: str, instance_id: str | None, generation_id: int, now: float
+    ) -> ClassicAnswer:
+        """A Heartbeat, as Kafka's classicGroupHeartbeatToConsumerGroup: it keeps the session,
+        and tells the member to rejoin while it is behind the group, has partitions to give
+        up, or waits for partitions that are free by now."""
+        found = self._classic_member(member_id, instance_id, generation_id)
+        if isinstance(found, ClassicAnswer):
+            return found
+        member = found
+        assert member.classic is not None
+        member.deadline = now + member.classic.session_timeout_ms / 1000
+        if (
+            member.epoch < self.group_epoch
+            or member.state == MemberState.UNREVOKED_PARTITIONS
+            or (
+                member.state == MemberState.UNRELEASED_PARTITIONS
+                and not self._waits_on_unreleased(member)
+            )
+        ):
+            return self._rejoin(member, now)
+        return ClassicAnswer(ErrorCode.NONE, member_id=member.member_id)
+
+    def classic_leave(self, member_id: str, instance_id: str | None) -> ClassicAnswer:
+        """One member of a LeaveGroup (of either protocol: an admin may remove any), as
+        Kafka's classicGroupLeaveToConsumerGroup; the member is removed."""
+        if instance_id is not None:
+            holder_id = self.static_members.get(instance_id)
+            member = None if holder_id is None else self.members.get(holder_id)
+            if member is None:
+                return ClassicAnswer(
+                    ErrorCode.UNKNOWN_MEMBER_ID, f"Instance id {instance_id} is unknown."
+                )
+            if member_id and member.member_id != member_id:
+                return ClassicAnswer(
+                    ErrorCode.FENCED_INSTANCE_ID,
+                    f"Static member {member_id} with instance id {instance_id} was fenced by "
+                    f"member {member.member_id}.",
+                )
+        else:
+            member = self.members.get(member_id)
+            if member is None:
+                return ClassicAnswer(
+                    ErrorCode.UNKNOWN_MEMBER_ID,
+                    f"Member {member_id} is not a member of group {self.group_id}.",
+                )
+        self.remove(member.member_id)
+        return ClassicAnswer(ErrorCode.NONE, member_id=member.member_id)
+
+    def _waits_on_unreleased(self, member: ConsumerMember) -> bool:
+        """Whether a partition of the member's target that it does not have yet is still
+        held by another member (Kafka's waitingOnUnreleasedPartition)."""
+        missing = _flatten(self.target.get(member.member_id, {})) - _flatten(member.assigned)
+        return bool(missing & self._owned_by_others(member.member_id))
+
     # --- assignment --------------------------------------------------------------------------
+
+    def _update_target(
+        self,
+        member_id: str,
+        changed: bool,
+        resolve: Callable[[set[str]], TopicMetadata],
+        assignors: Sequence[str],
+    ) -> None:
+        """A new group epoch when the subscriptions (``changed``) or the subscribed topics'
+        partitions changed, and a new target assignment when the epoch moved past it."""
+        if changed:
+            self.group_epoch += 1
+        metadata = resolve(self.subscribed_topic_names())
+        if metadata != self.metadata:
+            if self.metadata_known and self.assignment_epoch == self.group_epoch and self.target:
+                self.group_epoch += 1
+            self.metadata = metadata
+        self.metadata_known = True
+        if self.group_epoch > self.assignment_epoch or member_id not in self.target:
+            self._compute_target(assignors)
 
     @staticmethod
     def _resolve_regexes(members: Iterable[ConsumerMember], topic_names: Collection[str]) -> bool:
@@ -459,11 +849,15 @@ class ConsumerGroup:
         assigned = _flatten(member.assigned)
         keep = assigned & target
         revoke = assigned - target
-        if revoke:
+        # Kafka's ownsRevokedPartitions: a member that says it holds none of them (an eager
+        # classic consumer gives up everything before it rejoins) has nothing to revoke
+        if revoke and (owned is None or _flatten(owned) & revoke):
             member.assigned = _group(keep)
             member.pending_revocation = _group(revoke)
             member.state = MemberState.UNREVOKED_PARTITIONS
-            member.revocation_deadline = now + member.rebalance_timeout_ms / 1000
+            if member.classic is None:
+                # (a classic member is held to its rejoin by its join deadline instead)
+                member.revocation_deadline = now + member.rebalance_timeout_ms / 1000
             return
         free = (target - keep) - self._owned_by_others(member.member_id)
         new = keep | free
@@ -490,6 +884,7 @@ class ConsumerGroup:
             m.subscribed_regex,
             m.rebalance_timeout_ms,
             m.server_assignor,
+            m.classic,
         )
         current = records.CurrentAssignmentValue(
             m.epoch,
@@ -621,7 +1016,6 @@ class ConsumerGroup:
         member = self.members.get(member_id)
         if member is None:
             member = self.members[member_id] = ConsumerMember(member_id)
-        member.deadline = now + session_timeout_ms / 1000
         if isinstance(value, records.MemberMetadataValue):
             member.instance_id, member.rack_id = value.instance_id, value.rack_id
             member.client_id, member.client_host = value.client_id, value.client_host
@@ -631,6 +1025,7 @@ class ConsumerGroup:
             member.regex_topics = frozenset(self._stored_regexes.get(regex, ()) if regex else ())
             member.rebalance_timeout_ms = value.rebalance_timeout_ms
             member.server_assignor = value.server_assignor
+            member.classic = value.classic
             if value.instance_id is not None:
                 self.static_members[value.instance_id] = member_id
         elif isinstance(value, records.CurrentAssignmentValue):
@@ -640,9 +1035,11 @@ class ConsumerGroup:
             member.pending_revocation = _mapped(value.pending_revocation)
             member.revocation_deadline = (
                 now + member.rebalance_timeout_ms / 1000
-                if member.state == MemberState.UNREVOKED_PARTITIONS
+                if member.state == MemberState.UNREVOKED_PARTITIONS and member.classic is None
                 else None
             )
+        # a full session from now: a classic member's own, else the group's
+        member.deadline = now + (member.session_timeout_s or session_timeout_ms / 1000)
 
 
 def _listed(p: Partitions) -> records.TopicPartitions:

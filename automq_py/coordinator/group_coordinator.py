@@ -30,15 +30,23 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from automq_py.config import BrokerConfig, ConfigError
-from automq_py.coordinator import records
+from automq_py.coordinator import migration, records
 from automq_py.coordinator.assignors import ASSIGNORS
-from automq_py.coordinator.classic_group import ClassicGroup, ClassicState
-from automq_py.coordinator.classic_protocol import ClassicProtocol
-from automq_py.coordinator.consumer_group import ConsumerGroup
+from automq_py.coordinator.classic_group import (
+    CONSUMER_PROTOCOL_TYPE,
+    ClassicGroup,
+    ClassicState,
+    JoinResult,
+    SyncResult,
+)
+from automq_py.coordinator.classic_protocol import ClassicProtocol, JoinRequest
+from automq_py.coordinator.consumer_group import ClassicJoin, ConsumerGroup
+from automq_py.coordinator.consumer_protocol import serialize_assignment
 from automq_py.coordinator.offsets import (
     Group,
     OffsetManager,
@@ -84,6 +92,16 @@ class GroupConfig:
     consumer_heartbeat_interval_ms: int = 5000
     consumer_max_size: int = (1 << 31) - 1
     consumer_assignors: tuple[str, ...] = ("uniform", "range")
+    # group.consumer.migration.policy, lower-cased
+    migration_policy: str = "bidirectional"
+
+    @property
+    def upgrade_enabled(self) -> bool:
+        return self.migration_policy in ("upgrade", "bidirectional")
+
+    @property
+    def downgrade_enabled(self) -> bool:
+        return self.migration_policy in ("downgrade", "bidirectional")
 
     @classmethod
     def from_broker(cls, config: BrokerConfig) -> GroupConfig:
@@ -111,6 +129,7 @@ class GroupConfig:
             consumer_heartbeat_interval_ms=config.group_consumer_heartbeat_interval_ms,
             consumer_max_size=config.group_consumer_max_size,
             consumer_assignors=config.group_consumer_assignors,
+            migration_policy=config.group_consumer_migration_policy.lower(),
         )
 
 
@@ -152,7 +171,7 @@ class GroupCoordinator:
             retention_ms=config.offsets_retention_ms,
             clock=clock,
         )
-        self.classic = ClassicProtocol(config, self.groups, self.runtime, clock)
+        self.classic = ClassicProtocol(config, self.groups, self.runtime, clock, self)
         # the classic protocol's requests
         self.join_group = self.classic.join_group
         self.sync_group = self.classic.sync_group
@@ -237,8 +256,9 @@ class GroupCoordinator:
                 for member in group.members.values():
                     member.deadline = now + member.session_timeout_ms / 1000
             else:
+                default = self.config.consumer_session_timeout_ms / 1000
                 for consumer in group.members.values():
-                    consumer.deadline = now + self.config.consumer_session_timeout_ms / 1000
+                    consumer.deadline = now + (consumer.session_timeout_s or default)
 
     def _replay(self, raw_key: bytes, raw_value: bytes | None) -> None:
         try:
@@ -381,35 +401,75 @@ class GroupCoordinator:
 
     async def consumer_group(
         self, group_id: str, create: bool = True
-    ) -> tuple[ErrorCode, ConsumerGroup | None]:
-        """The consumer-protocol group ``group_id``; a new one when there is none and
-        ``create`` (an empty classic group turns into one), which :meth:`add_consumer_group`
-        registers once a heartbeat made a member of it (Kafka's getOrMaybeCreateConsumerGroup:
-        a refused heartbeat leaves no group behind); the error to answer with otherwise."""
+    ) -> tuple[ErrorCode, ConsumerGroup | None, str | None]:
+        """The consumer-protocol group ``group_id``; when there is none and ``create``, a new
+        one, or the one a classic group becomes (empty, or of consumers moving to the
+        consumer protocol, :mod:`~automq_py.coordinator.migration`), which
+        :meth:`add_consumer_group` registers once a heartbeat made a member of it (Kafka's
+        getOrMaybeCreateConsumerGroup: a refused heartbeat leaves no group behind). Else the
+        error to answer with, and why."""
         if not group_id:
-            return ErrorCode.INVALID_REQUEST, None
+            return ErrorCode.INVALID_REQUEST, None, None
         error = await group_ready(self.runtime, group_id)
         if error != ErrorCode.NONE:
-            return error, None
+            return error, None, None
         found = self.groups.get(group_id)
         if isinstance(found, ConsumerGroup):
-            return ErrorCode.NONE, found
-        if isinstance(found, ClassicGroup) and not found.is_(ClassicState.EMPTY):
-            return ErrorCode.GROUP_ID_NOT_FOUND, None
-        if not create:
-            return ErrorCode.GROUP_ID_NOT_FOUND, None
-        return ErrorCode.NONE, ConsumerGroup(group_id)
+            return ErrorCode.NONE, found, None
+        if found is None or (isinstance(found, ClassicGroup) and found.is_(ClassicState.EMPTY)):
+            if create:
+                return ErrorCode.NONE, ConsumerGroup(group_id), None
+            return ErrorCode.GROUP_ID_NOT_FOUND, None, f"Consumer group {group_id} not found."
+        refusal: str | None = f"Group {group_id} is not a consumer group."
+        if create:
+            refusal = migration.upgrade_refusal(
+                found, self.config.upgrade_enabled, self.config.consumer_max_size
+            )
+            if refusal is None:
+                try:
+                    return (
+                        ErrorCode.NONE,
+                        migration.upgraded(found, self.resolve, self.clock()),
+                        None,
+                    )
+                except migration.MigrationRefused as e:
+                    refusal = str(e)
+        return ErrorCode.GROUP_ID_NOT_FOUND, None, refusal
+
+    def resolve(self, wanted: set[str]) -> dict[str, tuple[uuid.UUID, int]]:
+        """The topics of ``wanted`` that exist: name -> (topic id, partition count)."""
+        out = {}
+        for name in wanted:
+            info = self.topics.get(name)
+            if info is not None:
+                out[name] = (info.topic_id, info.partitions)
+        return out
 
     def add_consumer_group(self, group: ConsumerGroup) -> None:
-        """Register ``group`` (of :meth:`consumer_group`) if it is new: in place of an empty
-        classic group of its id, or of none."""
-        if self.groups.get(group.group_id) is not group:
-            self.groups[group.group_id] = group
+        """Register ``group`` (of :meth:`consumer_group`) if it is new: in place of a classic
+        group of its id (whose record its next store deletes; members waiting for a join or
+        a sync are told to rejoin), or of none."""
+        found = self.groups.get(group.group_id)
+        if found is group:
+            return
+        if isinstance(found, ClassicGroup):
+            group.replaces_classic = True
+            if found.members:
+                log.info("group %s: upgraded from the classic protocol", group.group_id)
+            self.classic.hand_over(found)
+        self.groups[group.group_id] = group
 
     async def store_consumer_group(self, group: ConsumerGroup) -> ErrorCode:
         """Append what changed of the group since it was last stored: its epoch, then its
-        members' records (the error to answer with)."""
+        members' records (the error to answer with). A group all of whose members speak the
+        classic protocol now turns back into a classic group, if the policy allows."""
+        if self.groups.get(group.group_id) is not group:
+            return ErrorCode.NONE  # converted or unloaded meanwhile: nothing of it to keep
+        if migration.downgrade_allowed(group, self.config.downgrade_enabled, self.config.max_size):
+            return await self._downgrade(group)
         entries: list[tuple[records.Key, bytes | None]] = []
+        if group.replaces_classic:
+            entries.append((records.GroupKey(group.group_id), None))
         epoch = group.group_epoch
         if epoch != group.stored_epoch:
             value = records.encode_consumer_group_value(records.ConsumerGroupValue(epoch))
@@ -420,7 +480,106 @@ class GroupCoordinator:
         error = await self._append(group.group_id, entries + members)
         if error == ErrorCode.NONE:
             group.stored_epoch = max(group.stored_epoch, epoch)
+            group.replaces_classic = False
             group.stored(members)
         else:
             group.not_stored(members)
         return error
+
+    async def _downgrade(self, group: ConsumerGroup) -> ErrorCode:
+        """Turn ``group`` back into a classic group: its records deleted, the classic group's
+        written, then a rebalance (Kafka's convertToClassicGroup)."""
+        classic = migration.downgraded(group, self.clock(), int(time.time() * 1000))
+        entries = group.tombstones()
+        entries.append(
+            (records.GroupKey(group.group_id), records.encode_group_value(classic.to_record()))
+        )
+        self.groups[group.group_id] = classic
+        log.info(
+            "group %s: downgraded to the classic protocol at generation %d",
+            group.group_id,
+            classic.generation_id,
+        )
+        self.classic.rebalance(
+            classic,
+            f"Downgrade group {group.group_id} from consumer to classic for member leaving.",
+        )
+        return await self._append(group.group_id, entries)
+
+    # --- classic members of a consumer-protocol group (the ClassicProtocol's ConsumerSide) ---
+
+    async def classic_join(self, group: ConsumerGroup, req: JoinRequest) -> JoinResult:
+        answer = group.classic_join(
+            ClassicJoin(
+                req.member_id,
+                req.group_instance_id,
+                req.client_id,
+                req.client_host,
+                req.session_timeout_ms,
+                req.rebalance_timeout_ms,
+                req.protocol_type,
+                tuple(req.protocols),
+                req.require_known_member_id,
+            ),
+            self.clock(),
+            self.resolve,
+            self.config.consumer_assignors,
+            self.config.consumer_max_size,
+        )
+        if answer.error != ErrorCode.NONE:
+            if answer.message:
+                log.info("group %s: JoinGroup refused: %s", group.group_id, answer.message)
+            return JoinResult(answer.error, answer.member_id)
+        error = await self.store_consumer_group(group)
+        if error != ErrorCode.NONE:
+            return JoinResult(error, answer.member_id)
+        # every classic member is a follower: the broker assigns
+        return JoinResult(
+            ErrorCode.NONE,
+            answer.member_id,
+            answer.generation_id,
+            CONSUMER_PROTOCOL_TYPE,
+            answer.protocol_name,
+        )
+
+    async def classic_sync(
+        self,
+        group: ConsumerGroup,
+        member_id: str,
+        instance_id: str | None,
+        generation_id: int,
+        protocol_type: str | None,
+        protocol_name: str | None,
+    ) -> SyncResult:
+        answer = group.classic_sync(
+            member_id, instance_id, generation_id, protocol_type, protocol_name, self.clock()
+        )
+        if answer.error != ErrorCode.NONE or answer.assignment is None:
+            return SyncResult(answer.error)
+        # answered once what the join changed is durable
+        error = await self.store_consumer_group(group)
+        if error != ErrorCode.NONE:
+            return SyncResult(error)
+        return SyncResult(
+            ErrorCode.NONE,
+            protocol_type,
+            protocol_name,
+            serialize_assignment(answer.assignment.items(), answer.assignment_version),
+        )
+
+    def classic_heartbeat(
+        self, group: ConsumerGroup, member_id: str, instance_id: str | None, generation_id: int
+    ) -> ErrorCode:
+        return group.classic_heartbeat(member_id, instance_id, generation_id, self.clock()).error
+
+    async def classic_leave(
+        self, group: ConsumerGroup, members: Sequence[tuple[str, str | None]]
+    ) -> tuple[ErrorCode, list[ErrorCode]]:
+        out = [
+            group.classic_leave(member_id, instance_id).error for member_id, instance_id in members
+        ]
+        if ErrorCode.NONE in out:
+            error = await self.store_consumer_group(group)
+            if error != ErrorCode.NONE:
+                return error, [error] * len(members)
+        return ErrorCode.NONE, out

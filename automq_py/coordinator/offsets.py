@@ -95,7 +95,9 @@ def validate_commit(
     if isinstance(group, ConsumerGroup):
         if generation_or_epoch < 0 and not member_id:
             return ErrorCode.UNKNOWN_MEMBER_ID if group.members else ErrorCode.NONE
-        return group.validate_member_epoch(member_id, generation_or_epoch)
+        return group.validate_member_epoch(
+            member_id, generation_or_epoch, None if transactional else api_version
+        )
     if group.is_(ClassicState.DEAD):
         return ErrorCode.COORDINATOR_NOT_AVAILABLE
     if generation_or_epoch < 0 and group.is_(ClassicState.EMPTY):

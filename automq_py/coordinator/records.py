@@ -47,7 +47,10 @@ fields, written as none)::
     member (Kafka's ConsumerGroupMemberMetadataValue): instance_id string|null,
         rack_id string|null, client_id string, client_host string,
         subscribed_topic_names [string], subscribed_topic_regex string|null,
-        rebalance_timeout_ms int32, server_assignor string|null
+        rebalance_timeout_ms int32, server_assignor string|null,
+        tagged field 0, classic_member_metadata (a member of the classic protocol in a
+        consumer-protocol group, null otherwise; a nullable struct: int8 1, or -1 for null):
+        session_timeout_ms int32, supported_protocols [name string, metadata bytes]
     target assignment epoch (ConsumerGroupTargetAssignmentMetadataValue): epoch int32
     target assignment (ConsumerGroupTargetAssignmentMemberValue): [topic_id uuid,
         partitions [int32]]
@@ -81,6 +84,7 @@ OFFSET_COMMIT_VALUE_VERSION = 3
 GROUP_METADATA_VALUE_VERSION = 3
 CONSUMER_GROUP_VALUE_VERSION = 0
 MEMBER_VALUES_VERSION = 0  # of each KIP-848 member record
+CLASSIC_MEMBER_METADATA_TAG = 0
 
 NO_TIMESTAMP = -1
 NO_LEADER_EPOCH = -1
@@ -172,6 +176,16 @@ TopicPartitions = tuple[tuple[uuid.UUID, tuple[int, ...]], ...]
 
 
 @dataclass(slots=True, frozen=True)
+class ClassicMemberMetadata:
+    """What a member that speaks the classic protocol (JoinGroup, SyncGroup, Heartbeat) in a
+    consumer-protocol group keeps of its JoinGroup: its session timeout and its protocols."""
+
+    session_timeout_ms: int
+    # (name, ConsumerProtocolSubscription) in the member's order of preference
+    protocols: tuple[tuple[str, bytes], ...]
+
+
+@dataclass(slots=True, frozen=True)
 class MemberMetadataValue:
     instance_id: str | None
     rack_id: str | None
@@ -181,6 +195,7 @@ class MemberMetadataValue:
     subscribed_topic_regex: str | None
     rebalance_timeout_ms: int
     server_assignor: str | None
+    classic: ClassicMemberMetadata | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -276,6 +291,11 @@ class _Writer:
         raw = v.encode()
         self.uvarint(len(raw) + 1)
         self.buf += raw
+        return self
+
+    def compact_bytes(self, v: bytes) -> _Writer:
+        self.uvarint(len(v) + 1)
+        self.buf += v
         return self
 
     def topic_partitions(self, v: TopicPartitions) -> _Writer:
@@ -377,11 +397,17 @@ class _Reader:
             raise RecordFormatError(f"null string at byte {self.pos} where one is required")
         return value
 
-    def tagged_fields(self) -> None:
-        """Skip a struct's tagged fields (none is known here)."""
+    def compact_bytes(self) -> bytes:
+        n = self.compact_count()
+        return b"" if n is None else bytes(self._take(n))
+
+    def tagged_fields(self) -> dict[int, memoryview]:
+        """A struct's tagged fields, by tag (the caller reads those it knows)."""
+        out = {}
         for _ in range(self.uvarint()):
-            self.uvarint()  # the tag
-            self._take(self.uvarint())
+            tag = self.uvarint()
+            out[tag] = self._take(self.uvarint())
+        return out
 
     def topic_partitions(self) -> TopicPartitions:
         out = []
@@ -539,6 +565,16 @@ def encode_member_value(value: MemberValues) -> bytes:
                 w.compact_string(name)
             w.compact_string(value.subscribed_topic_regex).i32(value.rebalance_timeout_ms)
             w.compact_string(value.server_assignor)
+            if value.classic is not None:
+                # a nullable struct starts with 1 (-1: null)
+                classic = _Writer().i8(1).i32(value.classic.session_timeout_ms)
+                classic.uvarint(len(value.classic.protocols) + 1)
+                for name, metadata in value.classic.protocols:
+                    classic.compact_string(name).compact_bytes(metadata).uvarint(0)
+                classic.uvarint(0)
+                w.uvarint(1).uvarint(CLASSIC_MEMBER_METADATA_TAG).uvarint(len(classic.buf))
+                w.buf += classic.buf
+                return bytes(w.buf)
         case TargetEpochValue(epoch):
             w.i32(epoch)
         case TargetMemberValue(partitions):
@@ -572,8 +608,20 @@ def _decode_member_value(
         client_id, client_host = r.compact_text(), r.compact_text()
         names = tuple(r.compact_text() for _ in range(r.compact_count() or 0))
         regex, timeout, assignor = r.compact_string(), r.i32(), r.compact_string()
-        value = MemberMetadataValue(
-            instance_id, rack_id, client_id, client_host, names, regex, timeout, assignor
+        classic = None
+        tagged = r.tagged_fields().get(CLASSIC_MEMBER_METADATA_TAG)
+        if tagged is not None:
+            c = _Reader(tagged)
+            if c.i8() >= 0:  # a nullable struct: -1 for null
+                session_timeout = c.i32()
+                protocols = []
+                for _ in range(c.compact_count() or 0):
+                    protocols.append((c.compact_text(), c.compact_bytes()))
+                    c.tagged_fields()
+                c.tagged_fields()
+                classic = ClassicMemberMetadata(session_timeout, tuple(protocols))
+        return MemberMetadataValue(
+            instance_id, rack_id, client_id, client_host, names, regex, timeout, assignor, classic
         )
     elif key.version == TARGET_MEMBER_KEY_VERSION:
         value = TargetMemberValue(r.topic_partitions())

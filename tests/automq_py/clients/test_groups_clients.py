@@ -22,6 +22,7 @@ from confluent_kafka import (
     Consumer,
     ConsumerGroupState,
     ConsumerGroupTopicPartitions,
+    ConsumerGroupType,
     KafkaError,
     KafkaException,
     Producer,
@@ -588,6 +589,62 @@ def test_rebalances_lose_and_repeat_no_record(group_broker: BrokerProcess, clien
     ends = end_offsets(bootstrap, topic)
     assert ends == dict(Counter(p for p, _ in produced)), "the log's end is not what was acked"
     assert committed_offsets(bootstrap, group, topic) == ends
+
+
+@pytest.mark.parametrize("client", ["confluent-classic", "kafka-python"])
+def test_a_group_moves_to_the_consumer_protocol_and_back_as_its_members_switch(
+    group_broker: BrokerProcess, client: str
+) -> None:
+    """KIP-848's online migration (``group.consumer.migration.policy``, bidirectional by
+    default): two classic members consume; a member of the consumer protocol joins and the
+    group becomes a consumer-protocol group, the classic members now assigned by the broker
+    beside it; once it leaves, the group is a classic one again. Records keep coming
+    meanwhile, and every one is consumed exactly once, with no partition lost."""
+    bootstrap = group_broker.bootstrap
+    topic = group = f"migrate-{client}"
+    create_topic(bootstrap, topic)
+    produced = produce(bootstrap, topic, ((i % PARTITIONS, i) for i in range(600)))
+    producer = SteadyProducer(bootstrap, topic, first=600)
+    members = [new_member(client, group_broker, group, topic, f"{client}-{i}") for i in range(2)]
+    with running(members):
+        producer.start()
+        try:
+            wait_settled(members, group_broker)
+            assert describe_group(bootstrap, group).type == ConsumerGroupType.CLASSIC
+            upgrader = new_member("confluent-consumer", group_broker, group, topic, "upgrader")
+            members.append(upgrader)
+            upgrader.start()
+            assert sorted(map(len, wait_settled(members, group_broker))) == [2, 2, 2]
+            described = describe_group(bootstrap, group)
+            assert described.type == ConsumerGroupType.CONSUMER
+            assert len(described.members) == 3
+            upgrader.stop()
+            assert sorted(map(len, wait_settled(members[:2], group_broker))) == [3, 3]
+            described = describe_group(bootstrap, group)
+            assert described.type == ConsumerGroupType.CLASSIC
+            assert described.state == ConsumerGroupState.STABLE
+            assert len(described.members) == 2
+            time.sleep(1)  # the classic members consume new records again
+        finally:
+            produced |= producer.stop()
+        wait_until(
+            lambda: consumed_keys(members).keys() >= produced.keys(),
+            30,
+            lambda: (
+                f"{len(produced.keys() - consumed_keys(members).keys())} of "
+                f"{len(produced)} records not consumed"
+            ),
+            members[:2],
+        )
+    assert upgrader.consumed(), "the consumer-protocol member consumed nothing"
+    consumed = consumed_keys(members)
+    assert [m.lost for m in members] == [0] * len(members), "partitions lost instead of revoked"
+    repeated = {k: n for k, n in consumed.items() if n > 1}
+    assert not repeated, (
+        f"{len(repeated)} of {len(produced)} records consumed more than once, "
+        f"e.g. {sorted(repeated.items())[:10]}"
+    )
+    assert committed_offsets(bootstrap, group, topic) == end_offsets(bootstrap, topic)
 
 
 def test_a_consumer_protocol_regex_is_matched_by_the_broker(group_broker: BrokerProcess) -> None:

@@ -17,6 +17,7 @@ from automq_py.config import BrokerConfig
 from automq_py.coordinator.classic_group import ClassicGroup, ClassicState
 from automq_py.coordinator.classic_protocol import JoinRequest
 from automq_py.coordinator.consumer_group import ConsumerGroup, HeartbeatRequest
+from automq_py.coordinator.consumer_protocol import serialize_assignment
 from automq_py.coordinator.group_coordinator import OFFSETS_TOPIC, GroupCoordinator
 from automq_py.coordinator.offsets import OffsetCommit, validate_commit
 from automq_py.coordinator.runtime import CoordinatorRuntime, partition_for
@@ -372,7 +373,7 @@ async def _consumer_heartbeat(
 ) -> tuple[ErrorCode, int, dict[uuid.UUID, frozenset[int]] | None]:
     """One ConsumerGroupHeartbeat as the API handler runs it: applied, then stored."""
     groups = _coordinator(broker)
-    error, group = await groups.consumer_group(group_id)
+    error, group, _ = await groups.consumer_group(group_id)
     assert error == ErrorCode.NONE and group is not None
     assert broker.server is not None
     registry = broker.server.apis.ctx.topics
@@ -523,3 +524,77 @@ async def test_a_static_member_that_does_not_rejoin_stays_until_it_fails_to_sync
     assert group.sync_deadline is not None
     groups.classic.expire(group, group.sync_deadline)
     assert set(group.members) == {b} and group.is_(ClassicState.PREPARING_REBALANCE)
+
+
+async def _loaded(broker: Broker, group_id: str) -> object:
+    groups = _coordinator(broker)
+    for _ in range(50):
+        if await groups.runtime.ready(group_id) != ErrorCode.COORDINATOR_LOAD_IN_PROGRESS:
+            break
+        await asyncio.sleep(0.05)
+    return groups.groups.get(group_id)
+
+
+async def test_a_group_that_changed_protocol_is_loaded_as_it_was_left(tmp_path: Path) -> None:
+    """KIP-848's online migration writes each conversion to the log: a classic group that a
+    consumer-protocol member upgraded loads as a consumer-protocol group whose classic member
+    keeps its protocols and partitions; once that member left, the group loads as a classic
+    group again, at the generation its member was at."""
+    data = tmp_path / "data"
+    broker = Broker(_config(data))
+    await broker.start()
+    try:
+        await _topic(broker, "t", 4)
+        groups = _coordinator(broker)
+        # a ConsumerProtocolSubscription v0 of topic t, as a client sends it whole
+        subscription = b"\x00\x00\x00\x00\x00\x01\x00\x01t\xff\xff\xff\xff"
+        request = dataclasses.replace(_join("mig"), protocols=[("range", subscription)])
+        joined = await groups.join_group(request)
+        assert joined.error == ErrorCode.NONE and joined.leader == joined.member_id
+        everything = serialize_assignment([("t", range(4))], 1)
+        synced = await groups.sync_group(
+            "mig",
+            joined.generation_id,
+            joined.member_id,
+            None,
+            None,
+            None,
+            {joined.member_id: everything},
+        )
+        assert synced.error == ErrorCode.NONE
+        error, _, _ = await _consumer_heartbeat(broker, "mig", "new", 0, ["t"])
+        assert error == ErrorCode.NONE
+        upgraded = groups.groups["mig"]
+        assert isinstance(upgraded, ConsumerGroup)
+        classic_id = joined.member_id
+        held = upgraded.members[classic_id].assigned
+        assert sum(len(p) for p in held.values()) == 4  # until it rejoins
+    finally:
+        await broker.stop()
+
+    broker = Broker(_config(data))
+    await broker.start()
+    try:
+        group = await _loaded(broker, "mig")
+        assert isinstance(group, ConsumerGroup)
+        member = group.members[classic_id]
+        assert member.classic is not None
+        assert member.classic.protocols == (("range", subscription),)
+        assert member.assigned == held and member.epoch == joined.generation_id
+        # the consumer-protocol member leaves: the group is classic again
+        error, _, _ = await _consumer_heartbeat(broker, "mig", "new", -1, ["t"])
+        assert error == ErrorCode.NONE
+        back = _coordinator(broker).groups["mig"]
+        assert isinstance(back, ClassicGroup) and back.is_(ClassicState.PREPARING_REBALANCE)
+    finally:
+        await broker.stop()
+
+    broker = Broker(_config(data))
+    await broker.start()
+    try:
+        group = await _loaded(broker, "mig")
+        assert isinstance(group, ClassicGroup) and set(group.members) == {classic_id}
+        assert group.generation_id == joined.generation_id
+        assert group.protocol_type == "consumer" and group.protocol_name == "range"
+    finally:
+        await broker.stop()

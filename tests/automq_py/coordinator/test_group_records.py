@@ -142,6 +142,12 @@ member_metadata = st.builds(
     opt_names,
     i32,
     opt_names,
+    st.none()
+    | st.builds(
+        records.ClassicMemberMetadata,
+        i32,
+        st.lists(st.tuples(names, st.binary(max_size=20)), max_size=3).map(tuple),
+    ),
 )
 current_assignments = st.builds(
     records.CurrentAssignmentValue,
@@ -170,6 +176,15 @@ def test_member_metadata_is_kafkas_layout(value: records.MemberMetadataValue) ->
         rebalance_timeout_ms=value.rebalance_timeout_ms,
         server_assignor=value.server_assignor,
     )
+    if value.classic is not None:
+        cls = kafka_oracle.ConsumerGroupMemberMetadataValue.ClassicMemberMetadata
+        oracle.classic_member_metadata = cls(
+            session_timeout_ms=value.classic.session_timeout_ms,
+            supported_protocols=[
+                cls.ClassicProtocol(name=name, metadata=metadata)
+                for name, metadata in value.classic.protocols
+            ],
+        )
     ours = records.encode_member_value(value)
     assert ours == bytes(oracle.encode(version=0, header=True))
     key = records.ConsumerMemberKey(records.MEMBER_METADATA_KEY_VERSION, "g", "m")
