@@ -821,8 +821,10 @@ async def test_a_slow_durable_write_is_logged_as_it_completes(
         str(tmp_path / "wal"), CAPACITY, inline_commit_max=4096, use_io_uring=False
     )
     real_pwritev = os.pwritev
-    monkeypatch.setattr(file_wal, "SLOW_WRITE_S", file_wal.DEBUG_SLOW_WRITE_S * 4)
-    delays = [0.0, file_wal.DEBUG_SLOW_WRITE_S * 6, file_wal.DEBUG_SLOW_WRITE_S * 2]
+    # far apart: on a loaded machine a write sleeping past DEBUG_SLOW_WRITE_S took a few
+    # times longer, and came out a WARNING when the two were 4x apart
+    monkeypatch.setattr(file_wal, "SLOW_WRITE_S", file_wal.DEBUG_SLOW_WRITE_S * 30)
+    delays = [0.0, file_wal.DEBUG_SLOW_WRITE_S * 40, file_wal.DEBUG_SLOW_WRITE_S * 2]
 
     def slow_pwritev(fd: int, buffers: list[memoryview], offset: int) -> int:
         time.sleep(delays.pop() if delays else 0.0)
