@@ -113,6 +113,8 @@ class ClassicProtocol:
         """The group became a consumer-protocol group: members waiting for a join or a sync
         are told to rejoin (Kafka's convertToConsumerGroup)."""
         self._cancel_timer(group)
+        # what still holds it (a leader's assignment being stored) leaves it alone
+        group.transition(ClassicState.DEAD)
         for member in group.members.values():
             _resolve_join(member, JoinResult(ErrorCode.REBALANCE_IN_PROGRESS, member.member_id))
             _resolve_sync(member, SyncResult(ErrorCode.REBALANCE_IN_PROGRESS))
@@ -182,8 +184,13 @@ class ClassicProtocol:
                 if self.consumer_side is None:
                     return JoinResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, req.member_id)
                 return await self.consumer_side.classic_join(found, req)
-            # an empty consumer-protocol group turns classic (its offsets stay)
+            # an empty consumer-protocol group turns classic (its offsets stay; what the log
+            # holds of it goes, as Kafka's maybeDeleteEmptyConsumerGroup)
             del self.groups[req.group_id]
+            self.runtime.spawn(
+                append_group_records(self.runtime, req.group_id, found.tombstones()),
+                f"deleting consumer group {req.group_id}",
+            )
             found = None
         if found is None:
             if req.member_id:
@@ -557,9 +564,17 @@ class ClassicProtocol:
         self, group: ClassicGroup, assignments: Mapping[str, bytes]
     ) -> None:
         generation = group.generation_id
+        # the members take their assignments once they are durable (as Kafka): until then what
+        # reads the group (a conversion to the consumer protocol) sees what they had
+        had = {m.member_id: m.assignment for m in group.members.values()}
         for member in group.members.values():
             member.assignment = assignments.get(member.member_id, b"")
-        error = await self._store(group)
+        record = group.to_record()
+        for member in group.members.values():
+            member.assignment = had[member.member_id]
+        key = records.GroupKey(group.group_id)
+        value = records.encode_group_value(record)
+        error = await append_group_records(self.runtime, group.group_id, [(key, value)])
         if not (group.is_(ClassicState.COMPLETING_REBALANCE) and group.generation_id == generation):
             return  # a rebalance started meanwhile; its waiters were answered
         if error != ErrorCode.NONE:
@@ -568,6 +583,8 @@ class ClassicProtocol:
                 _resolve_sync(member, SyncResult(error))
             self._prepare_rebalance(group, f"storing the assignment failed: {error.name}")
             return
+        for member in group.members.values():
+            member.assignment = assignments.get(member.member_id, b"")
         # (the sync deadline stays: a member of the generation that never syncs is removed
         # once it passes, in Stable too)
         group.transition(ClassicState.STABLE)

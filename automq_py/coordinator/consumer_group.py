@@ -36,7 +36,6 @@ from automq_py.coordinator import records
 from automq_py.coordinator.assignors import MemberSpec, assign
 from automq_py.coordinator.consumer_protocol import (
     ConsumerProtocolError,
-    NamedPartitions,
     parse_subscription,
 )
 from protocol.errors import ErrorCode
@@ -143,14 +142,14 @@ class ClassicJoin:
 @dataclass(slots=True, frozen=True)
 class ClassicAnswer:
     """What a classic member is answered: the error (and why), its member id and generation
-    (its member epoch), the protocol, and for SyncGroup its partitions by topic name."""
+    (its member epoch), the protocol, and for SyncGroup its partitions."""
 
     error: ErrorCode
     message: str | None = None
     member_id: str = ""
     generation_id: int = -1
     protocol_name: str | None = None
-    assignment: NamedPartitions | None = None
+    assignment: Partitions | None = None
     # the ConsumerProtocolAssignment version the member reads (its subscription's)
     assignment_version: int = 0
 
@@ -561,7 +560,27 @@ class ConsumerGroup:
         if req.instance_id is not None:
             holder_id = self.static_members.get(req.instance_id)
             holder = None if holder_id is None else self.members.get(holder_id)
-            if holder is not None and holder.member_id != member_id:
+            if req.member_id:
+                # a known member: it must be the instance's (Kafka's throwIfStaticMemberIsUnknown
+                # and throwIfInstanceIdIsFenced)
+                if holder is None:
+                    return ClassicAnswer(
+                        ErrorCode.UNKNOWN_MEMBER_ID, f"Instance id {req.instance_id} is unknown."
+                    )
+                if holder.member_id != member_id:
+                    return ClassicAnswer(
+                        ErrorCode.FENCED_INSTANCE_ID,
+                        f"Static member {member_id} with instance id {req.instance_id} was "
+                        f"fenced by member {holder.member_id}.",
+                    )
+            elif holder is not None and holder.classic is None and not holder.left_temporarily:
+                # a consumer-protocol member holds the instance and has not left
+                return ClassicAnswer(
+                    ErrorCode.UNRELEASED_INSTANCE_ID,
+                    f"Static member {member_id} with instance id {req.instance_id} cannot join "
+                    f"the group because the instance id is owned by {holder.member_id} member.",
+                )
+            elif holder is not None:
                 # the instance came back under a new id: it takes the old one's place and
                 # partitions, at epoch 0 (Kafka's replaceMember)
                 del self.members[holder.member_id]
@@ -683,10 +702,6 @@ class ConsumerGroup:
             return self._rejoin(member, now)
         member.sync_deadline = None
         member.deadline = now + member.classic.session_timeout_ms / 1000
-        names = self.topic_names()
-        assignment = {
-            names[t]: parts for t, parts in member.assigned.items() if t in names and parts
-        }
         try:
             version = parse_subscription(first[1]).version
         except ConsumerProtocolError:
@@ -697,7 +712,7 @@ class ConsumerGroup:
             member_id=member.member_id,
             generation_id=member.epoch,
             protocol_name=first[0],
-            assignment=assignment,
+            assignment={t: parts for t, parts in member.assigned.items() if parts},
             assignment_version=version,
         )
 

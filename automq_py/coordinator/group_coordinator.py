@@ -178,6 +178,8 @@ class GroupCoordinator:
         self.heartbeat = self.classic.heartbeat
         self.leave_group = self.classic.leave_group
         self._sweeper: asyncio.Task[None] | None = None
+        # groups whose conversion back to the classic protocol is being written
+        self._downgrading: set[str] = set()
         self._next_retention_check = 0.0
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -445,6 +447,10 @@ class GroupCoordinator:
                 out[name] = (info.topic_id, info.partitions)
         return out
 
+    def topic_name(self, topic_id: uuid.UUID) -> str | None:
+        info = self.topics.by_id(topic_id)
+        return None if info is None else info.name
+
     def add_consumer_group(self, group: ConsumerGroup) -> None:
         """Register ``group`` (of :meth:`consumer_group`) if it is new: in place of a classic
         group of its id (whose record its next store deletes; members waiting for a join or
@@ -464,7 +470,11 @@ class GroupCoordinator:
         members' records (the error to answer with). A group all of whose members speak the
         classic protocol now turns back into a classic group, if the policy allows."""
         if self.groups.get(group.group_id) is not group:
-            return ErrorCode.NONE  # converted or unloaded meanwhile: nothing of it to keep
+            # converted or unloaded meanwhile: what is written of the group now is another's
+            log.debug("group %s: not stored, it is no longer this object", group.group_id)
+            return ErrorCode.NONE
+        if group.group_id in self._downgrading:
+            return ErrorCode.NONE
         if migration.downgrade_allowed(group, self.config.downgrade_enabled, self.config.max_size):
             return await self._downgrade(group)
         entries: list[tuple[records.Key, bytes | None]] = []
@@ -489,11 +499,21 @@ class GroupCoordinator:
     async def _downgrade(self, group: ConsumerGroup) -> ErrorCode:
         """Turn ``group`` back into a classic group: its records deleted, the classic group's
         written, then a rebalance (Kafka's convertToClassicGroup)."""
-        classic = migration.downgraded(group, self.clock(), int(time.time() * 1000))
+        now_ms = int(time.time() * 1000)
+        classic = migration.downgraded(group, self.topic_name, self.clock(), now_ms)
         entries = group.tombstones()
         entries.append(
             (records.GroupKey(group.group_id), records.encode_group_value(classic.to_record()))
         )
+        # written first: a failed append leaves the group as it is, for the next store to try;
+        # meanwhile the group's other stores leave the conversion to this one
+        self._downgrading.add(group.group_id)
+        try:
+            error = await self._append(group.group_id, entries)
+        finally:
+            self._downgrading.discard(group.group_id)
+        if error != ErrorCode.NONE or self.groups.get(group.group_id) is not group:
+            return error
         self.groups[group.group_id] = classic
         log.info(
             "group %s: downgraded to the classic protocol at generation %d",
@@ -504,7 +524,7 @@ class GroupCoordinator:
             classic,
             f"Downgrade group {group.group_id} from consumer to classic for member leaving.",
         )
-        return await self._append(group.group_id, entries)
+        return ErrorCode.NONE
 
     # --- classic members of a consumer-protocol group (the ClassicProtocol's ConsumerSide) ---
 
@@ -560,11 +580,13 @@ class GroupCoordinator:
         error = await self.store_consumer_group(group)
         if error != ErrorCode.NONE:
             return SyncResult(error)
+        named = [(self.topic_name(t), parts) for t, parts in answer.assignment.items()]
+        assignment = [(name, parts) for name, parts in named if name is not None]
         return SyncResult(
             ErrorCode.NONE,
             protocol_type,
             protocol_name,
-            serialize_assignment(answer.assignment.items(), answer.assignment_version),
+            serialize_assignment(assignment, answer.assignment_version),
         )
 
     def classic_heartbeat(

@@ -31,6 +31,7 @@ from automq_py.coordinator.consumer_group import (
     ConsumerGroup,
     ConsumerMember,
     MemberState,
+    TopicId,
     TopicMetadata,
 )
 from automq_py.coordinator.consumer_protocol import (
@@ -123,7 +124,9 @@ def downgrade_allowed(group: ConsumerGroup, enabled: bool, classic_max_size: int
     return group.all_classic() and enabled and len(group.members) <= classic_max_size
 
 
-def downgraded(group: ConsumerGroup, now: float, now_ms: int) -> ClassicGroup:
+def downgraded(
+    group: ConsumerGroup, name_of: Callable[[TopicId], str | None], now: float, now_ms: int
+) -> ClassicGroup:
     """The classic group the consumer-protocol ``group`` becomes (Kafka's
     ClassicGroup.fromConsumerGroup): Stable at the members' epoch as its generation, each
     member with its target assignment, the protocol the members vote for."""
@@ -132,7 +135,6 @@ def downgraded(group: ConsumerGroup, now: float, now_ms: int) -> ClassicGroup:
     # without that bump): a member there heartbeats into the rebalance and rejoins as usual,
     # one behind it is told ILLEGAL_GENERATION, and rejoins too
     classic.generation_id = max((m.epoch for m in group.members.values()), default=0)
-    names = group.topic_names()
     for m in group.members.values():
         assert m.classic is not None
         classic.add(
@@ -154,9 +156,9 @@ def downgraded(group: ConsumerGroup, now: float, now_ms: int) -> ClassicGroup:
             version = parse_subscription(member.metadata(classic.protocol_name)).version
         except ConsumerProtocolError:
             version = 0
-        target = group.target.get(member_id, {})
+        named = [(name_of(t), parts) for t, parts in group.target.get(member_id, {}).items()]
         member.assignment = serialize_assignment(
-            ((names[t], parts) for t, parts in target.items() if t in names), version
+            ((name, parts) for name, parts in named if name is not None), version
         )
     classic.transition(ClassicState.STABLE)
     return classic

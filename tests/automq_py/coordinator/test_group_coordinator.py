@@ -17,7 +17,7 @@ from automq_py.config import BrokerConfig
 from automq_py.coordinator.classic_group import ClassicGroup, ClassicState
 from automq_py.coordinator.classic_protocol import JoinRequest
 from automq_py.coordinator.consumer_group import ConsumerGroup, HeartbeatRequest
-from automq_py.coordinator.consumer_protocol import serialize_assignment
+from automq_py.coordinator.consumer_protocol import parse_assignment, serialize_assignment
 from automq_py.coordinator.group_coordinator import OFFSETS_TOPIC, GroupCoordinator
 from automq_py.coordinator.offsets import OffsetCommit, validate_commit
 from automq_py.coordinator.runtime import CoordinatorRuntime, partition_for
@@ -567,8 +567,15 @@ async def test_a_group_that_changed_protocol_is_loaded_as_it_was_left(tmp_path: 
         upgraded = groups.groups["mig"]
         assert isinstance(upgraded, ConsumerGroup)
         classic_id = joined.member_id
+        assert sum(len(p) for p in upgraded.members[classic_id].assigned.values()) == 4
+        # told to rejoin, it does (an eager client owns nothing by then), then the coordinator
+        # moves before its SyncGroup
+        beat = await groups.heartbeat("mig", joined.generation_id, classic_id, None)
+        assert beat == ErrorCode.REBALANCE_IN_PROGRESS
+        rejoined = await groups.join_group(dataclasses.replace(request, member_id=classic_id))
+        assert rejoined.error == ErrorCode.NONE and rejoined.leader == ""
         held = upgraded.members[classic_id].assigned
-        assert sum(len(p) for p in held.values()) == 4  # until it rejoins
+        assert sum(len(p) for p in held.values()) == 2
     finally:
         await broker.stop()
 
@@ -580,7 +587,13 @@ async def test_a_group_that_changed_protocol_is_loaded_as_it_was_left(tmp_path: 
         member = group.members[classic_id]
         assert member.classic is not None
         assert member.classic.protocols == (("range", subscription),)
-        assert member.assigned == held and member.epoch == joined.generation_id
+        assert member.assigned == held and member.epoch == rejoined.generation_id
+        synced = await _coordinator(broker).sync_group(
+            "mig", rejoined.generation_id, classic_id, None, "consumer", "range", {}
+        )
+        assert synced.error == ErrorCode.NONE
+        assignment = parse_assignment(synced.assignment).partitions
+        assert len(assignment["t"]) == 2 and set(assignment) == {"t"}
         # the consumer-protocol member leaves: the group is classic again
         error, _, _ = await _consumer_heartbeat(broker, "mig", "new", -1, ["t"])
         assert error == ErrorCode.NONE
@@ -594,7 +607,9 @@ async def test_a_group_that_changed_protocol_is_loaded_as_it_was_left(tmp_path: 
     try:
         group = await _loaded(broker, "mig")
         assert isinstance(group, ClassicGroup) and set(group.members) == {classic_id}
-        assert group.generation_id == joined.generation_id
+        assert group.generation_id == rejoined.generation_id
+        # it holds its target, by name, as the classic group's record keeps it
+        assert parse_assignment(group.members[classic_id].assignment).partitions == assignment
         assert group.protocol_type == "consumer" and group.protocol_name == "range"
     finally:
         await broker.stop()

@@ -82,7 +82,7 @@ def synced(group: ConsumerGroup, member_id: str, generation: int) -> set[int] | 
     if answer.error != ErrorCode.NONE:
         return answer.error
     assert answer.assignment is not None
-    return set(answer.assignment.get("t", ()))
+    return set(answer.assignment.get(TOPIC_ID, ()))
 
 
 def classic_group(assignments: dict[str, list[int]], generation: int = 4) -> ClassicGroup:
@@ -247,6 +247,26 @@ def test_a_classic_member_that_does_not_rejoin_or_sync_in_time_is_removed() -> N
     assert group.expire_members(100 + REBALANCE_MS / 1000) == [member_id]
 
 
+def test_a_static_classic_member_is_known_by_its_instance() -> None:
+    group = ConsumerGroup("g")
+    beat(group, "c", 0, topics=["t"], instance="consumer-instance")
+    _, first, generation = join(group, "", instance="a")
+    assert first in group.members
+    # a zombie with an id the instance no longer has is fenced; an unknown instance is unknown
+    error, _, _ = join(group, "old-id", instance="a")
+    assert error == ErrorCode.FENCED_INSTANCE_ID
+    error, _, _ = join(group, "some-id", instance="b")
+    assert error == ErrorCode.UNKNOWN_MEMBER_ID
+    # the instance restarted (no member id): it takes the old member's place at epoch 0
+    error, second, _ = join(group, "", instance="a")
+    assert error == ErrorCode.NONE and second != first and first not in group.members
+    assert group.static_members["a"] == second
+    # an instance a consumer-protocol member holds, and has not left, is not released
+    error, _, _ = join(group, "", instance="consumer-instance")
+    assert error == ErrorCode.UNRELEASED_INSTANCE_ID
+    assert generation > 0
+
+
 def test_a_classic_leave_removes_the_member() -> None:
     group = ConsumerGroup("g")
     beat(group, "c", 0, topics=["t"])
@@ -326,7 +346,7 @@ def test_a_consumer_group_of_classic_members_becomes_a_classic_group() -> None:
     assert migration.downgrade_allowed(group, True, 10)
     assert not migration.downgrade_allowed(group, False, 10)
     assert not migration.downgrade_allowed(group, True, 1)
-    back = migration.downgraded(group, 0.0, 0)
+    back = migration.downgraded(group, group.topic_names().get, 0.0, 0)
     # the members' generation, before the leave's epoch bump: they heartbeat into a rebalance
     assert back.generation_id == 4 and back.is_(ClassicState.STABLE)
     assert back.protocol_type == "consumer" and back.protocol_name == "range"
