@@ -37,6 +37,10 @@ from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
 from protocol.messages import Request
 
+# ConsumerGroupDescribe v1's MemberType
+CLASSIC_MEMBER = 0
+CONSUMER_MEMBER = 1
+
 
 def _owned(topic_partitions: Sequence[Any] | None) -> Partitions | None:
     if topic_partitions is None:
@@ -220,6 +224,8 @@ async def handle_consumer_group_describe(ctx: BrokerContext, request: Request) -
                         "target_assignment": _assignment_entry(
                             group, group.target.get(m.member_id, {})
                         ),
+                        # v1 (KIP-1099): 0 a member of the classic protocol, 1 of the consumer
+                        "member_type": CLASSIC_MEMBER if m.classic is not None else CONSUMER_MEMBER,
                     }
                     for m in group.members.values()
                 ],
@@ -252,5 +258,5 @@ def _may_see_topics(ctx: BrokerContext, group: ConsumerGroup) -> bool:
 # Kafka 3.9's KRaft broker only answers v0 with an error, the offsets of v0 living in ZooKeeper).
 HANDLERS: dict[int, tuple[Any, int, int]] = {
     ApiKey.CONSUMER_GROUP_HEARTBEAT: (handle_consumer_group_heartbeat, 0, 1),
-    ApiKey.CONSUMER_GROUP_DESCRIBE: (handle_consumer_group_describe, 0, 0),
+    ApiKey.CONSUMER_GROUP_DESCRIBE: (handle_consumer_group_describe, 0, 1),
 }

@@ -149,6 +149,9 @@ MAX_EXCEPTIONS: dict[int, int] = {
     # librdkafka's group.protocol=consumer needs v1 (Kafka 4.0's); against v0 its consumer says
     # "ConsumerGroupHeartbeatRequest not supported by broker" and never joins
     ApiKey.CONSUMER_GROUP_HEARTBEAT: 1,
+    # KIP-1099 (Kafka 4.0): each member's type, classic or consumer, in a group moving between
+    # the protocols
+    ApiKey.CONSUMER_GROUP_DESCRIBE: 1,
 }
 
 
