@@ -752,6 +752,121 @@ def test_a_console_consumer_in_a_kip_848_group(
     ]
 
 
+def _owned(consumer: JavaProgram, topic: str) -> set[int]:
+    """The partitions a VerifiableConsumer holds now, from its rebalance events (incremental
+    for the consumer protocol and cooperative assignors, whole for eager ones)."""
+    owned: set[int] = set()
+    for line in list(consumer.lines):
+        if not line.startswith("{"):
+            continue
+        event = json.loads(line)
+        if event.get("name") not in ("partitions_assigned", "partitions_revoked"):
+            continue
+        partitions = {int(p["partition"]) for p in event["partitions"] if p["topic"] == topic}
+        if event["name"] == "partitions_assigned":
+            owned |= partitions
+        else:
+            owned -= partitions
+    return owned
+
+
+def _values(consumer: JavaProgram) -> set[str]:
+    return {
+        str(json.loads(line)["value"])
+        for line in list(consumer.lines)
+        if line.startswith("{") and '"name":"record_data"' in line
+    }
+
+
+def test_java_consumers_move_their_group_to_the_consumer_protocol_and_back(
+    tool: KafkaTools, tmp_path: Path
+) -> None:
+    """A rolling switch of ``group.protocol`` as Kafka documents it (KIP-848's online
+    migration): two Java consumers of the classic protocol share a topic; a third with
+    ``group.protocol=consumer`` joins, the group becomes a consumer-protocol group and the
+    three share the partitions; it leaves and the classic pair takes everything back. Kafka's
+    VerifiableProducer writes throughout, and every acknowledged record is consumed."""
+    topic, group = "rolling", "rolling-group"
+    create(tool, topic, 6)
+    config = tmp_path / "classic.properties"
+    config.write_text("session.timeout.ms=6000\nheartbeat.interval.ms=500\n")
+
+    def consumer(name: str, protocol: str) -> JavaProgram:
+        args = ["--bootstrap-server", tool.broker.bootstrap, "--topic", topic]
+        args += ["--group-id", group, "--group-protocol", protocol, "--verbose"]
+        args += ["--reset-policy", "earliest"]
+        if protocol == "classic":
+            args += ["--consumer.config", str(config)]
+        command = java_command("org.apache.kafka.tools.VerifiableConsumer", *args)
+        return JavaProgram(command, tmp_path / f"{name}.log").start()
+
+    producer = JavaProgram(
+        java_command(
+            "org.apache.kafka.tools.VerifiableProducer",
+            *("--bootstrap-server", tool.broker.bootstrap, "--topic", topic),
+            *("--throughput", "200", "--acks", "-1"),
+        ),
+        tmp_path / "producer.log",
+    ).start()
+    classic = [consumer(f"classic-{i}", "classic") for i in range(2)]
+    upgrader: JavaProgram | None = None
+    everything = set(range(6))
+
+    def split(members: list[JavaProgram], sizes: list[int]) -> Callable[[], bool]:
+        def check() -> bool:
+            for m in members + classic:
+                assert m.alive or m not in members, f"a consumer exited:\n{m.log_tail()}"
+            owned = [_owned(m, topic) for m in members]
+            disjoint = sum(len(o) for o in owned) == len(everything)
+            return (
+                disjoint and set().union(*owned) == everything and sorted(map(len, owned)) == sizes
+            )
+
+        return check
+
+    try:
+        eventually(split(classic, [3, 3]), 60, "the classic pair shares the topic")
+        listed = table(tool("kafka-groups", "--list"), "GROUP")
+        assert {"GROUP": group, "TYPE": "Classic", "PROTOCOL": "consumer"} in listed
+        upgrader = consumer("upgrader", "consumer")
+        eventually(split([*classic, upgrader], [2, 2, 2]), 90, "the three share the topic")
+        [state] = table(
+            tool("kafka-consumer-groups", "--describe", "--group", group, "--state"), "GROUP"
+        )
+        # a consumer-protocol group (the server-side assignor), its classic members included
+        assert (state["ASSIGNMENT-STRATEGY"], state["#MEMBERS"]) == ("uniform", "3")
+        listed = table(tool("kafka-groups", "--list"), "GROUP")
+        assert {"GROUP": group, "TYPE": "Consumer", "PROTOCOL": "consumer"} in listed
+        assert upgrader.stop() in (0, 143)
+        eventually(split(classic, [3, 3]), 90, "the classic pair takes everything back")
+        [state] = table(
+            tool("kafka-consumer-groups", "--describe", "--group", group, "--state"), "GROUP"
+        )
+        assert (state["ASSIGNMENT-STRATEGY"], state["STATE"], state["#MEMBERS"]) == (
+            "range",
+            "Stable",
+            "2",
+        )
+        assert producer.stop(60) in (0, 143)
+        acked = {
+            str(json.loads(line)["value"])
+            for line in list(producer.lines)
+            if line.startswith("{") and '"name":"producer_send_success"' in line
+        }
+        assert len(acked) >= 200
+        consumed = [*classic, upgrader]
+        eventually(
+            lambda: acked <= set().union(*(_values(m) for m in consumed)),
+            60,
+            "every acknowledged record consumed",
+        )
+        assert _values(upgrader), "the consumer-protocol member consumed nothing"
+    finally:
+        producer.stop()
+        for m in [*classic, *([upgrader] if upgrader is not None else [])]:
+            m.stop()
+
+
 def test_kafka_configs_for_a_consumer_group(tool: KafkaTools) -> None:
     """kafka-configs --entity-type groups: a consumer group's session timeout and heartbeat
     interval shown with the broker defaults they come from, set, refused out of bounds with

@@ -294,6 +294,10 @@ class JavaProgram:
         assert self._process is not None
         return self._process.wait(timeout)
 
+    @property
+    def alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
     def kill(self) -> None:
         """SIGKILL: the program dies at an arbitrary moment, as in a crash."""
         if self._process is not None:
