@@ -26,6 +26,7 @@ import pytest
 from kafka.protocol.consumer import OffsetCommitRequest  # type: ignore[import-untyped]
 from kio.serial import entity_writer
 
+from automq_py.coordinator.consumer_protocol import serialize_assignment
 from protocol import build, headers
 from protocol.api_keys import ApiKey
 from protocol.entity_reader import read_entity
@@ -865,3 +866,67 @@ def test_group_max_size_is_checked_as_kafkas_accept_joining_member(
     refused = join(b, "one-only", second.member_id, session_ms=800)
     assert (refused.error_code, refused.member_id) == (ErrorCode.GROUP_MAX_SIZE_REACHED, "")
     assert_serving(b)
+
+
+def test_a_classic_group_of_consumers_becomes_a_consumer_protocol_group(
+    broker: BrokerProcess,
+) -> None:
+    """KIP-848's online upgrade, request by request: a classic group of another protocol type,
+    or whose assignment is not the consumer protocol's, stays classic, with Kafka's reason; a
+    classic group of consumers becomes a consumer-protocol group when a member of that
+    protocol joins, its classic member described as such (ConsumerGroupDescribe v1) and told
+    to rejoin."""
+    joined = join_new_member(broker, "workers", protocol_type="connect")
+    sync(broker, "workers", joined.generation_id, joined.member_id, protocol_type="connect")
+    refused = consumer_heartbeat(broker, "workers", str(uuid.uuid4()), 0, topics=[TOPIC])
+    assert (refused.error_code, refused.error_message) == (
+        ErrorCode.GROUP_ID_NOT_FOUND,
+        "Cannot upgrade classic group workers to consumer group because the group does not "
+        "use the consumer embedded protocol.",
+    )
+    stable_member(broker, "garbled")  # its leader assigned b"all"
+    refused = consumer_heartbeat(broker, "garbled", str(uuid.uuid4()), 0, topics=[TOPIC])
+    assert refused.error_message == (
+        "Cannot upgrade classic group garbled to consumer group because the embedded consumer "
+        "protocol is malformed."
+    )
+    # a heartbeat at an epoch is no join: it converts nothing
+    stale = consumer_heartbeat(broker, "garbled", str(uuid.uuid4()), 3, topics=[TOPIC])
+    assert (stale.error_code, stale.error_message) == (
+        ErrorCode.GROUP_ID_NOT_FOUND,
+        "Group garbled is not a consumer group.",
+    )
+
+    joined = join_new_member(broker, "upgraded")
+    both = serialize_assignment([(TOPIC, [0, 1])])
+    synced = sync(
+        broker, "upgraded", joined.generation_id, joined.member_id, {joined.member_id: both}
+    )
+    assert synced.error_code == ErrorCode.NONE
+    newcomer = str(uuid.uuid4())
+    accepted = consumer_heartbeat(broker, "upgraded", newcomer, 0, topics=[TOPIC])
+    assert accepted.error_code == ErrorCode.NONE
+    described = call(
+        broker,
+        ApiKey.CONSUMER_GROUP_DESCRIBE,
+        1,
+        {"group_ids": ["upgraded"], "include_authorized_operations": False},
+    )
+    (group,) = described.groups
+    assert {m.member_id: m.member_type for m in group.members} == {
+        joined.member_id: 0,  # classic
+        newcomer: 1,  # consumer
+    }
+    listed = call(broker, ApiKey.LIST_GROUPS, 5, {"states_filter": [], "types_filter": []})
+    assert {(g.group_id, g.group_type) for g in listed.groups} >= {
+        ("upgraded", "consumer"),
+        ("workers", "classic"),
+    }
+    # the classic member is at its generation, behind the group: it rejoins
+    assert heartbeat(broker, "upgraded", joined.generation_id, joined.member_id) == (
+        ErrorCode.REBALANCE_IN_PROGRESS
+    )
+    again = join(broker, "upgraded", joined.member_id)
+    assert (again.error_code, again.leader, list(again.members)) == (ErrorCode.NONE, "", [])
+    assert again.generation_id == group.group_epoch
+    assert_serving(broker)
