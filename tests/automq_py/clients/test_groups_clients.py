@@ -510,6 +510,40 @@ def consumed_keys(members: Iterable[Member]) -> Counter[Key]:
     return Counter((p, o) for m in members for p, o, _ in m.consumed())
 
 
+def wait_consumed(members: list[Member], produced: dict[Key, bytes], running: list[Member]) -> None:
+    """Wait until the members consumed every produced record (``running`` still consume)."""
+    wait_until(
+        lambda: consumed_keys(members).keys() >= produced.keys(),
+        30,
+        lambda: (
+            f"{len(produced.keys() - consumed_keys(members).keys())} of "
+            f"{len(produced)} records not consumed"
+        ),
+        running,
+    )
+
+
+def assert_consumed_exactly_once(
+    members: list[Member], produced: dict[Key, bytes], bootstrap: str, group: str, topic: str
+) -> None:
+    """Every produced record consumed, with its value, once; no partition lost instead of
+    revoked; the group's committed offsets at the end of the log."""
+    consumed = consumed_keys(members)
+    missing = produced.keys() - consumed.keys()
+    assert not missing, f"{len(missing)} records never consumed, e.g. {sorted(missing)[:10]}"
+    wrong = [(p, o, v) for m in members for p, o, v in m.consumed() if produced.get((p, o)) != v]
+    assert not wrong, f"records read back with other values: {wrong[:10]}"
+    assert [m.lost for m in members] == [0] * len(members), "partitions lost instead of revoked"
+    repeated = {k: n for k, n in consumed.items() if n > 1}
+    assert not repeated, (
+        f"{len(repeated)} of {len(produced)} records consumed more than once, "
+        f"e.g. {sorted(repeated.items())[:10]}"
+    )
+    ends = end_offsets(bootstrap, topic)
+    assert ends == dict(Counter(p for p, _ in produced)), "the log's end is not what was acked"
+    assert committed_offsets(bootstrap, group, topic) == ends
+
+
 # --- tests --------------------------------------------------------------------------------------
 
 
@@ -565,30 +599,9 @@ def test_rebalances_lose_and_repeat_no_record(group_broker: BrokerProcess, clien
             time.sleep(1)  # the joiner consumes new records too
         finally:
             produced |= producer.stop()
-        wait_until(
-            lambda: consumed_keys(members).keys() >= produced.keys(),
-            30,
-            lambda: (
-                f"{len(produced.keys() - consumed_keys(members).keys())} of "
-                f"{len(produced)} records not consumed"
-            ),
-            members[1:],
-        )
+        wait_consumed(members, produced, members[1:])
     assert leaver.consumed() and joiner.consumed(), "the rebalances did not happen midstream"
-    consumed = consumed_keys(members)
-    missing = produced.keys() - consumed.keys()
-    assert not missing, f"{len(missing)} records never consumed, e.g. {sorted(missing)[:10]}"
-    wrong = [(p, o, v) for m in members for p, o, v in m.consumed() if produced.get((p, o)) != v]
-    assert not wrong, f"records read back with other values: {wrong[:10]}"
-    assert [m.lost for m in members] == [0] * len(members), "partitions lost instead of revoked"
-    repeated = {k: n for k, n in consumed.items() if n > 1}
-    assert not repeated, (
-        f"{len(repeated)} of {len(produced)} records consumed more than once, "
-        f"e.g. {sorted(repeated.items())[:10]}"
-    )
-    ends = end_offsets(bootstrap, topic)
-    assert ends == dict(Counter(p for p, _ in produced)), "the log's end is not what was acked"
-    assert committed_offsets(bootstrap, group, topic) == ends
+    assert_consumed_exactly_once(members, produced, bootstrap, group, topic)
 
 
 @pytest.mark.parametrize("client", ["confluent-classic", "kafka-python"])
@@ -627,24 +640,9 @@ def test_a_group_moves_to_the_consumer_protocol_and_back_as_its_members_switch(
             time.sleep(1)  # the classic members consume new records again
         finally:
             produced |= producer.stop()
-        wait_until(
-            lambda: consumed_keys(members).keys() >= produced.keys(),
-            30,
-            lambda: (
-                f"{len(produced.keys() - consumed_keys(members).keys())} of "
-                f"{len(produced)} records not consumed"
-            ),
-            members[:2],
-        )
+        wait_consumed(members, produced, members[:2])
     assert upgrader.consumed(), "the consumer-protocol member consumed nothing"
-    consumed = consumed_keys(members)
-    assert [m.lost for m in members] == [0] * len(members), "partitions lost instead of revoked"
-    repeated = {k: n for k, n in consumed.items() if n > 1}
-    assert not repeated, (
-        f"{len(repeated)} of {len(produced)} records consumed more than once, "
-        f"e.g. {sorted(repeated.items())[:10]}"
-    )
-    assert committed_offsets(bootstrap, group, topic) == end_offsets(bootstrap, topic)
+    assert_consumed_exactly_once(members, produced, bootstrap, group, topic)
 
 
 def test_a_consumer_protocol_regex_is_matched_by_the_broker(group_broker: BrokerProcess) -> None:

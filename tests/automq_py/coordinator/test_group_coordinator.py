@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import uuid
 from collections.abc import AsyncIterator
@@ -526,6 +527,17 @@ async def test_a_static_member_that_does_not_rejoin_stays_until_it_fails_to_sync
     assert set(group.members) == {b} and group.is_(ClassicState.PREPARING_REBALANCE)
 
 
+@contextlib.asynccontextmanager
+async def _running(data: Path) -> AsyncIterator[Broker]:
+    """A broker on ``data`` (started again on what an earlier one left), stopped after."""
+    broker = Broker(_config(data))
+    await broker.start()
+    try:
+        yield broker
+    finally:
+        await broker.stop()
+
+
 async def _loaded(broker: Broker, group_id: str) -> object:
     groups = _coordinator(broker)
     for _ in range(50):
@@ -541,9 +553,7 @@ async def test_a_group_that_changed_protocol_is_loaded_as_it_was_left(tmp_path: 
     keeps its protocols and partitions; once that member left, the group loads as a classic
     group again, at the generation its member was at."""
     data = tmp_path / "data"
-    broker = Broker(_config(data))
-    await broker.start()
-    try:
+    async with _running(data) as broker:
         await _topic(broker, "t", 4)
         groups = _coordinator(broker)
         # a ConsumerProtocolSubscription v0 of topic t, as a client sends it whole
@@ -576,12 +586,8 @@ async def test_a_group_that_changed_protocol_is_loaded_as_it_was_left(tmp_path: 
         assert rejoined.error == ErrorCode.NONE and rejoined.leader == ""
         held = upgraded.members[classic_id].assigned
         assert sum(len(p) for p in held.values()) == 2
-    finally:
-        await broker.stop()
 
-    broker = Broker(_config(data))
-    await broker.start()
-    try:
+    async with _running(data) as broker:
         group = await _loaded(broker, "mig")
         assert isinstance(group, ConsumerGroup)
         member = group.members[classic_id]
@@ -599,17 +605,11 @@ async def test_a_group_that_changed_protocol_is_loaded_as_it_was_left(tmp_path: 
         assert error == ErrorCode.NONE
         back = _coordinator(broker).groups["mig"]
         assert isinstance(back, ClassicGroup) and back.is_(ClassicState.PREPARING_REBALANCE)
-    finally:
-        await broker.stop()
 
-    broker = Broker(_config(data))
-    await broker.start()
-    try:
+    async with _running(data) as broker:
         group = await _loaded(broker, "mig")
         assert isinstance(group, ClassicGroup) and set(group.members) == {classic_id}
         assert group.generation_id == rejoined.generation_id
         # it holds its target, by name, as the classic group's record keeps it
         assert parse_assignment(group.members[classic_id].assignment).partitions == assignment
         assert group.protocol_type == "consumer" and group.protocol_name == "range"
-    finally:
-        await broker.stop()
