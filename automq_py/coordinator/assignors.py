@@ -15,10 +15,14 @@ being the default). These are pure functions: members and partition counts in, a
       least-loaded subscriber (most constrained topics first), then partitions move from their
       owner to the least-loaded subscriber while the owner has more than that member + 1.
 
-``range`` (Kafka's ``RangeAssignor``)
-    Per topic, the subscribers sorted by member id each get one contiguous range; the first
-    ``N % M`` get one partition more. Members subscribed to co-partitioned topics get the same
-    partition numbers of each, which joins keyed on the partition rely on. It ignores ``current``.
+``range`` (Kafka's server-side ``RangeAssignor``)
+    Per topic, each subscriber gets ``floor(N/M)`` partitions and ``N % M`` of them one more,
+    as the classic range assignor; sticky as Kafka's: in member id order, each keeps the lowest
+    of its current partitions up to its share (one more while extra shares are left), and the
+    rest go in ascending runs to those short of theirs, in member id order. From nothing, the
+    subscribers sorted by member id each get one contiguous range, the first ``N % M`` one
+    partition more, and members subscribed to co-partitioned topics get the same partition
+    numbers of each, which joins keyed on the partition rely on.
 
 Members' racks are accepted but not used yet.
 """
@@ -164,14 +168,39 @@ def _range(
     subscriptions: Mapping[str, frozenset[str]],
     partitions: Mapping[str, int],
 ) -> Assignment:
+    current = {m.member_id: m.current for m in members}
     owners: list[tuple[TopicPartition, str]] = []
     for topic, member_ids in _subscribers(subscriptions).items():
-        per_member, extra = divmod(partitions[topic], len(member_ids))
-        start = 0
-        for i, member_id in enumerate(member_ids):
-            end = start + per_member + (1 if i < extra else 0)
-            owners.extend(((topic, p), member_id) for p in range(start, end))
-            start = end
+        count = partitions[topic]
+        quota, extra = divmod(count, len(member_ids))
+        taken: set[int] = set()
+        given: dict[str, list[int]] = {}
+        short: list[tuple[str, int]] = []
+        for member_id in member_ids:
+            had = sorted(
+                p for p in current[member_id].get(topic, ()) if 0 <= p < count and p not in taken
+            )
+            keep = had[:quota]
+            if len(had) > quota and extra > 0:
+                keep = had[: quota + 1]
+                extra -= 1
+            given[member_id] = keep
+            taken.update(keep)
+            if len(keep) < quota:
+                short.append((member_id, quota - len(keep)))
+        free = iter([p for p in range(count) if p not in taken])
+        for member_id, missing in short:
+            if extra > 0:
+                missing += 1
+                extra -= 1
+            given[member_id] += [next(free) for _ in range(missing)]
+        for member_id in member_ids:  # the extra shares nobody short of its share took
+            if extra == 0:
+                break
+            if len(given[member_id]) == quota:
+                given[member_id].append(next(free))
+                extra -= 1
+        owners.extend(((topic, p), m) for m in member_ids for p in given[m])
     return _to_assignment(subscriptions, owners)
 
 

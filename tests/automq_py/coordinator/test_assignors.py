@@ -196,6 +196,52 @@ def test_range_gives_co_partitioned_topics_the_same_partitions() -> None:
     assert result["m1"] == {"a": frozenset({2}), "b": frozenset({2})}
 
 
+def test_range_keeps_what_members_have_when_one_joins_or_leaves() -> None:
+    first = [MemberSpec(m, frozenset({"t"})) for m in ("m0", "m1", "m2")]
+    before = assign("range", first, {"t": 7})
+    members = [MemberSpec(m, frozenset({"t"}), current=before[m]) for m in ("m0", "m1", "m2")]
+
+    joined = assign("range", [*members, MemberSpec("m3", frozenset({"t"}))], {"t": 7})
+
+    # one partition moves, where the classic range assignor moved four
+    assert joined == {
+        "m0": {"t": frozenset({0, 1})},
+        "m1": {"t": frozenset({3, 4})},
+        "m2": {"t": frozenset({5, 6})},
+        "m3": {"t": frozenset({2})},
+    }
+    stayed = [MemberSpec(m, frozenset({"t"}), current=joined[m]) for m in ("m0", "m2", "m3")]
+    left = assign("range", stayed, {"t": 7})
+    # the leaver's partitions go to the member short of its share, with the extra one
+    assert left == {
+        "m0": {"t": frozenset({0, 1})},
+        "m2": {"t": frozenset({5, 6})},
+        "m3": {"t": frozenset({2, 3, 4})},
+    }
+
+
+@given(
+    member_ids=st.lists(st.sampled_from(MEMBER_IDS), min_size=1, unique=True),
+    count=st.integers(0, 20),
+    joiner=st.sampled_from(MEMBER_IDS),
+)
+def test_range_stays_balanced_and_keeps_each_member_s_share(
+    member_ids: list[str], count: int, joiner: str
+) -> None:
+    before = assign("range", [MemberSpec(m, frozenset({"t"})) for m in member_ids], {"t": count})
+    ids = sorted({*member_ids, joiner})
+    members = [MemberSpec(m, frozenset({"t"}), current=before.get(m, {})) for m in ids]
+
+    after = assign("range", members, {"t": count})
+
+    sizes = sorted(counts(after).values())
+    assert sizes[-1] - sizes[0] <= 1
+    quota = count // len(ids)
+    for m in member_ids:
+        kept = after[m].get("t", frozenset()) & before[m].get("t", frozenset())
+        assert len(kept) >= min(quota, len(before[m].get("t", ())))
+
+
 def test_members_with_nothing_to_consume_get_an_empty_assignment() -> None:
     members = [MemberSpec("m0", frozenset({"gone"})), MemberSpec("m1", frozenset())]
 
