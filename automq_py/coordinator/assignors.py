@@ -19,7 +19,8 @@ being the default). These are pure functions: members and partition counts in, a
     Per topic, each subscriber gets ``floor(N/M)`` partitions and ``N % M`` of them one more,
     as the classic range assignor; sticky as Kafka's: in member id order, each keeps the lowest
     of its current partitions up to its share (one more while extra shares are left), and the
-    rest go in ascending runs to those short of theirs, in member id order. From nothing, the
+    rest go in ascending runs to the others in member id order, each up to its share, the
+    first ones one more while extra shares are left. From nothing, the
     subscribers sorted by member id each get one contiguous range, the first ``N % M`` one
     partition more, and members subscribed to co-partitioned topics get the same partition
     numbers of each, which joins keyed on the partition rely on.
@@ -175,7 +176,8 @@ def _range(
         quota, extra = divmod(count, len(member_ids))
         taken: set[int] = set()
         given: dict[str, list[int]] = {}
-        short: list[tuple[str, int]] = []
+        # members that may take more: (member, partitions short of the share), in order
+        unfilled: list[tuple[str, int]] = []
         for member_id in member_ids:
             had = sorted(
                 p for p in current[member_id].get(topic, ()) if 0 <= p < count and p not in taken
@@ -184,22 +186,16 @@ def _range(
             if len(had) > quota and extra > 0:
                 keep = had[: quota + 1]
                 extra -= 1
+            else:
+                unfilled.append((member_id, quota - len(keep)))
             given[member_id] = keep
             taken.update(keep)
-            if len(keep) < quota:
-                short.append((member_id, quota - len(keep)))
         free = iter([p for p in range(count) if p not in taken])
-        for member_id, missing in short:
+        for member_id, missing in unfilled:
             if extra > 0:
                 missing += 1
                 extra -= 1
             given[member_id] += [next(free) for _ in range(missing)]
-        for member_id in member_ids:  # the extra shares nobody short of its share took
-            if extra == 0:
-                break
-            if len(given[member_id]) == quota:
-                given[member_id].append(next(free))
-                extra -= 1
         owners.extend(((topic, p), m) for m in member_ids for p in given[m])
     return _to_assignment(subscriptions, owners)
 
