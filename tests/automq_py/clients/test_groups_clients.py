@@ -604,7 +604,7 @@ def test_rebalances_lose_and_repeat_no_record(group_broker: BrokerProcess, clien
     assert_consumed_exactly_once(members, produced, bootstrap, group, topic)
 
 
-@pytest.mark.parametrize("client", ["confluent-classic", "kafka-python"])
+@pytest.mark.parametrize("client", ["confluent-classic", "kafka-python", "aiokafka"])
 def test_a_group_moves_to_the_consumer_protocol_and_back_as_its_members_switch(
     group_broker: BrokerProcess, client: str
 ) -> None:
