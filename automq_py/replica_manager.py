@@ -13,7 +13,6 @@ error code (one mapping, :mod:`automq_py.errors`); the other partitions carry on
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import os
@@ -361,17 +360,12 @@ class ReplicaManager:
                 index,
                 epoch,
                 config,
+                # this leader's epoch starts at the log end, as Kafka's makeLeader assigns it:
+                # where each epoch ends is what OffsetForLeaderEpoch answers a consumer
+                lead=True,
             )
         except LogCreatedElsewhereError as e:  # the client retries: then it is handed over
             raise NotLeaderError(str(e)) from e
-        try:
-            # this leader's epoch starts at the log end, as Kafka's makeLeader assigns it:
-            # where each epoch ends is what OffsetForLeaderEpoch answers a consumer
-            await elastic_log.assign_leader_epoch(epoch, elastic_log.log_end_offset)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await elastic_log.close()
-            raise
         if topic.topic_id in self._deleted:  # deleted while it opened
             await elastic_log.close()
             self._check_not_deleted(topic)

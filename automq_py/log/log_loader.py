@@ -81,9 +81,12 @@ async def open_log(
     config: LogConfig,
     *,
     clock: Callable[[], int] | None = None,
+    lead: bool = False,
 ) -> ElasticLog:
-    """Open (or create) the partition's log at ``epoch``, fencing any previous owner. An open
-    that fails or is cancelled once it has opened streams closes them again before it
+    """Open (or create) the partition's log at ``epoch``, fencing any previous owner. ``lead``:
+    the opener leads the partition, and its leader epoch ``epoch`` starts at the log end (as
+    Kafka's makeLeader assigns it), recorded in the same append as the open's own records. An
+    open that fails or is cancelled once it has opened streams closes them again before it
     raises."""
     clock = clock or _wall_clock_ms
     key = meta_stream_key(namespace, topic_id, partition)
@@ -104,8 +107,8 @@ async def open_log(
     try:
         await meta_stream.replay()
         if meta_stream.get(keys.LOG) is None:
-            return await _create(client, meta_stream, epoch, config, clock, opened)
-        return await _load(client, meta_stream, epoch, config, clock, opened)
+            return await _create(client, meta_stream, epoch, config, clock, opened, lead)
+        return await _load(client, meta_stream, epoch, config, clock, opened, lead)
     except BaseException:
         # closed again (what the open wrote uploaded first), as a log that closes: the
         # partition is not left open here at this epoch, and its next owner, here or on
@@ -157,6 +160,7 @@ async def _create(
     config: LogConfig,
     clock: Callable[[], int],
     opened: list[S3Stream],
+    lead: bool,
 ) -> ElasticLog:
     log_stream, time_stream = await client.create_and_open_many(2, epoch)
     opened += (log_stream, time_stream)
@@ -175,10 +179,16 @@ async def _create(
     )
     partition_meta = ElasticPartitionMeta()
     leader_epochs = LeaderEpochCache()
+    if lead:
+        leader_epochs.assign(epoch, 0)
     # the records AutoMQ writes for a new partition, in its order
-    await meta_stream.put(keys.PARTITION, partition_meta.encode())
-    await meta_stream.put(keys.LOG, ElasticLogMeta(dict(stream_map), (first.meta(),)).encode())
-    await meta_stream.put(keys.LEADER_EPOCH_CHECKPOINT, leader_epochs.checkpoint().encode())
+    await meta_stream.put_many(
+        [
+            (keys.PARTITION, partition_meta.encode()),
+            (keys.LOG, ElasticLogMeta(dict(stream_map), (first.meta(),)).encode()),
+            (keys.LEADER_EPOCH_CHECKPOINT, leader_epochs.checkpoint().encode()),
+        ]
+    )
     log.info("created log with MetaStream %d, streams %s", meta_stream.stream_id, stream_map)
     return ElasticLog(
         client=client,
@@ -202,6 +212,7 @@ async def _load(
     config: LogConfig,
     clock: Callable[[], int],
     opened: list[S3Stream],
+    lead: bool,
 ) -> ElasticLog:
     log_meta = ElasticLogMeta.decode(meta_stream.get(keys.LOG) or b"")
     raw_partition = meta_stream.get(keys.PARTITION)
@@ -235,7 +246,10 @@ async def _load(
     partition_meta = dataclasses.replace(
         partition_meta, start_offset=start_offset, cleaned_shutdown=False
     )
-    await meta_stream.put(keys.PARTITION, partition_meta.encode())
+    writes = [(keys.PARTITION, partition_meta.encode())]
+    if lead and leader_epochs.assign(epoch, segments[-1].assigned_end):
+        writes.append((keys.LEADER_EPOCH_CHECKPOINT, leader_epochs.checkpoint().encode()))
+    await meta_stream.put_many(writes)
     # the partition's opening is logged by its owner; a recovery is worth a line of its own
     (log.debug if clean else log.info)(
         "opened log with MetaStream %d at epoch %d: [%d, %d), %d segments%s",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 
 from automq_py.log import meta_stream_record
 from automq_py.log.meta_stream_record import InvalidMetaRecordError, MetaKeyValue
@@ -99,6 +100,33 @@ class MetaStream:
                 self._superseded += 1
             self._values[key] = value
             self._offsets[key] = offset
+            if self._superseded >= self.compaction_threshold:
+                await self._compact()
+
+    async def put_many(self, items: Sequence[tuple[str, bytes]]) -> None:
+        """Append several ``key = value`` records, in order, as one write: they join one WAL
+        group commit and one wait, where :meth:`put` after :meth:`put` waits for each (a
+        broker opening thousands of partitions writes each one's records together). Durable
+        when this returns; values a key already holds are not written again."""
+        async with self._write_lock:
+            changed = [(key, value) for key, value in items if self._values.get(key) != value]
+            if not changed:
+                return
+            await self.stream.wait_for_room()
+            offsets = []
+            durable: asyncio.Future[None] | None = None
+            for key, value in changed:
+                encoded = meta_stream_record.encode(MetaKeyValue(key, value))
+                offset, durable = self.stream.append_now(encoded, 1)
+                offsets.append(offset)
+            assert durable is not None
+            # (the last is durable once every earlier offset of the stream is)
+            await asyncio.shield(durable)
+            for (key, value), offset in zip(changed, offsets, strict=True):
+                if key in self._offsets:
+                    self._superseded += 1
+                self._values[key] = value
+                self._offsets[key] = offset
             if self._superseded >= self.compaction_threshold:
                 await self._compact()
 

@@ -60,3 +60,25 @@ async def test_close_compacts_then_closes(make_storage: StorageFactory) -> None:
     reopened = MetaStream(await client.open(meta.stream_id, 0))
     assert reopened.stream.start_offset == 5
     assert await reopened.replay() == {"K": b"\x04"}
+
+
+async def test_several_records_are_written_together_in_order(make_storage: StorageFactory) -> None:
+    storage = await make_storage()
+    client = StreamClient(storage)
+    stream = await client.create_and_open()
+    meta = MetaStream(stream)
+    await meta.put("PARTITION", b"a")
+    commits = storage.wal.stats.fsyncs
+    await meta.put_many([("PARTITION", b"b"), ("LOG", b"c"), ("LEADER_EPOCH_CHECKPOINT", b"d")])
+    assert storage.wal.stats.fsyncs == commits + 1  # one durable write for the three
+    # a value a key already holds is not written again
+    await meta.put_many([("LOG", b"c"), ("PARTITION", b"e")])
+    assert stream.next_offset == 5
+    assert (meta.get("PARTITION"), meta.superseded_records) == (b"e", 2)
+    replayed = MetaStream(stream)
+    assert await replayed.replay() == {
+        "PARTITION": b"e",
+        "LOG": b"c",
+        "LEADER_EPOCH_CHECKPOINT": b"d",
+    }
+    assert replayed.superseded_records == 2
