@@ -837,6 +837,8 @@ def test_java_consumers_move_their_group_to_the_consumer_protocol_and_back(
         assert (state["ASSIGNMENT-STRATEGY"], state["#MEMBERS"]) == ("uniform", "3")
         listed = table(tool("kafka-groups", "--list"), "GROUP")
         assert {"GROUP": group, "TYPE": "Consumer", "PROTOCOL": "consumer"} in listed
+        # it reads from its partitions before it leaves (fetched from the committed offsets)
+        eventually(lambda: bool(_values(upgrader)), 60, "the consumer-protocol member consumes")
         assert upgrader.stop() in (0, 143)
         eventually(split(classic, [3, 3]), 90, "the classic pair takes everything back")
         [state] = table(
