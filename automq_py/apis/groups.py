@@ -22,7 +22,6 @@ from automq_py.apis.context import CLIENT_HOST, BrokerContext, respond
 from automq_py.apis.metadata import AUTHORIZED_OPERATIONS_OMITTED
 from automq_py.coordinator.classic_group import ClassicGroup, ClassicState, JoinResult
 from automq_py.coordinator.classic_protocol import JoinRequest
-from automq_py.coordinator.consumer_group import ConsumerGroup
 from automq_py.coordinator.group_coordinator import NO_OFFSET, GroupCoordinator
 from automq_py.coordinator.offsets import OffsetCommit
 from automq_py.coordinator.records import OffsetValue
@@ -426,30 +425,10 @@ async def handle_describe_groups(ctx: BrokerContext, request: Request) -> Any:
             out.append({"error_code": error, "group_id": group_id, "group_state": ""})
         elif isinstance(group, ClassicGroup):
             out.append(_describe_classic(str(group_id), group))
-        elif isinstance(group, ConsumerGroup):
-            out.append(
-                {
-                    "error_code": ErrorCode.NONE,
-                    "group_id": group_id,
-                    "group_state": group.state,
-                    "protocol_type": "consumer",
-                    "protocol_data": group.preferred_assignor(
-                        group_coordinator(ctx).config.consumer_assignors
-                    ),
-                    "members": [
-                        {
-                            "member_id": m.member_id,
-                            "group_instance_id": m.instance_id,
-                            "client_id": m.client_id,
-                            "client_host": m.client_host,
-                        }
-                        for m in group.members.values()
-                    ],
-                    "authorized_operations": NO_OPERATIONS,
-                }
-            )
         else:
-            # Kafka describes an unknown group as a dead one
+            # Kafka describes an unknown group as Dead, and a consumer-protocol group too, even
+            # one with classic members: DescribeGroups (below v6) describes classic groups only,
+            # ConsumerGroupDescribe the others
             out.append(
                 {
                     "error_code": ErrorCode.NONE,

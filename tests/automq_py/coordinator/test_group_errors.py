@@ -875,7 +875,7 @@ def test_a_classic_group_of_consumers_becomes_a_consumer_protocol_group(
     or whose assignment is not the consumer protocol's, stays classic, with Kafka's reason; a
     classic group of consumers becomes a consumer-protocol group when a member of that
     protocol joins, its classic member described as such (ConsumerGroupDescribe v1) and told
-    to rejoin."""
+    to rejoin; DescribeGroups sees it Dead, as Kafka's."""
     joined = join_new_member(broker, "workers", protocol_type="connect")
     sync(broker, "workers", joined.generation_id, joined.member_id, protocol_type="connect")
     refused = consumer_heartbeat(broker, "workers", str(uuid.uuid4()), 0, topics=[TOPIC])
@@ -922,6 +922,14 @@ def test_a_classic_group_of_consumers_becomes_a_consumer_protocol_group(
         ("upgraded", "consumer"),
         ("workers", "classic"),
     }
+    # DescribeGroups describes classic groups only: Kafka answers Dead, with no error or members
+    (dead,) = call(broker, ApiKey.DESCRIBE_GROUPS, 5, {"groups": ["upgraded"]}).groups
+    assert (dead.error_code, dead.group_state, dead.protocol_type, dead.members) == (
+        ErrorCode.NONE,
+        "Dead",
+        "",
+        (),
+    )
     # the classic member is at its generation, behind the group: it rejoins
     assert heartbeat(broker, "upgraded", joined.generation_id, joined.member_id) == (
         ErrorCode.REBALANCE_IN_PROGRESS
