@@ -12,8 +12,10 @@ partitions are led by the others before it closes them and exits) while a produc
 (confluent-kafka, ``acks=all``, idempotent) sends one more record to every partition. Printed:
 when broker 0 exited, when brokers 1 and 2 had opened every partition (from their logs) and
 when the producer had an acknowledgement from every partition (and how many of each by broker
-0's exit), all from the SIGTERM, and the lines the brokers logged
-about the hand-over. ``docker stop`` waits 10 s before it kills.
+0's exit), all from the SIGTERM, the cores each process used in each phase (to the exit, to
+the last open, to the last acknowledgement; the client is this process, the producer's
+librdkafka threads in it), and the lines the brokers logged about the hand-over. ``docker
+stop`` waits 10 s before it kills.
 
 MB = 10^6 bytes. Progress goes to stderr, figures to stdout.
 """
@@ -189,6 +191,47 @@ def opened_times(path: Path, since_wall: float) -> list[float]:
     return [at for at, line in logged(path, since_wall) if "opened partition" in line]
 
 
+class CpuSampler:
+    """Each process's CPU seconds (:meth:`Cluster.cpu`) every ``interval`` seconds from its
+    start, in a thread of its own; :meth:`cores` gives the cores used between two moments."""
+
+    def __init__(self, cluster: Cluster, started: float, interval: float = 0.25) -> None:
+        self.cluster, self.started, self.interval = cluster, started, interval
+        self.samples: list[tuple[float, dict[str, float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self.samples.append((time.monotonic() - self.started, self.cluster.cpu()))
+            if self._stop.wait(self.interval):
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def cores(self, since: float, until: float) -> dict[str, float]:
+        """Cores each process used from the sample at or before ``since`` to the first at or
+        after ``until`` (seconds from the start). A process that exited in between counts up
+        to its last sample."""
+        earlier = [s for s in self.samples if s[0] <= since] or self.samples[:1]
+        first = max(earlier, key=lambda s: s[0])
+        later = [s for s in self.samples if s[0] >= until] or self.samples[-1:]
+        last = min(later, key=lambda s: s[0])
+        span = max(last[0] - first[0], 1e-9)
+        out = {}
+        for name, start in first[1].items():
+            # the last sample the process was alive in (a gone process reads 0)
+            end = max(
+                (c[name] for t, c in self.samples if first[0] <= t <= last[0] and c[name] > 0),
+                default=start,
+            )
+            out[name] = max(end - start, 0.0) / span
+        return out
+
+
 def profile(cluster: Cluster, out: str) -> list[subprocess.Popen[bytes]]:
     """py-spy recording every running broker until stopped."""
     os.makedirs(out, exist_ok=True)
@@ -278,6 +321,7 @@ def run(cluster: Cluster, args: argparse.Namespace, topics: dict[str, int]) -> N
         )
 
     print("# SIGTERM to broker 0", file=sys.stderr)
+    sampler = CpuSampler(cluster, at)
     spies = profile(cluster, args.py_spy) if args.py_spy else []
     producer = threading.Thread(target=produce)
     stopper = threading.Thread(target=stop)
@@ -285,6 +329,7 @@ def run(cluster: Cluster, args: argparse.Namespace, topics: dict[str, int]) -> N
     producer.start()
     stopper.join(150)
     producer.join(args.timeout + 30)
+    sampler.stop()
     for spy in spies:
         spy.send_signal(signal.SIGINT)  # py-spy writes what it recorded
         spy.wait(30)
@@ -311,6 +356,20 @@ def run(cluster: Cluster, args: argparse.Namespace, topics: dict[str, int]) -> N
             f"record, the last {last:.2f} s after the SIGTERM ({at_exit} by broker 0's exit); "
             f"{counts[1]} failed"
         )
+    phases = [("exit", exit_s)]
+    if opened:
+        phases.append(("last open", opened[-1]))
+    if acks:
+        phases.append(("last ack", max(acks) - at))
+    since = 0.0
+    for name, until in phases:
+        if until > since:
+            used = sampler.cores(since, until)
+            print(
+                f"# cores used, {since:.2f}-{until:.2f} s (to the {name}): "
+                + ", ".join(f"{process} {cores:.2f}" for process, cores in used.items())
+            )
+            since = until
     for node, broker in enumerate(cluster.brokers):
         for line in log_lines(broker.log_path, at_wall):
             print(f"#   b{node} {line}")
