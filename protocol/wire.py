@@ -19,11 +19,16 @@ TAGGED_FIELDS          UNSIGNED_VARINT count, then per field: tag (UNSIGNED_VARI
 Readers take ``(buf, pos)`` and return ``(value, new_pos)``; on truncated or
 impossible input they raise ``InvalidRequestError`` (never ``IndexError`` or
 ``struct.error``), with no correlation id: the caller adds it.
+
+:class:`Cursor` reads the same types forward from one buffer, for the decoders of what is
+stored or embedded rather than requested (coordinator records, the consumer protocol's
+messages), each raising an error of its own.
 """
 
 from __future__ import annotations
 
 import struct
+from typing import ClassVar
 
 from protocol.errors import InvalidRequestError
 
@@ -173,3 +178,96 @@ def encode_compact_nullable_string(value: str | None) -> bytes:
         return b"\x00"
     data = value.encode()
     return write_uvarint(len(data) + 1) + data
+
+
+class Cursor:
+    """A buffer read forward, field by field. Truncated or impossible input raises the class's
+    ``error`` (a subclass names its decoder's), with the byte it was found at; never
+    ``IndexError`` or ``struct.error``."""
+
+    __slots__ = ("data", "pos")
+    error: ClassVar[type[Exception]] = InvalidRequestError
+
+    def __init__(self, data: Buffer) -> None:
+        self.data = memoryview(data)
+        self.pos = 0
+
+    def remaining(self) -> int:
+        return len(self.data) - self.pos
+
+    @property
+    def at_end(self) -> bool:
+        return self.pos >= len(self.data)
+
+    def take(self, n: int) -> memoryview:
+        """The next ``n`` bytes."""
+        if n < 0 or n > len(self.data) - self.pos:
+            raise self.error(
+                f"truncated at byte {self.pos}: {n} bytes needed, {self.remaining()} left"
+            )
+        out = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+    def i8(self) -> int:
+        return int(INT8.unpack(self.take(1))[0])
+
+    def i16(self) -> int:
+        return int(INT16.unpack(self.take(2))[0])
+
+    def i32(self) -> int:
+        return int(INT32.unpack(self.take(4))[0])
+
+    def i64(self) -> int:
+        return int(INT64.unpack(self.take(8))[0])
+
+    def uvarint(self) -> int:
+        """An UNSIGNED_VARINT of at most 5 bytes."""
+        value = 0
+        for i in range(_MAX_VARINT_BYTES):
+            b = self.take(1)[0]
+            value |= (b & 0x7F) << (7 * i)
+            if not b & 0x80:
+                return value
+        raise self.error(f"unsigned varint longer than 5 bytes at byte {self.pos}")
+
+    def utf8(self, n: int) -> str:
+        """The next ``n`` bytes, as UTF-8."""
+        try:
+            return str(self.take(n), "utf-8")
+        except UnicodeDecodeError as e:
+            raise self.error(f"string is not UTF-8: {e}") from None
+
+    def string(self) -> str | None:
+        """A NULLABLE_STRING (int16 length, -1 for null)."""
+        n = self.i16()
+        return None if n == -1 else self.utf8(n)
+
+    def text(self) -> str:
+        """A STRING: null is an error."""
+        at = self.pos
+        value = self.string()
+        if value is None:
+            raise self.error(f"null string at byte {at} where one is required")
+        return value
+
+    def nullable_bytes(self) -> bytes | None:
+        """A NULLABLE_BYTES (int32 length, -1 for null)."""
+        n = self.i32()
+        return None if n == -1 else bytes(self.take(n))
+
+    def fits(self, n: int, item_size: int) -> int:
+        """``n``, an array's count, if its items (each at least ``item_size`` bytes) fit the
+        bytes left."""
+        if n < 0:
+            raise self.error(f"null array at byte {self.pos} where one is required")
+        if n * item_size > self.remaining():
+            raise self.error(
+                f"array of {n} items does not fit the {self.remaining()} bytes left "
+                f"at byte {self.pos}"
+            )
+        return n
+
+    def count(self, item_size: int) -> int:
+        """An ARRAY's int32 count (null is an error), checked with :meth:`fits`."""
+        return self.fits(self.i32(), item_size)

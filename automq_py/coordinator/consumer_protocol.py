@@ -23,6 +23,8 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from protocol.wire import Cursor
+
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 
@@ -54,54 +56,9 @@ class Assignment:
     user_data: bytes | None = None
 
 
-class _Reader:
-    __slots__ = ("data", "pos")
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.pos = 0
-
-    @property
-    def at_end(self) -> bool:
-        return self.pos >= len(self.data)
-
-    def _take(self, n: int) -> bytes:
-        if n < 0 or self.pos + n > len(self.data):
-            raise ConsumerProtocolError(f"truncated at byte {self.pos}")
-        out = self.data[self.pos : self.pos + n]
-        self.pos += n
-        return out
-
-    def i16(self) -> int:
-        return int(_I16.unpack(self._take(2))[0])
-
-    def i32(self) -> int:
-        return int(_I32.unpack(self._take(4))[0])
-
-    def count(self, item_size: int) -> int:
-        n = self.i32()
-        if n < 0 or n * item_size > len(self.data) - self.pos:
-            raise ConsumerProtocolError(f"array count {n} does not fit the remaining bytes")
-        return n
-
-    def string(self) -> str | None:
-        n = self.i16()
-        if n == -1:
-            return None
-        try:
-            return self._take(n).decode()
-        except UnicodeDecodeError as e:
-            raise ConsumerProtocolError(f"string is not UTF-8: {e}") from None
-
-    def text(self) -> str:
-        value = self.string()
-        if value is None:
-            raise ConsumerProtocolError("null string where one is required")
-        return value
-
-    def bytes_(self) -> bytes | None:
-        n = self.i32()
-        return None if n == -1 else self._take(n)
+class _Reader(Cursor):
+    __slots__ = ()
+    error = ConsumerProtocolError
 
     def partitions(self) -> NamedPartitions:
         out: dict[str, set[int]] = {}
@@ -113,23 +70,20 @@ class _Reader:
 
 def parse_subscription(metadata: bytes) -> Subscription:
     """A ``ConsumerProtocolSubscription``; ConsumerProtocolError if it does not parse."""
-    r = _Reader(bytes(metadata))
-    try:
-        version = r.i16()
-        if version < 0:
-            raise ConsumerProtocolError(f"subscription version {version}")
-        topics = tuple(r.text() for _ in range(r.count(2)))
-        user_data = r.bytes_()
-        owned: NamedPartitions | None = None
-        generation_id, rack_id = -1, None
-        if version >= 1 and not r.at_end:
-            owned = r.partitions()
-        if version >= 2 and not r.at_end:
-            generation_id = r.i32()
-        if version >= 3 and not r.at_end:
-            rack_id = r.string()
-    except struct.error:
-        raise ConsumerProtocolError("truncated subscription") from None
+    r = _Reader(metadata)
+    version = r.i16()
+    if version < 0:
+        raise ConsumerProtocolError(f"subscription version {version}")
+    topics = tuple(r.text() for _ in range(r.count(2)))
+    user_data = r.nullable_bytes()
+    owned: NamedPartitions | None = None
+    generation_id, rack_id = -1, None
+    if version >= 1 and not r.at_end:
+        owned = r.partitions()
+    if version >= 2 and not r.at_end:
+        generation_id = r.i32()
+    if version >= 3 and not r.at_end:
+        rack_id = r.string()
     return Subscription(version, topics, user_data, owned, generation_id, rack_id)
 
 
@@ -143,15 +97,12 @@ def subscription_topics(metadata: bytes) -> set[str] | None:
 
 def parse_assignment(data: bytes) -> Assignment:
     """A ``ConsumerProtocolAssignment``; ConsumerProtocolError if it does not parse."""
-    r = _Reader(bytes(data))
-    try:
-        version = r.i16()
-        if version < 0:
-            raise ConsumerProtocolError(f"assignment version {version}")
-        partitions = r.partitions()
-        user_data = None if r.at_end else r.bytes_()
-    except struct.error:
-        raise ConsumerProtocolError("truncated assignment") from None
+    r = _Reader(data)
+    version = r.i16()
+    if version < 0:
+        raise ConsumerProtocolError(f"assignment version {version}")
+    partitions = r.partitions()
+    user_data = None if r.at_end else r.nullable_bytes()
     return Assignment(version, partitions, user_data)
 
 

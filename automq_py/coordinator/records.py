@@ -71,6 +71,8 @@ import struct
 import uuid
 from dataclasses import dataclass, field
 
+from protocol.wire import Cursor
+
 OFFSET_COMMIT_KEY_VERSION = 1
 GROUP_METADATA_KEY_VERSION = 2
 CONSUMER_GROUP_KEY_VERSION = 3
@@ -309,71 +311,13 @@ class _Writer:
         return self
 
 
-class _Reader:
-    __slots__ = ("data", "pos")
-
-    def __init__(self, data: bytes | memoryview) -> None:
-        self.data = memoryview(data)
-        self.pos = 0
-
-    def _take(self, n: int) -> memoryview:
-        if n < 0 or self.pos + n > len(self.data):
-            raise RecordFormatError(f"truncated at byte {self.pos}: {n} more bytes expected")
-        out = self.data[self.pos : self.pos + n]
-        self.pos += n
-        return out
-
-    def i16(self) -> int:
-        return int(_I16.unpack(self._take(2))[0])
-
-    def i32(self) -> int:
-        return int(_I32.unpack(self._take(4))[0])
-
-    def i64(self) -> int:
-        return int(_I64.unpack(self._take(8))[0])
-
-    def string(self) -> str | None:
-        n = self.i16()
-        if n == -1:
-            return None
-        try:
-            return bytes(self._take(n)).decode()
-        except UnicodeDecodeError as e:
-            raise RecordFormatError(f"string is not UTF-8: {e}") from None
-
-    def text(self) -> str:
-        value = self.string()
-        if value is None:
-            raise RecordFormatError(f"null string at byte {self.pos} where one is required")
-        return value
+class _Reader(Cursor):
+    __slots__ = ()
+    error = RecordFormatError
 
     def bytes_(self) -> bytes:
-        n = self.i32()
-        if n == -1:
-            return b""
-        return bytes(self._take(n))
-
-    def count(self) -> int:
-        n = self.i32()
-        # every array item here takes at least 2 bytes; a larger count is corrupt
-        if n < 0 or n > (len(self.data) - self.pos) // 2:
-            raise RecordFormatError(f"array count {n} does not fit the remaining bytes")
-        return n
-
-    def uvarint(self) -> int:
-        shift = value = 0
-        while True:
-            b = self._take(1)[0]
-            value |= (b & 0x7F) << shift
-            if not b & 0x80:
-                return value
-            shift += 7
-            if shift > 28:
-                raise RecordFormatError("varint longer than 5 bytes")
-
-    def i8(self) -> int:
-        b = self._take(1)[0]
-        return b - 256 if b > 127 else b
+        """BYTES, null read as empty."""
+        return self.nullable_bytes() or b""
 
     def compact_count(self) -> int | None:
         """A compact array's or string's length; None for null."""
@@ -387,7 +331,7 @@ class _Reader:
         if n is None:
             return None
         try:
-            return bytes(self._take(n)).decode()
+            return bytes(self.take(n)).decode()
         except UnicodeDecodeError as e:
             raise RecordFormatError(f"string is not UTF-8: {e}") from None
 
@@ -399,20 +343,20 @@ class _Reader:
 
     def compact_bytes(self) -> bytes:
         n = self.compact_count()
-        return b"" if n is None else bytes(self._take(n))
+        return b"" if n is None else bytes(self.take(n))
 
     def tagged_fields(self) -> dict[int, memoryview]:
         """A struct's tagged fields, by tag (the caller reads those it knows)."""
         out = {}
         for _ in range(self.uvarint()):
             tag = self.uvarint()
-            out[tag] = self._take(self.uvarint())
+            out[tag] = self.take(self.uvarint())
         return out
 
     def topic_partitions(self) -> TopicPartitions:
         out = []
         for _ in range(self.compact_count() or 0):
-            topic_id = uuid.UUID(bytes=bytes(self._take(16)))
+            topic_id = uuid.UUID(bytes=bytes(self.take(16)))
             partitions = tuple(self.i32() for _ in range(self.compact_count() or 0))
             self.tagged_fields()
             out.append((topic_id, partitions))
@@ -514,7 +458,7 @@ def decode_group_value(data: bytes | memoryview) -> GroupValue:
     leader = r.string()
     state_timestamp = r.i64() if version >= 2 else NO_TIMESTAMP
     members = []
-    for _ in range(r.count()):
+    for _ in range(r.count(2)):  # a member takes more than 2 bytes
         member_id = r.text()
         instance_id = r.string() if version >= 3 else None
         client_id = r.text()

@@ -58,6 +58,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from protocol.wire import Cursor
+
 TRANSACTION_LOG_KEY_VERSION = 0
 TRANSACTION_LOG_VALUE_VERSION = 0  # what Kafka 3.9 writes
 FLEXIBLE_VALUE_VERSION = 1
@@ -76,7 +78,6 @@ _TAG_WIDTHS = {
 }
 
 _MAX_STRING_BYTES = 0x7FFF
-_MAX_VARINT_BYTES = 5
 
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
@@ -205,69 +206,26 @@ def encode_value(value: TransactionLogValue, version: int = TRANSACTION_LOG_VALU
 # --- reading ------------------------------------------------------------------------------------
 
 
-class _Reader:
-    __slots__ = ("data", "pos")
-
-    def __init__(self, data: bytes | bytearray | memoryview) -> None:
-        self.data = memoryview(data)
-        self.pos = 0
-
-    def remaining(self) -> int:
-        return len(self.data) - self.pos
-
-    def take(self, n: int) -> memoryview:
-        if n < 0 or n > self.remaining():
-            raise TransactionLogFormatError(
-                f"truncated at byte {self.pos}: {n} bytes needed, {self.remaining()} left"
-            )
-        out = self.data[self.pos : self.pos + n]
-        self.pos += n
-        return out
+class _Reader(Cursor):
+    __slots__ = ()
+    error = TransactionLogFormatError
 
     def unpack(self, fmt: struct.Struct) -> tuple[int, ...]:
         return tuple(fmt.unpack(self.take(fmt.size)))
 
-    def i16(self) -> int:
-        return self.unpack(_I16)[0]
-
-    def i32(self) -> int:
-        return self.unpack(_I32)[0]
-
-    def uvarint(self) -> int:
-        value = 0
-        for i in range(_MAX_VARINT_BYTES):
-            b = self.take(1)[0]
-            value |= (b & 0x7F) << (7 * i)
-            if not b & 0x80:
-                return value
-        raise TransactionLogFormatError(f"unsigned varint longer than 5 bytes at byte {self.pos}")
-
-    def text(self, n: int) -> str:
+    def sized_text(self, n: int) -> str:
         """``n`` bytes of UTF-8 (``n`` from a non-nullable string's length field)."""
         if n < 0:
             raise TransactionLogFormatError(f"null string at byte {self.pos}")
         if n > _MAX_STRING_BYTES:
             raise TransactionLogFormatError(f"string length {n} is longer than 32767")
-        try:
-            return bytes(self.take(n)).decode()
-        except UnicodeDecodeError as e:
-            raise TransactionLogFormatError(f"string is not UTF-8: {e}") from None
-
-    def count(self, n: int, item_size: int) -> int:
-        """An array count ``n`` that must fit the remaining bytes."""
-        if n < 0:
-            raise TransactionLogFormatError(f"null array at byte {self.pos}")
-        if n * item_size > self.remaining():
-            raise TransactionLogFormatError(
-                f"array of {n} items does not fit the {self.remaining()} bytes left"
-            )
-        return n
+        return self.utf8(n)
 
     def int32s(self, n: int) -> tuple[int, ...]:
         return struct.unpack(f">{n}i", self.take(4 * n))
 
     def skip_tagged_fields(self) -> None:
-        for _ in range(self.count(self.uvarint(), 2)):
+        for _ in range(self.fits(self.uvarint(), 2)):
             self.uvarint()
             self.take(self.uvarint())
 
@@ -277,7 +235,7 @@ def decode_key(data: bytes | bytearray | memoryview) -> TransactionLogKey | None
     r = _Reader(data)
     if r.i16() != TRANSACTION_LOG_KEY_VERSION:
         return None
-    return TransactionLogKey(r.text(r.i16()))
+    return TransactionLogKey(r.sized_text(r.i16()))
 
 
 def _partitions(r: _Reader, flexible: bool) -> tuple[TopicPartitions, ...] | None:
@@ -286,9 +244,9 @@ def _partitions(r: _Reader, flexible: bool) -> tuple[TopicPartitions, ...] | Non
         return None  # Kafka reads any negative count of this nullable array as null
     out = []
     # an entry takes at least 3 bytes flexible (2 varints and a tag count), 6 bytes in v0
-    for _ in range(r.count(n, 3 if flexible else 6)):
-        topic = r.text(r.uvarint() - 1 if flexible else r.i16())
-        ids = r.int32s(r.count(r.uvarint() - 1 if flexible else r.i32(), 4))
+    for _ in range(r.fits(n, 3 if flexible else 6)):
+        topic = r.sized_text(r.uvarint() - 1 if flexible else r.i16())
+        ids = r.int32s(r.fits(r.uvarint() - 1 if flexible else r.i32(), 4))
         if flexible:
             r.skip_tagged_fields()
         out.append(TopicPartitions(topic, ids))
@@ -310,7 +268,7 @@ def decode_value(data: bytes | bytearray | memoryview | None) -> TransactionLogV
     previous_id, next_id = NO_PRODUCER_ID, NO_PRODUCER_ID
     client_version = DEFAULT_CLIENT_TRANSACTION_VERSION
     if flexible:
-        for _ in range(r.count(r.uvarint(), 2)):
+        for _ in range(r.fits(r.uvarint(), 2)):
             tag = r.uvarint()
             field = r.take(r.uvarint())
             width = _TAG_WIDTHS.get(tag)
