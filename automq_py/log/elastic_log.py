@@ -615,9 +615,10 @@ class ElasticLog:
             self._txn_next_offset(),
         )
         self._segments.append(ElasticLogSegment.of(meta, self._streams, self.config))
-        await self._persist_log_meta()
         # the state now covers exactly the batches below the new segment (Kafka's roll does too)
-        await self._persist_producer_snapshot(meta.base_offset)
+        await self.meta_stream.put_many(
+            [self._log_meta_item(), *self._producer_snapshot_items(meta.base_offset)]
+        )
         log.debug("rolled segment %d at offset %d", old.base_offset, meta.base_offset)
 
     def _txn_next_offset(self) -> int:
@@ -742,21 +743,29 @@ class ElasticLog:
             self._closed = True
             active = self._segments[-1]
             await active.time_index.maybe_append(active.time_index.max_so_far)
-            await self._persist_log_meta()
-            await self._persist_producer_snapshot(self.log_end_offset)
             self._partition_meta = dataclasses.replace(
                 self._partition_meta, recover_offset=self.log_end_offset, cleaned_shutdown=True
             )
-            await self.meta_stream.put(keys.PARTITION, self._partition_meta.encode())
+            # one append: 10,000 partitions closing together wait for one group commit each
+            await self.meta_stream.put_many(
+                [
+                    self._log_meta_item(),
+                    *self._producer_snapshot_items(self.log_end_offset),
+                    (keys.PARTITION, self._partition_meta.encode()),
+                ]
+            )
             return streams
 
     def _check_open(self) -> None:
         if self._closed:
             raise StreamClosedError("the log is closed")
 
-    async def _persist_log_meta(self) -> None:
+    def _log_meta_item(self) -> tuple[str, bytes]:
         meta = ElasticLogMeta(dict(self._stream_map), tuple(s.meta() for s in self._segments))
-        await self.meta_stream.put(keys.LOG, meta.encode())
+        return keys.LOG, meta.encode()
+
+    async def _persist_log_meta(self) -> None:
+        await self.meta_stream.put(*self._log_meta_item())
 
     async def _persist_leader_epochs(self) -> None:
         await self.meta_stream.put(
@@ -768,14 +777,14 @@ class ElasticLog:
         transaction open (Kafka's ``removeExpiredProducers``); how many were."""
         return self.producer_state.expire(self._clock(), self.producer_id_expiration_ms)
 
-    async def _persist_producer_snapshot(self, offset: int) -> None:
-        """Write ``PRODUCER_SNAPSHOTS`` covering batches below ``offset``, first forgetting
-        producers idle longer than ``producer.id.expiration.ms``. A partition that never saw
-        an idempotent producer writes nothing."""
+    def _producer_snapshot_items(self, offset: int) -> list[tuple[str, bytes]]:
+        """``PRODUCER_SNAPSHOTS`` covering batches below ``offset`` (producers idle longer than
+        ``producer.id.expiration.ms`` forgotten first), to write; none for a partition that
+        never saw an idempotent producer."""
         self.expire_producers()
         if not len(self.producer_state) and self.meta_stream.get(keys.PRODUCER_SNAPSHOTS) is None:
-            return
-        await self.meta_stream.put(keys.PRODUCER_SNAPSHOTS, self.producer_state.snapshot(offset))
+            return []
+        return [(keys.PRODUCER_SNAPSHOTS, self.producer_state.snapshot(offset))]
 
     # -- read ------------------------------------------------------------------------------------
 
