@@ -12,10 +12,10 @@ partitions are led by the others before it closes them and exits) while a produc
 (confluent-kafka, ``acks=all``, idempotent) sends one more record to every partition. Printed:
 when broker 0 exited, when brokers 1 and 2 had opened the first, half and every partition (from
 their logs) and when the producer had an acknowledgement from half and from every partition
-(and how many by broker 0's exit), all from the SIGTERM, the cores each process used in each phase (to the exit, to
-the last open, to the last acknowledgement; the client is this process, the producer's
-librdkafka threads in it), and the lines the brokers logged about the hand-over. ``docker
-stop`` waits 10 s before it kills.
+(and how many by broker 0's exit), all from the SIGTERM; the cores each process used in each
+phase (to the exit, to the last open, to the last acknowledgement; the client is this process,
+the producer's librdkafka threads in it); and the lines the brokers logged about the
+hand-over. ``docker stop`` waits 10 s before it kills.
 
 MB = 10^6 bytes. Progress goes to stderr, figures to stdout.
 """

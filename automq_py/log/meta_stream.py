@@ -34,6 +34,7 @@ class MetaStream:
         self._superseded = 0  # records in the stream that a later one replaced
         # one write at a time: a compaction must not re-append a value a concurrent put replaced
         self._write_lock = asyncio.Lock()
+        self._last_write: asyncio.Future[None] | None = None  # the last record's durability
 
     @property
     def stream_id(self) -> int:
@@ -91,44 +92,44 @@ class MetaStream:
         """Append ``key = value``; durable when this returns (at once when the key already
         durably holds that value: a partition closing writes its unchanged metas again, 10,000
         partitions closing, tens of thousands of appends). May compact the stream."""
-        async with self._write_lock:
-            if self._values.get(key) == value:
-                return
-            encoded = meta_stream_record.encode(MetaKeyValue(key, value))
-            offset = await self.stream.append(encoded, 1)
-            if key in self._offsets:
-                self._superseded += 1
-            self._values[key] = value
-            self._offsets[key] = offset
-            if self._superseded >= self.compaction_threshold:
-                await self._compact()
+        await self.put_many(((key, value),))
 
     async def put_many(self, items: Sequence[tuple[str, bytes]]) -> None:
         """Append several ``key = value`` records, in order, as one write: they join one WAL
         group commit and one wait, where :meth:`put` after :meth:`put` waits for each (a
         broker opening thousands of partitions writes each one's records together). Durable
-        when this returns; values a key already holds are not written again."""
+        when this returns; values a key already holds are not written again.
+
+        The values are this MetaStream's from the moment their records are appended, before
+        they are durable: a caller cancelled while it waits leaves its records in the stream,
+        and a later compaction must copy them, not the values they replaced (which, copied
+        after them, would win the next replay). A later call that finds its values already
+        held waits for that write to be durable."""
         async with self._write_lock:
             changed = [(key, value) for key, value in items if self._values.get(key) != value]
             if not changed:
+                await self._durable()
                 return
             await self.stream.wait_for_room()
-            offsets = []
             durable: asyncio.Future[None] | None = None
             for key, value in changed:
                 encoded = meta_stream_record.encode(MetaKeyValue(key, value))
                 offset, durable = self.stream.append_now(encoded, 1)
-                offsets.append(offset)
-            assert durable is not None
-            # (the last is durable once every earlier offset of the stream is)
-            await asyncio.shield(durable)
-            for (key, value), offset in zip(changed, offsets, strict=True):
                 if key in self._offsets:
                     self._superseded += 1
                 self._values[key] = value
                 self._offsets[key] = offset
+            self._last_write = durable
+            await self._durable()
             if self._superseded >= self.compaction_threshold:
                 await self._compact()
+
+    async def _durable(self) -> None:
+        """Wait until the last record appended is durable (and so every earlier one)."""
+        last = self._last_write
+        if last is None or (last.done() and not last.cancelled() and last.exception() is None):
+            return
+        await asyncio.shield(last)  # the write goes on if this caller is cancelled
 
     async def compact(self) -> None:
         """Re-append every key's current value, then trim the stream before those copies."""

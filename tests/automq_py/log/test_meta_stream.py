@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
+
 from automq_py.log import meta_stream_record
 from automq_py.log.meta_stream import MetaStream
 from automq_py.log.meta_stream_record import MetaKeyValue
@@ -82,3 +86,31 @@ async def test_several_records_are_written_together_in_order(make_storage: Stora
         "LEADER_EPOCH_CHECKPOINT": b"d",
     }
     assert replayed.superseded_records == 2
+
+
+async def test_a_write_whose_caller_is_cancelled_stays_the_value(
+    make_storage: StorageFactory,
+) -> None:
+    """A caller cancelled while its record waits for the WAL leaves the record in the stream:
+    the value is the MetaStream's from its append, so a later compaction copies it, not the
+    value it replaced (which, copied after it, would win the next replay)."""
+    storage = await make_storage()
+    client = StreamClient(storage)
+    stream = await client.create_and_open()
+    meta = MetaStream(stream, compaction_threshold=3)
+    await meta.put("LOG", b"old")
+    writer = asyncio.create_task(meta.put("LOG", b"new"))
+    await asyncio.sleep(0)  # appended, waiting for its WAL write
+    assert not writer.done() and stream.next_offset == 2
+    writer.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await writer
+    assert meta.get("LOG") == b"new"
+    for i in range(3):  # the third superseded record compacts the stream
+        await meta.put("EPOCHS", bytes([i]))
+    assert meta.superseded_records == 0 and stream.start_offset == 5
+    assert await MetaStream(stream).replay() == {"LOG": b"new", "EPOCHS": b"\x02"}
+    # the same value again: nothing written, durable when the put returns
+    written = stream.next_offset
+    await meta.put("LOG", b"new")
+    assert stream.next_offset == written
