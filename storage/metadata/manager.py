@@ -177,12 +177,36 @@ class MetadataManager:
         condition: Condition | None = None,
     ) -> T:
         """Check ``plan`` against the image, persist its records, apply them; when another
-        broker committed first, catch up and check again."""
+        broker committed first, catch up and check again.
+
+        A caller cancelled once the records are on their way to the store does not stop the
+        change: it goes on in a task of its own until the image has it. The store may have
+        committed it (SQLite's commit runs on in its thread), and a change planned from an
+        image without it would write rows back as they were before it (a stream's start
+        offset below its trimmed objects, say). Cancelled before that, nothing is changed."""
+        persisting = [False]
+        change = asyncio.ensure_future(self._change_locked(plan, condition, persisting))
+        try:
+            return await asyncio.shield(change)
+        except asyncio.CancelledError:
+            if not persisting[0]:
+                change.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(change)
+            raise
+
+    async def _change_locked(
+        self,
+        plan: Callable[[MetadataImage], tuple[Records, T]],
+        condition: Condition | None,
+        persisting: list[bool],
+    ) -> T:
         async with self._lock:
             for _ in range(MAX_ATTEMPTS):
                 records, result = plan(self.image)
                 if not records:
                     return result
+                persisting[0] = True
                 try:
                     await self._store.persist(records, condition)
                 except StaleImageError:

@@ -153,6 +153,41 @@ async def test_an_open_whose_caller_was_cancelled_in_flight_is_closed_again(
     assert manager.image.streams[ids[1]].state is StreamState.OPENED
 
 
+async def test_a_change_whose_caller_is_cancelled_while_it_is_persisted_is_applied(
+    manager: MetadataManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store's commit goes on once started (SQLite's, in its thread), whatever becomes of
+    the caller: the image must get the change too. Without it the next stream created took
+    the same id, and changes planned from the image wrote rows back as they were before."""
+    node = await manager.register_node(1)
+    persisting, release = asyncio.Event(), asyncio.Event()
+    persist = manager._store.persist
+    committed: list[asyncio.Future[None]] = []
+
+    async def commit_goes_on(*args: object, **kwargs: object) -> None:
+        async def slow() -> None:
+            await release.wait()
+            await persist(*args, **kwargs)  # type: ignore[arg-type]
+
+        committed.append(asyncio.ensure_future(slow()))
+        persisting.set()
+        await asyncio.shield(committed[0])  # as asyncio.to_thread: cancelling stops the wait
+
+    monkeypatch.setattr(manager._store, "persist", commit_goes_on)
+    cancelled = asyncio.create_task(manager.create_stream(1, node))
+    await asyncio.wait_for(persisting.wait(), 5)
+    cancelled.cancel()
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    await asyncio.wait_for(committed[0], 5)
+    monkeypatch.undo()
+    stored = await manager._store.load()
+    assert set(manager.image.streams) == set(stored.streams) != set()
+    created = await manager.create_stream(1, node)
+    assert created not in stored.streams
+
+
 async def test_a_waiter_for_a_change_wakes_at_the_next_one_or_its_timeout(
     manager: MetadataManager,
 ) -> None:
