@@ -9,6 +9,7 @@ fail with :class:`StreamFencedError` and its uploads of the stream are refused.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -18,7 +19,7 @@ from storage.errors import (
     StreamClosedError,
     StreamFencedError,
 )
-from storage.metadata.model import ErrorCode, MetadataError, StreamState
+from storage.metadata.model import ErrorCode, MetadataError, StreamMetadata, StreamState
 from storage.s3_storage import S3Storage
 from storage.stream_record_batch import StreamRecordBatch
 
@@ -252,7 +253,9 @@ class StreamClient:
     async def create_and_open_many(self, count: int, epoch: int = 0) -> list[S3Stream]:
         """``count`` new streams, open here at ``epoch``: one metadata transaction."""
         s = self.storage
-        metas = await s.metadata.create_open_streams(s.node_id, s.node_epoch, epoch, count)
+        metas = await self._created(
+            s.metadata.create_open_streams(s.node_id, s.node_epoch, epoch, count), epoch
+        )
         return [S3Stream(s, m.stream_id, epoch, m.start_offset, m.end_offset) for m in metas]
 
     async def create_and_open_named(
@@ -261,10 +264,38 @@ class StreamClient:
         """A new stream, open here at ``epoch``, that KV ``key`` names (``value_of(id)``), in one
         metadata transaction; None when ``key`` already names one (nothing created)."""
         s = self.storage
-        meta = await s.metadata.create_named_stream(s.node_id, s.node_epoch, epoch, key, value_of)
-        if meta is None:
+
+        async def create() -> list[StreamMetadata]:
+            meta = await s.metadata.create_named_stream(
+                s.node_id, s.node_epoch, epoch, key, value_of
+            )
+            return [] if meta is None else [meta]
+
+        created = await self._created(create(), epoch)
+        if not created:
             return None
+        meta = created[0]
         return S3Stream(s, meta.stream_id, epoch, meta.start_offset, meta.end_offset)
+
+    async def _created(
+        self, create: Awaitable[list[StreamMetadata]], epoch: int
+    ) -> list[StreamMetadata]:
+        """What ``create`` created and opened. A caller cancelled meanwhile leaves no stream
+        open behind it: the creation goes on to its end, and what it opened is closed again
+        (no other opener can hold a stream just created). Left open, a partition's stream
+        would keep the broker taking the partition over waiting for this one to close it."""
+        creation = asyncio.ensure_future(create)
+        try:
+            return await asyncio.shield(creation)
+        except asyncio.CancelledError:
+            s = self.storage
+            with contextlib.suppress(BaseException):
+                metas = await asyncio.shield(creation)
+                if metas:
+                    await s.metadata.close_streams(
+                        s.node_id, s.node_epoch, [(m.stream_id, epoch) for m in metas]
+                    )
+            raise
 
     async def open(self, stream_id: int, epoch: int) -> S3Stream:
         """Open ``stream_id`` at ``epoch``; a newer epoch than the current one fences the owner."""

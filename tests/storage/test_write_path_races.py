@@ -6,10 +6,13 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from storage import stream_record_batch
 from storage.block_cache import BlockCache
 from storage.errors import StorageFailedError
 from storage.metadata.manager import MetadataManager
+from storage.metadata.model import StreamState
 from storage.object_reader import ObjectReader
 from storage.object_writer import ObjectWriter
 from storage.operator.local import LocalObjectStore
@@ -129,3 +132,50 @@ async def test_every_append_listener_hears_once_whether_durable_failed_or_given_
     assert s.closed  # its offsets after a failed append cannot be trusted
     await asyncio.sleep(0.05)
     assert sorted(heard) == [0, 1, 2]  # and never again
+
+
+async def test_a_creation_whose_caller_is_cancelled_leaves_no_stream_open(
+    make_storage: StorageFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partition's open cancelled while its streams' creation is committed (a stopping
+    broker cancels the opens that outlast it): the store's commit goes on, as SQLite's does in
+    its thread, and the streams it opened are closed again. Left open, a broker taking the
+    partition over would wait for this one to close them."""
+    storage = await make_storage()
+    client = StreamClient(storage)
+    metadata = storage.metadata
+    persisting, release = asyncio.Event(), asyncio.Event()
+    persist = metadata._store.persist
+
+    async def commit_goes_on(*args: object, **kwargs: object) -> None:
+        async def slow() -> None:
+            await release.wait()
+            await persist(*args, **kwargs)  # type: ignore[arg-type]
+
+        commit = asyncio.ensure_future(slow())
+        persisting.set()
+        await asyncio.shield(commit)  # as asyncio.to_thread: cancelling stops only the wait
+
+    monkeypatch.setattr(metadata._store, "persist", commit_goes_on)
+    before = set(metadata.image.streams)
+    creations = [
+        lambda: client.create_and_open_many(2, 3),
+        lambda: client.create_and_open_named("orders-0", lambda i: i.to_bytes(8, "big"), 3),
+    ]
+    for create in creations:
+        persisting.clear()
+        release.clear()
+        caller = asyncio.create_task(create())
+        await asyncio.wait_for(persisting.wait(), 5)
+        caller.cancel()
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+    monkeypatch.undo()
+    made = {i: m for i, m in metadata.image.streams.items() if i not in before}
+    assert len(made) == 3
+    assert {m.state for m in made.values()} == {StreamState.CLOSED}
+    assert set((await metadata._store.load()).streams) == set(metadata.image.streams)
+    # the named one stays named: the next open of the partition opens it again
+    named = metadata.get_kv("orders-0")
+    assert named is not None and int.from_bytes(named, "big") in made
