@@ -460,10 +460,12 @@ class ElasticLog:
                     )
                 first = self._segments.index(replaced[0])
                 self._segments[first : first + len(replaced)] = [cleaned]
+                # read again from the segments' slices, from the swap on: a write or trim
+                # below that fails must not leave the replaced segments' transactions behind
+                self._aborted = None
+                self._aborted_generation += 1
                 await self._persist_log_meta()
                 await self._trim_streams()
-                self._aborted = None  # read again from the segments' slices
-                self._aborted_generation += 1
             log.info(
                 "MetaStream %d: %d segments of [%d, %d) replaced by a cleaned segment of %d "
                 "batches (%d bytes, was %d)",
