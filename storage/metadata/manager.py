@@ -63,7 +63,7 @@ class WallClock:
         return self._last
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class _Open:
     """A stream open waiting to be batched."""
 
@@ -72,6 +72,7 @@ class _Open:
     stream_id: int
     epoch: int
     done: asyncio.Future[None]
+    opened: bool = False  # the change opened it (it was not open at this epoch before)
 
 
 class MetadataManager:
@@ -304,10 +305,20 @@ class MetadataManager:
         Opens requested in the same moment (a broker taking many partitions over) are checked
         one by one and persisted as one change: one round trip to the store for all of them."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._opens.append(_Open(node_id, node_epoch, stream_id, epoch, done))
+        item = _Open(node_id, node_epoch, stream_id, epoch, done)
+        self._opens.append(item)
         if self._opening is None:
             self._opening = asyncio.create_task(self._open_batches(), name="metadata-open-streams")
-        await done
+        try:
+            await done
+        except asyncio.CancelledError:
+            if item.opened and not done.cancelled():
+                # opened, then its caller cancelled before it resumed to learn so: no one
+                # holds the stream, closed as the batch closes the opens cancelled in flight
+                closing = asyncio.ensure_future(self._close_abandoned([item]))
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(closing)
+            raise
         return self.image.streams[stream_id]
 
     async def _open_batches(self) -> None:
@@ -357,6 +368,8 @@ class MetadataManager:
         except Exception as e:
             outcomes = [e] * len(batch)
             opened.clear()
+        for item in opened:
+            item.opened = True
         for item, outcome in zip(batch, outcomes, strict=True):
             if item.done.done():
                 continue

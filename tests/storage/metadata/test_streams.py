@@ -153,6 +153,28 @@ async def test_an_open_whose_caller_was_cancelled_in_flight_is_closed_again(
     assert manager.image.streams[ids[1]].state is StreamState.OPENED
 
 
+async def test_an_open_whose_caller_is_cancelled_as_it_completes_is_closed_again(
+    manager: MetadataManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled after its open was answered but before it resumed to learn so: the stream
+    is closed again, as one cancelled in flight is (no one else holds it)."""
+    node = await manager.register_node(1)
+    stream_id = await manager.create_stream(1, node)
+    close_abandoned = manager._close_abandoned
+    callers: list[asyncio.Task[object]] = []
+
+    async def cancel_the_caller_first(items: list[object]) -> None:
+        if not items:  # the batch's own call, its answers set: the caller is about to resume
+            callers[0].cancel()
+        await close_abandoned(items)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(manager, "_close_abandoned", cancel_the_caller_first)
+    callers.append(asyncio.create_task(manager.open_stream(1, node, stream_id, 3)))
+    with pytest.raises(asyncio.CancelledError):
+        await callers[0]
+    assert manager.image.streams[stream_id].state is StreamState.CLOSED
+
+
 async def test_a_change_whose_caller_is_cancelled_while_it_is_persisted_is_applied(
     manager: MetadataManager, monkeypatch: pytest.MonkeyPatch
 ) -> None:
