@@ -487,7 +487,11 @@ class GroupCoordinator:
         members = group.changed_records()
         if not entries and not members:
             return ErrorCode.NONE
-        error = await self._append(group.group_id, entries + members)
+        try:
+            error = await self._append(group.group_id, entries + members)
+        except BaseException:  # cancelled: whether they were appended is not known
+            group.not_stored(members)  # the next store writes them (again)
+            raise
         if error == ErrorCode.NONE:
             group.stored_epoch = max(group.stored_epoch, epoch)
             group.replaces_classic = False
