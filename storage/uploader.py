@@ -126,6 +126,7 @@ class Uploader:
     def start(self) -> None:
         """Upload the sealed blocks from now on, as they come."""
         self._task = asyncio.create_task(self._upload_loop(), name="s3storage-upload")
+        self._task.add_done_callback(self._upload_loop_ended)
 
     async def stop(self) -> None:
         """Cancel every upload in progress (what they had not committed stays in the WAL) and
@@ -134,8 +135,12 @@ class Uploader:
         for task in tasks:
             task.cancel()
         for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await task
+            except asyncio.CancelledError:
+                pass
+            except Exception as e:  # the rest of the stop goes on
+                log.warning("upload task %s had failed: %s", task.get_name(), e)
         await self.upload_worker.close()
 
     def wake(self) -> None:
@@ -267,6 +272,16 @@ class Uploader:
         rest.wal_start = block.wal_start  # the WAL keeps what the first block held
         self.extracted.append(rest)
         return rest
+
+    def _upload_loop_ended(self, task: asyncio.Task[None]) -> None:
+        """An upload loop that ended with an error leaves nothing to empty the WAL: the storage
+        fails then (appends refused, the broker not ready), rather than stalling unseen once
+        the WAL is full."""
+        error = None if task.cancelled() else task.exception()
+        if error is None:
+            return
+        log.error("the upload loop failed: %s", error, exc_info=error)
+        self._storage.fail(error)
 
     async def _upload_loop(self) -> None:
         """Start one upload task per sealed block; each commits after the one before it."""

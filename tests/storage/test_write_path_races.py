@@ -179,3 +179,26 @@ async def test_a_creation_whose_caller_is_cancelled_leaves_no_stream_open(
     # the named one stays named: the next open of the partition opens it again
     named = metadata.get_kv("orders-0")
     assert named is not None and int.from_bytes(named, "big") in made
+
+
+async def test_an_upload_loop_that_fails_fails_the_storage(
+    make_storage: StorageFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With its upload loop gone nothing would empty the WAL, and appends would stall unseen
+    once it is full: the storage fails instead, and says why."""
+    storage = await make_storage()
+    stream = await StreamClient(storage).create_and_open()
+    await stream.append(b"before", 1)
+
+    def broken() -> None:
+        raise RuntimeError("injected: a bug in the upload loop")
+
+    monkeypatch.setattr(storage.uploader, "_lift_pacing_if_behind", broken)
+    storage.uploader._wanted.set()  # its next turn, at once
+    for _ in range(100):
+        if storage.failed is not None:
+            break
+        await asyncio.sleep(0.01)
+    assert isinstance(storage.failed, RuntimeError)
+    with pytest.raises(StorageFailedError):
+        await stream.append(b"after", 1)
