@@ -97,6 +97,9 @@ class Broker:
         """None while the broker serves, else why not (``/readyz``)."""
         if self._not_ready is not None:
             return self._not_ready
+        failed = None if self.storage is None else self.storage.failed
+        if failed is not None:  # every append is refused until a restart recovers the WAL
+            return f"storage failed: {failed}"
         lifecycle = self.lifecycle
         if lifecycle is not None and lifecycle.fenced:
             return "fenced by the controller: registering again"

@@ -10,7 +10,6 @@ it led is led elsewhere, each closed here first (its tail made durable), before 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -105,6 +104,17 @@ class BrokerLifecycle:
         warned = False
         while True:
             await asyncio.sleep(self._interval_s)
+            failed = self._storage.failed
+            if failed is not None:
+                # its partitions refuse every append: no more heartbeats, so that the
+                # controller fences this broker and has them led elsewhere (from the WAL in
+                # object storage; a file WAL's tail waits for this broker's restart)
+                log.error(
+                    "storage failed (%s): no more heartbeats, the controller is to fence this "
+                    "broker and move its partitions; restart it to recover its WAL",
+                    failed,
+                )
+                return
             try:
                 if self.fenced:
                     await self._rejoin()
@@ -181,6 +191,10 @@ class BrokerLifecycle:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await self._task
+            except asyncio.CancelledError:
+                pass
+            except Exception:  # the rest of the stop goes on
+                log.exception("the heartbeat task had failed")
         await self._sender.close()

@@ -411,7 +411,7 @@ async def test_a_failed_wal_write_is_a_storage_error_and_the_connection_stays(
     """The disk fails under the WAL: the append is answered KAFKA_STORAGE_ERROR (Kafka's
     answer for an offline log directory, not NOT_LEADER_OR_FOLLOWER: this broker still leads
     the partition), so is every later one, since the store accepts nothing more until a
-    restart recovers it; the connection goes on answering."""
+    restart recovers it; the connection goes on answering, and the broker is not ready."""
     broker = inproc_broker
     assert broker.server is not None and broker.storage is not None
     await broker.server.apis.ctx.topics.create("disk", 1)
@@ -435,9 +435,13 @@ async def test_a_failed_wal_write_is_a_storage_error_and_the_connection_stays(
             return [(buffer, -errno.EIO) for buffer, _ in real_reap()]
 
         monkeypatch.setattr(ring, "reap", failed_reap)
+        assert broker.readiness() is None
         for n in (1, 2):
             code, _ = await asyncio.to_thread(produce, conn, "disk", numbered_batch(n), 10_000)
             assert code == ErrorCode.KAFKA_STORAGE_ERROR, ErrorCode(code)
         await asyncio.to_thread(assert_usable, conn)
+        # /readyz says so: a probe restarts the broker, whose WAL recovery brings it back
+        reason = broker.readiness()
+        assert reason is not None and reason.startswith("storage failed: "), reason
     finally:
         conn.close()
