@@ -85,7 +85,11 @@ class Maintenance:
     async def _schedule(self) -> None:
         storage = self.config.storage
         if self.runner == "auto":
-            self.runner = await asyncio.to_thread(_resolve_runner, self.runner)
+            try:
+                self.runner = await asyncio.to_thread(_resolve_runner, self.runner)
+            except Exception as e:
+                log.warning("maintenance: no Spark (%s), jobs run in-process", e)
+                self.runner = "local"
         if self.runner == "none":
             log.warning(
                 "maintenance is off (s3.maintenance.runner=none): objects are never "
@@ -117,8 +121,12 @@ class Maintenance:
             for task in tasks:
                 task.cancel()
             for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
+                try:
                     await task
+                except asyncio.CancelledError:
+                    pass
+                except Exception:  # a stop must go on to the broker's other parts
+                    log.exception("maintenance task %s had failed", task.get_name())
         if self._properties_file is not None:
             with contextlib.suppress(OSError):
                 os.unlink(self._properties_file)

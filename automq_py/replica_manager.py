@@ -214,7 +214,11 @@ class ReplicaManager:
         async def every() -> None:
             while True:
                 await asyncio.sleep(interval_s)
-                expired = self.expire_producers()
+                try:
+                    expired = self.expire_producers()
+                except Exception:  # the next check tries again
+                    log.exception("expiring idle producer ids failed")
+                    continue
                 if expired:
                     log.info(
                         "forgot %d producer ids idle for producer.id.expiration.ms (%d ms)",

@@ -382,9 +382,13 @@ def spark_available() -> tuple[bool, str]:
         return False, f"{java} -version failed"
     if major < MIN_JAVA:
         return False, f"{java} is Java {major}; Spark 4 needs Java {MIN_JAVA} or newer"
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
-    return True, f"pyspark {version('pyspark')} and Java {major} ({java})"
+    try:
+        found = f"pyspark {version('pyspark')}"
+    except PackageNotFoundError:  # importable from a path (SPARK_HOME's), not installed
+        found = "pyspark (not installed as a package)"
+    return True, f"{found} and Java {major} ({java})"
 
 
 def make_runner(
