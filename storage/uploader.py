@@ -402,8 +402,16 @@ class Uploader:
             try:
                 await self._wal.trim(self._storage.wal_trim_point(fallback=block.wal_end))
             except Exception as e:
-                self._storage.fail(e)
-                raise
+                # the block is committed: a trim not made only makes recovery read more (an
+                # object WAL's epoch record whose PUT failed), and the next commit trims past
+                # it; a WAL that failed fails the storage through its appends
+                log.warning(
+                    "trimming the WAL after cache block %d failed (the next commit trims it): "
+                    "%s: %s",
+                    block.block_id,
+                    type(e).__name__,
+                    e,
+                )
             committed.set_result(None)
         except BaseException:
             committed.cancel()  # later blocks must not commit before this one

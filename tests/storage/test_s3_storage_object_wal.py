@@ -98,6 +98,35 @@ async def test_uploads_trim_the_object_wal(
     assert await read_all(s) == payloads + more
 
 
+async def test_a_trim_that_fails_is_made_by_the_next_upload(
+    make_storage: StorageFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The upload is committed when the object WAL's trim (its epoch record's PUT) fails: the
+    storage goes on taking appends, recovery would only read more, and the next upload's
+    trim covers both."""
+    storage = await make_storage(
+        f"0@file://{tmp_path}/objects",
+        **{"s3.wal.path": f"0@file://{tmp_path}/wal-objects", "cluster.id": "trimfails"},
+    )
+    assert isinstance(storage.wal, ObjectWAL)
+    s = await StreamClient(storage).create_and_open()
+    payloads = await fill(s, 20)
+    write_epoch_record = storage.wal._write_epoch_record
+
+    async def unreachable(offset: int) -> None:
+        raise OSError("injected: the object store refused the epoch record")
+
+    monkeypatch.setattr(storage.wal, "_write_epoch_record", unreachable)
+    await storage.force_upload()
+    assert storage.failed is None and storage.wal.trim_offset == 0
+    monkeypatch.setattr(storage.wal, "_write_epoch_record", write_epoch_record)
+    payloads += await fill(s, 5)
+    await storage.force_upload()
+    assert storage.wal.trim_offset == storage.wal.next_offset
+    storage.drop_cache()
+    assert await read_all(s) == payloads
+
+
 @pytest.mark.integration
 async def test_a_failover_recovers_the_dead_incarnation_only(
     make_storage: StorageFactory, postgres_url: str, tmp_path: Path
