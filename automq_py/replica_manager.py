@@ -944,10 +944,16 @@ class ReplicaManager:
 def _complete_moves(
     node: int, moves: dict[tuple[str, int], int], image: MetadataImage
 ) -> tuple[list[Record], None]:
+    """One record a topic, with all of its partitions handed over: a record a partition,
+    each from the same image, kept only the last one's move (the others waited for another
+    change each)."""
+    by_topic: dict[str, dict[int, int]] = {}
+    for (name, index), target in moves.items():
+        by_topic.setdefault(name, {})[index] = target
     records = [
         r
-        for (name, index), target in moves.items()
-        for r in membership.complete_move(image, node, name, index, target)
+        for name, topic_moves in by_topic.items()
+        for r in membership.complete_moves(image, node, name, topic_moves)
     ]
     return records, None
 

@@ -198,7 +198,7 @@ def request_moves(
 ) -> Records:
     """Record reassignments (topic -> index -> target broker, NO_LEADER to cancel one): each
     partition's leader hands it over once it has made most of its tail durable while still
-    serving (:func:`complete_move`), so the partition is unwritable only for what arrived
+    serving (:func:`complete_moves`), so the partition is unwritable only for what arrived
     meanwhile. A target that already leads the partition changes nothing. ``me`` None: an
     administrator's reassignment; otherwise the controller's (a rebalance), checked."""
     if me is not None:
@@ -219,20 +219,29 @@ def request_moves(
     return records
 
 
-def complete_move(
-    image: MetadataImage, node_id: int, topic: str, index: int, target: int
+def complete_moves(
+    image: MetadataImage, node_id: int, topic: str, moves: Mapping[int, int]
 ) -> Records:
-    """The leader ``node_id`` hands the partition to ``target``, as a reassignment pending
-    asked: nothing if it no longer leads it or the reassignment changed meanwhile; a target no
-    longer live ends the reassignment where it is."""
+    """The leader ``node_id`` hands these partitions of ``topic`` (index -> target) over, as
+    the reassignments pending asked, in one record: a partition it no longer leads, or whose
+    reassignment changed meanwhile, is left as it is; a target no longer live ends the
+    reassignment where it is."""
     current = topic_leaders(image, topic)
-    if current is None or current.leader(index) != node_id or current.target(index) != target:
+    if current is None:
         return []
-    registration = broker(image, target)
-    if registration is None or not registration.live:
-        updated = current.retargeted({index: NO_LEADER})
-    else:
-        updated = current.moved({index: target})
+    moved: dict[int, int] = {}
+    ended: dict[int, int] = {}
+    for index, target in moves.items():
+        if current.leader(index) != node_id or current.target(index) != target:
+            continue
+        registration = broker(image, target)
+        if registration is None or not registration.live:
+            ended[index] = NO_LEADER
+        else:
+            moved[index] = target
+    if not moved and not ended:
+        return []
+    updated = current.retargeted(ended).moved(moved)
     return [rec.KVRecord(leaders_key(topic), updated.encode())]
 
 

@@ -11,6 +11,7 @@ from automq_py.controller.cluster_records import (
     ControllerRecord,
     TopicLeaders,
 )
+from automq_py.replica_manager import _complete_moves
 from storage.metadata import control
 from storage.metadata.image import MetadataImage
 from storage.metadata.records import Record
@@ -109,9 +110,9 @@ def test_a_reassignment_waits_for_its_leader_to_hand_the_partition_over() -> Non
     assert leaders.leaders == (0, 1, 2)  # nothing moved yet
     assert leaders.pending() == {0: 1, 2: 0}  # partition 1 is already led by 1
     # only the leader completes it, and only the reassignment asked for
-    assert membership.complete_move(image, 2, "t", 0, 1) == []
-    assert membership.complete_move(image, 0, "t", 0, 2) == []
-    _apply(image, membership.complete_move(image, 0, "t", 0, 1))
+    assert membership.complete_moves(image, 2, "t", {0: 1}) == []
+    assert membership.complete_moves(image, 0, "t", {0: 2}) == []
+    _apply(image, membership.complete_moves(image, 0, "t", {0: 1}))
     assert membership.topic_leaders(image, "t") == TopicLeaders((1, 1, 2), (1, 0, 0), (-1, -1, 0))
     # a failover elsewhere keeps it pending; cancelling it leaves the record as before any
     _apply(image, membership.move_leaders(image, None, {"t": {2: 1}}))
@@ -121,10 +122,42 @@ def test_a_reassignment_waits_for_its_leader_to_hand_the_partition_over() -> Non
     assert TopicLeaders.decode(TopicLeaders((1,), (0,), (2,)).encode()).pending() == {0: 2}
 
 
+def test_a_leader_hands_several_partitions_of_a_topic_over_in_one_record() -> None:
+    """Every partition of the moves that still holds goes in the one record: those another
+    broker leads, or whose reassignment changed, stay; one whose target left ends where it
+    is."""
+    image = _cluster(0, 1, 2)
+    _apply(image, membership.set_new_topic_leaders("t", [0, 0, 0, 0, 2]))
+    _apply(image, membership.request_moves(image, {"t": {0: 1, 1: 1, 2: 2, 3: 1, 4: 1}}))
+    _apply(image, membership.begin_shutdown(image, 2, incarnation=1))
+    records = membership.complete_moves(image, 0, "t", {0: 1, 1: 1, 2: 2, 3: 2, 4: 1})
+    assert len(records) == 1
+    _apply(image, records)
+    # 0 and 1 moved; 2's target left; 3's reassignment is to 1, not 2; 4 is 2's to hand over
+    assert membership.topic_leaders(image, "t") == TopicLeaders(
+        (1, 1, 0, 0, 2), (1, 1, 0, 0, 0), (-1, -1, -1, 1, 1)
+    )
+
+
 def test_a_reassignment_to_a_broker_gone_meanwhile_ends_where_it_is() -> None:
     image = _cluster(0, 1)
     _apply(image, membership.set_new_topic_leaders("t", [0]))
     _apply(image, membership.request_moves(image, {"t": {0: 1}}))
     _apply(image, membership.begin_shutdown(image, 1, incarnation=1))
-    _apply(image, membership.complete_move(image, 0, "t", 0, 1))
+    _apply(image, membership.complete_moves(image, 0, "t", {0: 1}))
     assert membership.topic_leaders(image, "t") == TopicLeaders((0,), (0,))
+
+
+def test_a_hand_over_moves_every_partition_asked_in_one_change() -> None:
+    """The replica manager's change for a batch of hand-overs: every partition of a topic
+    moves in it (each partition's own record, planned from one image, kept only the last
+    one's move; the others waited for a change each)."""
+    image = _cluster(0, 1, 2)
+    _apply(image, membership.set_new_topic_leaders("t", [0, 0, 0]))
+    _apply(image, membership.set_new_topic_leaders("u", [0, 0]))
+    _apply(image, membership.request_moves(image, {"t": {0: 1, 1: 2, 2: 1}, "u": {0: 2, 1: 1}}))
+    batch = {("t", 0): 1, ("t", 1): 2, ("t", 2): 1, ("u", 0): 2, ("u", 1): 1}
+    records, _ = _complete_moves(0, batch, image)
+    _apply(image, records)
+    assert membership.topic_leaders(image, "t") == TopicLeaders((1, 2, 1), (1, 1, 1))
+    assert membership.topic_leaders(image, "u") == TopicLeaders((2, 1), (1, 1))
