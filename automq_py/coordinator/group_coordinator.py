@@ -180,6 +180,7 @@ class GroupCoordinator:
         self._sweeper: asyncio.Task[None] | None = None
         # groups whose conversion back to the classic protocol is being written
         self._downgrading: set[str] = set()
+        self._expiring_offsets: asyncio.Task[object] | None = None
         self._next_retention_check = 0.0
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -313,28 +314,34 @@ class GroupCoordinator:
     async def _sweep_forever(self) -> None:
         while True:
             await asyncio.sleep(SWEEP_INTERVAL_S)
-            try:
-                self._expire_members()
-                if self.clock() >= self._next_retention_check:
-                    self._next_retention_check = (
-                        self.clock() + self.config.retention_check_interval_ms / 1000
+            self._expire_members()
+            if self.clock() >= self._next_retention_check:
+                self._next_retention_check = (
+                    self.clock() + self.config.retention_check_interval_ms / 1000
+                )
+                # a task of its own: its appends may wait for the WAL, sessions may not
+                if self._expiring_offsets is None or self._expiring_offsets.done():
+                    self._expiring_offsets = self.runtime.spawn(
+                        self.offsets.expire(), "expiring committed offsets"
                     )
-                    await self.offsets.expire()
-            except Exception:
-                log.exception("group sweeper")
 
     def _expire_members(self) -> None:
         now = self.clock()
         for group in list(self.groups.values()):
-            if isinstance(group, ConsumerGroup):
-                expired = group.expire_members(now)
-                if expired:
-                    log.info("group %s: session of %s expired", group.group_id, ", ".join(expired))
-                    self.runtime.spawn(
-                        self.store_consumer_group(group), f"storing group {group.group_id}"
-                    )
-            else:
-                self.classic.expire(group, now)
+            try:
+                if isinstance(group, ConsumerGroup):
+                    expired = group.expire_members(now)
+                    if expired:
+                        log.info(
+                            "group %s: session of %s expired", group.group_id, ", ".join(expired)
+                        )
+                        self.runtime.spawn(
+                            self.store_consumer_group(group), f"storing group {group.group_id}"
+                        )
+                else:
+                    self.classic.expire(group, now)
+            except Exception:  # the other groups' sessions still expire
+                log.exception("group %s: expiring its members", group.group_id)
 
     def _drop_group(self, group_id: str) -> None:
         group = self.groups.pop(group_id, None)
