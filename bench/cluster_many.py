@@ -15,7 +15,8 @@ their logs) and when the producer had an acknowledgement from half and from ever
 (and how many by broker 0's exit), all from the SIGTERM; the cores each process used in each
 phase (to the exit, to the last open, to the last acknowledgement; the client is this process,
 the producer's librdkafka threads in it); and the lines the brokers logged about the
-hand-over. ``docker stop`` waits 10 s before it kills.
+hand-over. ``docker stop`` waits 10 s before it kills. With ``--join-rebalance``: how long
+after brokers 1 and 2 join the controller's rebalance has each broker leading a third.
 
 MB = 10^6 bytes. Progress goes to stderr, figures to stdout.
 """
@@ -85,8 +86,15 @@ def parse_args() -> argparse.Namespace:
         help="record each broker with py-spy (on the path) from the SIGTERM on, as "
         "DIR/bN.txt (folded stacks)",
     )
+    parser.add_argument(
+        "--join-rebalance",
+        action="store_true",
+        help="instead of the SIGTERM: brokers 1 and 2 join with auto.leader.rebalance.enable "
+        "on, and the time until each broker leads a third of the partitions is printed",
+    )
     args = parser.parse_args()
-    args.broker_config = ["auto.leader.rebalance.enable=false", *args.broker_config]
+    rebalance = "true" if args.join_rebalance else "false"
+    args.broker_config = [f"auto.leader.rebalance.enable={rebalance}", *args.broker_config]
     return args
 
 
@@ -286,6 +294,27 @@ def main() -> None:
             shutil.rmtree(root, ignore_errors=True)
 
 
+def even_leaders(cluster: Cluster, topics: dict[str, int], timeout: float) -> float:
+    """When (time.monotonic()) Metadata first shows each broker leading a third of the
+    partitions (to one), polled every 0.1 s."""
+    admin = cluster.admin(1)
+    total = sum(topics.values())
+    deadline = time.monotonic() + timeout
+    while True:
+        listed = admin.list_topics(timeout=30).topics
+        led = [0, 0, 0]
+        for name in topics:
+            for p in listed[name].partitions.values():
+                if 0 <= p.leader < 3:
+                    led[p.leader] += 1
+        now = time.monotonic()
+        if min(led) >= total // 3 - 1:
+            return now
+        if now > deadline:
+            raise SystemExit(f"leadership not even {timeout:.0f} s after the join: {led}")
+        time.sleep(0.1)
+
+
 def run(cluster: Cluster, args: argparse.Namespace, topics: dict[str, int]) -> None:
     total = sum(topics.values())
     print("# starting broker 0", file=sys.stderr)
@@ -294,12 +323,21 @@ def run(cluster: Cluster, args: argparse.Namespace, topics: dict[str, int]) -> N
     filled = create_and_fill(cluster, topics, args.timeout)
     print(f"# {total} partitions created on broker 0 with a record each in {filled:.1f} s")
     print("# starting brokers 1 and 2", file=sys.stderr)
+    started = time.monotonic()
     starters = [threading.Thread(target=b.start, args=(120,)) for b in cluster.brokers[1:]]
     for t in starters:
         t.start()
     for t in starters:
         t.join()
     cluster.wait_for_brokers({0, 1, 2})
+    if args.join_rebalance:
+        joined = time.monotonic() - started
+        spread = even_leaders(cluster, topics, args.timeout)
+        print(
+            f"# brokers 1 and 2 joined {joined:.2f} s after their start; each broker leads "
+            f"a third of the partitions {spread - started:.2f} s after it"
+        )
+        return
     time.sleep(args.settle_s)
     leaders = cluster.admin(1).list_topics(timeout=30).topics
     led = sum(1 for name in topics for p in leaders[name].partitions.values() if p.leader == 0)
