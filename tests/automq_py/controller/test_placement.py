@@ -366,3 +366,92 @@ def test_plans_name_live_brokers_and_cover_exactly_their_partitions(
     # No wasted move: only partitions above the floor share leave a broker.
     floor = sum(after.values()) // max(len(live), 1)
     assert len(moved(rebalance)) <= sum(max(0, c - floor) for c in before.values())
+
+
+def _greedy_by_partition(
+    brokers: Sequence[BrokerRegistration],
+    current: Leaders,
+    max_moves: int | None,
+    tolerance: float,
+) -> dict[str, dict[int, int]]:
+    """plan_rebalance for counts as it was, ranking every partition of the busiest broker for
+    each move: the reference its topic-by-topic search must match move for move."""
+    live = [b.node_id for b in brokers if b.live]
+    if len(live) < 2:
+        return {}
+    led: dict[int, set[tuple[str, int]]] = {n: set() for n in live}
+    by_topic: dict[int, Counter[str]] = {n: Counter() for n in live}
+    for topic, leaders in current.items():
+        for index, leader in enumerate(leaders.leaders):
+            if leader in led:
+                led[leader].add((topic, index))
+                by_topic[leader][topic] += 1
+    loads = {n: float(len(led[n])) for n in live}
+    mean = sum(loads.values()) / len(live)
+    band = tolerance * mean
+    moved: dict[tuple[str, int], int] = {}
+    original = {p: n for n, ps in led.items() for p in ps}
+    while max_moves is None or len(moved) < max_moves:
+        high = min(live, key=lambda n: (-loads[n], n))
+        low = min(live, key=lambda n: (loads[n], n))
+        if loads[high] - mean <= band and mean - loads[low] <= band:
+            break
+        gap = loads[high] - loads[low]
+        ranked = (
+            (abs(gap - 2) - gap, by_topic[low][p[0]] - by_topic[high][p[0]], p) for p in led[high]
+        )
+        loss, _, best = min(ranked, default=(0.0, 0, ("", 0)))
+        if loss >= 0:
+            break
+        led[high].remove(best)
+        led[low].add(best)
+        by_topic[high][best[0]] -= 1
+        by_topic[low][best[0]] += 1
+        loads[high] -= 1
+        loads[low] += 1
+        if original[best] == low:
+            del moved[best]
+        else:
+            moved[best] = low
+    changes: dict[str, dict[int, int]] = {}
+    for (topic, index), leader in sorted(moved.items()):
+        changes.setdefault(topic, {})[index] = leader
+    return changes
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    nodes=st.integers(2, 5),
+    fenced=st.sets(st.integers(1, 5), max_size=2),
+    topics=st.lists(st.lists(st.integers(0, 5), min_size=1, max_size=25), min_size=1, max_size=6),
+    max_moves=st.none() | st.integers(0, 30),
+    tolerance=st.sampled_from([0.0, 0.1, 0.25]),
+)
+def test_counts_are_rebalanced_move_for_move_as_by_ranking_every_partition(
+    nodes: int,
+    fenced: set[int],
+    topics: list[list[int]],
+    max_moves: int | None,
+    tolerance: float,
+) -> None:
+    brokers = cluster(*range(1, nodes + 1), fenced=sorted(f for f in fenced if f <= nodes))
+    current: Leaders = {
+        f"t{n}": TopicLeaders.new([NO_LEADER if leader == 0 else leader for leader in leaders])
+        for n, leaders in enumerate(topics)
+    }
+    assert plan_rebalance(brokers, current, max_moves=max_moves, tolerance=tolerance) == (
+        _greedy_by_partition(brokers, current, max_moves, tolerance)
+    )
+
+
+def test_ten_thousand_partitions_of_one_broker_are_spread_over_three() -> None:
+    """The case of two brokers joining one that leads everything (bench/cluster_many.py
+    --join-rebalance): ~6,700 moves, each taking the lowest partition of the topic the busiest
+    broker leads most more of."""
+    brokers = cluster(0, 1, 2)
+    current: Leaders = {f"many-{n:03d}": TopicLeaders.new([0] * 1000) for n in range(10)}
+    changes = plan_rebalance(brokers, current)
+    after = applied(current, changes)
+    assert leader_counts(brokers, after) == {0: 3334, 1: 3333, 2: 3333}
+    for topic in current:
+        assert spread(topic_counts(after, topic)) <= 1
