@@ -3,6 +3,7 @@ reads its verbose output."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -51,3 +52,27 @@ def run_suite(
             check=False,
         )
     return SuiteRun(done.returncode, log.read_text(errors="replace"))
+
+
+def assert_kgo_suite_passes(seeds: str, log: Path) -> None:
+    """franz-go's ``pkg/kgo`` tests, seeded with ``seeds``: every test passes, at least 100 of
+    them, the group and transaction ETL tests among them. They create their own topics and
+    groups; some read the package's sources, so they run beside them, as ``go test`` would."""
+    binary = built("franz-go-*/kgo.test")
+    env = dict(
+        os.environ,
+        KGO_SEEDS=seeds,
+        KGO_TEST_RF="1",  # the replication factor its topics ask for
+        KGO_LOG_LEVEL="none",
+    )
+    run = run_suite(
+        binary,
+        ["-test.timeout", "540s"],
+        cwd=binary.parent / "pkg" / "kgo",
+        env=env,
+        log=log,
+        timeout=600,
+    )
+    failed, passed = run.named("FAIL"), run.named("PASS")
+    assert run.returncode == 0 and not failed, f"failed: {failed}\n{run.text[-6000:]}"
+    assert len(passed) > 100 and {"TestGroupETL", "TestTxnEtl"} <= set(passed), passed
