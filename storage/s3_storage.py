@@ -125,6 +125,9 @@ class S3Storage:
         self._closing = False
         self._failed: BaseException | None = None
         self.uploader = Uploader(self)
+        # metadata that can no longer follow the store can commit no upload and check no
+        # fence: appends stop (and a cluster's broker its heartbeats) as for a WAL failure
+        metadata.add_failure_listener(self.fail)
 
     # -- life cycle ------------------------------------------------------------------------------
 

@@ -127,6 +127,20 @@ class ClusterController:
         return max(wait, 0.05)
 
     async def _round(self) -> None:
+        failed = self._metadata.failed
+        if failed is not None:
+            # an image that no longer follows the log can have no decision committed: the
+            # lease goes to a broker that can act (and fence this one, silent from now on)
+            if self._me is not None or self.lease.holds():
+                log.error(
+                    "broker %d gives the controller role up: its metadata stopped following "
+                    "the log (%s)",
+                    self.node_id,
+                    failed,
+                )
+                await self.lease.release()
+            self._me = None
+            return
         try:
             held = await self.lease.acquire_or_renew()
         except Exception as e:

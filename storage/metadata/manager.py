@@ -9,7 +9,9 @@ With a store several brokers share, another broker may have committed since the 
 brought up to date: the store then refuses the records, and the change is checked again against
 the caught-up image. A follower task applies the others' changes as they are committed, so the
 image trails the store by the time a notification takes (milliseconds). Listeners hear every
-applied record list, this broker's and the others'.
+applied record list, this broker's and the others'. An entry this version cannot read (written by
+a newer one) is never skipped: the image stops there, every change is refused from then on, and
+the failure listeners hear it once (the storage then takes no more appends).
 """
 
 from __future__ import annotations
@@ -31,9 +33,11 @@ from storage.metadata.model import (
     S3ObjectMetadata,
     StreamMetadata,
 )
+from storage.metadata.record_codec import UnreadableEntryError
 from storage.metadata.records import KVRecord, Record, RemoveKV
 from storage.metadata.store import (
     Condition,
+    MetadataFailedError,
     MetadataStore,
     SnapshotNeededError,
     StaleImageError,
@@ -89,6 +93,9 @@ class MetadataManager:
         self._opens: list[_Open] = []  # waiting for the next batch
         self._opening: asyncio.Task[None] | None = None
         self._changed: asyncio.Future[None] | None = None  # done at the next applied change
+        # a log entry this version cannot read: the image can never pass it
+        self._failed: UnreadableEntryError | None = None
+        self._failure_listeners: list[Callable[[BaseException], object]] = []
 
     @classmethod
     async def open(cls, url: str, clock: Clock | None = None) -> MetadataManager:
@@ -123,6 +130,32 @@ class MetadataManager:
     def add_listener(self, listener: Listener) -> None:
         """Call ``listener(records)`` after each record list is applied to the image."""
         self._listeners.append(listener)
+
+    @property
+    def failed(self) -> BaseException | None:
+        """Why the image stopped following the store, once it did: an entry (another broker's,
+        written by a newer version, or damaged) this version cannot read. The image stays
+        where it was, so every change is refused from then on."""
+        return self._failed
+
+    def add_failure_listener(self, listener: Callable[[BaseException], object]) -> None:
+        """Call ``listener(error)`` once, when the image stops following the store."""
+        self._failure_listeners.append(listener)
+
+    def _fail(self, error: UnreadableEntryError) -> None:
+        if self._failed is not None:
+            return
+        self._failed = error
+        log.critical(
+            "the metadata log holds an entry this broker cannot read, so its metadata can no "
+            "longer follow the cluster's (upgrade it to the version that wrote the entry): %s",
+            error,
+        )
+        for listener in self._failure_listeners:
+            try:
+                listener(error)
+            except Exception:
+                log.exception("metadata failure listener failed")
 
     def add_kv_listener(self, prefix: str, listener: Callable[[], None]) -> None:
         """Call ``listener()`` after a record list that sets or removes a KV key starting with
@@ -204,6 +237,8 @@ class MetadataManager:
     ) -> T:
         async with self._lock:
             for _ in range(MAX_ATTEMPTS):
+                if self._failed is not None:
+                    raise MetadataFailedError(f"metadata stopped following: {self._failed}")
                 records, result = plan(self.image)
                 if not records:
                     return result
@@ -239,8 +274,13 @@ class MetadataManager:
                 log.warning("metadata snapshot failed: %s", e)
 
     async def _catch_up_locked(self) -> None:
+        if self._failed is not None:
+            raise MetadataFailedError(f"metadata stopped following: {self._failed}")
         try:
             entries = await self._store.catch_up()
+        except UnreadableEntryError as e:
+            self._fail(e)
+            raise MetadataFailedError(f"metadata stopped following: {e}") from e
         except SnapshotNeededError as e:
             log.info("metadata image reloaded: %s", e)
             self.image = await self._store.load()
@@ -253,11 +293,13 @@ class MetadataManager:
 
     async def _follow(self) -> None:
         """Apply the other brokers' changes as the store announces them."""
-        while True:
+        while self._failed is None:
             await self._store.wait_for_change()
             try:
                 async with self._lock:
                     await self._catch_up_locked()
+            except MetadataFailedError:
+                return  # told once, by ``_fail``: no entry after it can be applied
             except Exception as e:  # the store unreachable: its next announcement retries
                 log.warning("following the metadata log: %s", e)
                 await asyncio.sleep(1.0)

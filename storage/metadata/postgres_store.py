@@ -138,7 +138,11 @@ class PostgresStore:
                 offset = 0
                 if row is not None:
                     offset = row["log_offset"]
-                    image.apply(record_codec.decode(row["image"]))
+                    try:
+                        snapshot = record_codec.decode(row["image"])
+                    except record_codec.UnreadableEntryError as e:
+                        raise type(e)(f"metadata snapshot at entry {offset}: {e}") from e
+                    image.apply(snapshot)
                 self._snapshot_offset = offset
                 self._offset = offset
                 for entry in await self._entries_after(conn, offset, limit=None):
@@ -268,7 +272,10 @@ class PostgresStore:
     async def _entries_after(
         self, conn: asyncpg.Connection, offset: int, limit: int | None
     ) -> list[list[Record]]:
-        """The entries after ``offset`` in order; moves ``self._offset`` to the last read."""
+        """The entries after ``offset`` in order; moves ``self._offset`` to the last read once
+        all are read. Raised out of midway (the store gone, an entry unreadable), it leaves
+        ``self._offset`` where it was: the entries read so far are not applied, so they are
+        read again next time rather than skipped (and a ``persist`` after them refused)."""
         out: list[list[Record]] = []
         while limit is None or len(out) < limit:
             rows = await conn.fetch(
@@ -284,11 +291,14 @@ class PostgresStore:
                     f"metadata log entry {offset + 1} is gone (next kept: {rows[0]['log_offset']})"
                 )
             for row in rows:
-                out.append(record_codec.decode(row["records"]))
+                try:
+                    out.append(record_codec.decode(row["records"]))
+                except record_codec.UnreadableEntryError as e:
+                    raise type(e)(f"metadata log entry {row['log_offset']}: {e}") from e
                 offset = row["log_offset"]
-            self._offset = offset
             if len(rows) < CATCH_UP_BATCH:
                 break
+        self._offset = offset
         return out
 
     async def _listen(self) -> None:

@@ -49,7 +49,12 @@ from storage.metadata.model import (
 )
 
 
-class UnknownRecordError(ValueError):
+class UnreadableEntryError(ValueError):
+    """A log entry this version cannot read: never skipped, since the state after it would be
+    wrong."""
+
+
+class UnknownRecordError(UnreadableEntryError):
     """An entry holds a record this version cannot read (written by a newer broker?)."""
 
 
@@ -59,19 +64,20 @@ def encode(records: Sequence[rec.Record]) -> bytes:
 
 
 def decode(data: bytes) -> list[rec.Record]:
-    """The records of one log entry; raises :class:`UnknownRecordError` or ValueError."""
+    """The records of one log entry; raises :class:`UnreadableEntryError` (a ValueError),
+    :class:`UnknownRecordError` for a record kind this version does not know."""
     try:
         items = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True)
     except (msgpack.UnpackException, ValueError) as e:
-        raise ValueError(f"metadata log entry is not msgpack: {e}") from e
+        raise UnreadableEntryError(f"metadata log entry is not msgpack: {e}") from e
     if not isinstance(items, list):
-        raise ValueError("metadata log entry is not an array of records")
+        raise UnreadableEntryError("metadata log entry is not an array of records")
     try:
         return [_record(item) for item in items]
     except (TypeError, ValueError) as e:
         if isinstance(e, UnknownRecordError):
             raise
-        raise ValueError(f"malformed metadata record: {e!r}") from e
+        raise UnreadableEntryError(f"malformed metadata record: {e!r}") from e
 
 
 def image_records(image: MetadataImage) -> list[rec.Record]:

@@ -36,6 +36,11 @@ class MetadataUnavailableError(StorageError):
     """The metadata store cannot be reached now; reads from the image still work."""
 
 
+class MetadataFailedError(StorageError):
+    """The image stopped following the store at an entry this version cannot read: no change
+    can be checked against it any more."""
+
+
 class ConditionFailedError(Exception):
     """The change was not persisted: its condition did not hold."""
 

@@ -11,6 +11,7 @@ import pytest
 from storage import stream_record_batch
 from storage.block_cache import BlockCache
 from storage.errors import StorageFailedError
+from storage.metadata import record_codec
 from storage.metadata.manager import MetadataManager
 from storage.metadata.model import StreamState
 from storage.object_reader import ObjectReader
@@ -20,6 +21,7 @@ from storage.stream import StreamClient
 from storage.stream_record_batch import StreamRecordBatch
 from storage.wal import FileWAL
 from tests.storage.conftest import StorageFactory
+from tests.storage.metadata.helpers import NEWER_VERSION_ENTRY, append_raw
 from tests.storage.test_s3_storage import read_all
 
 
@@ -201,4 +203,25 @@ async def test_an_upload_loop_that_fails_fails_the_storage(
         await asyncio.sleep(0.01)
     assert isinstance(storage.failed, RuntimeError)
     with pytest.raises(StorageFailedError):
+        await stream.append(b"after", 1)
+
+
+@pytest.mark.integration
+async def test_metadata_that_cannot_follow_its_store_fails_the_storage(
+    make_storage: StorageFactory, postgres_url: str
+) -> None:
+    """Another broker's entry this version cannot read (written by a newer one) freezes the
+    image: no upload can commit and no fence can be seen, so the storage takes no more
+    appends, and a broker of a cluster stops its heartbeats (as for a failed WAL) and is
+    fenced, rather than heartbeat on with metadata that no longer moves."""
+    storage = await make_storage(**{"metadata.store.url": postgres_url})
+    stream = await StreamClient(storage).create_and_open()
+    await stream.append(b"before", 1)
+    await append_raw(postgres_url, NEWER_VERSION_ENTRY)
+    for _ in range(500):
+        if storage.failed is not None:
+            break
+        await asyncio.sleep(0.01)
+    assert isinstance(storage.failed, record_codec.UnknownRecordError), storage.failed
+    with pytest.raises(StorageFailedError, match="newer version"):
         await stream.append(b"after", 1)

@@ -5,8 +5,11 @@ from __future__ import annotations
 import copy
 from collections.abc import Awaitable
 
+import asyncpg
+import msgpack
 import pytest
 
+from storage.metadata import postgres_store
 from storage.metadata.manager import MetadataManager
 from storage.metadata.model import (
     CommitRange,
@@ -142,3 +145,23 @@ async def build_everything(m: MetadataManager, clock: FakeClock) -> None:
     ]
     assert [r.range_index for r in m.image.streams[a].ranges] == [0, 1]
     assert [r.range_index for r in m.image.streams[d].ranges] == [1]
+
+
+# a log entry of a record kind this version does not know, as a newer broker would write one
+NEWER_VERSION_ENTRY = msgpack.packb([[99, "from a newer version"]])
+
+
+async def append_raw(url: str, data: bytes) -> int:
+    """Append ``data`` to the PostgreSQL metadata log at ``url`` as the next entry, as a broker
+    of another version would, and announce it; its offset."""
+    conn = await asyncpg.connect(url)
+    try:
+        offset: int = await conn.fetchval(
+            "INSERT INTO metadata_log (log_offset, records) "
+            "SELECT coalesce(max(log_offset), 0) + 1, $1 FROM metadata_log RETURNING log_offset",
+            data,
+        )
+        await conn.execute("SELECT pg_notify($1, $2)", postgres_store.CHANNEL, str(offset))
+    finally:
+        await conn.close()
+    return offset

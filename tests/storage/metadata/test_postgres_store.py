@@ -23,8 +23,16 @@ from storage.metadata.image import MetadataImage
 from storage.metadata.manager import MetadataManager
 from storage.metadata.model import ErrorCode, MetadataError
 from storage.metadata.postgres_store import SchemaVersionError
-from storage.metadata.store import MetadataUnavailableError
-from tests.storage.metadata.helpers import TTL_MS, FakeClock, build_everything, open_new_stream
+from storage.metadata.records import KVRecord
+from storage.metadata.store import MetadataFailedError, MetadataUnavailableError
+from tests.storage.metadata.helpers import (
+    NEWER_VERSION_ENTRY,
+    TTL_MS,
+    FakeClock,
+    append_raw,
+    build_everything,
+    open_new_stream,
+)
 from tests.support.postgres import PostgresServer
 
 
@@ -193,6 +201,61 @@ async def test_a_newer_schema_is_refused(postgres_url: str) -> None:
         await conn.close()
     with pytest.raises(SchemaVersionError, match="schema version 99"):
         await MetadataManager.open(postgres_url)
+
+
+async def test_an_entry_this_version_cannot_read_stops_its_metadata_not_its_reads(
+    pair: tuple[MetadataManager, MetadataManager], postgres_url: str
+) -> None:
+    a, b = pair
+    heard: list[BaseException] = []
+    b.add_failure_listener(heard.append)
+    await a.put_kv("before", b"1")
+    await _eventually(lambda: b.get_kv("before") == b"1")
+    offset = await append_raw(postgres_url, NEWER_VERSION_ENTRY)
+    await _eventually(lambda: b.failed is not None)
+    assert isinstance(b.failed, record_codec.UnknownRecordError)
+    assert f"metadata log entry {offset}: unknown metadata record tag 99" in str(b.failed)
+    await asyncio.sleep(0.05)
+    assert heard == [b.failed]  # told once, not at every announcement after it
+    with pytest.raises(MetadataFailedError, match="tag 99"):
+        await b.put_kv("after", b"2")
+    assert b.get_kv("before") == b"1"  # reads go on from the image
+    # the other broker's next change meets the entry too, as does a broker starting now
+    with pytest.raises(MetadataFailedError, match="tag 99"):
+        await a.put_kv("after", b"2")
+    assert isinstance(a.failed, record_codec.UnknownRecordError)
+    with pytest.raises(record_codec.UnknownRecordError, match=f"entry {offset}: unknown"):
+        await MetadataManager.open(postgres_url)
+
+
+async def test_a_catch_up_that_fails_midway_reads_its_entries_again(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(postgres_store, "CATCH_UP_BATCH", 2)
+    writer = await postgres_store.PostgresStore.open(postgres_url)
+    reader = await postgres_store.PostgresStore.open(postgres_url)
+    try:
+        await writer.load()
+        await reader.load()
+        for i in range(3):
+            await writer.persist([KVRecord(f"k{i}", b"v")])
+        damaged = await append_raw(postgres_url, b"\xc1")  # never valid msgpack
+        with pytest.raises(record_codec.UnreadableEntryError):
+            await reader.catch_up()  # its first batch of two was read before the error
+        conn = await asyncpg.connect(postgres_url)
+        try:
+            await conn.execute(
+                "UPDATE metadata_log SET records = $1 WHERE log_offset = $2",
+                record_codec.encode([KVRecord("k3", b"v")]),
+                damaged,
+            )
+        finally:
+            await conn.close()
+        entries = await reader.catch_up()
+        assert [e[0].key for e in entries] == ["k0", "k1", "k2", "k3"]  # type: ignore[attr-defined]
+    finally:
+        await writer.close()
+        await reader.close()
 
 
 async def test_an_unreachable_store_at_start_names_the_url(postgres_server: PostgresServer) -> None:
