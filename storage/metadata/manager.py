@@ -248,30 +248,48 @@ class MetadataManager:
                 except StaleImageError:
                     await self._catch_up_locked()
                     continue
-                await self._applied(records)
+                await self._applied([records])
                 return result
             raise StaleImageError(f"metadata change refused {MAX_ATTEMPTS} times: gave up")
 
-    async def _applied(self, records: Sequence[Record]) -> None:
-        """Apply persisted records: the image only ever shows committed state."""
-        try:
-            self.image.apply(records)
-        except BaseException:
-            # The store has the change but the image is half-changed: start over from the store.
-            self.image = await self._store.load()
-            self._announce_change()
-            raise
-        self._announce_change()
-        for listener in self._listeners:
+    async def _applied(self, entries: Sequence[Sequence[Record]]) -> None:
+        """Apply persisted entries in order (the image only ever shows committed state), then
+        write a snapshot if one is due: only here, once the image holds every entry the store
+        has handed over, is it the state at the store's offset that labels the snapshot."""
+        for records in entries:
             try:
-                listener(records)
-            except Exception:
-                log.exception("metadata listener failed")
+                self.image.apply(records)
+            except BaseException:
+                # The store has the change but the image is half-changed: start over from it.
+                await self._reload()
+                raise
+            self._announce_change()
+            for listener in self._listeners:
+                try:
+                    listener(records)
+                except Exception:
+                    log.exception("metadata listener failed")
         if self._store.snapshot_due():
             try:
                 await self._store.write_snapshot(self.image)
             except Exception as e:  # a cost saved next start, not a change: retried later
                 log.warning("metadata snapshot failed: %s", e)
+
+    async def _reload(self) -> None:
+        """Load the image anew from the store, and tell every listener (with no records:
+        they rebuild what they derive from the image)."""
+        try:
+            image = await self._store.load()
+        except UnreadableEntryError as e:
+            self._fail(e)
+            raise MetadataFailedError(f"metadata stopped following: {e}") from e
+        self.image = image
+        self._announce_change()
+        for listener in self._listeners:
+            try:
+                listener([])
+            except Exception:
+                log.exception("metadata listener failed")
 
     async def _catch_up_locked(self) -> None:
         if self._failed is not None:
@@ -283,13 +301,9 @@ class MetadataManager:
             raise MetadataFailedError(f"metadata stopped following: {e}") from e
         except SnapshotNeededError as e:
             log.info("metadata image reloaded: %s", e)
-            self.image = await self._store.load()
-            self._announce_change()
-            for listener in self._listeners:
-                listener([])
+            await self._reload()
             return
-        for records in entries:
-            await self._applied(records)
+        await self._applied(entries)
 
     async def _follow(self) -> None:
         """Apply the other brokers' changes as the store announces them."""

@@ -130,26 +130,34 @@ class PostgresStore:
         async with self._lock:
             conn = await self._connection()
             try:
-                row = await conn.fetchrow(
-                    "SELECT log_offset, image FROM metadata_snapshots "
-                    "ORDER BY log_offset DESC LIMIT 1"
-                )
-                image = MetadataImage()
-                offset = 0
-                if row is not None:
-                    offset = row["log_offset"]
-                    try:
-                        snapshot = record_codec.decode(row["image"])
-                    except record_codec.UnreadableEntryError as e:
-                        raise type(e)(f"metadata snapshot at entry {offset}: {e}") from e
-                    image.apply(snapshot)
-                self._snapshot_offset = offset
-                self._offset = offset
-                for entry in await self._entries_after(conn, offset, limit=None):
+                # the snapshot and the entries after it as of one moment: a snapshot written
+                # meanwhile could otherwise drop entries between the two reads
+                async with conn.transaction(isolation="repeatable_read", readonly=True):
+                    row = await conn.fetchrow(
+                        "SELECT log_offset, image FROM metadata_snapshots "
+                        "ORDER BY log_offset DESC LIMIT 1"
+                    )
+                    image = MetadataImage()
+                    snapshot_offset = 0
+                    if row is not None:
+                        snapshot_offset = row["log_offset"]
+                        try:
+                            snapshot = record_codec.decode(row["image"])
+                        except record_codec.UnreadableEntryError as e:
+                            raise type(e)(
+                                f"metadata snapshot at entry {snapshot_offset}: {e}"
+                            ) from e
+                        image.apply(snapshot)
+                    entries, offset = await self._entries_after(conn, snapshot_offset)
+                for entry in entries:
                     image.apply(entry)
-                return image
             except UNAVAILABLE as e:
                 raise self._unavailable(e) from e
+            # only now: a load that failed midway leaves the offsets of the image the caller
+            # still has
+            self._snapshot_offset = snapshot_offset
+            self._offset = offset
+            return image
 
     async def persist(self, records: Sequence[Record], condition: Condition | None = None) -> None:
         data = record_codec.encode(records)
@@ -191,9 +199,10 @@ class PostgresStore:
         async with self._lock:
             conn = await self._connection()
             try:
-                return await self._entries_after(conn, self._offset, limit=None)
+                entries, self._offset = await self._entries_after(conn, self._offset)
             except UNAVAILABLE as e:
                 raise self._unavailable(e) from e
+            return entries
 
     async def wait_for_change(self) -> None:
         # asyncio.timeout, not wait_for: in 3.11 wait_for can swallow a cancellation that
@@ -270,14 +279,14 @@ class PostgresStore:
         )
 
     async def _entries_after(
-        self, conn: asyncpg.Connection, offset: int, limit: int | None
-    ) -> list[list[Record]]:
-        """The entries after ``offset`` in order; moves ``self._offset`` to the last read once
-        all are read. Raised out of midway (the store gone, an entry unreadable), it leaves
-        ``self._offset`` where it was: the entries read so far are not applied, so they are
-        read again next time rather than skipped (and a ``persist`` after them refused)."""
+        self, conn: asyncpg.Connection, offset: int
+    ) -> tuple[list[list[Record]], int]:
+        """The entries after ``offset`` in order, and the offset of the last. The caller moves
+        ``self._offset`` once its image is to hold them: raised out of midway (the store gone,
+        an entry unreadable), this leaves it where it was, so the entries read so far are read
+        again next time rather than skipped (and a ``persist`` after them refused)."""
         out: list[list[Record]] = []
-        while limit is None or len(out) < limit:
+        while True:
             rows = await conn.fetch(
                 "SELECT log_offset, records FROM metadata_log WHERE log_offset > $1 "
                 "ORDER BY log_offset LIMIT $2",
@@ -298,8 +307,7 @@ class PostgresStore:
                 offset = row["log_offset"]
             if len(rows) < CATCH_UP_BATCH:
                 break
-        self._offset = offset
-        return out
+        return out, offset
 
     async def _listen(self) -> None:
         """Hold a LISTEN connection; wake the waiter on each notification and after each

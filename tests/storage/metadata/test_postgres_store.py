@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import asyncpg
 import msgpack
@@ -23,7 +23,7 @@ from storage.metadata.image import MetadataImage
 from storage.metadata.manager import MetadataManager
 from storage.metadata.model import ErrorCode, MetadataError
 from storage.metadata.postgres_store import SchemaVersionError
-from storage.metadata.records import KVRecord
+from storage.metadata.records import KVRecord, Record
 from storage.metadata.store import MetadataFailedError, MetadataUnavailableError
 from tests.storage.metadata.helpers import (
     NEWER_VERSION_ENTRY,
@@ -165,6 +165,124 @@ async def test_snapshots_bound_the_log_and_a_lagging_broker_reloads(
         await a.catch_up()
         assert lagging.image == a.image
         assert a.get_kv("late") == b"x"
+    finally:
+        await a.close()
+        await lagging.close()
+
+
+async def _lagging(url: str) -> MetadataManager:
+    """A manager whose follower is stopped: it hears of others' changes only when asked."""
+    manager = await MetadataManager.open(url)
+    assert manager._follower is not None
+    manager._follower.cancel()
+    return manager
+
+
+async def test_a_snapshot_written_by_a_catching_up_broker_holds_every_entry_before_it(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker catching up on several entries at once writes its snapshot once its image holds
+    all of them, not after the first (labelled with the last one's offset, it would drop the
+    others from every image loaded from it)."""
+    monkeypatch.setattr(postgres_store, "SNAPSHOT_INTERVAL", 3)
+    a = await MetadataManager.open(postgres_url)
+    b = await _lagging(postgres_url)
+    try:
+        for i in range(5):
+            await a.put_kv(f"k/{i}", b"v")
+        await b.catch_up()  # five entries at once: b writes a snapshot of them
+        fresh = await MetadataManager.open(postgres_url)
+        try:
+            assert fresh.image == a.image
+        finally:
+            await fresh.close()
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_reload_that_fails_midway_leaves_the_image_where_it_was(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store away while a lagging broker loads the newest snapshot and the entries after
+    it: its next catch-up starts from its own image again, not from the snapshot it never got."""
+    monkeypatch.setattr(postgres_store, "SNAPSHOT_INTERVAL", 3)
+    a = await MetadataManager.open(postgres_url)
+    lagging = await _lagging(postgres_url)
+    store = lagging._store
+    assert isinstance(store, postgres_store.PostgresStore)
+    try:
+        for i in range(10):
+            await a.put_kv(f"k/{i}", b"v")
+        real = store._entries_after
+
+        async def cut_off(conn: asyncpg.Connection, offset: int, **kwargs: object) -> object:
+            if offset > 0:  # the load's read, after the snapshot's
+                raise OSError("injected: the connection dropped")
+            return await real(conn, offset, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(store, "_entries_after", cut_off)
+        with pytest.raises(MetadataUnavailableError):
+            await lagging.catch_up()  # entry 1 is gone: it reloads, and the reload fails
+        monkeypatch.setattr(store, "_entries_after", real)
+        await lagging.catch_up()
+        assert lagging.image == a.image
+    finally:
+        await a.close()
+        await lagging.close()
+
+
+async def test_a_reload_after_a_failed_apply_tells_the_listeners(
+    pair: tuple[MetadataManager, MetadataManager], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An entry the image could not apply is read again with the whole image: what listeners
+    derive from the image (leaders, topics, configs) is rebuilt too, and a listener that fails
+    on the reload does not keep the others from hearing of it."""
+    a, _ = pair
+    heard: list[list[str]] = []
+
+    def broken(records: Sequence[Record]) -> None:
+        if not records:
+            raise RuntimeError("injected: a listener fails on a reload")
+
+    a.add_listener(broken)
+    a.add_listener(lambda records: heard.append([getattr(r, "key", "?") for r in records]))
+    real = MetadataImage.apply
+
+    def apply_failing_once(image: MetadataImage, records: Sequence[Record]) -> None:
+        if any(getattr(r, "key", None) == "boom" for r in records):
+            monkeypatch.setattr(MetadataImage, "apply", real)
+            raise RuntimeError("injected: the image could not apply the entry")
+        real(image, records)
+
+    monkeypatch.setattr(MetadataImage, "apply", apply_failing_once)
+    with pytest.raises(RuntimeError, match="could not apply"):
+        await a.change(lambda image: ([KVRecord("topic", b"t"), KVRecord("boom", b"")], None))
+    assert a.get_kv("topic") == b"t"  # the image read anew holds the change
+    assert heard == [[]]
+
+
+async def test_an_unreadable_snapshot_stops_a_broker_that_reloads(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(postgres_store, "SNAPSHOT_INTERVAL", 3)
+    a = await MetadataManager.open(postgres_url)
+    lagging = await _lagging(postgres_url)
+    try:
+        for i in range(10):
+            await a.put_kv(f"k/{i}", b"v")
+        conn = await asyncpg.connect(postgres_url)
+        try:
+            await conn.execute(
+                "UPDATE metadata_snapshots SET image = $1 WHERE log_offset = "
+                "(SELECT max(log_offset) FROM metadata_snapshots)",
+                b"\xc1",
+            )
+        finally:
+            await conn.close()
+        with pytest.raises(MetadataFailedError, match="metadata snapshot at entry"):
+            await lagging.catch_up()
+        assert isinstance(lagging.failed, record_codec.UnreadableEntryError)
     finally:
         await a.close()
         await lagging.close()
