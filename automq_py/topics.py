@@ -98,6 +98,20 @@ def check_partition_count(partitions: int) -> None:
         )
 
 
+def check_partitions_added(name: str, current: int, requested: int) -> None:
+    """CreatePartitions' check: a topic's partitions can be added, never removed."""
+    if requested < current:
+        raise TopicError(
+            ErrorCode.INVALID_PARTITIONS,
+            f"topic {name!r} has {current} partitions, more than the requested "
+            f"{requested}: partitions cannot be removed",
+        )
+    if requested == current:
+        raise TopicError(
+            ErrorCode.INVALID_PARTITIONS, f"topic {name!r} already has {requested} partitions"
+        )
+
+
 class LeaderPlacement(Protocol):
     """Where a cluster's new partitions are led (a single broker has none: it leads them all)."""
 
@@ -194,8 +208,9 @@ class TopicRegistry:
                 records += self._placement.new_partitions(image, name, partitions, 0)
             return records, info
 
+        # (indexed by ``_on_records`` as the change is applied: indexed again after it, it
+        # could undo another broker's change the follower applied meanwhile)
         await self.metadata.change(plan)
-        self._index(info)
         return info
 
     async def delete(self, name: str) -> TopicInfo:
@@ -208,20 +223,46 @@ class TopicRegistry:
                 records += self._placement.dropped(image, name)
             return records, TopicInfo.decode(name, raw)
 
-        info = await self.metadata.change(plan)
-        self._unindex(name)
-        return info
+        return await self.metadata.change(plan)
 
-    async def update(self, info: TopicInfo, **changes: object) -> TopicInfo:
-        updated = replace(info, **changes)  # type: ignore[arg-type]
+    async def update(
+        self,
+        info: TopicInfo,
+        *,
+        partitions: int | None = None,
+        configs: Mapping[str, str] | None = None,
+    ) -> TopicInfo:
+        """Give topic ``info`` (as the caller read it) ``partitions`` or the configs
+        ``configs`` (the whole set the caller made from ``info.configs``), checked against the
+        topic as the metadata holds it when the change is made: another broker may have changed
+        it meanwhile, and what it changed is kept (the partitions it added, the configs this
+        caller did not touch)."""
 
-        def plan(image: MetadataImage) -> tuple[list[Record], None]:
+        def plan(image: MetadataImage) -> tuple[list[Record], TopicInfo]:
+            raw = image.kv.get(PREFIX + info.name)
+            current = None if raw is None else TopicInfo.decode(info.name, raw)
+            if current is None or current.topic_id != info.topic_id:
+                raise TopicError(
+                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {info.name!r}"
+                )
+            updated = current
+            if partitions is not None:
+                check_partitions_added(info.name, current.partitions, partitions)
+                updated = replace(updated, partitions=partitions)
+            if configs is not None:
+                merged = {
+                    k: v
+                    for k, v in current.configs.items()
+                    if k not in info.configs or k in configs
+                }
+                merged.update((k, v) for k, v in configs.items() if info.configs.get(k) != v)
+                updated = replace(updated, configs=merged)
             records: list[Record] = [KVRecord(PREFIX + info.name, updated.encode())]
-            added = updated.partitions - info.partitions
+            added = updated.partitions - current.partitions
             if self._placement is not None and added > 0:
-                records += self._placement.new_partitions(image, info.name, added, info.partitions)
-            return records, None
+                records += self._placement.new_partitions(
+                    image, info.name, added, current.partitions
+                )
+            return records, updated
 
-        await self.metadata.change(plan)
-        self._index(updated)
-        return updated
+        return await self.metadata.change(plan)

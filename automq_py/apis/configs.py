@@ -45,7 +45,7 @@ from automq_py.log.log_config import LogConfig
 from automq_py.security.acls import CLUSTER_NAME, AclOperation
 from automq_py.security.acls import ResourceType as AclResource
 from automq_py.topic_config import ConfigSource, ConfigSynonym, effective_topic_config
-from automq_py.topics import TopicInfo
+from automq_py.topics import TopicError, TopicInfo
 from protocol import build
 from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
@@ -477,7 +477,10 @@ async def apply_topic_configs(
         raise ConfigRequestError(ErrorCode.INVALID_CONFIG, str(e)) from None
     if validate_only:
         return
-    updated = await ctx.topics.update(topic, configs=configs)
+    try:
+        updated = await ctx.topics.update(topic, configs=configs)
+    except TopicError as e:  # deleted meanwhile, through another broker
+        raise ConfigRequestError(ErrorCode(e.code), str(e)) from None
     ctx.replicas.apply_config(updated)
 
 

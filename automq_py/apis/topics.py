@@ -30,6 +30,7 @@ from automq_py.topics import (
     TopicError,
     check_collision,
     check_partition_count,
+    check_partitions_added,
     validate_name,
 )
 from protocol import build
@@ -403,16 +404,7 @@ async def handle_create_partitions(ctx: BrokerContext, request: Request) -> Any:
             if info is None:
                 raise TopicError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}")
             check_partition_count(count)
-            if count < info.partitions:
-                raise TopicError(
-                    ErrorCode.INVALID_PARTITIONS,
-                    f"topic {name!r} has {info.partitions} partitions, more than the requested "
-                    f"{count}: partitions cannot be removed",
-                )
-            if count == info.partitions:
-                raise TopicError(
-                    ErrorCode.INVALID_PARTITIONS, f"topic {name!r} already has {count} partitions"
-                )
+            check_partitions_added(name, info.partitions, count)
             if t.assignments is not None:
                 check_new_partition_assignments(
                     count - info.partitions,
