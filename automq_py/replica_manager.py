@@ -753,6 +753,30 @@ class ReplicaManager:
             )
         return self._in_session(results, deadline, listeners)
 
+    def session_holds(self) -> bool:
+        """Whether this broker may answer from what it holds as a partition's leader: outside a
+        cluster always; in one, while it is in session and not fenced. Out of session the
+        controller may have fenced it and had its WAL recovered, and what it appended since
+        (its high watermark counts it) may never reach the new leader, which then gives
+        those offsets to other records."""
+        session = self.session
+        return session is None or (session.in_session() and not session.fenced)
+
+    async def session_settled(self, deadline: float | None = None) -> ErrorCode:
+        """Before acknowledging a write this broker made durable (a coordinator's record, a
+        transaction marker): NONE once it is in session, NOT_LEADER_OR_FOLLOWER once it is
+        known fenced, REQUEST_TIMED_OUT if neither by ``deadline`` (the loop's clock). At once
+        outside a cluster, and while heartbeats go through."""
+        session = self.session
+        if session is None:
+            return ErrorCode.NONE
+        loop = asyncio.get_running_loop()
+        while not session.in_session() and not session.fenced:
+            if deadline is not None and loop.time() >= deadline:
+                return ErrorCode.REQUEST_TIMED_OUT
+            await asyncio.sleep(0.01)
+        return ErrorCode.NOT_LEADER_OR_FOLLOWER if session.fenced else ErrorCode.NONE
+
     def _in_session(
         self,
         results: asyncio.Future[list[AppendResult]],
@@ -783,13 +807,9 @@ class ReplicaManager:
                 listener()
 
         async def wait(answers: list[AppendResult]) -> None:
-            while not session.in_session() and not session.fenced:
-                if deadline is not None and loop.time() >= deadline:
-                    answer([_unless_failed(a, ErrorCode.REQUEST_TIMED_OUT) for a in answers])
-                    return
-                await asyncio.sleep(0.01)
-            if session.fenced:
-                answers = [_unless_failed(a, ErrorCode.NOT_LEADER_OR_FOLLOWER) for a in answers]
+            settled = await self.session_settled(deadline)
+            if settled != ErrorCode.NONE:
+                answers = [_unless_failed(a, settled) for a in answers]
             answer(answers)
 
         def release(done: asyncio.Future[list[AppendResult]]) -> None:

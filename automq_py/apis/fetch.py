@@ -107,6 +107,11 @@ async def handle_fetch(ctx: BrokerContext, request: Request) -> Any:
             max_wait_s=max_wait,
             read_committed=int(getattr(body, "isolation_level", 0)) == READ_COMMITTED,
         )
+        if not ctx.replicas.session_holds():  # (checked once the fetch is ready to answer)
+            results = [
+                _unless_failed(e, r, ErrorCode.NOT_LEADER_OR_FOLLOWER)
+                for e, r in zip(read, results, strict=True)
+            ]
     if refused:
         done = iter(results)
         refusal = ErrorCode.TOPIC_AUTHORIZATION_FAILED
@@ -131,6 +136,10 @@ async def handle_fetch(ctx: BrokerContext, request: Request) -> Any:
     return encode_fetch_response(
         request.api_version, request.correlation_id, topics, throttle_time_ms=throttle, session_id=0
     )
+
+
+def _unless_failed(entry: FetchEntry, result: FetchData, error: ErrorCode) -> FetchData:
+    return result if result.error_code != ErrorCode.NONE else fetch_data(entry, error)
 
 
 def _refuse_zstd(ctx: BrokerContext, entries: list[FetchEntry], results: list[FetchData]) -> None:
@@ -237,6 +246,8 @@ async def handle_list_offsets(ctx: BrokerContext, request: Request) -> Any:
                 epoch_error = leader_epoch_error(
                     int(getattr(p, "current_leader_epoch", -1)), partition.leader_epoch
                 )
+                if epoch_error is None and not ctx.replicas.session_holds():
+                    epoch_error = ErrorCode.NOT_LEADER_OR_FOLLOWER  # (as Fetch answers)
                 if epoch_error is not None:
                     entry["error_code"] = epoch_error
                     parts.append(entry)
@@ -328,6 +339,8 @@ async def handle_offset_for_leader_epoch(ctx: BrokerContext, request: Request) -
                 entry["error_code"] = partition_failed("end offset of an epoch of", name, index, e)
                 continue
             error = leader_epoch_error(int(p.current_leader_epoch), partition.leader_epoch)
+            if error is None and not ctx.replicas.session_holds():
+                error = ErrorCode.NOT_LEADER_OR_FOLLOWER  # (as Fetch answers)
             if error is not None:
                 entry["error_code"] = error
                 continue

@@ -47,6 +47,8 @@ NO_TIME = datetime.datetime.fromtimestamp(-0.001, tz=datetime.UTC)  # Kafka's -1
 WRITE, READ, DESCRIBE = AclOperation.WRITE, AclOperation.READ, AclOperation.DESCRIBE
 TOPIC, GROUP = ResourceType.TOPIC, ResourceType.GROUP
 TXN_REFUSED = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+# how long a written marker waits, in a cluster, for this broker's session to be sure again
+MARKER_SESSION_WAIT_S = 10.0
 
 
 def _may_write(ctx: BrokerContext, transactional_id: str) -> bool:
@@ -356,7 +358,12 @@ async def handle_write_txn_markers(ctx: BrokerContext, request: Request) -> Any:
                             error = started.error
                         else:
                             await asyncio.shield(started.durable)
-                            if info.name == OFFSETS_TOPIC and ctx.groups is not None:
+                            # acknowledged only by a broker not fenced meanwhile
+                            error = await ctx.replicas.session_settled(
+                                asyncio.get_running_loop().time() + MARKER_SESSION_WAIT_S
+                            )
+                            fenced = error != ErrorCode.NONE
+                            if not fenced and info.name == OFFSETS_TOPIC and ctx.groups is not None:
                                 # offsets committed in the transaction count (or not) now
                                 ctx.groups.offsets.complete_transaction(
                                     int(marker.producer_id), bool(marker.transaction_result)

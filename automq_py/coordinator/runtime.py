@@ -44,6 +44,9 @@ log = logging.getLogger("automq.coordinator")
 LOAD_READ_BYTES = 1 << 20
 LOAD_RETRY_S = 1.0  # a partition that failed to load is tried again after this
 LOAD_WAIT_S = 2.0  # how long a request waits for its partition's load under way
+# how long a durable write waits, in a cluster, for this broker's session to be sure again
+# (a heartbeat through, or the fence seen) before its requester is told to retry
+SESSION_WAIT_S = 10.0
 
 
 def java_string_hash(text: str) -> int:
@@ -435,7 +438,25 @@ class CoordinatorRuntime:
             log.warning("cannot write %s for %s: %s", self.topic_name, what or key, e)
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         if result.error == ErrorCode.NONE:
-            return ErrorCode.NONE
+            # durable, but acknowledged only by a broker not fenced meanwhile: a fenced one's
+            # write may be lost to the broker that leads the partition now (as Kafka's deposed
+            # leader's write never gathers its in-sync replicas)
+            settled = await self.replicas.session_settled(
+                asyncio.get_running_loop().time() + SESSION_WAIT_S
+            )
+            if settled == ErrorCode.NONE:
+                return ErrorCode.NONE
+            log.warning(
+                "%s for %s written out of this broker's session: %s",
+                what or key,
+                self.topic_name,
+                settled.name,
+            )
+            return (
+                ErrorCode.NOT_COORDINATOR
+                if settled == ErrorCode.NOT_LEADER_OR_FOLLOWER
+                else ErrorCode.COORDINATOR_NOT_AVAILABLE
+            )
         log.warning(
             "writing %s to %s failed: %s %s",
             what or key,

@@ -145,6 +145,12 @@ def from_record(
     )
 
 
+class _Deposed(Exception):
+    """This broker no longer coordinates a transactional id (its partition led elsewhere, or
+    the broker fenced): the coordinator that took the partition over completes what it finds
+    prepared in the log, so this one's completion stops rather than write for it."""
+
+
 class TransactionCoordinator:
     def __init__(
         self,
@@ -482,6 +488,7 @@ class TransactionCoordinator:
             if any(topic == OFFSETS_TOPIC for topic, _ in markers.partitions):
                 self.groups.offsets.complete_transaction(markers.producer_id, commit)
             while not self._stopped:
+                self._check_coordinating(txn_id)
                 self._pending[txn_id] = then.state
                 error = await self.runtime.append(
                     txn_id,
@@ -493,11 +500,17 @@ class TransactionCoordinator:
                     ],
                     what=f"transactional id {txn_id}",
                 )
+                if error == ErrorCode.NOT_COORDINATOR:
+                    raise _Deposed("fenced while writing its completion")
                 if error == ErrorCode.NONE:
+                    self._check_coordinating(txn_id)  # (not put back once unloaded)
                     self.transactions[txn_id] = then
                     log.debug("transactional id %s: %s", txn_id, then.state.kafka_name)
                     return
                 await asyncio.sleep(RETRY_S)
+        except _Deposed as e:
+            # its partition's new coordinator loads the prepared state and completes it
+            log.info("transactional id %s: completion left to its new coordinator: %s", txn_id, e)
         finally:
             self._pending.pop(txn_id, None)
             if self._completing.get(txn_id) is done:
@@ -512,6 +525,7 @@ class TransactionCoordinator:
         topic's partition is skipped, as Kafka does."""
         coordinator_epoch = self._coordinator_epoch(markers.then.transactional_id)
         while not self._stopped:
+            self._check_coordinating(markers.then.transactional_id)
             info = self.topics.get(topic)
             if info is None or not 0 <= index < info.partitions:
                 log.info("marker for %s-%d skipped: the topic is gone", topic, index)
@@ -539,10 +553,23 @@ class TransactionCoordinator:
                     )
                     return
                 await asyncio.shield(started.durable)
+                if await self.replicas.session_settled() != ErrorCode.NONE:
+                    # fenced meanwhile: the partition's new leader may not have the marker
+                    raise _Deposed(f"fenced while writing its marker to {topic}-{index}")
                 return
+            except _Deposed:
+                raise
             except Exception as e:
                 log.warning("writing a marker to %s-%d failed, retrying: %s", topic, index, e)
                 await asyncio.sleep(RETRY_S)
+
+    def _check_coordinating(self, transactional_id: str) -> None:
+        """Raise :class:`_Deposed` once this broker no longer leads the id's partition."""
+        info = self.runtime.topic_info
+        if info is not None and not self.runtime.leads(
+            partition_for(transactional_id, info.partitions)
+        ):
+            raise _Deposed(f"{TRANSACTION_TOPIC} is led elsewhere now")
 
     def _broker_channel(self, cluster: ClusterMetadataCache) -> BrokerChannel:
         if self._channel is None:

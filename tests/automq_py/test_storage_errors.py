@@ -25,6 +25,7 @@ import pytest
 from confluent_kafka import Producer
 from kafka.protocol.admin import DeleteTopicsRequest, DeleteTopicsResponse
 from kafka.protocol.consumer.fetch import FetchResponse
+from kafka.protocol.consumer.offsets import ListOffsetsRequest, ListOffsetsResponse
 from kafka.protocol.metadata import (
     ApiVersionsRequest,
     ApiVersionsResponse,
@@ -41,7 +42,7 @@ from protocol.records import RecordInput, build_batch, parse_records
 from storage.s3_storage import S3Storage
 from storage.stream import StreamClient
 from tests.automq_py.clients.test_clients import create_topic
-from tests.support.broker import BrokerProcess, free_port
+from tests.support.broker import BrokerProcess, SettableSession, free_port
 from tests.support.raw_connection import RawConnection, fetch_request
 from tests.support.seaweedfs import SeaweedFS
 
@@ -401,6 +402,52 @@ async def test_a_fenced_partition_answers_not_leader_and_the_connection_stays(
             await new_owner.close()
         finally:
             await other.close()
+    finally:
+        conn.close()
+
+
+def latest_offset(conn: RawConnection, topic: str) -> tuple[int, int]:
+    """ListOffsets (v1) LATEST of partition 0: (error code, offset)."""
+    t = ListOffsetsRequest.ListOffsetsTopic
+    request = ListOffsetsRequest[1](
+        replica_id=-1,
+        topics=[t(name=topic, partitions=[t.ListOffsetsPartition(0, timestamp=-1)])],
+    )
+    (part,) = conn.call(request, ListOffsetsResponse).topics[0].partitions
+    return part.error_code, part.offset
+
+
+async def test_a_broker_out_of_session_serves_no_reads_of_what_it_leads(
+    inproc_broker: Broker,
+) -> None:
+    """In a cluster, a broker with no heartbeat through for nearly a session may have been
+    fenced and its WAL recovered by the controller: what it appended since (its high
+    watermark counts it) may never reach the new leader, which gives those offsets to other
+    records. So it answers Fetch and ListOffsets NOT_LEADER_OR_FOLLOWER until a heartbeat goes
+    through, as its acknowledgements wait."""
+    broker = inproc_broker
+    assert broker.server is not None and broker.replicas is not None
+    await broker.server.apis.ctx.topics.create("away", 1)
+    conn = await asyncio.to_thread(RawConnection, f"127.0.0.1:{broker.config.listeners[0].port}")
+    session = SettableSession()
+    broker.replicas.session = session
+    try:
+        code, _ = await asyncio.to_thread(produce, conn, "away", numbered_batch(0), 10_000)
+        assert code == ErrorCode.NONE
+        session.current = False
+        assert await asyncio.to_thread(fetch, conn, "away", 0) == (
+            ErrorCode.NOT_LEADER_OR_FOLLOWER,
+            0,
+        )
+        code, _ = await asyncio.to_thread(latest_offset, conn, "away")
+        assert code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+        session.current = True  # a heartbeat went through: not fenced
+        code, size = await asyncio.to_thread(fetch, conn, "away", 0)
+        assert code == ErrorCode.NONE and size > 0
+        assert await asyncio.to_thread(latest_offset, conn, "away") == (
+            ErrorCode.NONE,
+            RECORDS_PER_BATCH,
+        )
     finally:
         conn.close()
 

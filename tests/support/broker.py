@@ -133,3 +133,15 @@ class BrokerProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
+
+
+class SettableSession:
+    """A cluster broker's session as its replica manager asks it (``ReplicaManager.session``),
+    set by the test: in session, or not (frozen, cut off), and fenced or not."""
+
+    def __init__(self) -> None:
+        self.current = True
+        self.fenced = False
+
+    def in_session(self) -> bool:
+        return self.current

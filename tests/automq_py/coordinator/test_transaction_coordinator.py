@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from automq_py.broker import Broker
+from automq_py.coordinator import runtime
 from automq_py.coordinator.transaction_coordinator import TransactionCoordinator
 from automq_py.coordinator.transaction_metadata import TransactionMetadata, TransactionState
 from automq_py.partition import Partition
@@ -17,6 +18,7 @@ from protocol import record_batch
 from protocol.errors import ErrorCode
 from protocol.records import RecordInput, build_batch
 from tests.automq_py.coordinator.test_group_coordinator import _config
+from tests.support.broker import SettableSession
 
 
 def _txns(broker: Broker) -> TransactionCoordinator:
@@ -92,3 +94,67 @@ async def test_a_prepared_commit_is_completed_when_the_log_is_loaded(
         assert (error, pid2, epoch2) == (ErrorCode.NONE, pid, epoch + 1)
     finally:
         await again.stop()
+
+
+async def test_a_coordinator_write_is_acknowledged_only_in_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A coordinator's record made durable while its broker may have been fenced (no heartbeat
+    through for nearly a session) is not acknowledged: the broker now leading the partition
+    may not have it. Its requester retries (COORDINATOR_NOT_AVAILABLE while it is not known,
+    NOT_COORDINATOR once the fence is seen), as a deposed Kafka coordinator's write that never
+    gathers its in-sync replicas is never answered NONE."""
+    monkeypatch.setattr(runtime, "SESSION_WAIT_S", 0.3)
+    broker = Broker(_config(tmp_path / "data", **{"transaction.state.log.num.partitions": "1"}))
+    await broker.start()
+    try:
+        txns = _txns(broker)
+        session = SettableSession()
+        assert broker.replicas is not None
+        broker.replicas.session = session
+        assert (await txns.init_producer_id("tx", 60_000))[0] == ErrorCode.NONE
+        session.current = False  # frozen, or cut off from the metadata, nearly a session
+        error, _, _ = await txns.init_producer_id("tx", 60_000)
+        assert error == ErrorCode.COORDINATOR_NOT_AVAILABLE
+        held = asyncio.create_task(txns.init_producer_id("tx", 60_000))
+        await asyncio.sleep(0.1)
+        assert not held.done()  # held until the session is known again
+        session.fenced = True
+        assert (await held)[0] == ErrorCode.NOT_COORDINATOR
+    finally:
+        await broker.stop()
+
+
+async def test_a_completion_stops_once_its_coordinator_is_deposed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Markers that cannot be written are retried, but only while this broker coordinates the
+    id: once its ``__transaction_state`` partition is led elsewhere, the new coordinator
+    completes the transaction from the log, and this one neither retries on (its markers would
+    carry on after the new coordinator's) nor puts the id back once unloaded."""
+    broker = Broker(_config(tmp_path / "data", **{"transaction.state.log.num.partitions": "1"}))
+    await broker.start()
+    try:
+        assert broker.server is not None
+        await broker.server.apis.ctx.topics.create("t", 1)
+        txns = _txns(broker)
+        error, pid, epoch = await txns.init_producer_id("tx", 60_000)
+        assert error == ErrorCode.NONE
+        assert await txns.add_partitions("tx", pid, epoch, [("t", 0)]) == ErrorCode.NONE
+
+        async def unwritable(self: Partition, *args: object) -> object:
+            raise OSError("injected: the partition cannot take its marker")
+
+        monkeypatch.setattr(Partition, "append_marker", unwritable)
+        assert await txns.end_txn("tx", pid, epoch, commit=True) == ErrorCode.NONE
+        await asyncio.sleep(0.2)
+        assert "tx" in txns._completing  # retrying
+        monkeypatch.setattr(txns.runtime, "leads", lambda index: False)
+        txns.partition_unloaded(0)
+        async with asyncio.timeout(5):
+            while "tx" in txns._completing:
+                await asyncio.sleep(0.05)
+        assert "tx" not in txns.transactions
+    finally:
+        monkeypatch.undo()
+        await broker.stop()
