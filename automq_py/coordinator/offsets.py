@@ -252,6 +252,8 @@ class OffsetManager:
                 error = ErrorCode.INVALID_COMMIT_OFFSET_SIZE
             if error != ErrorCode.NONE:
                 return [error if r == ErrorCode.NONE else r for r in results]
+            if not self.runtime.coordinates(group_id):
+                return results  # unloaded meanwhile: the new coordinator loads the commit
             if group_id not in self.groups:
                 self.groups[group_id] = ClassicGroup(group_id, now)
             self.committed.setdefault(group_id, {}).update(values)
@@ -332,6 +334,8 @@ class OffsetManager:
             error = ErrorCode.INVALID_COMMIT_OFFSET_SIZE
         if error != ErrorCode.NONE:
             return [error if r == ErrorCode.NONE else r for r in results]
+        if not self.runtime.coordinates(group_id):
+            return results  # unloaded meanwhile: the new coordinator loads the commit
         if group_id not in self.groups:
             self.groups[group_id] = ClassicGroup(group_id, now)  # Kafka creates it too
         self.pending.setdefault(producer_id, {}).setdefault(group_id, {}).update(values)

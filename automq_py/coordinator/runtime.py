@@ -350,6 +350,12 @@ class CoordinatorRuntime:
             return self.replicas.storage.node_id
         return cluster.leadership(self.topic_name, index).leader
 
+    def coordinates(self, key: str) -> bool:
+        """Whether this broker leads the partition of ``key`` now (a record just written for
+        it, once unloaded, is the new leader's to load: not kept here)."""
+        topic = self._topic
+        return topic is None or self.leads(partition_for(key, topic.partitions))
+
     def owns(self, key: str, partition: int) -> bool:
         """Whether ``key`` lives in ``partition`` (the topic must exist)."""
         assert self._topic is not None

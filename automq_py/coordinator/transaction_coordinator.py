@@ -565,10 +565,7 @@ class TransactionCoordinator:
 
     def _check_coordinating(self, transactional_id: str) -> None:
         """Raise :class:`_Deposed` once this broker no longer leads the id's partition."""
-        info = self.runtime.topic_info
-        if info is not None and not self.runtime.leads(
-            partition_for(transactional_id, info.partitions)
-        ):
+        if not self.runtime.coordinates(transactional_id):
             raise _Deposed(f"{TRANSACTION_TOPIC} is led elsewhere now")
 
     def _broker_channel(self, cluster: ClusterMetadataCache) -> BrokerChannel:

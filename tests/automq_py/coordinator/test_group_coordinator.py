@@ -613,3 +613,31 @@ async def test_a_group_that_changed_protocol_is_loaded_as_it_was_left(tmp_path: 
         # it holds its target, by name, as the classic group's record keeps it
         assert parse_assignment(group.members[classic_id].assignment).partitions == assignment
         assert group.protocol_type == "consumer" and group.protocol_name == "range"
+
+
+async def test_a_commit_that_lands_as_its_partition_is_unloaded_is_left_to_the_new_leader(
+    started: tuple[Broker, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The offsets partition is led elsewhere while a commit's record is being written (it
+    lands in the stream the new leader loads): the commit is answered, but this broker keeps
+    no group or offsets for it, which would come back stale should leadership return."""
+    broker, _ = started
+    await _topic(broker, "t", 1)
+    groups = _coordinator(broker)
+    assert await groups.offsets.commit(
+        "g", -1, "", None, [OffsetCommit("t", 0, 5, -1, None)], 8
+    ) == [ErrorCode.NONE]
+    partition = partition_for("g", 5)
+    real = CoordinatorRuntime.append
+
+    async def unloaded_meanwhile(self: CoordinatorRuntime, *args: object, **kw: object) -> object:
+        error = await real(self, *args, **kw)  # type: ignore[arg-type]
+        monkeypatch.setattr(self, "leads", lambda index: index != partition)
+        groups.partition_unloaded(partition)
+        return error
+
+    monkeypatch.setattr(CoordinatorRuntime, "append", unloaded_meanwhile)
+    assert await groups.offsets.commit(
+        "g", -1, "", None, [OffsetCommit("t", 0, 7, -1, None)], 8
+    ) == [ErrorCode.NONE]
+    assert "g" not in groups.groups and "g" not in groups.offsets.committed
