@@ -22,8 +22,11 @@ from automq_py.controller.liveness import HeartbeatSender
 from automq_py.metadata_cache import ClusterMetadataCache
 from storage.metadata import control
 from storage.metadata.image import MetadataImage
+from storage.metadata.model import ErrorCode as MetadataCode
+from storage.metadata.model import MetadataError
 from storage.metadata.records import Record
 from storage.s3_storage import S3Storage
+from storage.wal.errors import WALError
 
 log = logging.getLogger("automq.lifecycle")
 
@@ -139,7 +142,23 @@ class BrokerLifecycle:
             old,
         )
         storage = self._storage
-        epoch = await self._metadata.register_node(self.node_id)
+        try:
+            epoch = await self._metadata.register_node(self.node_id, rejoining=storage.node_epoch)
+        except MetadataError as e:
+            if e.code != MetadataCode.NODE_EPOCH_EXPIRED:
+                raise
+            # The controller recovered this node's WAL in objects while it was fenced (a new
+            # node epoch, and an epoch record that fences every WAL object this process
+            # writes from now on): what it appended meanwhile was never acknowledged, but
+            # nothing it wrote to that WAL from now on could be recovered. Only a start opens
+            # the WAL anew, so this process takes no more appends and stops its heartbeats.
+            storage.fail(
+                WALError(
+                    f"node {self.node_id}'s WAL was recovered by the controller while this "
+                    f"broker was fenced ({e}): restart the broker to rejoin the cluster"
+                )
+            )
+            return
         storage.node_epoch = epoch
         await storage.force_upload()
         node_id = self.node_id

@@ -42,21 +42,27 @@ FIRST_NODE_EPOCH = 1
 
 
 def register_node(
-    image: MetadataImage, node_id: int, replacing: int | None = None
+    image: MetadataImage,
+    node_id: int,
+    replacing: int | None = None,
+    rejoining: int | None = None,
 ) -> tuple[Records, int]:
     """A node (re)starts: a new epoch fences whatever its previous life still sends.
 
     With ``replacing`` (another node's failover of epoch ``replacing``), only while that epoch
     is still the node's latest: a node that registered again since is recovering its own WAL,
     and a new epoch now would fence that recovery, not the dead incarnation
-    (``NODE_EPOCH_EXPIRED``). An epoch a failover registers is marked as one."""
+    (``NODE_EPOCH_EXPIRED``). An epoch a failover registers is marked as one. With
+    ``rejoining`` (the node itself, still running at that epoch after it was fenced), only
+    while no failover has taken its epoch, and with it its WAL, over (``NODE_EPOCH_EXPIRED``)."""
     if node_id < 0:
         raise ValueError(f"node id must not be negative, got {node_id}")
     node = image.nodes.get(node_id)
-    if replacing is not None and (node is None or node.epoch != replacing):
+    expected = replacing if replacing is not None else rejoining
+    if expected is not None and (node is None or node.epoch != expected):
         raise MetadataError(
             ErrorCode.NODE_EPOCH_EXPIRED,
-            f"node {node_id} epoch {replacing} is not its latest"
+            f"node {node_id} epoch {expected} is not its latest"
             f" ({'never registered' if node is None else f'now {node.epoch}'})",
         )
     epoch = FIRST_NODE_EPOCH if node is None else node.epoch + 1

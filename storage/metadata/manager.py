@@ -320,11 +320,15 @@ class MetadataManager:
 
     # -- nodes -----------------------------------------------------------------------------------
 
-    async def register_node(self, node_id: int, replacing: int | None = None) -> int:
+    async def register_node(
+        self, node_id: int, replacing: int | None = None, rejoining: int | None = None
+    ) -> int:
         """Register a (re)starting node; return its new epoch (1 for a new node, else +1).
-        ``replacing``: only while the node's epoch is still that one (a failover), else
-        ``NODE_EPOCH_EXPIRED``."""
-        return await self._change(lambda image: control.register_node(image, node_id, replacing))
+        ``replacing`` (a failover) or ``rejoining`` (the node itself, still running): only
+        while the node's epoch is still that one, else ``NODE_EPOCH_EXPIRED``."""
+        return await self._change(
+            lambda image: control.register_node(image, node_id, replacing, rejoining)
+        )
 
     # -- streams ---------------------------------------------------------------------------------
 

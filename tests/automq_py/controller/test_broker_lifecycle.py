@@ -4,10 +4,16 @@ the metadata a stand-in that shows what was committed only once it catches up.""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any, cast
 
 from automq_py.broker_lifecycle import BrokerLifecycle
 from automq_py.controller.cluster_records import BrokerRegistration
+from automq_py.metadata_cache import ClusterMetadataCache
+from storage.config import S3StreamConfig
+from storage.s3_storage import S3Storage
+from storage.wal.errors import WALError
+from tests.storage.conftest import storage_properties
 
 NODE = 7
 INCARNATION = 3
@@ -102,3 +108,57 @@ async def test_a_broker_in_session_beats_without_reading_the_metadata(postgres_u
         assert broker.in_session() and not broker.fenced  # (not caught up: not asked to)
     finally:
         await broker._sender.close()
+
+
+async def test_a_broker_whose_wal_a_failover_took_over_does_not_rejoin(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """Fenced long enough for the controller to recover its WAL in objects (a failover's node
+    epoch, an epoch record fencing what this process writes there from then on), the broker
+    must not register again with the WAL it still has open: what it acknowledged from then
+    on would be lost with its next crash. Its storage fails (restart it); a broker whose WAL
+    nobody took over rejoins as before."""
+    properties = storage_properties(
+        tmp_path, f"file://{tmp_path}/objects", **{"metadata.store.url": postgres_url}
+    )
+    storage = await S3Storage.start(S3StreamConfig.from_properties(properties))
+    try:
+        await _rejoin_unless_taken_over(storage, postgres_url)
+    finally:
+        await storage.close()
+
+
+async def _rejoin_unless_taken_over(storage: S3Storage, postgres_url: str) -> None:
+    metadata = storage.metadata
+    node = storage.config.node_id
+
+    def member() -> BrokerLifecycle:
+        return BrokerLifecycle(
+            BrokerRegistration(node, storage.node_epoch, "127.0.0.1", 9092),
+            postgres_url,
+            storage,
+            ClusterMetadataCache(node, metadata),
+            cast(Any, None),
+            heartbeat_interval_ms=200,
+            session_timeout_ms=1000,
+        )
+
+    rejoined = member()
+    try:
+        before = storage.node_epoch
+        await rejoined._rejoin()  # nobody took its epoch over
+        assert storage.failed is None and storage.node_epoch == before + 1
+        assert not metadata.image.nodes[node].failover
+    finally:
+        await rejoined._sender.close()
+
+    taken_over = member()
+    try:
+        await metadata.register_node(node, replacing=storage.node_epoch)  # the failover's
+        failover_epoch = metadata.image.nodes[node].epoch
+        await taken_over._rejoin()
+        assert isinstance(storage.failed, WALError), storage.failed
+        assert "restart the broker" in str(storage.failed)
+        assert metadata.image.nodes[node].epoch == failover_epoch  # no new epoch of its own
+    finally:
+        await taken_over._sender.close()
