@@ -918,6 +918,6 @@ def _storage(
 def _redacted(name: str, value: str) -> str:
     if _SECRET_NAME.search(name):
         return HIDDEN
-    if name == "s3.data.buckets":
+    if "://" in value:  # a store's URL (s3.data.buckets, s3.wal.path, metadata.store.url...)
         return redact_url(value)
     return value

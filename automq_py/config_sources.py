@@ -222,4 +222,7 @@ def with_env_credentials(data_url: str, env: Mapping[str, str]) -> str:
 
 
 def redact_url(url: str) -> str:
-    return re.sub(r"((?:secretKey|s3-secret-key)=)[^&]*", r"\1" + HIDDEN, url)
+    """``url`` with its secrets hidden: a secret key or password given as a parameter, and the
+    password of its user information (``scheme://user:password@host``)."""
+    url = re.sub(r"((?:secretKey|s3-secret-key|password)=)[^&]*", r"\1" + HIDDEN, url)
+    return re.sub(r"(://[^/@:?&]*:)[^/@?&]*@", r"\1" + HIDDEN + "@", url)

@@ -387,6 +387,27 @@ def test_all_properties_lists_effective_values_and_hides_secrets() -> None:
     assert config.all_properties(redact=False)["s3.data.buckets"].endswith("secretKey=minioadmin")
 
 
+def test_every_stores_url_hides_its_secrets() -> None:
+    """DescribeConfigs shows a broker's properties to any principal allowed DESCRIBE_CONFIGS:
+    the metadata database's password (its ACLs and SCRAM credentials are there) and the
+    object WAL's secret key are hidden as the data buckets' is."""
+    config = BrokerConfig.load(
+        overrides=[
+            "metadata.store.url=postgresql://automq:pg-pass@db:5432/automq",
+            "s3.wal.path=0@s3://wal?endpoint=http://h:8333&accessKey=AK&secretKey=wal-secret",
+        ],
+        s3_url=SEED_S3_URL,
+    )
+    shown = " ".join(config.all_properties().values())
+    assert "pg-pass" not in shown and "wal-secret" not in shown
+    props = config.all_properties()
+    assert props["metadata.store.url"] == "postgresql://automq:[hidden]@db:5432/automq"
+    assert props["s3.wal.path"].endswith("accessKey=AK&secretKey=[hidden]")
+    assert config.all_properties(redact=False)["metadata.store.url"].endswith(
+        ":pg-pass@db:5432/automq"
+    )
+
+
 def test_unknown_properties_are_kept_and_warned_about_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
