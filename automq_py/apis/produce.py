@@ -46,13 +46,13 @@ _ATTRIBUTES_LOW = record_batch.ATTRIBUTES_OFFSET + 1
 
 async def handle_produce(ctx: BrokerContext, request: Request) -> Any:
     body = request.body
-    if body.transactional_id is None:
-        if _has_transactional_batch(body):
-            # Kafka refuses transactional records without a transactional id: no coordinator
-            # would ever end the transaction they would open in the partition
-            return _refused(request, body, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
-    elif not ctx.allowed(
-        AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, str(body.transactional_id)
+    # as Kafka: the transactional id is checked only for transactional records, and those are
+    # refused without one (no coordinator would ever end the transaction they would open)
+    if _has_transactional_batch(body) and (
+        body.transactional_id is None
+        or not ctx.allowed(
+            AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, str(body.transactional_id)
+        )
     ):
         return _refused(request, body, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
     names, entries = await _entries(ctx, request)
@@ -299,9 +299,10 @@ async def _verify_transactional(
 
 
 def _refused(request: Request, body: Any, code: ErrorCode) -> list[wire.Buffer] | None:
-    """Every partition of the request answered ``code`` (none for acks=0)."""
+    """Every partition of the request answered ``code``; for acks=0 the connection is closed,
+    as Kafka closes it for a request it refuses whole (the client has no answer to read)."""
     if body.acks == 0:
-        return None
+        raise CloseConnection(f"acks=0 Produce refused: {code.name}")
     topics = [
         (
             str(t.name),

@@ -37,6 +37,7 @@ from automq_py.coordinator.transaction_coordinator import TransactionCoordinator
 from automq_py.errors import partition_failed
 from automq_py.partition import AppendResult
 from automq_py.security.acls import AclOperation, ResourceType
+from automq_py.topics import INTERNAL_TOPICS
 from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
 from protocol.messages import Request
@@ -92,7 +93,7 @@ async def _add_partitions(
     for tp in wanted:
         info = ctx.topics.get(tp[0])
         if request.api_version < 4 and (
-            (info is not None and info.internal) or not ctx.allowed(WRITE, TOPIC, tp[0])
+            tp[0] in INTERNAL_TOPICS or not ctx.allowed(WRITE, TOPIC, tp[0])
         ):
             failed[tp] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
         elif info is None or not 0 <= tp[1] < info.partitions:

@@ -77,7 +77,7 @@ from kafka.protocol.admin import (
     UpdateFeaturesResponse,
 )
 from kafka.protocol.consumer.fetch import FetchResponse
-from kafka.protocol.producer import WriteTxnMarkersRequest, WriteTxnMarkersResponse
+from kafka.protocol.producer import ProduceResponse, WriteTxnMarkersRequest, WriteTxnMarkersResponse
 from kafka.protocol.sasl import (
     SaslAuthenticateRequest,
     SaslAuthenticateResponse,
@@ -87,10 +87,11 @@ from kafka.protocol.sasl import (
 
 from protocol import extensions
 from protocol.api_keys import ApiKey
+from protocol.records import RecordInput, build_batch
 from tests.automq_py.conftest import module_broker
 from tests.support.broker import BrokerProcess, free_port
 from tests.support.java import run_tool
-from tests.support.raw_connection import RawConnection, fetch_request
+from tests.support.raw_connection import RawConnection, fetch_request, partition_produce_request
 from tests.support.seaweedfs import SeaweedFS
 
 pytestmark = pytest.mark.integration
@@ -293,6 +294,36 @@ def test_alice_cannot_produce(acl_broker: AclBroker) -> None:
             producer.flush(0.2)
     assert raised.value.args[0].fatal()
     assert raised.value.args[0].code() == KafkaError.CLUSTER_AUTHORIZATION_FAILED
+
+
+def test_a_transactional_id_is_checked_for_transactional_records_only(
+    acl_broker: AclBroker,
+) -> None:
+    """As Kafka's handleProduceRequest: WRITE on the transactional id is asked only of a
+    Produce that holds transactional records; an acks=0 one refused has its connection closed
+    (there is no answer to refuse it with)."""
+    topic = create_topic(acl_broker)
+    grant(acl_broker, ResourceType.TOPIC, topic, AclOperation.WRITE)
+
+    def sent(transactional: bool, acks: int = -1) -> Any:
+        batch = build_batch(
+            [RecordInput(b"v", None, [], 1_700_000_000_000)],
+            producer_id=7 if transactional else -1,
+            producer_epoch=0 if transactional else -1,
+            base_sequence=0 if transactional else -1,
+            is_transactional=transactional,
+        )
+        return partition_produce_request(topic, 0, batch, acks=acks, transactional_id="x")
+
+    with raw_session(acl_broker, "alice") as conn:
+        answer = conn.call(sent(transactional=False), ProduceResponse)
+        assert answer.responses[0].partition_responses[0].error_code == KafkaError.NO_ERROR
+        answer = conn.call(sent(transactional=True), ProduceResponse)
+        refused = KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        assert answer.responses[0].partition_responses[0].error_code == refused
+        conn.send(conn.frame(sent(transactional=True, acks=0))[1])
+        conn.sock.settimeout(10)
+        assert conn.sock.recv(1) == b""  # closed
 
 
 def test_alice_cannot_fetch(acl_broker: AclBroker) -> None:
