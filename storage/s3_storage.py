@@ -286,6 +286,7 @@ class S3Storage:
 
     async def _stop(self) -> None:
         self._closing = True
+        self.metadata.remove_failure_listener(self.fail)
         self.notify()
         await self.uploader.stop()
         await self.readers.close()

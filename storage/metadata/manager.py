@@ -142,6 +142,11 @@ class MetadataManager:
         """Call ``listener(error)`` once, when the image stops following the store."""
         self._failure_listeners.append(listener)
 
+    def remove_failure_listener(self, listener: Callable[[BaseException], object]) -> None:
+        """Stop calling ``listener`` (its owner is closed: not kept alive by this manager)."""
+        with contextlib.suppress(ValueError):
+            self._failure_listeners.remove(listener)
+
     def _fail(self, error: UnreadableEntryError) -> None:
         if self._failed is not None:
             return

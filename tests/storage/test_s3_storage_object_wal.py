@@ -161,6 +161,8 @@ async def test_a_failover_recovers_the_dead_incarnation_only(
     more += await fill(reopened, 5)
     await restarted.abort()
     assert await survivor.recover_node_wal(1, alive) is True
+    # the recovery's storage is gone with it: the metadata does not keep it (and its cache)
+    assert survivor.metadata._failure_listeners == [survivor.fail]
     meta = survivor.metadata.stream(stream.stream_id)
     assert meta is not None and meta.end_offset == 3 * len(written + more)
     reader = await StreamClient(survivor).open(stream.stream_id, reopened.epoch + 1)
