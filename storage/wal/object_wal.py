@@ -70,6 +70,8 @@ DEFAULT_BATCH_INTERVAL_MS = 5
 DEFAULT_BATCH_SIZE = 4 << 20
 DEFAULT_MAX_INFLIGHT = 8
 _FETCHES_IN_FLIGHT = 16  # objects read at once while recovering
+# listings a recovery plans from while objects vanish under it (trimmed by another incarnation)
+LOAD_ATTEMPTS = 5
 _CLOSE_TIMEOUT_S = 30.0  # longest a close waits for the PUTs of appends already submitted
 _TIMINGS_KEPT = 100_000
 
@@ -248,29 +250,22 @@ class ObjectWAL:
         )
 
     async def _load(self) -> None:
-        prefix = node_prefix(self._namespace, self._node_id)
-        objects: list[ListedObject] = []
-        record_keys: list[tuple[int, str]] = []
-        async for info in self._store.list(prefix):
-            name = parse_object_key(prefix, info.key)
-            if name is not None:
-                objects.append(ListedObject(info.key, name.start_offset, name.epoch, info.size))
-                continue
-            epoch = parse_epoch_record_key(prefix, info.key)
-            if epoch is not None:
-                record_keys.append((epoch, info.key))
-            else:
-                logger.warning("WAL %s: ignoring unexpected object %s", self._location, info.key)
-        found = await self._gather(self._read_record, [epoch for epoch, _ in record_keys])
-        records = [r for r in found if r is not None]
-        plan = plan_recovery(objects, records)
-        if plan.newest_epoch > self._epoch:
-            raise WALError(
-                f"WAL {self._location}: written at node epoch {plan.newest_epoch}, newer than"
-                f" this incarnation's {self._epoch}: a newer incarnation of node"
-                f" {self._node_id} owns it"
+        for attempt in range(1, LOAD_ATTEMPTS + 1):
+            plan, record_keys = await self._plan()
+            fetched = await self._gather(self._read_object, plan.live)
+            vanished = [o.key for o, d in zip(plan.live, fetched, strict=True) if d is None]
+            if not vanished or attempt == LOAD_ATTEMPTS:
+                break
+            # Deleted since the listing: another incarnation trimmed the log meanwhile (a
+            # trim's epoch record lands before its deletes). Planned again from a new listing,
+            # the log starts past them; walked as listed, it would end at the first one, and
+            # every acknowledged object after it would be taken for never acknowledged.
+            logger.info(
+                "WAL %s: %d listed objects vanished while recovering (%s): listing again",
+                self._location,
+                len(vanished),
+                vanished[0],
             )
-        fetched = await self._gather(self._read_object, plan.live)
         data = {o.key: d for o, d in zip(plan.live, fetched, strict=True) if d is not None}
         walk = ChainWalk(plan, self._node_id, data)
         self._recovered = list(walk.records())
@@ -299,6 +294,32 @@ class ObjectWAL:
             len(self._garbage),
         )
         self._older_records = [k for e, k in record_keys if e < self._epoch]
+
+    async def _plan(self) -> tuple[RecoveryPlan, list[tuple[int, str]]]:
+        """The node's objects and epoch records as listed now, planned; and the records' keys
+        (epoch, key)."""
+        prefix = node_prefix(self._namespace, self._node_id)
+        objects: list[ListedObject] = []
+        record_keys: list[tuple[int, str]] = []
+        async for info in self._store.list(prefix):
+            name = parse_object_key(prefix, info.key)
+            if name is not None:
+                objects.append(ListedObject(info.key, name.start_offset, name.epoch, info.size))
+                continue
+            epoch = parse_epoch_record_key(prefix, info.key)
+            if epoch is not None:
+                record_keys.append((epoch, info.key))
+            else:
+                logger.warning("WAL %s: ignoring unexpected object %s", self._location, info.key)
+        found = await self._gather(self._read_record, [epoch for epoch, _ in record_keys])
+        plan = plan_recovery(objects, [r for r in found if r is not None])
+        if plan.newest_epoch > self._epoch:
+            raise WALError(
+                f"WAL {self._location}: written at node epoch {plan.newest_epoch}, newer than"
+                f" this incarnation's {self._epoch}: a newer incarnation of node"
+                f" {self._node_id} owns it"
+            )
+        return plan, record_keys
 
     def _plan_deletes(self, plan: RecoveryPlan, walk: ChainWalk) -> None:
         chain = {o.key for o in walk.chain}

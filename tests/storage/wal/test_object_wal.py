@@ -290,3 +290,56 @@ async def test_a_failed_put_fails_its_appends_and_every_later_one(
     with pytest.raises(WALError, match="failed state"):
         wal.submit(b"more")
     assert wal.next_offset == ok.next_offset
+
+
+class TrimmedUnderStore(DelayedStore):
+    """A store whose first GET of a WAL object first runs ``before_first_get`` (another
+    incarnation trimming the log between this reader's listing and its reads)."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        super().__init__(inner)
+        self.before_first_get: Callable[[], Awaitable[None]] | None = None
+
+    async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        hook, self.before_first_get = self.before_first_get, None
+        if hook is not None and "epochs/" not in key:
+            await hook()
+        elif hook is not None:
+            self.before_first_get = hook
+        return await self.inner.get(key, start, end)
+
+
+async def test_objects_trimmed_between_the_listing_and_the_reads_do_not_cut_the_log(
+    open_wal: Opener, store: ObjectStore
+) -> None:
+    """A controller recovering a fenced node's WAL uploads and trims it while the node,
+    started again, lists and reads it: the objects below the trim vanish between the node's
+    listing and its reads. Walked as listed, the log would end at the first of them, and the
+    acknowledged objects after the trim would be fenced and deleted as never acknowledged."""
+    namespace = open_wal.namespace  # type: ignore[attr-defined]
+    node = await open_wal(1, batch_interval_ms=0)
+    recovered(node)
+    results = [await node.append(body(i)) for i in range(10)]  # one object each
+    await node.close(clean=False)  # killed
+    rescue = await ObjectWAL.open_for_recovery(store, namespace=namespace, node_id=1, fence_epoch=2)
+    assert recovered(rescue) == [body(i) for i in range(10)]
+    mid = results[5].offset
+
+    async def trimmed_meanwhile() -> None:
+        await rescue.trim(mid)  # the first five are uploaded: their epoch record, then deletes
+        first = wal_object.object_key(namespace, 1, results[0].offset, 1)
+        for _ in range(200):
+            if first not in await wal_keys(store, namespace):
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError("the trimmed objects were never deleted")
+
+    racing = TrimmedUnderStore(store)
+    racing.before_first_get = trimmed_meanwhile
+    back = await open_wal(3, on=racing)
+    assert recovered(back) == [body(i) for i in range(5, 10)]
+    assert back.next_offset == results[-1].next_offset
+    await rescue.close()
+    await back.close(clean=False)
+    again = await open_wal(4)
+    assert recovered(again) == [body(i) for i in range(5, 10)]
