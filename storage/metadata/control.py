@@ -53,16 +53,22 @@ def register_node(
     is still the node's latest: a node that registered again since is recovering its own WAL,
     and a new epoch now would fence that recovery, not the dead incarnation
     (``NODE_EPOCH_EXPIRED``). An epoch a failover registers is marked as one. With
-    ``rejoining`` (the node itself, still running at that epoch after it was fenced), only
-    while no failover has taken its epoch, and with it its WAL, over (``NODE_EPOCH_EXPIRED``)."""
+    ``rejoining`` (the node itself, still running at that epoch after it was fenced, which
+    moved its epoch on by one), only while no failover has taken its epoch further, and with
+    it its WAL, over (``NODE_EPOCH_EXPIRED``)."""
     if node_id < 0:
         raise ValueError(f"node id must not be negative, got {node_id}")
     node = image.nodes.get(node_id)
-    expected = replacing if replacing is not None else rejoining
-    if expected is not None and (node is None or node.epoch != expected):
+    if replacing is not None and (node is None or node.epoch != replacing):
         raise MetadataError(
             ErrorCode.NODE_EPOCH_EXPIRED,
-            f"node {node_id} epoch {expected} is not its latest"
+            f"node {node_id} epoch {replacing} is not its latest"
+            f" ({'never registered' if node is None else f'now {node.epoch}'})",
+        )
+    if rejoining is not None and (node is None or node.epoch > rejoining + 1):
+        raise MetadataError(
+            ErrorCode.NODE_EPOCH_EXPIRED,
+            f"node {node_id} epoch {rejoining} was taken over by a failover"
             f" ({'never registered' if node is None else f'now {node.epoch}'})",
         )
     epoch = FIRST_NODE_EPOCH if node is None else node.epoch + 1

@@ -472,3 +472,44 @@ def test_a_batch_written_before_a_kill_is_a_duplicate_at_the_next_leader(
         time.sleep(0.25)
     assert answers[-1] == (ErrorCode.NONE, 27), answers
     assert len(_read_all(cluster, "retried", 1)) == 30
+
+
+def test_a_frozen_broker_whose_object_wal_was_recovered_restarts_and_loses_nothing(
+    cluster_factory: ClusterFactory, s3_server: SeaweedFS
+) -> None:
+    """Frozen past its session with the WAL in object storage: the controller recovers the
+    WAL on its behalf, and the recovery's epoch record fences every WAL object the frozen
+    process writes from then on. Resumed, the broker must not register again with that WAL
+    (what it acknowledged next would be lost with its next crash): it takes no more appends
+    and asks to be restarted. Restarted, it rejoins; nothing acknowledged is lost or doubled."""
+    cluster = cluster_factory(brokers=3, **{"s3.wal.path": f"0@{s3_server.url()}"})
+    _create(cluster, "frozen-diskless", 6)
+    load = Load(cluster.bootstrap, "frozen-diskless").start()
+    time.sleep(2)
+    controller = cluster.controller()
+    victim_id = next(n for n in range(3) if n != controller)
+    victim = cluster.brokers[victim_id]
+    assert victim.pid is not None
+    others = [b for b in cluster.brokers if b is not victim]
+    os.kill(victim.pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + SESSION_MS / 1000 + 20
+        recovered = f"recovered node {victim_id}'s WAL"
+        while not any(recovered in b.log_path.read_text() for b in others):
+            assert time.monotonic() < deadline, "the controller never recovered the WAL"
+            time.sleep(0.2)
+    finally:
+        os.kill(victim.pid, signal.SIGCONT)
+    deadline = time.monotonic() + 20
+    while "restart the broker to rejoin" not in victim.log_path.read_text():
+        assert time.monotonic() < deadline, victim.log_tail()
+        time.sleep(0.2)
+    assert "registered again" not in victim.log_path.read_text()
+    victim.kill()
+    victim.start()
+    cluster.wait_for_brokers(3, via=controller)
+    time.sleep(3)
+    load.stop()
+    assert len(load.acked) > 1000
+    assert not load.errors, load.errors[:5]
+    _exactly_once(load, _read_all(cluster, "frozen-diskless", 6), cluster)

@@ -143,18 +143,25 @@ async def _rejoin_unless_taken_over(storage: S3Storage, postgres_url: str) -> No
             session_timeout_ms=1000,
         )
 
+    async def fence() -> int:
+        """The controller's fence moves the node epoch on by one, as a failover (whose
+        recovery of an object WAL then takes it one further)."""
+        return await metadata.register_node(node, replacing=metadata.image.nodes[node].epoch)
+
     rejoined = member()
     try:
         before = storage.node_epoch
-        await rejoined._rejoin()  # nobody took its epoch over
-        assert storage.failed is None and storage.node_epoch == before + 1
+        assert await fence() == before + 1  # fenced; nobody recovered its WAL
+        await rejoined._rejoin()
+        assert storage.failed is None and storage.node_epoch == before + 2
         assert not metadata.image.nodes[node].failover
     finally:
         await rejoined._sender.close()
 
     taken_over = member()
     try:
-        await metadata.register_node(node, replacing=storage.node_epoch)  # the failover's
+        await fence()
+        await fence()  # the recovery's, after the fence's
         failover_epoch = metadata.image.nodes[node].epoch
         await taken_over._rejoin()
         assert isinstance(storage.failed, WALError), storage.failed
