@@ -199,12 +199,19 @@ async def test_acknowledge_completed_answers_a_completed_write_and_leaves_the_qu
 
 
 async def test_appends_waiting_for_a_write_acknowledged_between_requests_still_go_out(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An append that found two writes in flight waits for one to finish; when
     acknowledge_completed acknowledges both, it is committed at the loop's next pass, though
     no other append or commit_now comes."""
+    monkeypatch.setattr(async_commits, "RING_CHECK_S", 3600.0)
     wal = await open_ring_wal(tmp_path / "wal")
+    assert wal._async is not None
+    # completions are taken by acknowledge_completed alone until the third append waits: the
+    # eventfd's reader would take the first write's during a sleep(0) below whenever the disk
+    # is quicker than the test
+    loop = asyncio.get_running_loop()
+    loop.remove_reader(wal._async.writer.eventfd)
     try:
         first = wal.submit(b"first")
         await asyncio.sleep(0)
@@ -217,6 +224,7 @@ async def test_appends_waiting_for_a_write_acknowledged_between_requests_still_g
         await_completions(wal._async.writer, 2)
         wal.acknowledge_completed()
         assert first.done() and second.done() and not wal._async.batches
+        loop.add_reader(wal._async.writer.eventfd, wal._async._on_completion)
         assert (await asyncio.wait_for(third, 5)).offset > second.result().offset
     finally:
         await wal.close()
