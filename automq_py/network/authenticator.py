@@ -11,7 +11,10 @@ after ``connection.failed.authentication.delay.ms``.
 Once authenticated, the session lasts ``connections.max.reauth.ms`` (KIP-368; or less, if the
 credential expires first: an OAUTHBEARER token), as the last SaslAuthenticate response tells
 the client. The client re-authenticates on the same connection with a new SaslHandshake
-before then; the principal may not change. A request on an expired session closes it.
+before then; the principal may not change. A request on an expired session closes it. As in
+Kafka's KafkaChannel, a SaslHandshake on a session that does not expire, or within a second of
+the last re-authentication's start, is no re-authentication: the broker answers it (and any
+SaslAuthenticate after it) ILLEGAL_SASL_STATE, keeping the connection.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ from protocol.messages import Request
 log = logging.getLogger("automq.network.sasl")
 
 MechanismFactory = Callable[[str], SaslMechanismServer]
+# a connection re-authenticates at most once in this long (Kafka's
+# MIN_REAUTH_INTERVAL_ONE_SECOND_NANOS)
+REAUTH_MIN_S = 1.0
 
 
 class State(enum.Enum):
@@ -81,6 +87,7 @@ class SaslAuthenticator:
         self._expires_at: float | None = None
         self._credential_lifetime_ms: int | None = None  # when the credential expires (epoch ms)
         self._reauthenticating = False
+        self._reauth_started: float | None = None  # the clock at the last one's start
 
     @property
     def authenticated(self) -> bool:
@@ -101,11 +108,19 @@ class SaslAuthenticator:
         """Whether ``request`` is part of the exchange (this answers it), rather than a
         request for the broker."""
         if self.state is State.AUTHENTICATED:
-            return request.api_key == ApiKey.SASL_HANDSHAKE
+            return request.api_key == ApiKey.SASL_HANDSHAKE and self._may_reauthenticate()
         if self.state is State.HANDSHAKE_OR_VERSIONS and request.api_key == ApiKey.API_VERSIONS:
             self.state = State.HANDSHAKE
             return False  # the broker answers it as always
         return True
+
+    def _may_reauthenticate(self) -> bool:
+        """Whether the session expires (else there is nothing to renew) and the last
+        re-authentication started at least REAUTH_MIN_S ago."""
+        if self._expires_at is None:
+            return False
+        started = self._reauth_started
+        return started is None or self._clock() - started >= REAUTH_MIN_S
 
     async def handle(self, request: Request) -> Outcome:
         """Answer one request of the exchange. Raises IllegalSaslStateError where the
@@ -136,6 +151,8 @@ class SaslAuthenticator:
     def _handshake(self, request: Request) -> Outcome:
         mechanism = str(request.body.mechanism)
         reauth = self.state is State.AUTHENTICATED
+        if reauth:
+            self._reauth_started = self._clock()
         if reauth and request.api_version == 0:
             self.state = State.FAILED
             raise IllegalSaslStateError("re-authentication needs SaslHandshake v1")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka.admin import (
@@ -19,15 +20,67 @@ from confluent_kafka.admin import (
     ScramMechanism,
     UserScramCredentialUpsertion,
 )
+from kafka.protocol.producer import ProduceResponse
+from kafka.protocol.sasl import (
+    SaslAuthenticateRequest,
+    SaslAuthenticateResponse,
+    SaslHandshakeRequest,
+    SaslHandshakeResponse,
+)
 
+from protocol.records import RecordInput, build_batch
 from tests.automq_py.conftest import module_broker
 from tests.support.broker import BrokerProcess, free_port
+from tests.support.raw_connection import RawConnection, partition_produce_request
 from tests.support.seaweedfs import SeaweedFS
 from tests.support.tls import KEY_PASSWORD, Certificates, make_certificates
 
 PLAIN_USERS = {"admin": "admin-secret", "alice": "alice-secret"}
 SCRAM_USERS = {"scram-user": "scram-secret"}
 MECHANISMS = "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512,OAUTHBEARER"
+PLAIN_ALICE = b"\0alice\0" + PLAIN_USERS["alice"].encode()
+# one request of a burst: (request, response class, the error it must be answered with,
+# partition, records)
+BurstRequest = tuple[Any, Any, int, int, int]
+
+
+def produce(topic: str, partition: int, count: int, error: int = 0) -> BurstRequest:
+    records = bytes(build_batch([RecordInput(f"r{k}".encode()) for k in range(count)]))
+    request = partition_produce_request(topic, partition, records)
+    return (request, ProduceResponse, error, partition, count if error == 0 else 0)
+
+
+def handshake(error: int) -> BurstRequest:
+    return (SaslHandshakeRequest[1](mechanism="PLAIN"), SaslHandshakeResponse, error, -1, 0)
+
+
+def authenticate(error: int) -> BurstRequest:
+    return (SaslAuthenticateRequest[2](PLAIN_ALICE), SaslAuthenticateResponse, error, -1, 0)
+
+
+def check_burst(address: str, burst: list[BurstRequest]) -> None:
+    """Authenticate as alice with PLAIN on ``address``, send ``burst`` in one write (the
+    broker reads it together) and check each request's answer, in order: Produce's base
+    offsets count from 0 in each partition (of a new topic)."""
+    with RawConnection(address) as conn:
+        assert conn.call(SaslHandshakeRequest[1](mechanism="PLAIN"), SaslHandshakeResponse)
+        answer = conn.call(SaslAuthenticateRequest[2](PLAIN_ALICE), SaslAuthenticateResponse)
+        assert answer.error_code == 0, answer
+        ids = conn.send_together([request for request, *_ in burst])
+        offsets: dict[int, int] = {}
+        for (request, response_class, error, partition, count), expected_id in zip(
+            burst, ids, strict=True
+        ):
+            correlation_id, response = conn.receive(request, response_class)
+            assert correlation_id == expected_id
+            if response_class is not ProduceResponse:
+                assert response.error_code == error, (request, response)
+                continue
+            [part] = response.responses[0].partition_responses
+            assert (part.index, part.error_code) == (partition, error), (request, part)
+            if error == 0:
+                assert part.base_offset == offsets.get(partition, 0), part
+                offsets[partition] = offsets.get(partition, 0) + count
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,6 @@ from kafka.protocol.admin import (
     DescribeUserScramCredentialsResponse,
 )
 from kafka.protocol.metadata import MetadataRequest
-from kafka.protocol.producer import ProduceResponse
 from kafka.protocol.sasl import (
     SaslAuthenticateRequest,
     SaslAuthenticateResponse,
@@ -37,15 +36,23 @@ from kafka.protocol.sasl import (
     SaslHandshakeResponse,
 )
 
-from protocol.records import RecordInput, build_batch
-from tests.automq_py.security.conftest import PLAIN_USERS, SCRAM_USERS, SecureBroker
+from tests.automq_py.security.conftest import (
+    PLAIN_USERS,
+    SCRAM_USERS,
+    SecureBroker,
+    authenticate,
+    check_burst,
+    handshake,
+    produce,
+)
 from tests.protocol.kafka_oracle import request_frame
-from tests.support.raw_connection import RawConnection, partition_produce_request
+from tests.support.raw_connection import RawConnection
 from tests.support.tls import Certificates
 
 pytestmark = pytest.mark.integration
 
 TIMEOUT_S = 30
+UNKNOWN_TOPIC_OR_PARTITION, ILLEGAL_SASL_STATE = 3, 34
 
 
 def admin(secure: SecureBroker) -> AdminClient:
@@ -176,51 +183,26 @@ def test_a_wrong_password_gets_kafkas_error_and_a_closed_connection(
         conn.close()
 
 
-def _produce(topic: str, partition: int, count: int) -> Any:
-    records = bytes(build_batch([RecordInput(f"r{k}".encode()) for k in range(count)]))
-    return partition_produce_request(topic, partition, records)
-
-
-def test_a_burst_of_produce_requests_with_a_reauthentication_inside_it(
+def test_a_burst_with_a_sasl_handshake_on_a_session_that_does_not_expire(
     secure_broker: SecureBroker,
 ) -> None:
-    """Over SASL, Produce requests read together are handled as one append up to a
-    re-authentication (KIP-368) read among them, which is answered in its turn; each request
-    gets its own answer, in order."""
+    """Over SASL, Produce requests read together are handled as one append, each answered
+    in order. Without ``connections.max.reauth.ms`` a PLAIN session does not expire, so a
+    SaslHandshake among them is no re-authentication (KIP-368): as in Kafka, the broker
+    answers it, and the SaslAuthenticate after it, ILLEGAL_SASL_STATE and serves on."""
     topic = create_topic(secure_broker)
-    credentials = b"\0alice\0" + PLAIN_USERS["alice"].encode()
-    conn = RawConnection(secure_broker.address("SASL_PLAINTEXT"))
-    try:
-        assert conn.call(SaslHandshakeRequest[1](mechanism="PLAIN"), SaslHandshakeResponse)
-        answer = conn.call(SaslAuthenticateRequest[2](credentials), SaslAuthenticateResponse)
-        assert answer.error_code == 0, answer
-        # (request, response class, the error it must be answered with, partition, records)
-        burst: list[tuple[Any, Any, int, int, int]] = [
-            (_produce(topic, 0, 2), ProduceResponse, 0, 0, 2),
-            (_produce(topic, 1, 3), ProduceResponse, 0, 1, 3),
-            (_produce("no-such-topic", 0, 1), ProduceResponse, 3, 0, 0),
-            (SaslHandshakeRequest[1](mechanism="PLAIN"), SaslHandshakeResponse, 0, -1, 0),
-            (SaslAuthenticateRequest[2](credentials), SaslAuthenticateResponse, 0, -1, 0),
-            (_produce(topic, 0, 1), ProduceResponse, 0, 0, 1),
-            (_produce(topic, 1, 1), ProduceResponse, 0, 1, 1),
-        ]
-        ids = conn.send_together([request for request, *_ in burst])
-        offsets = {0: 0, 1: 0}
-        for (request, response_class, error, partition, count), expected_id in zip(
-            burst, ids, strict=True
-        ):
-            correlation_id, response = conn.receive(request, response_class)
-            assert correlation_id == expected_id
-            if response_class is not ProduceResponse:
-                assert response.error_code == error, response
-                continue
-            [part] = response.responses[0].partition_responses
-            assert (part.index, part.error_code) == (partition, error), (request, part)
-            if error == 0:
-                assert part.base_offset == offsets[partition], part
-                offsets[partition] += count
-    finally:
-        conn.close()
+    check_burst(
+        secure_broker.address("SASL_PLAINTEXT"),
+        [
+            produce(topic, 0, 2),
+            produce(topic, 1, 3),
+            produce("no-such-topic", 0, 1, UNKNOWN_TOPIC_OR_PARTITION),
+            handshake(ILLEGAL_SASL_STATE),
+            authenticate(ILLEGAL_SASL_STATE),
+            produce(topic, 0, 1),
+            produce(topic, 1, 1),
+        ],
+    )
 
 
 def test_a_request_before_authentication_closes_the_connection(

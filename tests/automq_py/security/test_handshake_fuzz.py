@@ -20,17 +20,26 @@ import socket
 import ssl
 import struct
 import time
+import uuid
 from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 from kafka.protocol.metadata import MetadataRequest
 from kafka.protocol.sasl import SaslAuthenticateRequest, SaslHandshakeRequest
 
 from tests.automq_py.conftest import module_broker
-from tests.automq_py.security.conftest import PLAIN_USERS, SecureBroker
+from tests.automq_py.security.conftest import (
+    PLAIN_USERS,
+    SecureBroker,
+    authenticate,
+    check_burst,
+    handshake,
+    produce,
+)
 from tests.protocol.kafka_oracle import request_frame
 from tests.support.broker import BrokerProcess, free_port
 from tests.support.seaweedfs import SeaweedFS
@@ -212,6 +221,7 @@ def test_the_broker_serves_tls_after_the_fuzzing(secure_broker: SecureBroker) ->
 # --- re-authentication -------------------------------------------------------------------------
 
 REAUTH_MS = 1500
+ILLEGAL_SASL_STATE = 34
 
 
 @pytest.fixture(scope="module")
@@ -280,6 +290,34 @@ def test_a_request_on_an_expired_session_closes_the_connection(
         time.sleep(REAUTH_MS / 1000 + 0.3)
         s.sendall(frame(MetadataRequest[12](topics=None), 7))
         assert s.recv(1) == b""
+
+
+def test_a_burst_with_re_authentications_inside_it(
+    reauth_broker: tuple[BrokerProcess, int],
+) -> None:
+    """Produce requests read together are handled as one append up to a re-authentication
+    read among them, which is answered in its turn. A connection re-authenticates at most
+    once a second (Kafka's KafkaChannel): a second SaslHandshake within it is answered
+    ILLEGAL_SASL_STATE by the broker, and so is the SaslAuthenticate after it, while the
+    session goes on."""
+    broker, port = reauth_broker
+    topic = f"burst-{uuid.uuid4().hex[:8]}"
+    client = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for f in client.create_topics([NewTopic(topic, 2)]).values():
+        f.result(30)
+    check_burst(
+        f"127.0.0.1:{port}",
+        [
+            produce(topic, 0, 2),
+            produce(topic, 1, 3),
+            handshake(0),
+            authenticate(0),
+            produce(topic, 0, 1),
+            handshake(ILLEGAL_SASL_STATE),
+            authenticate(ILLEGAL_SASL_STATE),
+            produce(topic, 1, 1),
+        ],
+    )
 
 
 def _read(s: socket.socket, n: int) -> bytes:
