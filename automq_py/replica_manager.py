@@ -70,6 +70,10 @@ CLOSE_RETRY_MAX_S = 10.0
 # how long a leader uploads the tails of partitions it is to hand over before it hands them over
 # regardless (their close then uploads what is left)
 HANDOVER_PREPARE_S = 10.0
+# how long a durable write that is not an append of a client's (a coordinator's record, a
+# transaction marker) waits, in a cluster, for this broker's session to be sure again (a
+# heartbeat through, or the fence seen) before its requester is told to retry
+SESSION_WAIT_S = 10.0
 # partitions opened at once when leadership of many arrives together (their streams' opens
 # share metadata changes, their appends WAL group commits: the more at once, the fewer round
 # trips to the store)
@@ -777,6 +781,10 @@ class ReplicaManager:
             await asyncio.sleep(0.01)
         return ErrorCode.NOT_LEADER_OR_FOLLOWER if session.fenced else ErrorCode.NONE
 
+    async def session_settled_soon(self) -> ErrorCode:
+        """``session_settled`` within SESSION_WAIT_S from now."""
+        return await self.session_settled(asyncio.get_running_loop().time() + SESSION_WAIT_S)
+
     def _in_session(
         self,
         results: asyncio.Future[list[AppendResult]],
@@ -817,7 +825,7 @@ class ReplicaManager:
                 answer(None)
             elif (error := done.exception()) is not None:
                 answer(error)
-            elif session.in_session() and not session.fenced:
+            elif self.session_holds():
                 answer(done.result())
             else:
                 self._in_background(wait(done.result()), "append-in-session")

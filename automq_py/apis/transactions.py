@@ -48,8 +48,6 @@ NO_TIME = datetime.datetime.fromtimestamp(-0.001, tz=datetime.UTC)  # Kafka's -1
 WRITE, READ, DESCRIBE = AclOperation.WRITE, AclOperation.READ, AclOperation.DESCRIBE
 TOPIC, GROUP = ResourceType.TOPIC, ResourceType.GROUP
 TXN_REFUSED = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-# how long a written marker waits, in a cluster, for this broker's session to be sure again
-MARKER_SESSION_WAIT_S = 10.0
 
 
 def _may_write(ctx: BrokerContext, transactional_id: str) -> bool:
@@ -360,9 +358,7 @@ async def handle_write_txn_markers(ctx: BrokerContext, request: Request) -> Any:
                         else:
                             await asyncio.shield(started.durable)
                             # acknowledged only by a broker not fenced meanwhile
-                            error = await ctx.replicas.session_settled(
-                                asyncio.get_running_loop().time() + MARKER_SESSION_WAIT_S
-                            )
+                            error = await ctx.replicas.session_settled_soon()
                             fenced = error != ErrorCode.NONE
                             if not fenced and info.name == OFFSETS_TOPIC and ctx.groups is not None:
                                 # offsets committed in the transaction count (or not) now

@@ -44,9 +44,6 @@ log = logging.getLogger("automq.coordinator")
 LOAD_READ_BYTES = 1 << 20
 LOAD_RETRY_S = 1.0  # a partition that failed to load is tried again after this
 LOAD_WAIT_S = 2.0  # how long a request waits for its partition's load under way
-# how long a durable write waits, in a cluster, for this broker's session to be sure again
-# (a heartbeat through, or the fence seen) before its requester is told to retry
-SESSION_WAIT_S = 10.0
 
 
 def java_string_hash(text: str) -> int:
@@ -447,9 +444,7 @@ class CoordinatorRuntime:
             # durable, but acknowledged only by a broker not fenced meanwhile: a fenced one's
             # write may be lost to the broker that leads the partition now (as Kafka's deposed
             # leader's write never gathers its in-sync replicas)
-            settled = await self.replicas.session_settled(
-                asyncio.get_running_loop().time() + SESSION_WAIT_S
-            )
+            settled = await self.replicas.session_settled_soon()
             if settled == ErrorCode.NONE:
                 return ErrorCode.NONE
             log.warning(

@@ -243,7 +243,7 @@ class MetadataManager:
         async with self._lock:
             for _ in range(MAX_ATTEMPTS):
                 if self._failed is not None:
-                    raise MetadataFailedError(f"metadata stopped following: {self._failed}")
+                    raise _stopped(self._failed)
                 records, result = plan(self.image)
                 if not records:
                     return result
@@ -268,12 +268,7 @@ class MetadataManager:
                 # The store has the change but the image is half-changed: start over from it.
                 await self._reload()
                 raise
-            self._announce_change()
-            for listener in self._listeners:
-                try:
-                    listener(records)
-                except Exception:
-                    log.exception("metadata listener failed")
+            self._tell(records)
         if self._store.snapshot_due():
             try:
                 await self._store.write_snapshot(self.image)
@@ -287,23 +282,27 @@ class MetadataManager:
             image = await self._store.load()
         except UnreadableEntryError as e:
             self._fail(e)
-            raise MetadataFailedError(f"metadata stopped following: {e}") from e
+            raise _stopped(e) from e
         self.image = image
+        self._tell([])
+
+    def _tell(self, records: Sequence[Record]) -> None:
+        """Announce a change of the image and hand its records to every listener."""
         self._announce_change()
         for listener in self._listeners:
             try:
-                listener([])
+                listener(records)
             except Exception:
                 log.exception("metadata listener failed")
 
     async def _catch_up_locked(self) -> None:
         if self._failed is not None:
-            raise MetadataFailedError(f"metadata stopped following: {self._failed}")
+            raise _stopped(self._failed)
         try:
             entries = await self._store.catch_up()
         except UnreadableEntryError as e:
             self._fail(e)
-            raise MetadataFailedError(f"metadata stopped following: {e}") from e
+            raise _stopped(e) from e
         except SnapshotNeededError as e:
             log.info("metadata image reloaded: %s", e)
             await self._reload()
@@ -617,3 +616,7 @@ class MetadataManager:
     async def delete_kv(self, key: str) -> None:
         """Drop ``key`` (no error if it is not set)."""
         await self._change(lambda image: (control.delete_kv(image, key), None))
+
+
+def _stopped(reason: BaseException) -> MetadataFailedError:
+    return MetadataFailedError(f"metadata stopped following: {reason}")

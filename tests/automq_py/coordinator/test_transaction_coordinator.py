@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from automq_py import replica_manager
 from automq_py.broker import Broker
-from automq_py.coordinator import runtime
 from automq_py.coordinator.transaction_coordinator import TransactionCoordinator
 from automq_py.coordinator.transaction_metadata import TransactionMetadata, TransactionState
 from automq_py.partition import Partition
@@ -104,7 +104,7 @@ async def test_a_coordinator_write_is_acknowledged_only_in_session(
     may not have it. Its requester retries (COORDINATOR_NOT_AVAILABLE while it is not known,
     NOT_COORDINATOR once the fence is seen), as a deposed Kafka coordinator's write that never
     gathers its in-sync replicas is never answered NONE."""
-    monkeypatch.setattr(runtime, "SESSION_WAIT_S", 0.3)
+    monkeypatch.setattr(replica_manager, "SESSION_WAIT_S", 0.3)
     broker = Broker(_config(tmp_path / "data", **{"transaction.state.log.num.partitions": "1"}))
     await broker.start()
     try:
