@@ -344,6 +344,14 @@ class BrokerConfig:
         "per-partition series (log offsets and size, consumer lag per partition); off for "
         "many partitions: per-topic and per-group series remain",
     )
+    fetch_max_bytes: int = _prop(
+        "fetch.max.bytes",
+        57671680,
+        ConfigType.INT,
+        1024,
+        "the most bytes a fetch returns (a request's max_bytes above it is cut to it), beyond "
+        "the first batch of the first partition with data, which is always whole",
+    )
     socket_request_max_bytes: int = _prop(
         "socket.request.max.bytes", 104857600, ConfigType.INT, 1, "largest request the server reads"
     )

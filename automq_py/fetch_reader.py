@@ -36,6 +36,11 @@ class FetchEntry:
     error: ErrorCode = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     current_leader_epoch: int = -1
 
+    @property
+    def known(self) -> bool:
+        """Whether the entry names a partition of a topic (else it answers ``error``)."""
+        return self.topic is not None and 0 <= self.index < self.topic.partitions
+
 
 # What a fetch read from one partition (Kafka's ``FetchPartitionData``): the response's
 # partition itself, which the handler encodes as the reader made it. ``records_size`` is the
@@ -57,7 +62,8 @@ def leader_epoch_error(current: int, leader_epoch: int) -> ErrorCode | None:
 
 
 def fetch_data(entry: FetchEntry, error: ErrorCode) -> FetchData:
-    """An entry's partition that read nothing: ``error``, or none before a read."""
+    """An entry's partition that read nothing: ``error`` and no offsets (-1), or no error
+    before a read."""
     return FetchPartitionResult(entry.index, error, records_size=0)
 
 
@@ -190,7 +196,7 @@ class FetchReader:
         opened: list[Partition] = []
         for entry in entries:
             topic = entry.topic
-            if topic is None or not 0 <= entry.index < topic.partitions:
+            if topic is None or not entry.known:
                 return None  # the error's answer is the coroutines' (_open_for_read)
             p = self._opened(topic, entry.index)
             if p is None or (
@@ -215,7 +221,7 @@ class FetchReader:
     async def _open_for_read(self, entry: FetchEntry) -> Partition | FetchData:
         """The entry's partition, or the FetchData of its error."""
         topic = entry.topic
-        if topic is None or not 0 <= entry.index < topic.partitions:
+        if topic is None or not entry.known:
             return fetch_data(entry, entry.error)
         try:
             partition = await self._partition(topic, entry.index)
@@ -246,8 +252,7 @@ class FetchReader:
                         )
                     data.aborted_transactions = aborted
             except Exception as e:  # out of range (a trim raced), or storage failing
-                data.error_code = self._failed(entry, e)  # and no records, as Kafka answers
-                return data
+                return fetch_data(entry, self._failed(entry, e))
             data.records = records
             data.records_size = sum(len(r) for r in records)
         return data
@@ -281,8 +286,7 @@ class FetchReader:
                         return None
                     data.aborted_transactions = aborted
             except Exception as e:
-                data.error_code = self._failed(entry, e)
-                return data
+                return fetch_data(entry, self._failed(entry, e))
             data.records = records
             data.records_size = size
         return data
@@ -301,18 +305,21 @@ def _aborted_at_once(
 def _partition_data(
     entry: FetchEntry, partition: Partition, read_committed: bool
 ) -> tuple[FetchData, int]:
-    """A read of ``entry``'s partition before it reads: its offsets (OFFSET_OUT_OF_RANGE when
-    the entry's offset is outside the log), and where the read ends, the high watermark or
-    (``read_committed``) the last stable offset."""
+    """A read of ``entry``'s partition before it reads: its offsets, and where the read ends,
+    the high watermark or (``read_committed``) the last stable offset. An offset outside the
+    log is OFFSET_OUT_OF_RANGE with no offsets (-1), as Kafka answers any partition whose
+    read failed."""
     log = partition.log
-    hw, start = log.high_watermark, log.log_start_offset
+    hw = log.high_watermark
+    if log.out_of_range(entry.offset, hw):
+        return fetch_data(entry, ErrorCode.OFFSET_OUT_OF_RANGE), hw
     lso = log.stable_offset(hw)
     data = FetchPartitionResult(
         entry.index,
-        ErrorCode.OFFSET_OUT_OF_RANGE if log.out_of_range(entry.offset, hw) else ErrorCode.NONE,
+        ErrorCode.NONE,
         hw,
         lso,
-        start,
+        log.log_start_offset,
         [] if read_committed else None,
         records_size=0,
     )

@@ -227,7 +227,7 @@ def encode_fetch_response(
             cur += b"\x00"
     if flexible:
         if version >= 16 and node_endpoints:
-            cur += b"\x01" + _tag(0, _encode_node_endpoints(node_endpoints))
+            cur += b"\x01" + tagged_field(0, encode_node_endpoints(node_endpoints))
         else:
             cur += b"\x00"
     if cur:
@@ -289,17 +289,20 @@ def _encode_partition_fields(
 def _partition_tags(p: FetchPartitionResult) -> bytes:
     tags = []
     if p.diverging_epoch is not None:
-        tags.append(_tag(0, _DIVERGING.pack(*p.diverging_epoch) + b"\x00"))
+        tags.append(tagged_field(0, _DIVERGING.pack(*p.diverging_epoch) + b"\x00"))
     if p.current_leader is not None:
-        tags.append(_tag(1, _LEADER.pack(*p.current_leader) + b"\x00"))
+        tags.append(tagged_field(1, _LEADER.pack(*p.current_leader) + b"\x00"))
     return wire.write_uvarint(len(tags)) + b"".join(tags)
 
 
-def _tag(tag: int, value: bytes) -> bytes:
+def tagged_field(tag: int, value: bytes) -> bytes:
+    """A tagged field (flexible versions): its tag, its size and ``value``."""
     return wire.write_uvarint(tag) + wire.write_uvarint(len(value)) + value
 
 
-def _encode_node_endpoints(endpoints: Sequence[NodeEndpoint]) -> bytes:
+def encode_node_endpoints(endpoints: Sequence[NodeEndpoint]) -> bytes:
+    """The NodeEndpoints of a leader hint (KIP-951; Fetch v16+, Produce v10+): a compact
+    array of (node_id, host, port, rack, tags)."""
     out = bytearray(wire.write_uvarint(len(endpoints) + 1))
     for e in endpoints:
         out += _I32.pack(e.node_id) + wire.encode_compact_nullable_string(e.host)

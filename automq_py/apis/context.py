@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,7 +13,7 @@ from automq_py.coordinator.group_configs import GroupConfigs
 from automq_py.coordinator.group_coordinator import OFFSETS_TOPIC, GroupCoordinator
 from automq_py.coordinator.transaction_coordinator import TransactionCoordinator
 from automq_py.dynamic_config import DynamicBrokerConfig
-from automq_py.metadata_cache import ClusterMetadataCache, Leadership
+from automq_py.metadata_cache import NO_LEADER, ClusterMetadataCache, Leadership
 from automq_py.partition import Partition
 from automq_py.replica_manager import ReplicaManager
 from automq_py.security.access import AccessControl
@@ -29,6 +30,7 @@ from automq_py.topics import (
 )
 from protocol import build
 from protocol.errors import ErrorCode
+from protocol.fetch import NodeEndpoint
 from protocol.messages import EncodedBody, Request, response_schema
 
 log = logging.getLogger("automq.apis")
@@ -179,6 +181,20 @@ class BrokerContext:
                     {"node_id": b.node_id, "host": endpoint[0], "port": endpoint[1], "rack": b.rack}
                 )
         return out
+
+    def leader_hint(self, topic: str, index: int) -> tuple[int, int] | None:
+        """KIP-951: the (leader, leader epoch) a response names for a partition this broker
+        could not serve as its leader (Fetch v16+, Produce v10+), so the client goes there
+        without asking Metadata first; None when it has no live leader."""
+        leadership = self.leadership(topic, index)
+        return None if leadership.leader == NO_LEADER else (leadership.leader, leadership.epoch)
+
+    def node_endpoints(self, node_ids: Collection[int]) -> list[NodeEndpoint]:
+        """The addresses of brokers ``node_ids`` on the client's listener, for the leaders a
+        response names (KIP-951)."""
+        # (a broker entry's keys are NodeEndpoint's fields: node_id, host, port, rack)
+        entries = self.broker_entries()
+        return [NodeEndpoint(**b) for b in entries if b["node_id"] in node_ids]  # type: ignore[arg-type]
 
     def broker_entry(self, node_id: int) -> dict[str, object] | None:
         """How to reach broker ``node_id`` (None: not a live broker)."""

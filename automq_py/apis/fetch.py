@@ -28,7 +28,12 @@ from automq_py.security.session import SESSION, THROTTLE_MS
 from protocol import build, record_batch, wire
 from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
-from protocol.fetch import FetchPartitionResult, FetchTopicResult, encode_fetch_response
+from protocol.fetch import (
+    FetchPartitionResult,
+    FetchTopicResult,
+    NodeEndpoint,
+    encode_fetch_response,
+)
 from protocol.messages import Request, response_schema
 from protocol.record_batch import InvalidRecordBatchError
 from protocol.records import parse_records
@@ -56,19 +61,22 @@ LAST_WITHOUT_STORAGE_ERROR = 5
 FIRST_ZSTD_VERSION = 10
 
 READ, CLUSTER_ACTION, TOPIC = AclOperation.READ, AclOperation.CLUSTER_ACTION, ResourceType.TOPIC
+# the errors a partition's answer names its current leader with (v16+, KIP-951)
+LEADER_HINTED = (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH)
 
 
 async def handle_fetch(ctx: BrokerContext, request: Request) -> Any:
     body = request.body
     wait_ms = getattr(body, "max_wait_ms", None)  # (protocol.fetch's; kio's is a timedelta)
     max_wait = wait_ms / 1000 if wait_ms is not None else body.max_wait.total_seconds()
-    max_bytes = int(getattr(body, "max_bytes", 0x7FFFFFFF)) or 0x7FFFFFFF
+    # as Kafka: the request's max_bytes (v3+; 0 returns one batch) within the broker's
+    # fetch.max.bytes, and min_bytes within that
+    max_bytes = min(int(getattr(body, "max_bytes", 0x7FFFFFFF)), ctx.config.fetch_max_bytes)
     secured = ctx.secured
     # a follower's fetch needs CLUSTER_ACTION (None: a consumer's, which needs READ per topic)
     follower_allowed = (
         ctx.allowed_on_cluster(CLUSTER_ACTION) if secured and _from_follower(body) else None
     )
-    refused = False
     names: list[str] = []
     entries: list[FetchEntry] = []
     for t in body.topics:
@@ -78,12 +86,14 @@ async def handle_fetch(ctx: BrokerContext, request: Request) -> Any:
             ctx.topics.by_id(topic_id) if name is None and topic_id else ctx.topics.get(str(name))
         )
         names.append(str(name or (info.name if info else "")))
+        # an id that names no topic is UNKNOWN_TOPIC_ID (v13+), a partition it lacks is not
         missing = (
-            ErrorCode.UNKNOWN_TOPIC_ID if name is None else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            ErrorCode.UNKNOWN_TOPIC_ID
+            if name is None and info is None
+            else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         )
         if secured and _refused_topic(ctx, info, name, follower_allowed):
-            # Kafka answers for these without reading: the others' fetch still waits for data
-            info, missing, refused = None, ErrorCode.TOPIC_AUTHORIZATION_FAILED, True
+            info, missing = None, ErrorCode.TOPIC_AUTHORIZATION_FAILED
         for p in t.partitions:
             entries.append(
                 FetchEntry(
@@ -95,15 +105,20 @@ async def handle_fetch(ctx: BrokerContext, request: Request) -> Any:
                     getattr(p, "current_leader_epoch", -1),
                 )
             )
+    # Kafka answers the partitions it does not know, and those refused, without reading them
+    # (its "erroneous" ones): they neither wait nor cut short the others' wait for data, so a
+    # consumer still assigned a deleted topic's partitions is not answered at once, again and
+    # again, while it learns of the deletion
     read = entries
-    if refused:  # only the allowed partitions are read (Kafka's "interesting" ones)
-        read = [e for e in entries if e.error != ErrorCode.TOPIC_AUTHORIZATION_FAILED]
+    erroneous = not all(e.known for e in entries)
+    if erroneous:
+        read = [e for e in entries if e.known]
     results: list[FetchData] = []
-    if read or not refused:
+    if read:
         results = await ctx.replicas.fetch_messages(
             read,
             max_bytes=max_bytes,
-            min_bytes=max(0, int(body.min_bytes)),
+            min_bytes=min(max(0, int(body.min_bytes)), max_bytes),
             max_wait_s=max_wait,
             read_committed=int(getattr(body, "isolation_level", 0)) == READ_COMMITTED,
         )
@@ -112,10 +127,9 @@ async def handle_fetch(ctx: BrokerContext, request: Request) -> Any:
                 _unless_failed(e, r, ErrorCode.NOT_LEADER_OR_FOLLOWER)
                 for e, r in zip(read, results, strict=True)
             ]
-    if refused:
+    if erroneous:
         done = iter(results)
-        refusal = ErrorCode.TOPIC_AUTHORIZATION_FAILED
-        results = [fetch_data(e, refusal) if e.error == refusal else next(done) for e in entries]
+        results = [next(done) if e.known else fetch_data(e, e.error) for e in entries]
     if request.api_version < FIRST_ZSTD_VERSION:
         _refuse_zstd(ctx, entries, results)
     if request.api_version <= LAST_WITHOUT_STORAGE_ERROR:
@@ -133,9 +147,32 @@ async def handle_fetch(ctx: BrokerContext, request: Request) -> Any:
     # asks again (the bytes are the quota's debt; Kafka answers such a fetch empty, which with
     # a bucket of one window's bytes would refuse a larger fetch for ever)
     throttle = _throttle(ctx, request, results)
+    endpoints = _leader_hints(ctx, entries, results) if request.api_version >= 16 else []
     return encode_fetch_response(
-        request.api_version, request.correlation_id, topics, throttle_time_ms=throttle, session_id=0
+        request.api_version,
+        request.correlation_id,
+        topics,
+        throttle_time_ms=throttle,
+        session_id=0,
+        node_endpoints=endpoints,
     )
+
+
+def _leader_hints(
+    ctx: BrokerContext, entries: list[FetchEntry], results: list[FetchData]
+) -> list[NodeEndpoint]:
+    """KIP-951, as Kafka's handleFetchRequest: a partition answered NOT_LEADER_OR_FOLLOWER or
+    FENCED_LEADER_EPOCH names its current leader and epoch; the addresses of those leaders,
+    which the response carries."""
+    leaders: set[int] = set()
+    for entry, result in zip(entries, results, strict=True):
+        topic = entry.topic
+        if result.error_code in LEADER_HINTED and topic is not None and entry.known:
+            hint = ctx.leader_hint(topic.name, entry.index)
+            if hint is not None:
+                result.current_leader = hint
+                leaders.add(hint[0])
+    return ctx.node_endpoints(leaders) if leaders else []
 
 
 def _unless_failed(entry: FetchEntry, result: FetchData, error: ErrorCode) -> FetchData:
@@ -150,7 +187,7 @@ def _refuse_zstd(ctx: BrokerContext, entries: list[FetchEntry], results: list[Fe
         topic = e.topic
         if (
             topic is not None
-            and 0 <= e.index < topic.partitions
+            and e.known
             and ctx.replicas.log_config(topic).compression_type == "zstd"
         ):
             results[i] = fetch_data(e, ErrorCode.UNSUPPORTED_COMPRESSION_TYPE)

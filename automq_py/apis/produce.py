@@ -37,7 +37,12 @@ from protocol import record_batch, wire
 from protocol.api_keys import ApiKey
 from protocol.errors import ErrorCode
 from protocol.messages import Request
-from protocol.produce import ProducePartitionResponse, encode_produce_response, records_error
+from protocol.produce import (
+    FIRST_LEADER_HINT_VERSION,
+    ProducePartitionResponse,
+    encode_produce_response,
+    records_error,
+)
 from protocol.record_batch import InvalidRecordBatchError
 
 # the low byte of a batch's attributes (big-endian int16), which holds the transactional bit
@@ -83,8 +88,8 @@ async def handle_produce(ctx: BrokerContext, request: Request) -> Any:
             )
         return None
     if results.done():
-        return _response(request, names, entries, results.result(), throttle)
-    answer = ProduceAnswer(request, names, entries, appends, throttle)
+        return _response(ctx, request, names, entries, results.result(), throttle)
+    answer = ProduceAnswer(ctx, request, names, entries, appends, throttle)
     return Deferred(results, answer.finish, listeners, answer.prepare)
 
 
@@ -135,9 +140,9 @@ async def handle_produce_batch(ctx: BrokerContext, requests: list[Request]) -> l
     for i, request in enumerate(requests):
         a, b = bounds[i], bounds[i + 1]
         if results.done():
-            out.append(_response(request, names[a:b], entries[a:b], results.result()[a:b]))
+            out.append(_response(ctx, request, names[a:b], entries[a:b], results.result()[a:b]))
         else:
-            answer = ProduceAnswer(request, names[a:b], entries[a:b], appends[a:b], 0, a)
+            answer = ProduceAnswer(ctx, request, names[a:b], entries[a:b], appends[a:b], 0, a)
             out.append(Deferred(results, answer.finish, listeners, answer.prepare))
     return out
 
@@ -150,6 +155,7 @@ class ProduceAnswer:
 
     __slots__ = (
         "appends",
+        "ctx",
         "entries",
         "expected",
         "first",
@@ -161,6 +167,7 @@ class ProduceAnswer:
 
     def __init__(
         self,
+        ctx: BrokerContext,
         request: Request,
         names: list[str],
         entries: list[AppendEntry],
@@ -168,6 +175,7 @@ class ProduceAnswer:
         throttle_ms: int,
         first: int = 0,
     ) -> None:
+        self.ctx = ctx
         self.request = request
         self.names = names
         self.entries = entries
@@ -182,7 +190,7 @@ class ProduceAnswer:
             a if isinstance(a, AppendResult) else a.expected_result() for a in self.appends
         ]
         self.made = _response(
-            self.request, self.names, self.entries, self.expected, self.throttle_ms
+            self.ctx, self.request, self.names, self.entries, self.expected, self.throttle_ms
         )
 
     def finish(self, done: list[AppendResult]) -> list[wire.Buffer]:
@@ -194,7 +202,9 @@ class ProduceAnswer:
             r.error == e.error for r, e in zip(results, self.expected, strict=True)
         ):
             return made
-        return _response(self.request, self.names, self.entries, results, self.throttle_ms)
+        return _response(
+            self.ctx, self.request, self.names, self.entries, results, self.throttle_ms
+        )
 
 
 async def _entries(ctx: BrokerContext, request: Request) -> tuple[list[str], list[AppendEntry]]:
@@ -314,14 +324,24 @@ def _refused(request: Request, body: Any, code: ErrorCode) -> list[wire.Buffer] 
 
 
 def _response(
+    ctx: BrokerContext,
     request: Request,
     names: list[str],
     entries: list[AppendEntry],
     results: list[AppendResult],
     throttle_ms: int = 0,
 ) -> list[wire.Buffer]:
+    """The response; from v10 a partition answered NOT_LEADER_OR_FOLLOWER names its current
+    leader, whose address the response carries (KIP-951, as Kafka's handleProduceRequest)."""
+    hints = request.api_version >= FIRST_LEADER_HINT_VERSION
+    leaders: set[int] = set()
     by_topic: dict[str, list[ProducePartitionResponse]] = {}
     for name, entry, r in zip(names, entries, results, strict=True):
+        leader = None
+        if hints and r.error == ErrorCode.NOT_LEADER_OR_FOLLOWER and entry.topic is not None:
+            leader = ctx.leader_hint(entry.topic.name, entry.index)
+            if leader is not None:
+                leaders.add(leader[0])
         by_topic.setdefault(name, []).append(
             ProducePartitionResponse(
                 entry.index,
@@ -331,10 +351,15 @@ def _response(
                 r.log_start_offset,
                 r.message,
                 r.record_errors,
+                leader,
             )
         )
     return encode_produce_response(
-        request.api_version, request.correlation_id, list(by_topic.items()), throttle_ms
+        request.api_version,
+        request.correlation_id,
+        list(by_topic.items()),
+        throttle_ms,
+        ctx.node_endpoints(leaders) if leaders else (),
     )
 
 

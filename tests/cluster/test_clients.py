@@ -7,6 +7,7 @@ import os
 import signal
 import time
 from collections import Counter
+from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import NewTopic
@@ -377,3 +378,78 @@ def test_delete_records_on_a_partition_led_elsewhere_is_not_leader(
     trimmed = admin.delete_records([TopicPartition("trim", p, 3) for p in (0, 1)])
     for future in trimmed.values():
         assert future.result(timeout=30).low_watermark == 3
+
+
+def test_a_partition_led_elsewhere_names_its_leader(cluster_factory: ClusterFactory) -> None:
+    """KIP-951, as Kafka answers it: Fetch v16+ and Produce v10+ sent to a broker that does
+    not lead the partition (a client's stale metadata, a partition just moved) answer
+    NOT_LEADER_OR_FOLLOWER with the partition's leader and leader epoch, and the leader's
+    address, so the client goes there without a Metadata round trip first. Older versions
+    name none."""
+    import uuid
+
+    from kafka.protocol.consumer import FetchRequest
+    from kafka.protocol.consumer.fetch import FetchResponse
+    from kafka.protocol.metadata import MetadataRequest, MetadataResponse
+    from kafka.protocol.producer import ProduceResponse
+
+    from protocol.records import RecordInput, build_batch
+    from tests.support.raw_connection import RawConnection, partition_produce_request
+
+    cluster = cluster_factory(brokers=2)
+    _create(cluster.admin(0), "hint", 2)
+    leaders = cluster.leaders("hint")
+    assert sorted(leaders.values()) == [0, 1]
+    other = next(p for p, leader in leaders.items() if leader == 1)
+    elsewhere = cluster.brokers[1].bootstrap.rsplit(":", 1)
+    with RawConnection(cluster.brokers[0].bootstrap) as conn:
+        metadata = conn.call(
+            MetadataRequest[12](
+                topics=[MetadataRequest.MetadataRequestTopic(name="hint", topic_id=None)],
+                allow_auto_topic_creation=False,
+                include_topic_authorized_operations=False,
+            ),
+            MetadataResponse,
+        )
+        [topic] = metadata.topics
+        epoch = next(p.leader_epoch for p in topic.partitions if p.partition_index == other)
+        topic_id = uuid.UUID(str(topic.topic_id))
+
+        def fetch(version: int) -> Any:
+            part = FetchRequest.FetchTopic.FetchPartition(
+                partition=other, fetch_offset=0, partition_max_bytes=1 << 20
+            )
+            return conn.call(
+                FetchRequest[version](
+                    replica_id=-1,
+                    max_wait_ms=0,
+                    min_bytes=0,
+                    max_bytes=1 << 20,
+                    isolation_level=0,
+                    session_id=0,
+                    session_epoch=-1,
+                    topics=[FetchRequest.FetchTopic(topic_id=topic_id, partitions=[part])],
+                    forgotten_topics_data=[],
+                    rack_id="",
+                ),
+                FetchResponse,
+            )
+
+        def produce(version: int) -> Any:
+            records = bytes(build_batch([RecordInput(b"v")]))
+            request = partition_produce_request("hint", other, records, version=version)
+            return conn.call(request, ProduceResponse)
+
+        for answer, p in [
+            (a := fetch(16), a.responses[0].partitions[0]),
+            (a := produce(10), a.responses[0].partition_responses[0]),
+        ]:
+            assert p.error_code == 6  # NOT_LEADER_OR_FOLLOWER
+            leader = p.current_leader
+            assert (leader.leader_id, leader.leader_epoch) == (1, epoch)
+            assert [(e.node_id, e.host, e.port) for e in answer.node_endpoints] == [
+                (1, elsewhere[0], int(elsewhere[1]))
+            ]
+        older = fetch(15).responses[0].partitions[0]
+        assert (older.error_code, older.current_leader) == (6, None)
+        assert produce(9).responses[0].partition_responses[0].error_code == 6

@@ -121,6 +121,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from protocol import build  # noqa: E402
+from protocol.fetch import NodeEndpoint  # noqa: E402
 from protocol.messages import ResponseHeaderInfo, encode_response, response_schema  # noqa: E402
 from protocol.produce import (  # noqa: E402
     ProducePartitionResponse,
@@ -141,6 +142,18 @@ _partition = st.builds(
         st.builds(RecordError, st.integers(0, 1000), st.none() | st.text(max_size=40)),
         max_size=3,
     ).map(tuple),
+    # (leader_id, leader_epoch) of a KIP-951 hint, sent from v10; never Kafka's default -1/-1
+    current_leader=st.none() | st.tuples(st.integers(0, 1000), st.integers(0, (1 << 31) - 1)),
+)
+_endpoints = st.lists(
+    st.builds(
+        NodeEndpoint,
+        st.integers(0, 1000),
+        st.text(min_size=1, max_size=20),
+        st.integers(1, 65535),
+        st.none() | st.text(max_size=10),
+    ),
+    max_size=3,
 )
 _topics = st.lists(
     st.tuples(st.text(min_size=1, max_size=30), st.lists(_partition, max_size=4)), max_size=4
@@ -153,11 +166,12 @@ _topics = st.lists(
     correlation_id=st.integers(-(1 << 31), (1 << 31) - 1),
     topics=_topics,
     throttle=st.integers(0, (1 << 31) - 1),
+    endpoints=_endpoints,
 )
 def test_response_encoding_is_kios(
-    version: int, correlation_id: int, topics: list, throttle: int
+    version: int, correlation_id: int, topics: list, throttle: int, endpoints: list
 ) -> None:
-    _assert_encoding_is_kios(version, correlation_id, topics, throttle)
+    _assert_encoding_is_kios(version, correlation_id, topics, throttle, endpoints)
 
 
 # the common response (one topic, one partition, no message or record errors), which
@@ -185,15 +199,20 @@ def test_one_partition_response_is_kios(
 
 
 def _assert_encoding_is_kios(
-    version: int, correlation_id: int, topics: list, throttle: int
+    version: int, correlation_id: int, topics: list, throttle: int, endpoints: list = ()
 ) -> None:
     ours = b"".join(
-        bytes(b) for b in encode_produce_response(version, correlation_id, topics, throttle)
+        bytes(b)
+        for b in encode_produce_response(version, correlation_id, topics, throttle, endpoints)
     )
     body = build.build(
         response_schema(0, version),
         {
             "throttle_time": throttle,
+            "node_endpoints": [
+                {"node_id": e.node_id, "host": e.host, "port": e.port, "rack": e.rack}
+                for e in endpoints
+            ],
             "responses": [
                 {
                     "name": name,
@@ -205,6 +224,10 @@ def _assert_encoding_is_kios(
                             "log_append_time": p.log_append_time_ms,
                             "log_start_offset": p.log_start_offset,
                             "error_message": p.error_message,
+                            "current_leader": {
+                                "leader_id": (p.current_leader or (-1, -1))[0],
+                                "leader_epoch": (p.current_leader or (-1, -1))[1],
+                            },
                             "record_errors": [
                                 {
                                     "batch_index": e.batch_index,

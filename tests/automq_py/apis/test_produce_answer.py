@@ -16,6 +16,7 @@ from protocol import wire
 from protocol.errors import ErrorCode
 
 VERSION = 9  # librdkafka's
+CTX: Any = None  # (v9 names no leader: the context is not asked)
 
 
 def request(correlation_id: int = 7) -> Any:
@@ -42,7 +43,7 @@ def ok(base: int, log_start: int = 0) -> AppendResult:
 
 
 def test_appends_that_succeed_are_answered_with_the_response_made_ahead() -> None:
-    answer = ProduceAnswer(request(), ["t"], [entry(3)], [ok(100)], 0)
+    answer = ProduceAnswer(CTX, request(), ["t"], [entry(3)], [ok(100)], 0)
     answer.prepare()
     made = answer.made
     assert made is not None and decoded(made) == [(3, 0, 100, 0)]
@@ -53,7 +54,9 @@ def test_appends_that_succeed_are_answered_with_the_response_made_ahead() -> Non
 async def test_a_pending_append_is_answered_with_its_offsets_and_the_log_start_at_prepare() -> None:
     partition: Any = SimpleNamespace(log_start_offset=5)
     durable = asyncio.get_running_loop().create_future()
-    answer = ProduceAnswer(request(), ["t"], [entry(2)], [PendingAppend(durable, 42, partition)], 0)
+    answer = ProduceAnswer(
+        CTX, request(), ["t"], [entry(2)], [PendingAppend(durable, 42, partition)], 0
+    )
     answer.prepare()
     made = answer.made
     assert made is not None and decoded(made) == [(2, 0, 42, 5)]
@@ -63,7 +66,7 @@ async def test_a_pending_append_is_answered_with_its_offsets_and_the_log_start_a
 
 
 def test_an_append_that_did_not_succeed_is_answered_from_its_result() -> None:
-    answer = ProduceAnswer(request(), ["t", "t"], [entry(0), entry(1)], [ok(10), ok(20)], 0)
+    answer = ProduceAnswer(CTX, request(), ["t", "t"], [entry(0), entry(1)], [ok(10), ok(20)], 0)
     answer.prepare()
     done = [ok(10), AppendResult(ErrorCode.REQUEST_TIMED_OUT)]
     response = answer.finish(done)
@@ -72,14 +75,14 @@ def test_an_append_that_did_not_succeed_is_answered_from_its_result() -> None:
 
 
 def test_an_answer_not_made_ahead_is_made_from_the_results() -> None:
-    answer = ProduceAnswer(request(), ["t"], [entry(5)], [ok(100)], 0)
+    answer = ProduceAnswer(CTX, request(), ["t"], [entry(5)], [ok(100)], 0)
     assert decoded(answer.finish([ok(100, 40)])) == [(5, 0, 100, 40)]
 
 
 def test_a_request_of_a_batch_reads_its_own_results() -> None:
     expected = [ok(1), ok(2), AppendResult(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)]
     # the second request of a batch: partitions 1 and 2 of the batch's results
-    answer = ProduceAnswer(request(), ["t", "t"], [entry(1), entry(2)], expected[1:], 0, 1)
+    answer = ProduceAnswer(CTX, request(), ["t", "t"], [entry(1), entry(2)], expected[1:], 0, 1)
     answer.prepare()
     made = answer.made
     assert made is not None
