@@ -20,8 +20,11 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Generator, Iterable
+from datetime import timedelta
 from typing import Any
+
+from kio.static.primitive import i32Timedelta
 
 from automq_py.apis import (
     acls,
@@ -111,17 +114,25 @@ class KafkaApis:
         quotas = self.ctx.quotas if self.ctx is not None else None
         if quotas is None or not quotas.any:
             return await self._run_handler(request)
-        # the handler's time counts against the client's request quota, if it has one (the
-        # throttle is the longer of that and its byte quota's)
-        started = time.perf_counter()
-        out = await self._run_handler(request)
-        elapsed_ms = (time.perf_counter() - started) * 1000
+        # The handler's own time counts against the client's request quota, if it has one, as
+        # Kafka counts a request's time on its handler threads: not the time it waits (a
+        # fetch's long poll, a rebalance, a write's durability), which Kafka's purgatory does
+        # not count either. The throttle is the longer of that and its byte quota's, and the
+        # response says so where it can (a Fetch's or a Produce's says its byte quota's).
+        handler, _, _ = self.table[request.api_key]
+        timed = OwnTime(handler(self.ctx, request))
+        try:
+            result = await timed
+        except Exception as e:
+            result = e
         throttle = quotas.record(
-            REQUEST_QUOTA, SESSION.get().user, request.header.client_id or "", elapsed_ms
+            REQUEST_QUOTA, SESSION.get().user, request.header.client_id or "", timed.ms
         )
         if throttle > THROTTLE_MS.get():
             THROTTLE_MS.set(throttle)
-        return out
+        if isinstance(result, Exception):
+            return self.error_response(request, result)
+        return self._answer(request, result, THROTTLE_MS.get())
 
     def joins_produce_batch(self, first: Request, request: Request) -> bool:
         """Whether Produce ``request``, read right after Produce ``first`` (and whatever joined
@@ -147,11 +158,25 @@ class KafkaApis:
         handler, _, _ = self.table[request.api_key]
         try:
             result = await handler(self.ctx, request)
-            if isinstance(result, Deferred):
-                return self._finish(request, result)
-            return self._encode(request, result)
         except Exception as e:
             # Kafka's handleError: the request is answered with the error, the connection stays
+            return self.error_response(request, e)
+        return self._answer(request, result)
+
+    def _answer(
+        self, request: Request, result: Any, throttle_ms: int = 0
+    ) -> list[wire.Buffer] | PendingResponse | None:
+        """The handler's ``result`` encoded (or to come, if it deferred), saying the client is
+        throttled for ``throttle_ms`` where its response has a throttle time and says less."""
+        try:
+            if isinstance(result, Deferred):
+                return self._finish(request, result)
+            if throttle_ms > 0 and _throttle_ms(result) < throttle_ms:
+                result = dataclasses.replace(
+                    result, throttle_time=i32Timedelta.parse(timedelta(milliseconds=throttle_ms))
+                )
+            return self._encode(request, result)
+        except Exception as e:
             return self.error_response(request, e)
 
     def _finish(self, request: Request, deferred: Deferred[Any]) -> PendingResponse:
@@ -238,3 +263,48 @@ class KafkaApis:
     def unsupported_api_versions(self, correlation_id: int) -> list[wire.Buffer]:
         """KIP-511: a v0 ApiVersions response with UNSUPPORTED_VERSION and our ranges."""
         return api_versions.encode_unsupported_api_versions(correlation_id, self.supported)
+
+
+def _throttle_ms(result: Any) -> int:
+    """The throttle time a kio response says, in ms (a large one where it has none: there is
+    nothing to raise)."""
+    throttle = getattr(result, "throttle_time", None)
+    if not isinstance(throttle, timedelta):
+        return 1 << 31
+    return throttle // timedelta(milliseconds=1)
+
+
+class OwnTime:
+    """Awaits ``awaitable`` as ``await`` would, adding up how long its own steps run, not the
+    time it waits between them (what awaits it waits with it). ``ms``: that time so far."""
+
+    __slots__ = ("_seconds", "_steps")
+
+    def __init__(self, awaitable: Awaitable[Any]) -> None:
+        self._steps = awaitable.__await__()
+        self._seconds = 0.0
+
+    @property
+    def ms(self) -> float:
+        return self._seconds * 1000
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        steps, clock = self._steps, time.perf_counter
+        sent: Any = None
+        error: BaseException | None = None
+        while True:
+            started = clock()
+            try:
+                step = steps.send(sent) if error is None else steps.throw(error)
+            except StopIteration as done:
+                return done.value
+            finally:
+                self._seconds += clock() - started
+            sent, error = None, None
+            try:
+                sent = yield step
+            except GeneratorExit:
+                steps.close()
+                raise
+            except BaseException as e:  # (a cancellation): the coroutine handles it
+                error = e

@@ -14,6 +14,7 @@ Pure functions over the KV image, as the metadata's other changes are: AlterClie
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
@@ -26,6 +27,7 @@ DEFAULT = "<default>"
 USER = "user"
 CLIENT_ID = "client-id"
 ENTITY_TYPES = (USER, CLIENT_ID)
+IP = "ip"  # (a type DescribeClientQuotas knows: no IP quota is kept, so none matches)
 # the quota keys and whether their values must be whole numbers (Kafka's LONG ones)
 QUOTA_KEYS = {
     "producer_byte_rate": True,
@@ -130,16 +132,14 @@ def _check(alteration: Alteration) -> tuple[ErrorCode, str | None]:
         if op.key in seen:
             return ErrorCode.INVALID_REQUEST, f"Duplicate quota key: {op.key}"
         seen.add(op.key)
+        if op.remove:  # (a key not set, or no quota key at all, is nothing to remove)
+            continue
         if op.key not in QUOTA_KEYS:
             return ErrorCode.INVALID_REQUEST, f"Invalid configuration key {op.key}"
-        if op.remove:
-            continue
-        if op.key == "controller_mutation_rate" and CLIENT_ID not in kinds and USER not in kinds:
-            return ErrorCode.INVALID_REQUEST, "Invalid entity for controller_mutation_rate"
         if not op.value > 0:
             return ErrorCode.INVALID_REQUEST, f"Quota {op.key} must be positive, got {op.value}"
-        if QUOTA_KEYS[op.key] and op.value != int(op.value):
-            return ErrorCode.INVALID_REQUEST, f"Quota {op.key} must be a whole number"
+        if QUOTA_KEYS[op.key] and (not math.isfinite(op.value) or op.value != int(op.value)):
+            return ErrorCode.INVALID_REQUEST, f"Configuration {op.key} must be a Long value"
     return ErrorCode.NONE, None
 
 
@@ -149,12 +149,18 @@ def plan_alter(
     """The records and per-entry results of one AlterClientQuotas."""
     out: list[rec.Record] = []
     results = []
+    altered: set[Entity] = set()
     for alteration in alterations:
         code, message = _check(alteration)
+        if code == ErrorCode.NONE:
+            entity = normalized(alteration.entity)
+            if entity in altered:  # as Kafka: the first alteration of an entity only
+                code, message = ErrorCode.INVALID_REQUEST, f"Ignoring duplicate entity {entity}"
+            altered.add(entity)
         results.append((code, message))
         if code != ErrorCode.NONE or validate_only:
             continue
-        key = entity_key(normalized(alteration.entity))
+        key = entity_key(entity)
         raw = kv.get(key)
         current = {} if raw is None else json.loads(raw)
         for op in alteration.ops:
@@ -181,16 +187,28 @@ def describe(
 ) -> tuple[ErrorCode, str | None, list[tuple[Entity, dict[str, float]]]]:
     """DescribeClientQuotas: the entities matching every component (and, with ``strict``,
     naming no other entity type), with their quota values."""
-    types = [c.entity_type for c in components]
-    if len(set(types)) != len(types):
-        return ErrorCode.INVALID_REQUEST, "Duplicate entity type in filter", []
-    for c in components:
-        if c.entity_type not in ENTITY_TYPES:
-            return ErrorCode.INVALID_REQUEST, f"Unhandled entity type: {c.entity_type}", []
+    types: list[str] = []
+    for c in components:  # one at a time, as Kafka's ClientQuotasImage checks them
+        invalid = ErrorCode.INVALID_REQUEST
+        if c.entity_type in types:
+            return invalid, f"Duplicate {c.entity_type} filter component entity type", []
+        if not c.entity_type:
+            return invalid, "Unexpected empty filter component entity type", []
+        if c.entity_type not in (*ENTITY_TYPES, IP):
+            message = f"Custom entity type {c.entity_type} not supported"
+            return ErrorCode.UNSUPPORTED_VERSION, message, []
         if c.match_type not in (MATCH_EXACT, MATCH_DEFAULT, MATCH_SPECIFIED):
-            return ErrorCode.INVALID_REQUEST, f"Unknown match type {c.match_type}", []
-        if c.match_type == MATCH_EXACT and c.match is None:
-            return ErrorCode.INVALID_REQUEST, "An exact match needs a name", []
+            return invalid, f"Unknown match type {c.match_type}", []
+        if (c.match_type == MATCH_EXACT) != (c.match is not None):
+            kind = {MATCH_EXACT: "an exact", MATCH_DEFAULT: "a default"}.get(c.match_type, "any")
+            return invalid, f"Unexpected match string for {kind} match: {c.match!r}", []
+        types.append(c.entity_type)
+    if IP in types and len(types) > 1:
+        message = (
+            "Invalid entity filter component combination, IP filter component should not be "
+            "used with user or clientId filter component."
+        )
+        return ErrorCode.INVALID_REQUEST, message, []
     out = []
     for entity, values in sorted(configs(kv).items(), key=lambda item: entity_key(item[0])):
         names = dict(entity)
@@ -209,4 +227,4 @@ def _matches(component: Component, names: Mapping[str, str | None]) -> bool:
         return name == component.match
     if component.match_type == MATCH_DEFAULT:
         return name is None
-    return name is not None
+    return True  # any entity of the type, the default one too

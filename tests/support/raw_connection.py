@@ -74,14 +74,15 @@ def partition_produce_request(
 class RawConnection:
     """A blocking Kafka connection sending kafka-python requests and decoding the answers."""
 
-    def __init__(self, bootstrap: str) -> None:
+    def __init__(self, bootstrap: str, client_id: str = "oracle") -> None:
         host, port = bootstrap.rsplit(":", 1)
         self.sock = socket.create_connection((host, int(port)), timeout=15)
         self.correlation_id = 0
+        self.client_id = client_id
 
     def call(self, request: Any, response_class: Any) -> Any:
         self.correlation_id += 1
-        frame = request_frame(request, self.correlation_id)
+        frame = request_frame(request, self.correlation_id, self.client_id)
         self.sock.sendall(struct.pack(">i", len(frame)) + frame)
         (size,) = struct.unpack(">i", self._read(4))
         return response_class.decode(self._read(size), version=request.API_VERSION, header=True)
@@ -90,7 +91,7 @@ class RawConnection:
         """The next correlation id and the size-prefixed frame of ``request`` (to send later,
         possibly together with others)."""
         self.correlation_id += 1
-        frame = request_frame(request, self.correlation_id)
+        frame = request_frame(request, self.correlation_id, self.client_id)
         return self.correlation_id, struct.pack(">i", len(frame)) + frame
 
     def send(self, data: bytes) -> None:

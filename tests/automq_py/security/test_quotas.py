@@ -4,6 +4,7 @@ AlterClientQuotas and DescribeClientQuotas rules, the token bucket and the throt
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -68,7 +69,9 @@ def test_alter_sets_merges_and_removes() -> None:
         ([(qc.USER, "a"), (qc.USER, "b")], [], "Duplicate entity type"),
         ([(qc.USER, "a")], [qc.Op("bogus", 1, False)], "Invalid configuration key"),
         ([(qc.USER, "a")], [qc.Op("producer_byte_rate", -1, False)], "positive"),
-        ([(qc.USER, "a")], [qc.Op("producer_byte_rate", 1.5, False)], "whole number"),
+        ([(qc.USER, "a")], [qc.Op("producer_byte_rate", 1.5, False)], "must be a Long value"),
+        ([(qc.USER, "a")], [qc.Op("producer_byte_rate", math.inf, False)], "a Long value"),
+        ([(qc.USER, "a")], [qc.Op("request_percentage", math.nan, False)], "positive"),
         ([(qc.USER, "a")], [qc.Op("request_percentage", 1, False)] * 2, "Duplicate quota key"),
     ],
 )
@@ -80,6 +83,22 @@ def test_bad_alterations_are_refused_alone(
     assert results[0][0] == ErrorCode.INVALID_REQUEST and message in str(results[0][1])
     assert results[1] == (ErrorCode.NONE, None)
     assert [r.key for r in records if isinstance(r, rec.KVRecord)] == ["quota/clients/ok"]
+
+
+def test_an_entity_is_altered_once_a_request_and_removing_what_is_not_set_is_no_error() -> None:
+    """As Kafka's ClientQuotaControlManager: the second alteration of an entity in one
+    request is refused ("Ignoring duplicate entity"), the first made; a removal is not
+    checked against the quota keys (removing what is not there changes nothing)."""
+    first = qc.Alteration([(qc.USER, "a")], [qc.Op("producer_byte_rate", 5, False)])
+    again = qc.Alteration([(qc.USER, "a")], [qc.Op("consumer_byte_rate", 7, False)])
+    gone = qc.Alteration([(qc.USER, "b")], [qc.Op("no_such_key", 0, True)])
+    records, results = qc.plan_alter({}, [first, again, gone], validate_only=False)
+    assert results[0] == (ErrorCode.NONE, None) and results[2] == (ErrorCode.NONE, None)
+    assert results[1][0] == ErrorCode.INVALID_REQUEST
+    assert "Ignoring duplicate entity" in str(results[1][1])
+    assert [(r.key, json.loads(r.value)) for r in records if isinstance(r, rec.KVRecord)] == [
+        ("quota/users/a", {"producer_byte_rate": 5})
+    ]
 
 
 def test_validate_only_changes_nothing() -> None:
@@ -104,11 +123,31 @@ def test_describe_filters_as_kafka() -> None:
     assert names(exact) == [((qc.USER, "alice"),), ((qc.USER, "alice"), (qc.CLIENT_ID, "app"))]
     assert names(exact, strict=True) == [((qc.USER, "alice"),)]
     assert names(qc.Component(qc.USER, qc.MATCH_DEFAULT, None)) == [((qc.USER, None),)]
+    # any entity of the type: the default one too (Kafka's TypeMatch)
     specified = names(qc.Component(qc.USER, qc.MATCH_SPECIFIED, None), strict=True)
-    assert specified == [((qc.USER, "alice"),)]
+    assert specified == [((qc.USER, None),), ((qc.USER, "alice"),)]
     assert len(names()) == 4  # no components: everything
-    code, _, _ = qc.describe(kv, [exact, exact], False)
-    assert code == ErrorCode.INVALID_REQUEST
+    assert names(qc.Component(qc.IP, qc.MATCH_SPECIFIED, None)) == []  # none kept
+
+    def refused(*components: qc.Component) -> tuple[ErrorCode, str]:
+        code, message, found = qc.describe(kv, list(components), False)
+        assert found == []
+        return code, str(message)
+
+    invalid = ErrorCode.INVALID_REQUEST
+    assert refused(exact, exact) == (invalid, "Duplicate user filter component entity type")
+    assert refused(qc.Component("", 2, None))[0] == invalid
+    assert refused(qc.Component("group", 2, None)) == (
+        ErrorCode.UNSUPPORTED_VERSION,
+        "Custom entity type group not supported",
+    )
+    assert refused(qc.Component(qc.USER, qc.MATCH_EXACT, None))[0] == invalid
+    assert refused(qc.Component(qc.USER, qc.MATCH_DEFAULT, "alice"))[0] == invalid
+    assert refused(qc.Component(qc.USER, qc.MATCH_SPECIFIED, "alice"))[0] == invalid
+    code, message = refused(
+        qc.Component(qc.IP, qc.MATCH_SPECIFIED, None), qc.Component(qc.USER, 2, None)
+    )
+    assert code == invalid and message.startswith("Invalid entity filter component combination")
 
 
 @dataclass

@@ -14,10 +14,14 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from kafka.protocol.admin import DescribeConfigsRequest, DescribeConfigsResponse
+from kafka.protocol.consumer import FetchRequest
+from kafka.protocol.consumer.fetch import FetchResponse
 
 from tests.automq_py.conftest import module_broker
 from tests.support.broker import BrokerProcess
 from tests.support.java import run_tool
+from tests.support.raw_connection import RawConnection
 from tests.support.seaweedfs import SeaweedFS
 
 pytestmark = pytest.mark.integration
@@ -172,3 +176,64 @@ def test_a_consumer_over_its_quota_is_throttled(broker: BrokerProcess) -> None:
     assert got == 2 * SENT
     assert max(throttles, default=0) > 1000, throttles
     assert took > 3.0, took
+
+
+def test_a_request_quota_counts_handling_not_waiting(broker: BrokerProcess) -> None:
+    """As Kafka's ClientRequestQuotaManager, which counts a request's time on the handler
+    threads: fetches that wait out their max_wait at the log end are not throttled for the
+    wait, while requests whose handling goes past the quota are, and their responses say so
+    (the client throttles itself too, KIP-219)."""
+    topic = f"quota-poll-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for f in admin.create_topics([NewTopic(topic, 1)]).values():
+        f.result(30)
+    client = f"poller-{uuid.uuid4().hex[:6]}"
+    kafka_configs(
+        broker,
+        "--alter",
+        "--add-config",
+        "request_percentage=1",  # 10 ms of handling a second
+        "--entity-type",
+        "clients",
+        "--entity-name",
+        client,
+    )
+    partition = FetchRequest.FetchTopic.FetchPartition(
+        partition=0, fetch_offset=0, partition_max_bytes=1 << 20
+    )
+    fetch = FetchRequest[12](
+        replica_id=-1,
+        max_wait_ms=400,
+        min_bytes=1,
+        max_bytes=1 << 20,
+        isolation_level=0,
+        session_id=0,
+        session_epoch=-1,
+        topics=[FetchRequest.FetchTopic(topic=topic, partitions=[partition])],
+        forgotten_topics_data=[],
+        rack_id="",
+    )
+    with RawConnection(broker.bootstrap, client_id=client) as conn:
+        started = time.monotonic()
+        for _ in range(4):
+            answer = conn.call(fetch, FetchResponse)
+            assert answer.responses[0].partitions[0].error_code == 0
+        took = time.monotonic() - started
+        # a throttle for each wait (400 ms against 10 ms a second) would hold the next fetch
+        # for seconds
+        assert took < 4 * 0.4 + 1.5, took
+        describe = DescribeConfigsRequest[4](
+            resources=[
+                DescribeConfigsRequest.DescribeConfigsResource(
+                    resource_type=2, resource_name=topic, configuration_keys=None
+                )
+            ],
+            include_synonyms=True,
+            include_documentation=True,
+        )
+        throttles = []
+        for _ in range(500):
+            throttles.append(conn.call(describe, DescribeConfigsResponse).throttle_time_ms)
+            if throttles[-1] > 0:
+                break
+        assert throttles[-1] > 0, f"no throttle in {len(throttles)} DescribeConfigs requests"
