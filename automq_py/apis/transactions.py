@@ -44,6 +44,7 @@ from protocol.messages import Request
 
 TopicPartition = tuple[str, int]
 NO_TIME = datetime.datetime.fromtimestamp(-0.001, tz=datetime.UTC)  # Kafka's -1 ms
+EPOCH_TIME = datetime.datetime.fromtimestamp(0, tz=datetime.UTC)  # 0 ms
 
 WRITE, READ, DESCRIBE = AclOperation.WRITE, AclOperation.READ, AclOperation.DESCRIBE
 TOPIC, GROUP = ResourceType.TOPIC, ResourceType.GROUP
@@ -251,15 +252,16 @@ async def handle_describe_transactions(ctx: BrokerContext, request: Request) -> 
     states = []
     for txn_id, d in described:
         if isinstance(d, ErrorCode):
+            # the rest left at the schema's zeros, as Kafka's TransactionCoordinator leaves it
             states.append(
                 {
                     "error_code": d,
                     "transactional_id": txn_id,
                     "transaction_state": "",
                     "transaction_timeout": 0,
-                    "transaction_start_time": NO_TIME,
-                    "producer_id": -1,
-                    "producer_epoch": -1,
+                    "transaction_start_time": EPOCH_TIME,
+                    "producer_id": 0,
+                    "producer_epoch": 0,
                     "topics": [],
                 }
             )

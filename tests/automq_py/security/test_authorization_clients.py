@@ -505,7 +505,11 @@ def test_alice_is_refused_the_brokers_own_apis(acl_broker: AclBroker) -> None:
             DescribeTransactionsResponse,
         )
         refused_txn = KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-        assert txns.transaction_states[0].error_code == refused_txn
+        [refused] = txns.transaction_states
+        assert refused.error_code == refused_txn
+        # the rest at the schema's zeros, as Kafka leaves them
+        assert (refused.producer_id, refused.producer_epoch) == (0, 0)
+        assert refused.transaction_start_time_ms == 0
         # an AutoMQ controller extension (what maintenance jobs send)
         conn.send(extensions.encode_request(ApiKey.GET_KVS, 0, 99, {"get_key_requests": []}))
         (size,) = struct.unpack(">i", conn.sock.recv(4, socket.MSG_WAITALL))
