@@ -191,6 +191,13 @@ class Partition:
                     else _recompressed(header, view, target, level)
                     for header, view in batches
                 ]
+                for header, _ in batches:  # (recompressed, a batch may have grown past it)
+                    if header.size > self.max_message_bytes:
+                        return AppendResult(
+                            ErrorCode.MESSAGE_TOO_LARGE,
+                            message=f"batch of {header.size} bytes, recompressed, exceeds "
+                            f"max.message.bytes {self.max_message_bytes}",
+                        )
         except LegacyMessageSetError as e:
             return AppendResult(ErrorCode.UNSUPPORTED_FOR_MESSAGE_FORMAT, message=str(e))
         except InvalidRecordsError as e:

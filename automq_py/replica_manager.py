@@ -836,13 +836,14 @@ class ReplicaManager:
     async def _start_append(
         self, entry: AppendEntry, acks: int, internal_allowed: bool, deadline: float | None
     ) -> AppendResult | PendingAppend:
-        if acks not in (-1, 0, 1):
-            return AppendResult(ErrorCode.INVALID_REQUIRED_ACKS, message=f"acks={acks}")
         topic = entry.topic
         if topic is None:
             return AppendResult(entry.error, message=entry.message)
         if not 0 <= entry.index < topic.partitions:
             return AppendResult(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+        # (as Kafka: a partition refused or unknown keeps its own error, the rest hear of acks)
+        if acks not in (-1, 0, 1):
+            return AppendResult(ErrorCode.INVALID_REQUIRED_ACKS, message=f"acks={acks}")
         if topic.internal and not internal_allowed:
             return AppendResult(
                 ErrorCode.INVALID_TOPIC_EXCEPTION,
@@ -872,14 +873,9 @@ class ReplicaManager:
                         owed,
                         message="an earlier batch of this producer was refused and is owed first",
                     )
-            min_isr = partition.log.config.min_insync_replicas
-            if acks == -1 and min_isr > 1:
-                # one replica in sync, as Kafka's Partition.appendRecordsToLeader checks it
-                return AppendResult(
-                    ErrorCode.NOT_ENOUGH_REPLICAS,
-                    message=f"The size of the current ISR 1 is insufficient to satisfy the "
-                    f"min.isr requirement of {min_isr} for partition {topic.name}-{entry.index}",
-                )
+            # (min.insync.replicas asks nothing of a partition's one replica: Kafka 3.7+ checks
+            # the ISR against min(min.insync.replicas, replicas), and the one replica here, its
+            # leader, is always in sync; object storage is what keeps the data durable)
             return await partition.start_append(entry.records, deadline)
         except Exception as e:
             return self._append_failed(entry, e)

@@ -193,10 +193,17 @@ def validate_batch(
     if not crc_is_valid(buf, header, pos):
         raise InvalidRecordBatchError("record batch CRC-32C mismatch")
     count, span = header.records_count, header.last_offset_delta + 1
-    if from_producer:
-        if count <= 0 or count != span:
-            raise InvalidRecordBatchError(
-                f"record count {count} does not match lastOffsetDelta {header.last_offset_delta}"
+    if from_producer:  # INVALID_RECORD, as Kafka's LogValidator.validateBatch
+        if span <= 0:
+            raise InvalidRecordsError(
+                f"Batch has an invalid offset range: [0, {header.last_offset_delta}]"
+            )
+        if count <= 0:
+            raise InvalidRecordsError(f"Invalid reported count for record batch: {count}")
+        if count != span:
+            raise InvalidRecordsError(
+                f"Inconsistent batch offset range [0, {header.last_offset_delta}] and record "
+                f"count {count}"
             )
     elif count < 0 or span <= 0 or count > span:
         raise InvalidRecordBatchError(

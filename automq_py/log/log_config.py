@@ -194,7 +194,11 @@ class LogConfig:
         maximum=22,
     )
     min_insync_replicas: int = _int(
-        "min.insync.replicas", 1, 1, "acks=all needs this many in-sync replicas (here: 1)"
+        "min.insync.replicas",
+        1,
+        1,
+        "in-sync replicas acks=all needs, at most the partition's replicas (here its one, so "
+        "any value is met, as Kafka 3.7+ caps it)",
     )
     unclean_leader_election_enable: bool = config_field(
         "unclean.leader.election.enable",

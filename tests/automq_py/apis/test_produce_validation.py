@@ -72,11 +72,23 @@ def _count_lies() -> bytes:
     return bytes(batch)
 
 
+def _span_lies(count: int, last_offset_delta: int) -> bytes:
+    """A batch whose header's count and offset range disagree (Kafka's LogValidator refuses
+    it INVALID_RECORD: "Inconsistent batch offset range", "invalid offset range")."""
+    batch = bytearray(build_batch([RecordInput(b"v%d" % i, b"k") for i in range(5)]))
+    struct.pack_into(">i", batch, 57, count)
+    struct.pack_into(">i", batch, 23, last_offset_delta)
+    record_batch.rewrite_crc(batch)
+    return bytes(batch)
+
+
 @pytest.mark.parametrize(
     "bad",
     [
         *(pytest.param(_unreadable(c), id=c.name) for c in Compression),
         pytest.param(_count_lies(), id="count"),
+        pytest.param(_span_lies(5, 3), id="offset-range"),
+        pytest.param(_span_lies(0, -1), id="empty-range"),
     ],
 )
 def test_a_batch_whose_records_do_not_read_is_refused(broker: BrokerProcess, bad: bytes) -> None:
@@ -221,3 +233,48 @@ def test_transactional_records_without_a_transactional_id_are_refused(
         # nothing holds the stable offset back: the plain record is readable committed
         listed = conn.call(stable, ListOffsetsResponse).topics[0].partitions[0]
         assert listed.offset == 1
+
+
+def test_a_batch_recompressed_past_max_message_bytes_is_too_large(broker: BrokerProcess) -> None:
+    """As Kafka's UnifiedLog.append checks a batch again once its size may have changed: a
+    zstd batch within max.message.bytes that the topic's compression.type=uncompressed makes
+    larger than it is refused MESSAGE_TOO_LARGE (the Java producer splits such a batch)."""
+    topic = f"recompressed-{uuid.uuid4().hex[:8]}"
+    create_topics(
+        admin_for(broker),
+        NewTopic(
+            topic, 1, 1, config={"compression.type": "uncompressed", "max.message.bytes": "4000"}
+        ),
+    )
+    small = bytes(build_batch([RecordInput(b"x" * 8000, b"k")], compression=Compression.ZSTD))
+    assert len(small) < 4000
+    with RawConnection(broker.bootstrap) as conn:
+        code, message = _produce(conn, topic, small)
+        assert code == ErrorCode.MESSAGE_TOO_LARGE, message
+        fine = bytes(build_batch([RecordInput(b"x" * 100, b"k")], compression=Compression.ZSTD))
+        assert _produce(conn, topic, fine) == (ErrorCode.NONE, None)
+
+
+def test_invalid_acks_leave_unknown_partitions_their_own_error(broker: BrokerProcess) -> None:
+    """As Kafka: the partitions refused or unknown keep their errors, the others of a request
+    with acks neither -1, 0 nor 1 are INVALID_REQUIRED_ACKS."""
+    topic = f"acks-{uuid.uuid4().hex[:8]}"
+    create_topics(admin_for(broker), NewTopic(topic, 1, 1))
+    batch = bytes(build_batch([RecordInput(b"v", b"k")]))
+    data = ProduceRequest.TopicProduceData
+    request = ProduceRequest[9](
+        transactional_id=None,
+        acks=2,
+        timeout_ms=10_000,
+        topic_data=[
+            data(name=name, partition_data=[data.PartitionProduceData(index=0, records=batch)])
+            for name in (topic, f"absent-{topic}")
+        ],
+    )
+    with RawConnection(broker.bootstrap) as conn:
+        response = conn.call(request, ProduceResponse[9])
+    errors = {t.name: t.partition_responses[0].error_code for t in response.responses}
+    assert errors == {
+        topic: ErrorCode.INVALID_REQUIRED_ACKS,
+        f"absent-{topic}": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+    }
