@@ -24,7 +24,7 @@ from types import MappingProxyType
 
 from automq_py.config import TOPIC_CONFIG_SYNONYMS, BrokerConfig, default_properties
 from automq_py.log.log_config import LogConfig
-from storage.config_def import ConfigType, format_value
+from storage.config_def import ConfigError, ConfigType, declared_keys, format_value
 
 
 class ConfigSource(IntEnum):
@@ -156,6 +156,12 @@ def effective_topic_config(
 ) -> TopicConfig:
     """The settings of a topic whose own configs are ``overrides``, over the broker's
     ``defaults`` (:meth:`BrokerConfig.topic_defaults`). With ``strict`` an unknown topic
-    property is refused (CreateTopics, AlterConfigs). Raises ConfigError naming the property."""
+    property is refused (CreateTopics, AlterConfigs), in Kafka's words. Raises ConfigError
+    naming the property."""
+    if strict:
+        known = declared_keys(LogConfig)
+        unknown = next((name for name in overrides if name not in known), None)
+        if unknown is not None:
+            raise ConfigError(f"Unknown topic config name: {unknown}")
     log_config = LogConfig.from_properties({**defaults, **overrides}, strict=strict)
     return TopicConfig(log_config, MappingProxyType(dict(overrides)))

@@ -67,13 +67,25 @@ class TopicInfo:
 
 
 def validate_name(name: str) -> None:
-    """Kafka's rules: 1-249 chars of [a-zA-Z0-9._-], not "." or ".."."""
-    if not name or name in (".", "..") or len(name) > MAX_NAME_LENGTH or not _LEGAL.match(name):
-        raise TopicError(
-            ErrorCode.INVALID_TOPIC_EXCEPTION,
-            f"topic name {name!r} is illegal: use 1-{MAX_NAME_LENGTH} characters of "
-            "ASCII letters, digits, '.', '_' and '-'",
+    """Kafka's rules (Topic.validate), with its messages: 1-249 chars of [a-zA-Z0-9._-], not
+    "." or ".."."""
+    if not name:
+        problem = "Topic name is illegal, it can't be empty"
+    elif name in (".", ".."):
+        problem = 'Topic name cannot be "." or ".."'
+    elif len(name) > MAX_NAME_LENGTH:
+        problem = (
+            f"Topic name is illegal, it can't be longer than {MAX_NAME_LENGTH} characters, "
+            f"Topic name: {name}"
         )
+    elif not _LEGAL.match(name):
+        problem = (
+            f'Topic name "{name}" is illegal, it contains a character other than ASCII '
+            "alphanumerics, '.', '_' and '-'"
+        )
+    else:
+        return
+    raise TopicError(ErrorCode.INVALID_TOPIC_EXCEPTION, problem)
 
 
 def check_collision(name: str, existing: Iterable[str]) -> None:
@@ -91,32 +103,41 @@ def check_collision(name: str, existing: Iterable[str]) -> None:
 
 
 def check_partition_count(partitions: int) -> None:
-    if not 0 < partitions <= MAX_PARTITIONS:
+    if partitions <= 0:
         raise TopicError(
             ErrorCode.INVALID_PARTITIONS,
-            f"number of partitions must be between 1 and {MAX_PARTITIONS}, got {partitions}",
+            "Number of partitions was set to an invalid non-positive value.",
+        )
+    if partitions > MAX_PARTITIONS:
+        raise TopicError(
+            ErrorCode.INVALID_PARTITIONS,
+            f"number of partitions must be at most {MAX_PARTITIONS}, got {partitions}",
         )
 
 
 def check_partitions_added(name: str, current: int, requested: int) -> None:
-    """CreatePartitions' check: a topic's partitions can be added, never removed."""
+    """CreatePartitions' check, in the words of Kafka's controller: a topic's partitions can
+    be added, never removed."""
     if requested < current:
         raise TopicError(
             ErrorCode.INVALID_PARTITIONS,
-            f"topic {name!r} has {current} partitions, more than the requested "
-            f"{requested}: partitions cannot be removed",
+            f"The topic {name} currently has {current} partition(s); {requested} would not be "
+            "an increase.",
         )
     if requested == current:
-        raise TopicError(
-            ErrorCode.INVALID_PARTITIONS, f"topic {name!r} already has {requested} partitions"
-        )
+        raise TopicError(ErrorCode.INVALID_PARTITIONS, f"Topic already has {current} partition(s).")
 
 
 class LeaderPlacement(Protocol):
     """Where a cluster's new partitions are led (a single broker has none: it leads them all)."""
 
     def new_partitions(
-        self, image: MetadataImage, topic: str, count: int, first_index: int
+        self,
+        image: MetadataImage,
+        topic: str,
+        count: int,
+        first_index: int,
+        assignments: Sequence[Sequence[int]] | None = None,
     ) -> list[Record]: ...
 
     def dropped(self, image: MetadataImage, topic: str) -> list[Record]: ...
@@ -192,8 +213,14 @@ class TopicRegistry:
         return sorted(self._by_name.values(), key=lambda t: t.name)
 
     async def create(
-        self, name: str, partitions: int, configs: Mapping[str, str] | None = None
+        self,
+        name: str,
+        partitions: int,
+        configs: Mapping[str, str] | None = None,
+        assignments: Sequence[Sequence[int]] | None = None,
     ) -> TopicInfo:
+        """Create topic ``name``; ``assignments``: a manual assignment's replica lists, one a
+        partition in order, whose first live broker leads it (in a cluster)."""
         validate_name(name)
         check_partition_count(partitions)
         internal = name in INTERNAL_TOPICS
@@ -205,7 +232,7 @@ class TopicRegistry:
                 raise TopicError(ErrorCode.TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.")
             records: list[Record] = [KVRecord(PREFIX + name, info.encode())]
             if self._placement is not None:
-                records += self._placement.new_partitions(image, name, partitions, 0)
+                records += self._placement.new_partitions(image, name, partitions, 0, assignments)
             return records, info
 
         # (indexed by ``_on_records`` as the change is applied: indexed again after it, it
@@ -231,12 +258,14 @@ class TopicRegistry:
         *,
         partitions: int | None = None,
         configs: Mapping[str, str] | None = None,
+        assignments: Sequence[Sequence[int]] | None = None,
     ) -> TopicInfo:
         """Give topic ``info`` (as the caller read it) ``partitions`` or the configs
         ``configs`` (the whole set the caller made from ``info.configs``), checked against the
         topic as the metadata holds it when the change is made: another broker may have changed
         it meanwhile, and what it changed is kept (the partitions it added, the configs this
-        caller did not touch)."""
+        caller did not touch). ``assignments``: the added partitions' replica lists, as in
+        :meth:`create`."""
 
         def plan(image: MetadataImage) -> tuple[list[Record], TopicInfo]:
             raw = image.kv.get(PREFIX + info.name)
@@ -260,8 +289,14 @@ class TopicRegistry:
             records: list[Record] = [KVRecord(PREFIX + info.name, updated.encode())]
             added = updated.partitions - current.partitions
             if self._placement is not None and added > 0:
+                if assignments is not None and len(assignments) != added:
+                    raise TopicError(  # (another broker added partitions meanwhile)
+                        ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                        f"Attempted to add {added} additional partition(s), but only "
+                        f"{len(assignments)} assignment(s) were specified.",
+                    )
                 records += self._placement.new_partitions(
-                    image, info.name, added, current.partitions
+                    image, info.name, added, current.partitions, assignments
                 )
             return records, updated
 

@@ -302,10 +302,16 @@ async def _alter(
     resource's new configs with ``new_configs`` and apply them."""
     body = request.body
     responses = []
+    named = Counter((int(r.resource_type), str(r.resource_name)) for r in body.resources)
     for r in body.resources:
         kind, name = int(r.resource_type), str(r.resource_name)
         entry = _alter_entry(kind, name)
         try:
+            if named[kind, name] > 1:
+                # as Kafka's ConfigAdminManager.preprocess: neither is altered
+                raise ConfigRequestError(
+                    ErrorCode.INVALID_REQUEST, "Each resource must appear at most once."
+                )
             if kind == ResourceType.BROKER_LOGGER:
                 # checked and authorized in Kafka's order, by broker_loggers
                 alter_broker_loggers(ctx, api_key, name, r.configs, bool(body.validate_only))

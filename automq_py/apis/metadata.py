@@ -270,14 +270,18 @@ async def handle_describe_topic_partitions(ctx: BrokerContext, request: Request)
         names = {t.name for t in ctx.topics.all() if t.name >= after}
     else:
         names = {str(t.name) for t in body.topics if t.name >= after}
-        if cursor is not None and cursor.topic_name not in names:
-            # Kafka's error response: the error on every topic asked for
-            rejected = [
-                {**_unknown_topic(str(t.name)), "error_code": ErrorCode.INVALID_REQUEST}
-                for t in body.topics
-            ]
-            return _describe_topic_partitions_response(request, rejected, None)
-    remaining = min(MAX_RESPONSE_PARTITIONS, int(body.response_partition_limit))
+    if (cursor is not None and cursor.partition_index < 0) or (
+        not fetch_all and cursor is not None and cursor.topic_name not in names
+    ):
+        # Kafka's error response: the error on every topic asked for
+        rejected = [
+            {**_unknown_topic(str(t.name)), "error_code": ErrorCode.INVALID_REQUEST}
+            for t in body.topics
+        ]
+        return _describe_topic_partitions_response(request, rejected, None)
+    # at least one partition a response, as Kafka's max(min(limit, 2000), 1): a client paging
+    # with a limit of 0 would otherwise be sent its cursor back for ever
+    remaining = max(min(MAX_RESPONSE_PARTITIONS, int(body.response_partition_limit)), 1)
     topics: list[dict[str, Any]] = []
     refused: list[dict[str, Any]] = []  # named topics the session may not DESCRIBE, last
     next_cursor: dict[str, Any] | None = None
@@ -296,8 +300,7 @@ async def handle_describe_topic_partitions(ctx: BrokerContext, request: Request)
                 topics.append({**_unknown_topic(name), "topic_authorized_operations": operations})
             continue
         first = cursor.partition_index if cursor is not None and name == after else 0
-        # a cursor past the last partition gives none of this topic, one below 0 starts at 0
-        first = min(max(first, 0), topic.partitions)
+        first = min(first, topic.partitions)  # (a cursor past the last gives none of it)
         end = min(topic.partitions, first + remaining)
         entry = _topic_entry(topic, ctx, range(first, end))
         entry["topic_authorized_operations"] = ctx.authorized_operations(TOPIC, name)

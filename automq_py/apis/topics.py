@@ -120,6 +120,10 @@ def _check_replicas(replicas: Sequence[int], brokers: frozenset[int]) -> None:
         raise TopicError(ErrorCode.INVALID_REPLICA_ASSIGNMENT, problem)
 
 
+# Kafka's metadata log's name: no topic may take it
+CLUSTER_METADATA_TOPIC = "__cluster_metadata"
+
+
 async def handle_create_topics(ctx: BrokerContext, request: Request) -> Any:
     body = request.body
     results = []
@@ -141,6 +145,13 @@ async def handle_create_topics(ctx: BrokerContext, request: Request) -> Any:
                     replication_factor=-1,
                 )
                 results.append(entry)
+            continue
+        if name == CLUSTER_METADATA_TOPIC:  # (Kafka's own log, which no client may create)
+            entry.update(
+                error_code=ErrorCode.INVALID_REQUEST,
+                error_message=f"Creation of internal topic {name} is prohibited.",
+            )
+            results.append(entry)
             continue
         if not (may_create_any or ctx.allowed(AclOperation.CREATE, TOPIC, name)):
             entry.update(
@@ -169,24 +180,23 @@ async def handle_create_topics(ctx: BrokerContext, request: Request) -> Any:
                     f"Null value not supported for topic configs: {','.join(nulls)}",
                 )
             effective = effective_topic_config(ctx.replicas.topic_defaults, configs, strict=True)
+            assignments = None
             if t.assignments:
+                listed = [
+                    (int(a.partition_index), [int(b) for b in a.broker_ids]) for a in t.assignments
+                ]
                 partitions = manual_partition_count(
-                    int(t.num_partitions),
-                    replication,
-                    [
-                        (int(a.partition_index), [int(b) for b in a.broker_ids])
-                        for a in t.assignments
-                    ],
-                    ctx.broker_ids,
+                    int(t.num_partitions), replication, listed, ctx.broker_ids
                 )
-                requested = 1  # each list is [this broker], the only one registered
+                assignments = [replicas for _, replicas in sorted(listed)]
+                requested = 1  # one replica a partition: the first live broker listed
             else:
                 requested = requested_replication(
                     replication, ctx.config.default_replication_factor
                 )
             check_partition_count(partitions)
             if not body.validate_only:
-                info = await ctx.topics.create(name, partitions, configs)
+                info = await ctx.topics.create(name, partitions, configs, assignments)
                 opening.append(ctx.replicas.open_in_background(info))
                 entry["topic_id"] = info.topic_id
                 if requested > 1:
@@ -403,16 +413,16 @@ async def handle_create_partitions(ctx: BrokerContext, request: Request) -> Any:
             info = ctx.topics.get(name)
             if info is None:
                 raise TopicError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}")
-            check_partition_count(count)
             check_partitions_added(name, info.partitions, count)
+            check_partition_count(count)
+            assignments = None
             if t.assignments is not None:
+                assignments = [[int(b) for b in a.broker_ids] for a in t.assignments]
                 check_new_partition_assignments(
-                    count - info.partitions,
-                    [[int(b) for b in a.broker_ids] for a in t.assignments],
-                    ctx.broker_ids,
+                    count - info.partitions, assignments, ctx.broker_ids
                 )
             if not body.validate_only:
-                await ctx.topics.update(info, partitions=count)
+                await ctx.topics.update(info, partitions=count, assignments=assignments)
         except TopicError as e:
             entry.update(error_code=e.code, error_message=str(e))
         results.append(entry)

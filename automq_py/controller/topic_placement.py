@@ -9,9 +9,13 @@ state the other left.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from automq_py.controller import membership
-from automq_py.controller.placement import place_new_partitions
+from automq_py.controller.placement import live_brokers, place_new_partitions
 from automq_py.metadata_cache import ClusterMetadataCache
+from automq_py.topics import TopicError
+from protocol.errors import ErrorCode
 from storage.metadata.image import MetadataImage
 from storage.metadata.records import Record
 
@@ -25,11 +29,32 @@ class ClusterTopicPlacement:
         self._cache = cache
 
     def new_partitions(
-        self, image: MetadataImage, topic: str, count: int, first_index: int
+        self,
+        image: MetadataImage,
+        topic: str,
+        count: int,
+        first_index: int,
+        assignments: Sequence[Sequence[int]] | None = None,
     ) -> list[Record]:
+        """The records of ``count`` new partitions' leaders: placed, or with a manual
+        ``assignments`` each led by the first live broker of its list, as Kafka's controller
+        makes it the leader (INVALID_REPLICA_ASSIGNMENT when none of the list is live)."""
         brokers = list(membership.brokers(image).values())
-        current = self._cache.all_leaders()
-        leaders = place_new_partitions(brokers, current, topic, count, first_index)
+        if assignments is None:
+            current = self._cache.all_leaders()
+            leaders = place_new_partitions(brokers, current, topic, count, first_index)
+        else:
+            live = {b.node_id for b in live_brokers(brokers)}
+            leaders = []
+            for index, replicas in enumerate(assignments, first_index):
+                leader = next((n for n in replicas if n in live), None)
+                if leader is None:
+                    raise TopicError(
+                        ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                        f"All brokers specified in the manual partition assignment for "
+                        f"partition {index} are fenced or in controlled shutdown.",
+                    )
+                leaders.append(leader)
         if first_index == 0:
             return membership.set_new_topic_leaders(topic, leaders)
         return membership.add_partition_leaders(image, topic, leaders)

@@ -234,5 +234,5 @@ def test_the_merge_takes_the_topic_over_the_broker() -> None:
     assert merged.log_config.segment_bytes == 3000
     assert effective_topic_config(defaults, {}).log_config.segment_bytes == 2000
     assert effective_topic_config(defaults, {}).value("cleanup.policy") == "delete"
-    with pytest.raises(ConfigError, match=r"^unknown property 'x'"):
+    with pytest.raises(ConfigError, match=r"^Unknown topic config name: x$"):
         effective_topic_config(defaults, {"x": "1"}, strict=True)

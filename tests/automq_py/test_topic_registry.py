@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from automq_py.topics import TopicError, TopicRegistry
+from automq_py.topics import TopicError, TopicRegistry, check_partition_count, validate_name
 from protocol.errors import ErrorCode
 from storage.metadata.manager import MetadataManager
 
@@ -66,10 +66,12 @@ async def test_partitions_added_through_two_brokers_at_once_are_added_once(
     read_by_a, read_by_b = a.get("t"), b.get("t")
     assert read_by_a is not None and read_by_b is not None
     await a.update(read_by_a, partitions=6)
-    with pytest.raises(TopicError, match="already has 6 partitions") as refused:
+    with pytest.raises(TopicError, match=r"^Topic already has 6 partition\(s\)\.$") as refused:
         await b.update(read_by_b, partitions=6)
     assert refused.value.code == ErrorCode.INVALID_PARTITIONS
-    with pytest.raises(TopicError, match="more than the requested 5"):
+    with pytest.raises(
+        TopicError, match=r"currently has 6 partition\(s\); 5 would not be an increase\."
+    ):
         await b.update(read_by_b, partitions=5)  # would have removed one
 
 
@@ -91,3 +93,38 @@ async def test_a_change_to_a_topic_deleted_meanwhile_is_refused_not_recreated(
     assert refused.value.code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     await _eventually(lambda: (t := b.get("t")) is not None and t.partitions == 2)
     assert a.get("t") == b.get("t")
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("", "Topic name is illegal, it can't be empty"),
+        ("..", 'Topic name cannot be "." or ".."'),
+        (
+            "t" * 250,
+            "Topic name is illegal, it can't be longer than 249 characters, Topic name: "
+            + "t" * 250,
+        ),
+        (
+            "no spaces",
+            'Topic name "no spaces" is illegal, it contains a character other than ASCII '
+            "alphanumerics, '.', '_' and '-'",
+        ),
+    ],
+)
+def test_an_illegal_name_is_refused_in_kafkas_words(name: str, message: str) -> None:
+    """Kafka's Topic.validate messages, which kafka-topics prints as they are."""
+    with pytest.raises(TopicError) as refused:
+        validate_name(name)
+    assert (refused.value.code, str(refused.value)) == (ErrorCode.INVALID_TOPIC_EXCEPTION, message)
+    validate_name("a.legal_Name-1")
+
+
+def test_a_partition_count_below_one_is_refused_in_kafkas_words() -> None:
+    for count in (0, -2):
+        with pytest.raises(TopicError) as refused:
+            check_partition_count(count)
+        assert (refused.value.code, str(refused.value)) == (
+            ErrorCode.INVALID_PARTITIONS,
+            "Number of partitions was set to an invalid non-positive value.",
+        )

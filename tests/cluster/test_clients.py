@@ -453,3 +453,22 @@ def test_a_partition_led_elsewhere_names_its_leader(cluster_factory: ClusterFact
         older = fetch(15).responses[0].partitions[0]
         assert (older.error_code, older.current_leader) == (6, None)
         assert produce(9).responses[0].partition_responses[0].error_code == 6
+
+
+def test_a_manual_assignment_decides_the_leaders(cluster_factory: ClusterFactory) -> None:
+    """As Kafka's controller: each partition of a manual replica assignment (CreateTopics,
+    CreatePartitions) is led by the first live broker of its list."""
+    from confluent_kafka.admin import NewPartitions
+
+    cluster = cluster_factory(brokers=2)
+    admin = cluster.admin(0)
+    # all on broker 1 (placement would spread them), the last listing broker 0 after it
+    created = admin.create_topics([NewTopic("pinned", 3, replica_assignment=[[1], [1], [1, 0]])])
+    created["pinned"].result(timeout=30)
+    assert cluster.leaders("pinned") == {0: 1, 1: 1, 2: 1}
+    grown = admin.create_partitions([NewPartitions("pinned", 5, replica_assignment=[[0], [0]])])
+    grown["pinned"].result(timeout=30)
+    deadline = time.monotonic() + 10
+    while len(leaders := cluster.leaders("pinned")) < 5 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert leaders == {0: 1, 1: 1, 2: 1, 3: 0, 4: 0}

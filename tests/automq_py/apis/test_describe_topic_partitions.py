@@ -100,8 +100,8 @@ def test_a_cursor_must_name_a_topic_asked_for(admin: KafkaAdminClient) -> None:
 
 
 def test_a_cursor_outside_the_topics_partitions_is_bounded(admin: KafkaAdminClient) -> None:
-    """A cursor past a topic's last partition gives none of it, one below 0 starts at 0: never
-    a partition that does not exist."""
+    """A cursor past a topic's last partition gives none of it; one below 0 is refused, as
+    Kafka's "cursor partition must be valid": never a partition that does not exist."""
     past = admin.describe_topic_partitions(
         ["alpha", "beta"], cursor={"topic_name": "alpha", "partition_index": 9}
     )
@@ -109,4 +109,14 @@ def test_a_cursor_outside_the_topics_partitions_is_bounded(admin: KafkaAdminClie
     below = admin.describe_topic_partitions(
         ["beta"], cursor={"topic_name": "beta", "partition_index": -5}
     )
-    assert partitions(below) == [("beta", 0), ("beta", 1), ("beta", 2)]
+    assert [(t["name"], t["error_code"]) for t in below["topics"]] == [
+        ("beta", ErrorCode.INVALID_REQUEST)
+    ]
+
+
+def test_a_limit_below_one_still_pages_forward(admin: KafkaAdminClient) -> None:
+    """As Kafka's max(min(limit, 2000), 1): a response holds at least one partition, so a
+    client paging with a limit of 0 gets through the topics."""
+    result = admin.describe_topic_partitions(["alpha", "beta"], response_partition_limit=0)
+    assert partitions(result) == [("alpha", 0)]
+    assert result["next_cursor"] == {"topic_name": "alpha", "partition_index": 1}

@@ -403,6 +403,15 @@ async def test_a_name_given_twice_is_refused_and_created_by_neither(ctx: BrokerC
     assert ctx.topics.get("twice") is None and ctx.topics.get("once") is not None
 
 
+async def test_kafkas_metadata_log_is_no_topic_to_create(ctx: BrokerContext) -> None:
+    [result] = await create_topics(ctx, new_topic("__cluster_metadata"))
+    assert (result.error_code, result.error_message) == (
+        ErrorCode.INVALID_REQUEST,
+        "Creation of internal topic __cluster_metadata is prohibited.",
+    )
+    assert ctx.topics.get("__cluster_metadata") is None
+
+
 def _metadata_request(*names: str, auto: bool = True) -> Any:
     return MetadataRequest[12](
         topics=[MetadataRequest.MetadataRequestTopic(topic_id=None, name=n) for n in names],
@@ -615,3 +624,31 @@ async def test_append_to_a_list_the_topic_does_not_set_starts_from_the_schemas_d
     (result,) = (await call(ctx, request, IncrementalAlterConfigsResponse)).responses
     assert result.error_code == ErrorCode.NONE, result.error_message
     assert ctx.topics.get("appended").configs == {"cleanup.policy": "delete,compact"}
+
+
+async def test_a_resource_named_twice_is_altered_by_neither(ctx: BrokerContext) -> None:
+    """As Kafka's ConfigAdminManager.preprocess: both rows of a resource given twice are
+    INVALID_REQUEST and neither change is made; the other resources are altered."""
+    await ctx.topics.create("twice", 1, {})
+    await ctx.topics.create("once", 1, {})
+    alterable = IncrementalAlterConfigsRequest.AlterConfigsResource.AlterableConfig
+
+    def resource(name: str, value: str) -> Any:
+        return IncrementalAlterConfigsRequest.AlterConfigsResource(
+            resource_type=2,
+            resource_name=name,
+            configs=[alterable(name="retention.ms", config_operation=0, value=value)],
+        )
+
+    request = IncrementalAlterConfigsRequest[1](
+        resources=[resource("twice", "1000"), resource("once", "2000"), resource("twice", "3000")],
+        validate_only=False,
+    )
+    results = (await call(ctx, request, IncrementalAlterConfigsResponse)).responses
+    assert [(r.resource_name, r.error_code, r.error_message) for r in results] == [
+        ("twice", ErrorCode.INVALID_REQUEST, "Each resource must appear at most once."),
+        ("once", ErrorCode.NONE, None),
+        ("twice", ErrorCode.INVALID_REQUEST, "Each resource must appear at most once."),
+    ]
+    assert ctx.topics.get("twice").configs == {}
+    assert ctx.topics.get("once").configs == {"retention.ms": "2000"}
