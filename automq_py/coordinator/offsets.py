@@ -489,7 +489,36 @@ class OffsetManager:
             if drop_group:
                 self._drop_group(group_id)
             log.info("group %s: %d offsets expired", group_id, len(gone))
+        await self._drop_empty_groups()
         return total
+
+    async def _drop_empty_groups(self) -> None:
+        """As Kafka's cleanupGroupMetadata: a group with no members, no committed offsets and
+        none pending in a transaction is deleted (a console consumer's group that never
+        committed, a join refused MEMBER_ID_REQUIRED), rather than listed for ever."""
+
+        def deletable(group_id: str, group: Group) -> bool:
+            empty = (
+                group.is_(ClassicState.EMPTY)
+                if isinstance(group, ClassicGroup)
+                else isinstance(group, ConsumerGroup) and not group.members
+            )
+            return (
+                empty
+                and self.groups.get(group_id) is group
+                and not self.committed.get(group_id)
+                and not self.pending_partitions(group_id)
+            )
+
+        for group_id, group in list(self.groups.items()):
+            if not deletable(group_id, group):
+                continue
+            entries: Entries = [(group_key(group_id, group), None)]
+            if await append_group_records(self.runtime, group_id, entries) != ErrorCode.NONE:
+                continue
+            if deletable(group_id, group):  # (nobody joined or committed meanwhile)
+                self._drop_group(group_id)
+                log.info("group %s: empty, with no offsets: deleted", group_id)
 
 
 def group_key(group_id: str, group: Group | None) -> records.Key:

@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -203,6 +204,23 @@ async def test_offset_retention(tmp_path: Path) -> None:
         assert _coordinator(again).topics.get(OFFSETS_TOPIC) is not None
     finally:
         await again.stop()
+
+
+async def test_an_empty_group_with_no_offsets_is_deleted(started: tuple[Broker, Path]) -> None:
+    """As Kafka's cleanupGroupMetadata: a group with no members and no offsets (a join refused
+    MEMBER_ID_REQUIRED, a consumer that never committed) is deleted at the next sweep, and stays
+    deleted; one with offsets is kept until they expire."""
+    broker, _ = started
+    await _topic(broker, "t", 1)
+    groups = _coordinator(broker)
+    refused = await groups.join_group(replace(_join("idle"), require_known_member_id=True))
+    assert refused.error == ErrorCode.MEMBER_ID_REQUIRED
+    await groups.offsets.commit("kept", -1, "", None, [OffsetCommit("t", 0, 1, -1, "")], 8)
+    assert {"idle", "kept"} <= set(groups.groups)
+    assert await groups.offsets.expire() == 0
+    assert "idle" not in groups.groups and "kept" in groups.groups
+    error, listed = await groups.list_groups()
+    assert error == ErrorCode.NONE and [g.group_id for g in listed] == ["kept"]
 
 
 async def test_offsets_of_a_deleted_topic_are_forgotten(started: tuple[Broker, Path]) -> None:
