@@ -12,8 +12,6 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
-    AlterConfigOpType,
-    ConfigEntry,
     ConfigResource,
     ConfigSource,
     NewTopic,
@@ -223,43 +221,6 @@ def test_a_batch_refused_before_it_was_appended_is_owed_before_the_next(
         other = init_producer_id(conn).producer_id
         assert produce(conn, "owed", other, 0, 12) == (ErrorCode.NONE, 6)
         assert log_end(broker.bootstrap, "owed") == 9
-    finally:
-        conn.close()
-
-
-def set_min_insync_replicas(bootstrap: str, topic: str, value: str) -> None:
-    entry = ConfigEntry("min.insync.replicas", value, incremental_operation=AlterConfigOpType.SET)
-    resource = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[entry])
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.incremental_alter_configs([resource])[resource].result(15)
-
-
-def test_a_known_producer_s_batch_after_a_refused_one_is_refused_the_same_way(
-    broker: BrokerProcess,
-) -> None:
-    """The partition knows the producer; its batch at sequence 3 is refused with an error the
-    client retries (here NOT_ENOUGH_REPLICAS, as a partition still opening at a new leader
-    answers NOT_LEADER_OR_FOLLOWER) and its next one arrives once the partition could take it.
-    Kafka's sequence check would answer OUT_OF_ORDER_SEQUENCE_NUMBER, which makes librdkafka
-    bump the producer's epoch and send every partition's unacknowledged batches again (some
-    already written: stored twice); the batch gets the first one's refusal instead, until that
-    one comes again."""
-    create_topic(broker.bootstrap, "owed-known", 1)
-    conn = RawConnection(broker.bootstrap)
-    try:
-        pid = init_producer_id(conn).producer_id
-        assert produce(conn, "owed-known", pid, 0, 0) == (ErrorCode.NONE, 0)
-        set_min_insync_replicas(broker.bootstrap, "owed-known", "2")
-        assert produce(conn, "owed-known", pid, 0, 3)[0] == ErrorCode.NOT_ENOUGH_REPLICAS
-        set_min_insync_replicas(broker.bootstrap, "owed-known", "1")
-        assert produce(conn, "owed-known", pid, 0, 6)[0] == ErrorCode.NOT_ENOUGH_REPLICAS
-        assert produce(conn, "owed-known", pid, 0, 3) == (ErrorCode.NONE, 3)  # the retry
-        assert produce(conn, "owed-known", pid, 0, 6) == (ErrorCode.NONE, 6)
-        # a gap with nothing refused before it is still Kafka's error
-        assert produce(conn, "owed-known", pid, 0, 12)[0] == (
-            ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
-        )
-        assert log_end(broker.bootstrap, "owed-known") == 9
     finally:
         conn.close()
 

@@ -388,13 +388,16 @@ def test_a_partition_led_elsewhere_names_its_leader(cluster_factory: ClusterFact
     name none."""
     import uuid
 
-    from kafka.protocol.consumer import FetchRequest
     from kafka.protocol.consumer.fetch import FetchResponse
     from kafka.protocol.metadata import MetadataRequest, MetadataResponse
     from kafka.protocol.producer import ProduceResponse
 
     from protocol.records import RecordInput, build_batch
-    from tests.support.raw_connection import RawConnection, partition_produce_request
+    from tests.support.raw_connection import (
+        RawConnection,
+        fetch_request,
+        partition_produce_request,
+    )
 
     cluster = cluster_factory(brokers=2)
     _create(cluster.admin(0), "hint", 2)
@@ -416,24 +419,10 @@ def test_a_partition_led_elsewhere_names_its_leader(cluster_factory: ClusterFact
         topic_id = uuid.UUID(str(topic.topic_id))
 
         def fetch(version: int) -> Any:
-            part = FetchRequest.FetchTopic.FetchPartition(
-                partition=other, fetch_offset=0, partition_max_bytes=1 << 20
+            request = fetch_request(
+                topic_id, {other: 0}, max_wait_ms=0, min_bytes=0, version=version
             )
-            return conn.call(
-                FetchRequest[version](
-                    replica_id=-1,
-                    max_wait_ms=0,
-                    min_bytes=0,
-                    max_bytes=1 << 20,
-                    isolation_level=0,
-                    session_id=0,
-                    session_epoch=-1,
-                    topics=[FetchRequest.FetchTopic(topic_id=topic_id, partitions=[part])],
-                    forgotten_topics_data=[],
-                    rack_id="",
-                ),
-                FetchResponse,
-            )
+            return conn.call(request, FetchResponse)
 
         def produce(version: int) -> Any:
             records = bytes(build_batch([RecordInput(b"v")]))

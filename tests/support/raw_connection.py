@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import uuid
 from typing import Any
 
 from kafka.protocol.consumer.fetch import FetchRequest
@@ -15,7 +16,7 @@ from tests.protocol.kafka_oracle import request_frame
 
 
 def fetch_request(
-    topic: str,
+    topic: str | uuid.UUID,
     offsets: dict[int, int],
     *,
     max_wait_ms: int = 100,
@@ -24,10 +25,11 @@ def fetch_request(
     partition_max_bytes: int = 1 << 22,
     version: int = 4,
 ) -> Any:
-    """A Fetch of ``topic``'s partitions from their offsets (partition -> offset); v4 unless
-    ``version`` says otherwise (from v7 without a fetch session)."""
+    """A Fetch of ``topic``'s partitions (by its id from v13) from their offsets (partition ->
+    offset); v4 unless ``version`` says otherwise (from v7 without a fetch session)."""
     t = FetchRequest.FetchTopic
     session = {"session_id": 0, "session_epoch": -1} if version >= 7 else {}
+    named = {"topic_id": topic} if isinstance(topic, uuid.UUID) else {"topic": topic}
     return FetchRequest[version](
         replica_id=-1,
         max_wait_ms=max_wait_ms,
@@ -37,7 +39,7 @@ def fetch_request(
         **session,
         topics=[
             t(
-                topic=topic,
+                **named,
                 partitions=[
                     t.FetchPartition(
                         partition=p, fetch_offset=o, partition_max_bytes=partition_max_bytes

@@ -15,13 +15,12 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka.protocol.admin import DescribeConfigsRequest, DescribeConfigsResponse
-from kafka.protocol.consumer import FetchRequest
 from kafka.protocol.consumer.fetch import FetchResponse
 
 from tests.automq_py.conftest import module_broker
 from tests.support.broker import BrokerProcess
 from tests.support.java import run_tool
-from tests.support.raw_connection import RawConnection
+from tests.support.raw_connection import RawConnection, fetch_request
 from tests.support.seaweedfs import SeaweedFS
 
 pytestmark = pytest.mark.integration
@@ -198,21 +197,7 @@ def test_a_request_quota_counts_handling_not_waiting(broker: BrokerProcess) -> N
         "--entity-name",
         client,
     )
-    partition = FetchRequest.FetchTopic.FetchPartition(
-        partition=0, fetch_offset=0, partition_max_bytes=1 << 20
-    )
-    fetch = FetchRequest[12](
-        replica_id=-1,
-        max_wait_ms=400,
-        min_bytes=1,
-        max_bytes=1 << 20,
-        isolation_level=0,
-        session_id=0,
-        session_epoch=-1,
-        topics=[FetchRequest.FetchTopic(topic=topic, partitions=[partition])],
-        forgotten_topics_data=[],
-        rack_id="",
-    )
+    fetch = fetch_request(topic, {0: 0}, max_wait_ms=400, min_bytes=1, version=12)
     with RawConnection(broker.bootstrap, client_id=client) as conn:
         started = time.monotonic()
         for _ in range(4):
