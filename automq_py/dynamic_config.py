@@ -153,7 +153,7 @@ class DynamicBrokerConfig:
         read_only = sorted(name for name in configs if name not in DYNAMIC)
         if read_only:
             raise ReadOnlyConfigError(
-                f"Cannot update these configs dynamically: {', '.join(read_only)} (automq-py "
+                f"Cannot update these configs dynamically: Set({', '.join(read_only)}) (automq-py "
                 "changes only the broker defaults of topic configs, log.cleaner.backoff.ms, "
                 "producer.id.expiration.ms, advertised.listeners and the replication "
                 "throttles at run time; set the others in server.properties or --override)"
