@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from automq_py.coordinator import records
@@ -45,31 +45,59 @@ class OffsetCommit:
     retention_ms: int = -1
 
 
+@dataclass(slots=True, frozen=True)
+class ExpiryRule:
+    """How a group's offsets expire (Kafka's ``offsetExpirationCondition``)."""
+
+    # every offset's retention counts from this moment (when an Empty classic group became
+    # empty); None: from the offset's own commit
+    since_ms: int | None = None
+    # topics the members subscribe to: their offsets do not expire
+    subscribed: frozenset[str] = frozenset()
+
+
+def expiry_rule(group: Group | None) -> ExpiryRule | None:
+    """The rule ``group``'s offsets expire by, or None while they do not (a classic group
+    rebalancing, or one whose members' subscriptions are unknown), as Kafka's groups give it:
+
+    * a simple group (commits only, no protocol) and a consumer group: from each commit,
+      keeping the offsets of topics its members subscribe to;
+    * an Empty classic group: all of them once it has been empty for the retention;
+    * a Stable classic group of the consumer protocol: the topics none of its members
+      subscribes to, from each commit.
+    """
+    if isinstance(group, ConsumerGroup):
+        return ExpiryRule(None, frozenset(group.subscribed_topic_names()))
+    if not isinstance(group, ClassicGroup) or not group.protocol_type:
+        return ExpiryRule()
+    if group.is_(ClassicState.EMPTY):
+        since = group.state_timestamp_ms
+        return ExpiryRule(since if since >= 0 else None)  # -1: a record without the moment
+    if group.is_(ClassicState.STABLE):
+        topics = group.subscribed_topics()
+        if topics is not None:
+            return ExpiryRule(None, frozenset(topics))
+    return None
+
+
 def expired_offsets(
     offsets: Mapping[TopicPartition, records.OffsetValue],
     now_ms: int,
     retention_ms: int,
-    empty_since_ms: int | None,
-    subscribed: set[str] | None,
+    rule: ExpiryRule,
+    pending: Collection[TopicPartition] = (),
 ) -> list[TopicPartition]:
-    """Offsets to expire (Kafka's rules since 2.1).
-
-    An empty group (``empty_since_ms`` given) loses all its offsets once it has been empty
-    for ``retention_ms``: counted from the later of the commit and the moment it became empty.
-    A group with members keeps the offsets of topics it subscribes to (``subscribed``; None:
-    unknown, keep all); the others expire ``retention_ms`` after their commit.
-    """
+    """The offsets past ``retention_ms`` by ``rule``; an offset with an explicit expiry time
+    (OffsetCommit v1-v4) expires then instead, and one with a transactional commit ``pending``
+    waits for its transaction."""
     out = []
     for tp, value in offsets.items():
-        if empty_since_ms is not None:
-            base = max(value.commit_timestamp, empty_since_ms)
-        elif subscribed is not None and tp[0] not in subscribed:
-            base = value.commit_timestamp
-        else:
+        if tp[0] in rule.subscribed or tp in pending:
             continue
         if value.expire_timestamp >= 0:
             expired = now_ms >= value.expire_timestamp
         else:
+            base = value.commit_timestamp if rule.since_ms is None else rule.since_ms
             expired = now_ms - base >= retention_ms
         if expired:
             out.append(tp)
@@ -93,11 +121,14 @@ def validate_commit(
             return ErrorCode.NONE  # a "simple" group: commits without membership
         return ErrorCode.GROUP_ID_NOT_FOUND if api_version >= 9 else ErrorCode.ILLEGAL_GENERATION
     if isinstance(group, ConsumerGroup):
-        if generation_or_epoch < 0 and not member_id:
-            return ErrorCode.UNKNOWN_MEMBER_ID if group.members else ErrorCode.NONE
-        return group.validate_member_epoch(
+        if generation_or_epoch < 0 and not group.members:
+            return ErrorCode.NONE  # the admin client, or a consumer outside the group
+        error = group.validate_member_epoch(
             member_id, generation_or_epoch, None if transactional else api_version
         )
+        if transactional and error == ErrorCode.STALE_MEMBER_EPOCH:
+            return ErrorCode.ILLEGAL_GENERATION  # TxnOffsetCommit has no STALE_MEMBER_EPOCH
+        return error
     if group.is_(ClassicState.DEAD):
         return ErrorCode.COORDINATOR_NOT_AVAILABLE
     if generation_or_epoch < 0 and group.is_(ClassicState.EMPTY):
@@ -187,6 +218,7 @@ class OffsetManager:
         stored = self.committed.setdefault(key.group, {})
         if value is None:
             stored.pop((key.topic, key.partition), None)
+            self._drop_pending(key.group, [(key.topic, key.partition)])
             return
         stored[(key.topic, key.partition)] = value
         if key.group not in self.groups:
@@ -208,8 +240,19 @@ class OffsetManager:
                 del pending[group_id]
 
     def forget(self, group_id: str) -> None:
-        """The group was deleted: its offsets with it."""
+        """The group was deleted: its offsets with it, those pending in transactions too."""
         self.committed.pop(group_id, None)
+        for groups in self.pending.values():
+            groups.pop(group_id, None)
+
+    def _drop_pending(self, group_id: str, partitions: Iterable[TopicPartition]) -> None:
+        """Tombstones of ``partitions`` were written: offsets of them committed in transactions
+        not yet decided go too (Kafka replays an offset tombstone so), and never materialize."""
+        for groups in self.pending.values():
+            found = groups.get(group_id)
+            if found:
+                for tp in partitions:
+                    found.pop(tp, None)
 
     # --- commits -----------------------------------------------------------------------------
 
@@ -315,6 +358,10 @@ class OffsetManager:
             if error != ErrorCode.NONE:
                 return [error] * len(commits)
         group = self.groups.get(group_id)
+        if group is None and generation_id >= 0:
+            # a generation of a group this coordinator does not know (Kafka's
+            # validateTransactionalOffsetCommit); -1 makes a simple group, as OffsetCommit does
+            return [ErrorCode.ILLEGAL_GENERATION] * len(commits)
         if group is not None and (generation_id >= 0 or member_id or group_instance_id):
             # v3+ carries the member: checked as an OffsetCommit's would be
             error = validate_commit(
@@ -418,6 +465,7 @@ class OffsetManager:
         elif isinstance(group, ConsumerGroup):
             subscribed = group.subscribed_topic_names()
         stored = self.committed.get(group_id, {})
+        pending = self.pending_partitions(group_id)
         results = []
         gone = []
         for tp in partitions:
@@ -425,60 +473,60 @@ class OffsetManager:
                 results.append(ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC)
                 continue
             results.append(ErrorCode.NONE)
-            if tp in stored:
+            if tp in stored or tp in pending:
                 gone.append(tp)
         error = await append_group_records(self.runtime, group_id, _tombstones(group_id, gone))
         if error != ErrorCode.NONE:
             return error, []
         for tp in gone:
             stored.pop(tp, None)
+        self._drop_pending(group_id, gone)
         return ErrorCode.NONE, results
 
     async def delete_topic(self, topic: str) -> None:
-        """Tombstone every group's committed offsets of ``topic`` (it was deleted)."""
-        for group_id, stored in list(self.committed.items()):
-            gone = [tp for tp in stored if tp[0] == topic]
+        """Tombstone every group's offsets of ``topic`` (it was deleted), committed or pending
+        in a transaction."""
+        group_ids = set(self.committed)
+        for groups in self.pending.values():
+            group_ids.update(groups)
+        for group_id in sorted(group_ids):
+            stored = self.committed.get(group_id, {})
+            found = set(stored) | self.pending_partitions(group_id)
+            gone = sorted(tp for tp in found if tp[0] == topic)
             if not gone:
                 continue
             entries = _tombstones(group_id, gone)
             if await append_group_records(self.runtime, group_id, entries) == ErrorCode.NONE:
                 for tp in gone:
                     stored.pop(tp, None)
+                self._drop_pending(group_id, gone)
 
     def tombstones(self, group_id: str) -> Entries:
-        """The records that delete every offset ``group_id`` has committed."""
-        return _tombstones(group_id, self.committed.get(group_id, {}))
+        """The records that delete every offset ``group_id`` has, committed or pending in a
+        transaction (DeleteGroups)."""
+        found = set(self.committed.get(group_id, {})) | self.pending_partitions(group_id)
+        return _tombstones(group_id, sorted(found))
 
     # --- expiry ------------------------------------------------------------------------------
 
     async def expire(self) -> int:
-        """Tombstone the offsets past retention; drop empty groups left with none. Returns how
+        """Tombstone the offsets past retention (:func:`expiry_rule`); delete an empty group left
+        with none, and none pending in a transaction (Kafka's cleanupGroupMetadata). Returns how
         many offsets expired."""
         now = _now_ms()
         total = 0
         for group_id in list(self.committed):
             group = self.groups.get(group_id)
             stored = self.committed.get(group_id, {})
-            empty_since: int | None = None
-            subscribed: set[str] | None = None
-            if isinstance(group, ClassicGroup):
-                if group.is_(ClassicState.EMPTY):
-                    # a group that never had a protocol (commits only) counts from the commit
-                    empty_since = group.state_timestamp_ms if group.protocol_type else 0
-                else:
-                    subscribed = group.subscribed_topics()
-            elif isinstance(group, ConsumerGroup):
-                if not group.members:
-                    empty_since = 0
-                else:
-                    subscribed = group.subscribed_topic_names()
-            else:
-                empty_since = 0
-            gone = expired_offsets(stored, now, self.retention_ms, empty_since, subscribed)
+            rule = expiry_rule(group)
+            if rule is None:
+                continue
+            pending = self.pending_partitions(group_id)
+            gone = expired_offsets(stored, now, self.retention_ms, rule, pending)
             if not gone:
                 continue
             entries = _tombstones(group_id, gone)
-            drop_group = len(gone) == len(stored) and empty_since is not None
+            drop_group = len(gone) == len(stored) and not pending and _is_empty(group)
             if drop_group:
                 entries.append((group_key(group_id, group), None))
             if await append_group_records(self.runtime, group_id, entries) != ErrorCode.NONE:
@@ -498,13 +546,8 @@ class OffsetManager:
         committed, a join refused MEMBER_ID_REQUIRED), rather than listed for ever."""
 
         def deletable(group_id: str, group: Group) -> bool:
-            empty = (
-                group.is_(ClassicState.EMPTY)
-                if isinstance(group, ClassicGroup)
-                else isinstance(group, ConsumerGroup) and not group.members
-            )
             return (
-                empty
+                _is_empty(group)
                 and self.groups.get(group_id) is group
                 and not self.committed.get(group_id)
                 and not self.pending_partitions(group_id)
@@ -519,6 +562,13 @@ class OffsetManager:
             if deletable(group_id, group):  # (nobody joined or committed meanwhile)
                 self._drop_group(group_id)
                 log.info("group %s: empty, with no offsets: deleted", group_id)
+
+
+def _is_empty(group: Group | None) -> bool:
+    """Whether ``group`` has no members (None: a group only offsets name)."""
+    if isinstance(group, ClassicGroup):
+        return group.is_(ClassicState.EMPTY)
+    return group is None or not group.members
 
 
 def group_key(group_id: str, group: Group | None) -> records.Key:

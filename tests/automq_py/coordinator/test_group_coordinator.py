@@ -99,6 +99,62 @@ async def test_a_transactional_commit_is_taken_while_the_group_completes_its_reb
     assert errors == [ErrorCode.REBALANCE_IN_PROGRESS]
 
 
+def test_an_epoch_minus_one_commit_to_an_empty_consumer_group_is_taken() -> None:
+    """Kafka's ConsumerGroup.validateOffsetCommit: with no members, a commit at epoch -1 is
+    the admin client's or an outside consumer's, whatever member id it carries."""
+    group = ConsumerGroup("g")
+    assert validate_commit(group, -1, "someone", None, 9) == ErrorCode.NONE
+    assert validate_commit(group, 0, "someone", None, 9) == ErrorCode.UNKNOWN_MEMBER_ID
+
+
+async def test_a_transactional_commit_names_a_generation_of_a_known_group_only(
+    started: tuple[Broker, Path],
+) -> None:
+    """Kafka's validateTransactionalOffsetCommit: a generation of a group the coordinator does
+    not know is ILLEGAL_GENERATION; at generation -1 the commit makes a simple group."""
+    broker, _ = started
+    await _topic(broker, "t", 1)
+    offsets = _coordinator(broker).offsets
+    commits = [OffsetCommit("t", 0, 5, -1, "")]
+    refused = await offsets.commit_txn("nobody", 7000, 0, 1, "m", None, commits)
+    assert refused == [ErrorCode.ILLEGAL_GENERATION]
+    assert "nobody" not in _coordinator(broker).groups and not offsets.pending
+    assert await offsets.commit_txn("simple", 7000, 0, -1, "", None, commits) == [ErrorCode.NONE]
+    assert offsets.pending_partitions("simple") == {("t", 0)}
+
+
+async def test_an_offset_deleted_while_its_transaction_is_open_is_not_committed_by_it(
+    tmp_path: Path,
+) -> None:
+    """Kafka writes OffsetDelete's tombstone for an offset pending in a transaction too, and
+    the tombstone drops it: the transaction's COMMIT no longer brings it back. So after a
+    restart, replaying the records."""
+    broker = Broker(_config(tmp_path / "data"))
+    await broker.start()
+    try:
+        await _topic(broker, "t", 2)
+        offsets = _coordinator(broker).offsets
+        commits = [OffsetCommit("t", p, 5, -1, "") for p in range(2)]
+        assert await offsets.commit_txn("g", 7000, 0, -1, "", None, commits) == [ErrorCode.NONE] * 2
+        assert await offsets.delete("g", [("t", 0)]) == (ErrorCode.NONE, [ErrorCode.NONE])
+        assert offsets.pending_partitions("g") == {("t", 1)}
+    finally:
+        await broker.stop()
+    again = Broker(_config(tmp_path / "data"))
+    await again.start()
+    try:
+        await asyncio.sleep(0.3)
+        offsets = _coordinator(again).offsets
+        await offsets.fetch("g", None)  # (waits for the group's partition to load)
+        assert offsets.pending_partitions("g") == {("t", 1)}
+        offsets.complete_transaction(7000, commit=True)
+        error, found = await offsets.fetch("g", None)
+        assert error == ErrorCode.NONE
+        assert [(tp, v.offset if v else None) for tp, v in found] == [(("t", 1), 5)]
+    finally:
+        await again.stop()
+
+
 async def test_offsets_and_groups_come_back_after_a_restart(
     started: tuple[Broker, Path],
 ) -> None:

@@ -10,8 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from automq_py.coordinator import records
+from automq_py.coordinator.classic_group import ClassicGroup, ClassicState
+from automq_py.coordinator.consumer_group import ConsumerGroup
 from automq_py.coordinator.consumer_protocol import subscription_topics
-from automq_py.coordinator.offsets import expired_offsets
+from automq_py.coordinator.offsets import ExpiryRule, expired_offsets, expiry_rule
 from automq_py.coordinator.runtime import java_string_hash, partition_for
 from tests.automq_py.coordinator import kafka_oracle
 from tests.protocol.kafka_oracle import uvarint
@@ -259,20 +261,48 @@ def _offset(commit_ts: int, expire: int = -1) -> records.OffsetValue:
 
 
 def test_expiry_of_an_empty_group_counts_from_when_it_became_empty() -> None:
+    """Kafka's Empty classic group: every offset counts from the moment the group became
+    empty, one committed after it too (an admin's reset of an idle group)."""
     offsets = {("a", 0): _offset(1000), ("b", 0): _offset(5000)}
-    # empty since 2000, retention 10000: "a" (committed before) expires at 12000, "b" at 15000
-    assert expired_offsets(offsets, 11_999, 10_000, 2000, None) == []
-    assert expired_offsets(offsets, 12_000, 10_000, 2000, None) == [("a", 0)]
-    assert sorted(expired_offsets(offsets, 15_000, 10_000, 2000, None)) == [("a", 0), ("b", 0)]
+    rule = ExpiryRule(since_ms=2000)
+    assert expired_offsets(offsets, 11_999, 10_000, rule) == []
+    assert sorted(expired_offsets(offsets, 12_000, 10_000, rule)) == [("a", 0), ("b", 0)]
+    # without the moment (a group record written without it): from each commit
+    assert expired_offsets(offsets, 12_000, 10_000, ExpiryRule()) == [("a", 0)]
 
 
 def test_expiry_of_an_active_group_keeps_subscribed_topics() -> None:
     offsets = {("a", 0): _offset(0), ("b", 0): _offset(0)}
-    assert expired_offsets(offsets, 10**9, 10, None, {"a"}) == [("b", 0)]
-    # subscription unknown (a non-consumer protocol): keep everything
-    assert expired_offsets(offsets, 10**9, 10, None, None) == []
+    assert expired_offsets(offsets, 10**9, 10, ExpiryRule(subscribed=frozenset({"a"}))) == [
+        ("b", 0)
+    ]
     # a v1 commit's explicit expire timestamp wins
-    assert expired_offsets({("c", 0): _offset(0, 50)}, 50, 10**6, 0, None) == [("c", 0)]
+    assert expired_offsets({("c", 0): _offset(0, 50)}, 50, 10**6, ExpiryRule(0)) == [("c", 0)]
+
+
+def test_an_offset_pending_in_a_transaction_does_not_expire() -> None:
+    offsets = {("a", 0): _offset(0), ("a", 1): _offset(0)}
+    assert expired_offsets(offsets, 10**9, 10, ExpiryRule(), pending={("a", 1)}) == [("a", 0)]
+
+
+def test_the_rule_each_kind_of_group_expires_by() -> None:
+    """Kafka's offsetExpirationCondition per group."""
+    assert expiry_rule(None) == ExpiryRule()
+    simple = ClassicGroup("s", 5000)  # commits only: no protocol type
+    assert expiry_rule(simple) == ExpiryRule()
+    idle = ClassicGroup("c", 5000)
+    idle.protocol_type = "consumer"
+    assert expiry_rule(idle) == ExpiryRule(since_ms=5000)
+    idle.state_timestamp_ms = -1
+    assert expiry_rule(idle) == ExpiryRule()
+    idle.state = ClassicState.PREPARING_REBALANCE
+    assert expiry_rule(idle) is None  # rebalancing: nothing expires
+    connect = ClassicGroup("k", 5000)
+    connect.protocol_type = "connect"
+    connect.state = ClassicState.STABLE
+    assert expiry_rule(connect) is None  # members' subscriptions unknown
+    consumers = ConsumerGroup("n")
+    assert expiry_rule(consumers) == ExpiryRule()
 
 
 def test_a_commit_with_its_own_expiry_is_written_as_v1() -> None:
