@@ -179,6 +179,8 @@ class Broker:
                 metadata,
                 config.security.quota_window_num,
                 config.security.quota_window_size_seconds,
+                mutation_burst_s=config.security.controller_quota_window_num
+                * config.security.controller_quota_window_size_seconds,
             ),
             topics=topics,
             replicas=self.replicas,

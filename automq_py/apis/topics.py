@@ -24,6 +24,7 @@ from typing import Any
 from automq_py.apis.context import BrokerContext
 from automq_py.apis.replication import assignment_problem
 from automq_py.security.acls import AclOperation, ResourceType
+from automq_py.security.session import SESSION, THROTTLE_MS
 from automq_py.topic_config import effective_topic_config
 from automq_py.topics import (
     INTERNAL_TOPICS,
@@ -195,6 +196,7 @@ async def handle_create_topics(ctx: BrokerContext, request: Request) -> Any:
                     replication, ctx.config.default_replication_factor
                 )
             check_partition_count(partitions)
+            take_mutations(ctx, request, partitions, strict_since=6)
             if not body.validate_only:
                 info = await ctx.topics.create(name, partitions, configs, assignments)
                 opening.append(ctx.replicas.open_in_background(info))
@@ -306,6 +308,7 @@ async def handle_delete_topics(ctx: BrokerContext, request: Request) -> Any:
                 )
             found = ctx.topics.get(name)
             if found is not None:
+                take_mutations(ctx, request, found.partitions, strict_since=5)
                 await ctx.replicas.close_topic(found)
             info = await ctx.topics.delete(name)
             entry["topic_id"] = info.topic_id
@@ -322,6 +325,31 @@ async def handle_delete_topics(ctx: BrokerContext, request: Request) -> Any:
         response_schema(ApiKey.DELETE_TOPICS, request.api_version),
         {"throttle_time": 0, "responses": responses},
     )
+
+
+def take_mutations(
+    ctx: BrokerContext, request: Request, partitions: int, strict_since: int
+) -> None:
+    """Take ``partitions`` created or deleted from the client's ``controller_mutation_rate``
+    (KIP-599), where Kafka's controller takes them: after a topic's own checks, validate-only
+    requests too. From ``strict_since`` on, the request's version knows
+    THROTTLING_QUOTA_EXCEEDED, which refuses the topic while the client is in debt; the
+    response says the throttle time either way."""
+    quotas = ctx.quotas
+    if quotas is None or not quotas.any:
+        return
+    allowed, throttle = quotas.take_mutations(
+        SESSION.get().user,
+        request.header.client_id or "",
+        partitions,
+        strict=request.api_version >= strict_since,
+    )
+    if throttle > THROTTLE_MS.get():
+        THROTTLE_MS.set(throttle)
+    if not allowed:
+        raise TopicError(
+            ErrorCode.THROTTLING_QUOTA_EXCEEDED, "The throttling quota has been exceeded."
+        )
 
 
 def _checked_rows(
@@ -421,6 +449,7 @@ async def handle_create_partitions(ctx: BrokerContext, request: Request) -> Any:
                 check_new_partition_assignments(
                     count - info.partitions, assignments, ctx.broker_ids
                 )
+            take_mutations(ctx, request, count - info.partitions, strict_since=3)
             if not body.validate_only:
                 await ctx.topics.update(info, partitions=count, assignments=assignments)
         except TopicError as e:

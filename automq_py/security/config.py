@@ -234,6 +234,22 @@ class SecurityConfig:
         "the length of each sample of a client's rate",
         minimum=1,
     )
+    controller_quota_window_num: int = _prop(
+        "controller.quota.window.num",
+        11,
+        ConfigType.INT,
+        "samples a client's rate of topic and partition changes is measured over: with"
+        " controller.quota.window.size.seconds, how many seconds of its"
+        " controller_mutation_rate a client may use in one burst",
+        minimum=1,
+    )
+    controller_quota_window_size_seconds: int = _prop(
+        "controller.quota.window.size.seconds",
+        1,
+        ConfigType.INT,
+        "the length of each sample of a client's rate of topic and partition changes",
+        minimum=1,
+    )
     listeners: Mapping[str, ListenerSecurity] = field(
         default_factory=lambda: MappingProxyType({}), hash=False
     )

@@ -15,6 +15,12 @@ its old samples expire: Kafka 4.4 held a producer limited to 1 MB/s to 0.91 and 
 over 30 s in two runs of ``bench/quota_bench.py``, in bursts of 7 MB. The bucket gives the
 same long-run rate with bursts of one window at most.
 
+``controller_mutation_rate`` (KIP-599) limits how many partitions a client creates or deletes
+a second (CreateTopics, CreatePartitions, DeleteTopics), in a token bucket holding
+``controller.quota.window.num`` windows of it, as Kafka's ControllerMutationQuotaManager keeps
+it: a request that finds the bucket in debt is refused THROTTLING_QUOTA_EXCEEDED where its
+version knows that error, else taken and throttled (:meth:`ClientQuotas.take_mutations`).
+
 Configs come from the metadata store (:mod:`quota_configs`) and are re-read when they change,
 by this broker or another.
 """
@@ -31,6 +37,7 @@ from storage.metadata.manager import MetadataManager
 PRODUCE = "producer_byte_rate"
 FETCH = "consumer_byte_rate"
 REQUEST = "request_percentage"
+MUTATION = "controller_mutation_rate"
 
 
 @dataclass(slots=True)
@@ -58,9 +65,11 @@ class ClientQuotas:
         window_num: int = 11,
         window_size_s: int = 1,
         clock: Callable[[], float] = time.monotonic,
+        mutation_burst_s: float = 11.0,
     ) -> None:
         self._metadata = metadata
         self._window_s = float(window_size_s)
+        self._mutation_burst_s = mutation_burst_s
         self._max_throttle_s = window_num * self._window_s
         self._clock = clock
         self._configs: dict[qc.Entity, dict[str, float]] = {}
@@ -98,6 +107,36 @@ class ClientQuotas:
             sensor.rate, sensor.capacity = bound, bound * self._window_s
         debt_s = sensor.record(value, now)
         return int(min(debt_s, self._max_throttle_s) * 1000)
+
+    def take_mutations(
+        self, user: str, client_id: str, partitions: int, strict: bool
+    ) -> tuple[bool, int]:
+        """Take ``partitions`` created or deleted from the client's ``controller_mutation_rate``
+        (KIP-599), if it has one: whether they may go ahead, and the ms the client is throttled
+        for. ``strict`` (CreateTopics v6+, CreatePartitions v3+, DeleteTopics v5+): refused,
+        nothing taken, while the bucket is in debt, as Kafka's StrictControllerMutationQuota
+        checks before it records (one request may take the bucket deep into debt); otherwise
+        always taken, throttled for the debt left."""
+        if not self._configs:
+            return True, 0
+        limit = self._limit(MUTATION, user, client_id)
+        if limit is None:
+            return True, 0
+        rate, sensor_key = limit
+        now = self._clock()
+        burst = rate * self._mutation_burst_s
+        sensor = self._sensors.get(sensor_key)
+        if sensor is None:
+            sensor = self._sensors[sensor_key] = TokenBucket(rate, burst, burst, now)
+        elif sensor.rate != rate:  # the limit changed
+            sensor.rate, sensor.capacity = rate, burst
+        if strict:
+            debt_s = sensor.record(0, now)
+            if debt_s > 0:
+                return False, round(debt_s * 1000)
+            sensor.record(partitions, now)
+            return True, 0
+        return True, round(sensor.record(partitions, now) * 1000)
 
     def limit(self, key: str, user: str, client_id: str) -> float | None:
         """The limit on ``key`` for the client, if any."""

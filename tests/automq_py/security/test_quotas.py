@@ -246,3 +246,20 @@ def test_token_bucket() -> None:
     assert bucket.record(50, 0) == pytest.approx(0.5)
     assert bucket.record(-50, 0) == 0  # given back
     assert bucket.record(0, 10) == 0 and bucket.tokens == 100  # full, not more
+
+
+def test_a_strict_mutation_quota_refuses_only_while_in_debt() -> None:
+    """KIP-599 as Kafka's StrictControllerMutationQuota: the bucket holds 11 windows of the
+    rate; a request is checked before it is recorded, so one that finds credit may take the
+    bucket deep into debt, and the next is refused, nothing taken, for the debt's time."""
+    metadata, now = Metadata(), [0.0]
+    q = quotas(metadata, now)
+    metadata.change([(qc.CLIENT_ID, "admin")], controller_mutation_rate=2)  # burst: 22
+    assert q.take_mutations("u", "admin", 20, strict=True) == (True, 0)
+    assert q.take_mutations("u", "admin", 10, strict=True) == (True, 0)  # 2 left: taken
+    assert q.take_mutations("u", "admin", 1, strict=True) == (False, 4000)  # 8 owed at 2/s
+    now[0] = 4.0
+    assert q.take_mutations("u", "admin", 1, strict=True) == (True, 0)
+    # an older request version is never refused: taken, and throttled for the debt
+    assert q.take_mutations("u", "admin", 5, strict=False) == (True, 3000)
+    assert q.take_mutations("u", "other", 10**6, strict=True) == (True, 0)  # no quota

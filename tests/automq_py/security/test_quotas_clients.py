@@ -14,7 +14,14 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from kafka.protocol.admin import DescribeConfigsRequest, DescribeConfigsResponse
+from kafka.protocol.admin import (
+    CreateTopicsRequest,
+    CreateTopicsResponse,
+    DeleteTopicsRequest,
+    DeleteTopicsResponse,
+    DescribeConfigsRequest,
+    DescribeConfigsResponse,
+)
 from kafka.protocol.consumer.fetch import FetchResponse
 
 from tests.automq_py.conftest import module_broker
@@ -222,3 +229,67 @@ def test_a_request_quota_counts_handling_not_waiting(broker: BrokerProcess) -> N
             if throttles[-1] > 0:
                 break
         assert throttles[-1] > 0, f"no throttle in {len(throttles)} DescribeConfigs requests"
+
+
+def _create_topics(names: list[str], partitions: int, version: int) -> Any:
+    topics = [
+        CreateTopicsRequest.CreatableTopic(
+            name=n, num_partitions=partitions, replication_factor=1, assignments=[], configs=[]
+        )
+        for n in names
+    ]
+    return CreateTopicsRequest[version](topics=topics, timeout_ms=10_000, validate_only=False)
+
+
+def test_a_client_over_its_controller_mutation_rate_is_refused_then_throttled(
+    broker: BrokerProcess,
+) -> None:
+    """KIP-599, as Kafka's controller enforces ``controller_mutation_rate``: the partitions a
+    client creates or deletes come from a bucket of 11 s of the rate. CreateTopics v6+ and
+    DeleteTopics v5+ refuse a topic with THROTTLING_QUOTA_EXCEEDED once the client is in
+    debt, the response saying how long to wait; an older version is served and throttled."""
+    client = f"mutator-{uuid.uuid4().hex[:6]}"
+    kafka_configs(
+        broker,
+        "--alter",
+        "--add-config",
+        "controller_mutation_rate=1",  # a partition a second, 11 at once
+        "--entity-type",
+        "clients",
+        "--entity-name",
+        client,
+    )
+    names = [f"mutated-{uuid.uuid4().hex[:6]}-{i}" for i in range(4)]
+    # each connection once: a throttled one is muted for the throttle time (KIP-219)
+    with RawConnection(broker.bootstrap, client_id=client) as conn:
+        answer = conn.call(_create_topics(names[:3], 10, 7), CreateTopicsResponse)
+    errors = [t.error_code for t in answer.topics]
+    # 10 of 11 taken, then 10 more on the credit left (the check comes before the taking),
+    # then in debt: refused
+    assert errors == [0, 0, 89], errors
+    assert answer.topics[2].error_message == "The throttling quota has been exceeded."
+    assert 7_000 <= answer.throttle_time_ms <= 9_000, answer.throttle_time_ms
+    with RawConnection(broker.bootstrap, client_id=client) as conn:
+        deleted = conn.call(
+            DeleteTopicsRequest[6](
+                topics=[DeleteTopicsRequest.DeleteTopicState(name=names[0], topic_id=None)],
+                timeout_ms=10_000,
+            ),
+            DeleteTopicsResponse,
+        )
+    assert [r.error_code for r in deleted.responses] == [89]
+    assert deleted.throttle_time_ms > 0
+    with RawConnection(broker.bootstrap, client_id=client) as conn:
+        old = conn.call(_create_topics([names[3]], 2, 5), CreateTopicsResponse)
+    assert [t.error_code for t in old.topics] == [0]
+    assert old.throttle_time_ms >= answer.throttle_time_ms
+    # another client is not held back
+    with RawConnection(broker.bootstrap, client_id="free") as conn:
+        free = conn.call(
+            DeleteTopicsRequest[6](
+                topics=[DeleteTopicsRequest.DeleteTopicState(name=names[0], topic_id=None)],
+                timeout_ms=10_000,
+            ),
+            DeleteTopicsResponse,
+        )
+    assert [r.error_code for r in free.responses] == [0] and free.throttle_time_ms == 0
