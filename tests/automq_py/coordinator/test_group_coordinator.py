@@ -51,6 +51,18 @@ async def started(tmp_path: Path) -> AsyncIterator[tuple[Broker, Path]]:
         await broker.stop()
 
 
+@contextlib.asynccontextmanager
+async def _restarted(data: Path) -> AsyncIterator[Broker]:
+    """A broker started again on ``data``, given a moment to load its groups."""
+    again = Broker(_config(data))
+    await again.start()
+    try:
+        await asyncio.sleep(0.3)
+        yield again
+    finally:
+        await again.stop()
+
+
 def _coordinator(broker: Broker) -> GroupCoordinator:
     assert broker.groups is not None
     return broker.groups
@@ -140,10 +152,7 @@ async def test_an_offset_deleted_while_its_transaction_is_open_is_not_committed_
         assert offsets.pending_partitions("g") == {("t", 1)}
     finally:
         await broker.stop()
-    again = Broker(_config(tmp_path / "data"))
-    await again.start()
-    try:
-        await asyncio.sleep(0.3)
+    async with _restarted(tmp_path / "data") as again:
         offsets = _coordinator(again).offsets
         await offsets.fetch("g", None)  # (waits for the group's partition to load)
         assert offsets.pending_partitions("g") == {("t", 1)}
@@ -151,8 +160,6 @@ async def test_an_offset_deleted_while_its_transaction_is_open_is_not_committed_
         error, found = await offsets.fetch("g", None)
         assert error == ErrorCode.NONE
         assert [(tp, v.offset if v else None) for tp, v in found] == [(("t", 1), 5)]
-    finally:
-        await again.stop()
 
 
 async def test_offsets_and_groups_come_back_after_a_restart(
@@ -221,14 +228,9 @@ async def test_deleted_groups_stay_deleted(started: tuple[Broker, Path]) -> None
         ErrorCode.GROUP_ID_NOT_FOUND,
     ]
     await broker.stop()
-    again = Broker(_config(data))
-    await again.start()
-    try:
-        await asyncio.sleep(0.3)
+    async with _restarted(data) as again:
         error, listed = await _coordinator(again).list_groups()
         assert error == ErrorCode.NONE and listed == []
-    finally:
-        await again.stop()
 
 
 async def test_offset_retention(tmp_path: Path) -> None:
@@ -250,16 +252,11 @@ async def test_offset_retention(tmp_path: Path) -> None:
     finally:
         await broker.stop()
     # the expiry was written: after a restart the group is still gone
-    again = Broker(_config(tmp_path / "data"))
-    await again.start()
-    try:
-        await asyncio.sleep(0.3)
+    async with _restarted(tmp_path / "data") as again:
         error, listed = await _coordinator(again).list_groups()
         assert error == ErrorCode.NONE
         assert [g.group_id for g in listed] == ["new"]
         assert _coordinator(again).topics.get(OFFSETS_TOPIC) is not None
-    finally:
-        await again.stop()
 
 
 async def test_an_empty_group_with_no_offsets_is_deleted(started: tuple[Broker, Path]) -> None:
