@@ -456,16 +456,25 @@ class ConsumerGroup:
         if req.instance_id is not None:
             old_id = self.static_members.get(req.instance_id)
             old = self.members.get(old_id) if old_id is not None else None
-            if old is not None and old.member_id != member_id and not old.left_temporarily:
+            if (
+                old is not None
+                and old.member_id != member_id
+                and old.classic is None
+                and not old.left_temporarily
+            ):
+                # a consumer-protocol member holds the instance and has not left
                 return HeartbeatResult(
                     ErrorCode.UNRELEASED_INSTANCE_ID,
                     message=f"Static member {member_id} with instance id {req.instance_id} "
                     f"cannot join the group because the instance id is owned by "
                     f"{old.member_id} member.",
                 )
-            if old is not None and old.left_temporarily:
-                # the static member is back (under a new id, or its own): it takes over the
-                # assignment, at epoch 0 (Kafka's copy of the member under its new id)
+            if old is not None and (old.left_temporarily or old.classic is not None):
+                # the static member is back (under a new id, or its own), or the instance of
+                # a classic member now speaks the consumer protocol (a rolling upgrade, where
+                # the classic member never left): it takes over the assignment, at epoch 0
+                # (Kafka's copy of the member under its new id, getOrMaybeSubscribeStatic-
+                # ConsumerGroupMember)
                 if old.member_id != member_id:
                     del self.members[old.member_id]
                     self._dirty.add(old.member_id)
@@ -476,6 +485,9 @@ class ConsumerGroup:
                         self.target[member_id] = self.target.pop(old_id)
                 old.epoch = old.previous_epoch = 0
                 old.sent = None
+                old.classic = None
+                old.join_deadline = old.sync_deadline = None
+                self._dirty.add(member_id)
                 return old, False
         member = self.members.get(member_id)
         if member is not None:
@@ -573,16 +585,11 @@ class ConsumerGroup:
                         f"Static member {member_id} with instance id {req.instance_id} was "
                         f"fenced by member {holder.member_id}.",
                     )
-            elif holder is not None and holder.classic is None and not holder.left_temporarily:
-                # a consumer-protocol member holds the instance and has not left
-                return ClassicAnswer(
-                    ErrorCode.UNRELEASED_INSTANCE_ID,
-                    f"Static member {member_id} with instance id {req.instance_id} cannot join "
-                    f"the group because the instance id is owned by {holder.member_id} member.",
-                )
             elif holder is not None:
                 # the instance came back under a new id: it takes the old one's place and
-                # partitions, at epoch 0 (Kafka's replaceMember)
+                # partitions, at epoch 0 (Kafka's replaceMember), whatever protocol the old
+                # one spoke and whether or not it left (a rolling downgrade: Kafka checks
+                # for a release only between two members of the consumer protocol)
                 del self.members[holder.member_id]
                 self._dirty.add(holder.member_id)
                 if holder.member_id in self.target:

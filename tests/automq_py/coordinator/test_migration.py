@@ -261,10 +261,33 @@ def test_a_static_classic_member_is_known_by_its_instance() -> None:
     error, second, _ = join(group, "", instance="a")
     assert error == ErrorCode.NONE and second != first and first not in group.members
     assert group.static_members["a"] == second
-    # an instance a consumer-protocol member holds, and has not left, is not released
-    error, _, _ = join(group, "", instance="consumer-instance")
-    assert error == ErrorCode.UNRELEASED_INSTANCE_ID
+    # a classic member takes the instance a consumer-protocol member holds, left or not: a
+    # rolling downgrade (Kafka checks for a release only between two consumer-protocol members)
+    holder = group.static_members["consumer-instance"]
+    error, third, _ = join(group, "", instance="consumer-instance")
+    assert error == ErrorCode.NONE and holder not in group.members
+    assert group.static_members["consumer-instance"] == third
+    assert group.members[third].classic is not None
     assert generation > 0
+
+
+def test_a_classic_static_member_upgraded_to_the_consumer_protocol_takes_its_place() -> None:
+    """A rolling upgrade of static members: the instance restarts with group.protocol=consumer
+    while its classic member is still in the group (static members send no LeaveGroup). It
+    takes the member's place and partitions at epoch 0, as Kafka's
+    getOrMaybeSubscribeStaticConsumerGroupMember copies it; two consumer-protocol members
+    still need the first to have left."""
+    group = ConsumerGroup("g")
+    beat(group, "c", 0, topics=["t"])
+    _, classic_id, generation = join(group, "", instance="a")
+    assert isinstance(synced(group, classic_id, generation), set)
+    answer = beat(group, "upgraded", 0, topics=["t"], instance="a")
+    assert answer.error == ErrorCode.NONE, answer
+    assert classic_id not in group.members and group.static_members["a"] == "upgraded"
+    member = group.members["upgraded"]
+    assert member.classic is None and member.join_deadline is None
+    answer = beat(group, "zombie", 0, topics=["t"], instance="a")
+    assert answer.error == ErrorCode.UNRELEASED_INSTANCE_ID
 
 
 def test_a_classic_leave_removes_the_member() -> None:
