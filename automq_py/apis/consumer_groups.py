@@ -9,7 +9,8 @@ TOPIC_AUTHORIZATION_FAILED.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import uuid
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from automq_py.apis.context import CLIENT_HOST, BrokerContext, respond
@@ -26,7 +27,6 @@ from automq_py.apis.groups import (
     group_coordinator,
     millis,
 )
-from automq_py.coordinator.classic_group import ClassicState
 from automq_py.coordinator.consumer_group import (
     ConsumerGroup,
     HeartbeatRequest,
@@ -154,14 +154,17 @@ async def handle_consumer_group_heartbeat(ctx: BrokerContext, request: Request) 
     )
 
 
-def _assignment_entry(group: ConsumerGroup, partitions: Partitions) -> dict[str, Any]:
-    names = group.topic_names()
-    return {
-        "topic_partitions": [
-            {"topic_id": tid, "topic_name": names.get(tid, ""), "partitions": sorted(parts)}
-            for tid, parts in partitions.items()
-        ]
-    }
+def _assignment_entry(
+    partitions: Partitions, names: Callable[[uuid.UUID], str | None]
+) -> dict[str, Any]:
+    """An assignment as ConsumerGroupDescribe lists it: each topic by id and by its name now,
+    a topic no longer there left out (Kafka's topicPartitionsFromMap)."""
+    entries = []
+    for tid, parts in partitions.items():
+        name = names(tid)
+        if name is not None:
+            entries.append({"topic_id": tid, "topic_name": name, "partitions": sorted(parts)})
+    return {"topic_partitions": entries}
 
 
 async def handle_consumer_group_describe(ctx: BrokerContext, request: Request) -> Any:
@@ -187,12 +190,12 @@ async def handle_consumer_group_describe(ctx: BrokerContext, request: Request) -
                     "error_code": error,
                     "error_message": message,
                     "group_id": group_id,
-                    "group_state": ClassicState.DEAD.value,
+                    "group_state": "",  # (the schema's default, as Kafka's error entries)
                     "authorized_operations": NO_OPERATIONS,
                 }
             )
             continue
-        if not _may_see_topics(ctx, group):
+        if not _may_see_topics(ctx, group, coordinator.topic_name):
             out.append(
                 {
                     "error_code": TOPIC_REFUSED,
@@ -220,9 +223,9 @@ async def handle_consumer_group_describe(ctx: BrokerContext, request: Request) -
                         "client_host": m.client_host,
                         "subscribed_topic_names": sorted(m.subscribed_names),
                         "subscribed_topic_regex": m.subscribed_regex,
-                        "assignment": _assignment_entry(group, m.assigned),
+                        "assignment": _assignment_entry(m.assigned, coordinator.topic_name),
                         "target_assignment": _assignment_entry(
-                            group, group.target.get(m.member_id, {})
+                            group.target.get(m.member_id, {}), coordinator.topic_name
                         ),
                         # v1 (KIP-1099): 0 a member of the classic protocol, 1 of the consumer
                         "member_type": CLASSIC_MEMBER if m.classic is not None else CONSUMER_MEMBER,
@@ -237,17 +240,18 @@ async def handle_consumer_group_describe(ctx: BrokerContext, request: Request) -
     return respond(request, {"throttle_time": 0, "groups": out})
 
 
-def _may_see_topics(ctx: BrokerContext, group: ConsumerGroup) -> bool:
+def _may_see_topics(
+    ctx: BrokerContext, group: ConsumerGroup, names: Callable[[uuid.UUID], str | None]
+) -> bool:
     """Whether the session may DESCRIBE every topic the group's members are assigned or are
     to be (Kafka 4.0, KAFKA-18813: otherwise the group is not described)."""
-    names = group.topic_names()
-    assigned = {
-        names[topic_id]
+    found = (
+        names(topic_id)
         for m in group.members.values()
         for partitions in (m.assigned, group.target.get(m.member_id, {}))
         for topic_id in partitions
-        if topic_id in names  # a deleted topic names nothing to authorize
-    }
+    )
+    assigned = {name for name in found if name is not None}  # (a deleted topic names none)
     return authorized_names(ctx, DESCRIBE, TOPIC, assigned) == assigned
 
 

@@ -938,3 +938,42 @@ def test_a_classic_group_of_consumers_becomes_a_consumer_protocol_group(
     assert (again.error_code, again.leader, list(again.members)) == (ErrorCode.NONE, "", [])
     assert again.generation_id == group.group_epoch
     assert_serving(broker)
+
+
+def test_a_consumer_group_is_described_with_the_topics_that_exist(broker: BrokerProcess) -> None:
+    """ConsumerGroupDescribe names each assigned topic as the metadata names it now, and
+    leaves out a topic deleted since (Kafka's topicPartitionsFromMap); a group that is not
+    there is answered with no state."""
+    doomed = f"doomed-{uuid.uuid4().hex[:6]}"
+    topic = {"name": doomed, "num_partitions": 1, "replication_factor": 1}
+    created = call(broker, ApiKey.CREATE_TOPICS, 5, {"topics": [topic], "timeout": 5000})
+    assert [t.error_code for t in created.topics] == [ErrorCode.NONE]
+    member = str(uuid.uuid4())
+    joined = consumer_heartbeat(broker, "describes", member, 0, topics=[TOPIC, doomed])
+    assert joined.error_code == ErrorCode.NONE
+
+    def assigned() -> list[tuple[str, list[int]]]:
+        described = call(
+            broker,
+            ApiKey.CONSUMER_GROUP_DESCRIBE,
+            1,
+            {"group_ids": ["describes"], "include_authorized_operations": False},
+        )
+        (group,) = described.groups
+        assert group.error_code == ErrorCode.NONE
+        (m,) = group.members
+        target = m.target_assignment.topic_partitions
+        return sorted((t.topic_name, list(t.partitions)) for t in target)
+
+    assert assigned() == [(doomed, [0]), (TOPIC, [0, 1])]
+    deleted = call(broker, ApiKey.DELETE_TOPICS, 5, {"topic_names": [doomed], "timeout": 5000})
+    assert [r.error_code for r in deleted.responses] == [ErrorCode.NONE]
+    assert assigned() == [(TOPIC, [0, 1])]
+    (missing,) = call(
+        broker,
+        ApiKey.CONSUMER_GROUP_DESCRIBE,
+        1,
+        {"group_ids": ["nobody-here"], "include_authorized_operations": False},
+    ).groups
+    assert (missing.error_code, missing.group_state) == (ErrorCode.GROUP_ID_NOT_FOUND, "")
+    assert_serving(broker)
