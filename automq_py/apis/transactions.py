@@ -365,7 +365,9 @@ async def handle_write_txn_markers(ctx: BrokerContext, request: Request) -> Any:
                             if not fenced and info.name == OFFSETS_TOPIC and ctx.groups is not None:
                                 # offsets committed in the transaction count (or not) now
                                 ctx.groups.offsets.complete_transaction(
-                                    int(marker.producer_id), bool(marker.transaction_result)
+                                    int(marker.producer_id),
+                                    bool(marker.transaction_result),
+                                    int(index),
                                 )
                     except Exception as e:
                         error = partition_failed("write a marker to", info.name, int(index), e)

@@ -219,7 +219,7 @@ class GroupCoordinator:
                 except ValueError as e:
                     log.warning("skipping a bad %s marker: %s", OFFSETS_TOPIC, e)
                     return
-                self.offsets.complete_transaction(header.producer_id, marker.is_commit)
+                self.offsets.complete_transaction(header.producer_id, marker.is_commit, partition)
             return
         if header.is_transactional:
             for rec in recs:

@@ -403,16 +403,28 @@ class OffsetManager:
             return ErrorCode.NONE
         return await verify((partition.topic, partition.index))
 
-    def complete_transaction(self, producer_id: int, commit: bool) -> None:
-        """``producer_id``'s transaction was decided and its marker is in the offsets topic:
-        its offsets become the groups' committed offsets (COMMIT) or are dropped (ABORT).
-        A committed transactional offset replaces the group's offset for the partition even
-        if a plain commit came in between (Kafka keeps whichever was appended last)."""
-        pending = self.pending.pop(producer_id, None)
-        if not pending or not commit:
+    def complete_transaction(
+        self, producer_id: int, commit: bool, partition: int | None = None
+    ) -> None:
+        """``producer_id``'s transaction was decided and its marker is in offsets topic
+        ``partition`` (None: in every partition it wrote to): the offsets it committed for the
+        groups that live there become their committed offsets (COMMIT) or are dropped (ABORT),
+        as Kafka settles them by the marker's partitions. A committed transactional offset
+        replaces the group's offset for the partition even if a plain commit came in between
+        (Kafka keeps whichever was appended last)."""
+        pending = self.pending.get(producer_id)
+        if pending is None:
             return
-        for group_id, values in pending.items():
-            self.committed.setdefault(group_id, {}).update(values)
+        if partition is None:
+            settled = list(pending)
+        else:
+            settled = [g for g in pending if self.runtime.owns(g, partition)]
+        for group_id in settled:
+            values = pending.pop(group_id)
+            if commit:
+                self.committed.setdefault(group_id, {}).update(values)
+        if not pending:
+            del self.pending[producer_id]
 
     def pending_partitions(self, group_id: str) -> set[TopicPartition]:
         """The partitions with an offset committed in a transaction not yet decided (OffsetFetch

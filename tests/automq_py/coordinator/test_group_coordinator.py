@@ -11,6 +11,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,8 +22,9 @@ from automq_py.coordinator.classic_protocol import JoinRequest
 from automq_py.coordinator.consumer_group import ConsumerGroup, HeartbeatRequest
 from automq_py.coordinator.consumer_protocol import parse_assignment, serialize_assignment
 from automq_py.coordinator.group_coordinator import OFFSETS_TOPIC, GroupCoordinator
-from automq_py.coordinator.offsets import OffsetCommit, validate_commit
+from automq_py.coordinator.offsets import OffsetCommit, OffsetManager, validate_commit
 from automq_py.coordinator.runtime import CoordinatorRuntime, partition_for
+from automq_py.partition import AppendResult
 from automq_py.topics import TopicInfo
 from protocol.errors import ErrorCode
 from tests.support.broker import free_port
@@ -160,6 +162,46 @@ async def test_an_offset_deleted_while_its_transaction_is_open_is_not_committed_
         error, found = await offsets.fetch("g", None)
         assert error == ErrorCode.NONE
         assert [(tp, v.offset if v else None) for tp, v in found] == [(("t", 1), 5)]
+
+
+async def test_a_marker_settles_the_transactional_offsets_of_its_partition_s_groups(
+    tmp_path: Path,
+) -> None:
+    """As Kafka settles pending offsets by the marker's partitions: a transaction's marker on
+    one offsets partition commits the offsets of the groups that live there, not yet those
+    of a group whose partition has no marker, when it is written and when it is read back."""
+    there = next(g for g in (f"g-{i}" for i in range(100)) if partition_for(g, 5) != 0)
+    here = next(g for g in (f"g-{i}" for i in range(100)) if partition_for(g, 5) == 0)
+
+    async def committed(offsets: OffsetManager, group: str) -> list[tuple[Any, int | None]]:
+        _, found = await offsets.fetch(group, None)
+        return [(tp, v.offset if v else None) for tp, v in found]
+
+    broker = Broker(_config(tmp_path / "data"))
+    await broker.start()
+    try:
+        await _topic(broker, "t", 1)
+        groups = _coordinator(broker)
+        commits = [OffsetCommit("t", 0, 9, -1, "")]
+        for group in (here, there):
+            written = await groups.offsets.commit_txn(group, 7000, 0, -1, "", None, commits)
+            assert written == [ErrorCode.NONE]
+        # the marker reaches the first group's partition only (the broker stops before the
+        # other's is written)
+        partition = await groups.runtime.partition(here)
+        started = await partition.append_marker(7000, 0, 0, True)
+        assert not isinstance(started, AppendResult)
+        await started.durable
+        groups.offsets.complete_transaction(7000, commit=True, partition=0)
+        assert await committed(groups.offsets, here) == [(("t", 0), 9)]
+        assert await committed(groups.offsets, there) == []
+    finally:
+        await broker.stop()
+    async with _restarted(tmp_path / "data") as again:
+        offsets = _coordinator(again).offsets
+        assert await committed(offsets, here) == [(("t", 0), 9)]
+        assert await committed(offsets, there) == []
+        assert offsets.pending_partitions(there) == {("t", 0)}
 
 
 async def test_offsets_and_groups_come_back_after_a_restart(
