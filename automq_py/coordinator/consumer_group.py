@@ -793,12 +793,25 @@ class ConsumerGroup:
             self.group_epoch += 1
         metadata = resolve(self.subscribed_topic_names())
         if metadata != self.metadata:
-            if self.metadata_known and self.assignment_epoch == self.group_epoch and self.target:
+            # partitions added, or a topic made again, since the target was computed (before
+            # a load: the log keeps no topic metadata, so the stored target is checked against
+            # the topics as they are now, as Kafka checks its stored metadata hash)
+            current = self.assignment_epoch == self.group_epoch and bool(self.target)
+            if current and (self.metadata_known or not self._target_covers(metadata)):
                 self.group_epoch += 1
             self.metadata = metadata
         self.metadata_known = True
         if self.group_epoch > self.assignment_epoch or member_id not in self.target:
             self._compute_target(assignors)
+
+    def _target_covers(self, metadata: TopicMetadata) -> bool:
+        """Whether the target assigns every partition of the subscribed topics as ``metadata``
+        has them, and no other (an assignor assigns all of a subscribed topic's)."""
+        expected = {(tid, i) for tid, count in metadata.values() for i in range(count)}
+        covered: set[tuple[TopicId, int]] = set()
+        for partitions in self.target.values():
+            covered |= _flatten(partitions)
+        return covered == expected
 
     @staticmethod
     def _resolve_regexes(members: Iterable[ConsumerMember], topic_names: Collection[str]) -> bool:

@@ -329,6 +329,51 @@ def test_a_heartbeat_writes_only_what_changed_and_a_replay_rebuilds_the_group() 
     assert loaded.changed_records() == []
 
 
+def test_partitions_added_while_the_group_was_elsewhere_are_assigned_once_loaded() -> None:
+    """The log keeps the target, not the topics' partition counts: a group loaded by a new
+    coordinator after its topic grew checks its target against the topics as they are now
+    and assigns the new partitions (Kafka compares its stored metadata hash), while a load
+    with nothing changed starts no rebalance."""
+    group = ConsumerGroup("g")
+    beat(group, "a", 0, topics=["t"])
+    for _ in range(2):
+        a = group.members["a"]
+        beat(group, "a", a.epoch, owned=dict(a.assigned))
+    log = group.changed_records()
+    group.stored(log)
+
+    def load() -> ConsumerGroup:
+        loaded = ConsumerGroup("g")
+        loaded.group_epoch = group.group_epoch  # from the group's epoch record
+        for key, value in log:
+            assert isinstance(
+                key, (records.ConsumerMemberKey, records.TargetEpochKey, records.RegexKey)
+            )
+            loaded.replay(key, value, records.decode_value(key, value), 0.0, SESSION_MS)
+        return loaded
+
+    unchanged = load()
+    epoch = unchanged.group_epoch
+    a = unchanged.members["a"]
+    beat(unchanged, "a", a.epoch, owned=dict(a.assigned))
+    assert unchanged.group_epoch == epoch
+
+    grown = load()
+    a = grown.members["a"]
+    result = grown.heartbeat(
+        HeartbeatRequest("g", "a", a.epoch, None, None, -1, None, None, None, dict(a.assigned)),
+        0.0,
+        lambda names: {"t": (TOPIC_ID, 9)} if "t" in names else {},
+        sorted(TOPICS),
+        ASSIGNORS,
+        SESSION_MS,
+        1000,
+    )
+    assert result.error == ErrorCode.NONE
+    assert grown.group_epoch == epoch + 1
+    assert grown.target["a"] == {TOPIC_ID: frozenset(range(9))}
+
+
 def test_what_a_regex_matched_is_kept_so_a_loaded_group_does_not_rebalance() -> None:
     group = ConsumerGroup("g")
     beat(group, "a", 0, regex="t|u")
