@@ -146,7 +146,12 @@ class Partition:
         return started.result()
 
     async def start_append(
-        self, records: memoryview, deadline: float | None = None, *, from_coordinator: bool = False
+        self,
+        records: memoryview,
+        deadline: float | None = None,
+        *,
+        from_coordinator: bool = False,
+        guard: object | None = None,
     ) -> AppendResult | PendingAppend:
         """Validate a Produce request's records for this partition and start their append:
         an :class:`AppendResult` when the answer is known now (invalid, rejected), else a
@@ -154,7 +159,9 @@ class Partition:
         when an append cannot start (the caller maps it to the partition's error), and
         ``TimeoutError`` when it could not start by ``deadline`` (event-loop time: the
         partition's lock or the WAL cache's room waited for too long; no batch was appended
-        then, or only the first ones, which complete as usual)."""
+        then, or only the first ones, which complete as usual). ``guard``: the transaction
+        verification the Produce holds, if it verified its transactional batches
+        (:meth:`~automq_py.producer_state.ProducerStateManager.verification_guard`)."""
         try:
             batches = list(record_batch.iter_batches(records))
             if not batches:
@@ -209,7 +216,9 @@ class Partition:
             and not self._append_lock.locked()
             and config.message_timestamp_type != "LogAppendTime"
         ):
-            started = self._append_now(*batches[0], check_sequence=not from_coordinator)
+            started = self._append_now(
+                *batches[0], check_sequence=not from_coordinator, guard=guard
+            )
             if started is not None:
                 return started
         loop = asyncio.get_running_loop()
@@ -219,7 +228,7 @@ class Partition:
             await self._append_lock.acquire()
         try:
             refused = self._check_producers(
-                [header for header, _ in batches], check_sequence=not from_coordinator
+                [header for header, _ in batches], check_sequence=not from_coordinator, guard=guard
             )
             if refused is not None:
                 return refused
@@ -255,11 +264,15 @@ class Partition:
         return self._pending(durable, first, append_time, listeners)
 
     def _check_producers(
-        self, headers: list[record_batch.RecordBatchHeader], *, check_sequence: bool
+        self,
+        headers: list[record_batch.RecordBatchHeader],
+        *,
+        check_sequence: bool,
+        guard: object | None = None,
     ) -> AppendResult | PendingAppend | None:
         """The answer when the producer state refuses the batches or already holds them (a
         duplicate, answered once the original is durable); None when they may be appended."""
-        check = self.log.producer_state.check(headers, check_sequence=check_sequence)
+        check = self.log.producer_state.check(headers, check_sequence=check_sequence, guard=guard)
         if check.duplicate is not None:
             # the original may still be on its way to the WAL: answer once it is durable, with
             # its offsets and, as Kafka's UnifiedLog answers a duplicate, its max timestamp as
@@ -302,14 +315,19 @@ class Partition:
         return PendingAppend(durable, first, self, append_time, listeners)
 
     def _append_now(
-        self, header: record_batch.RecordBatchHeader, view: memoryview, *, check_sequence: bool
+        self,
+        header: record_batch.RecordBatchHeader,
+        view: memoryview,
+        *,
+        check_sequence: bool,
+        guard: object | None = None,
     ) -> AppendResult | PendingAppend | None:
         """The append of a request's one batch (validated, with the broker's timestamps not
         set in it), in one pass, when nothing has to wait: no other append holds the
         partition, the log need not roll and the WAL cache has room. None when something
         must: then nothing was appended, and the caller takes the lock and waits. Nothing
         here yields, so no other append comes between the check and the offsets taken."""
-        refused = self._check_producers([header], check_sequence=check_sequence)
+        refused = self._check_producers([header], check_sequence=check_sequence, guard=guard)
         if refused is not None:
             return refused
         if view.readonly:

@@ -174,6 +174,11 @@ def has_producer_id(header: RecordBatchHeader) -> bool:
     return header.producer_id > NO_PRODUCER_ID
 
 
+# the verification guard of a Produce whose producer's transaction was open here when it was
+# checked: it needs none while the transaction stays open, and matches no other
+OPEN_TXN_GUARD = object()
+
+
 class ProducerStateManager:
     """The producer state of one partition: checks incoming batches, records appended ones."""
 
@@ -187,6 +192,9 @@ class ProducerStateManager:
         }
         # completed transactions whose marker may not be durable yet, in marker order
         self._unstable: deque[CompletedTxn] = deque()
+        # producer id -> (guard, when made): the transaction verifications under way
+        # (:meth:`verification_guard`)
+        self._verifying: dict[int, tuple[object, int]] = {}
 
     def __len__(self) -> int:
         return len(self._producers)
@@ -198,13 +206,36 @@ class ProducerStateManager:
         """Every producer's entry, by producer id."""
         return [self._producers[pid] for pid in sorted(self._producers)]
 
+    def verification_guard(self, producer_id: int, now_ms: int) -> object:
+        """What a Produce of ``producer_id``'s transactional batches holds while the
+        transaction coordinator is asked whether this partition is in the transaction (Kafka's
+        ``maybeStartTransactionVerification``): :data:`OPEN_TXN_GUARD` when the transaction
+        is open here already, else the producer's guard, made now unless one is under way. A
+        marker for the producer, or its transaction opening, ends the guard: the batches are
+        then refused at :meth:`check` (a late Produce of a transaction aborted meanwhile would
+        otherwise open one here that nothing closes)."""
+        if producer_id in self._ongoing:
+            return OPEN_TXN_GUARD
+        found = self._verifying.get(producer_id)
+        if found is not None:
+            return found[0]
+        guard = object()
+        self._verifying[producer_id] = (guard, now_ms)
+        return guard
+
     def check(
-        self, headers: Sequence[RecordBatchHeader], *, check_sequence: bool = True
+        self,
+        headers: Sequence[RecordBatchHeader],
+        *,
+        check_sequence: bool = True,
+        guard: object | None = None,
     ) -> AppendCheck:
         """Validate one Produce request's batches for this partition, in order, as if each
         earlier one had been appended. Changes nothing. A coordinator's own batches (offsets
         committed in a transaction) carry no sequence: ``check_sequence`` False checks their
         epoch and transaction state only, as Kafka does for ``AppendOrigin.COORDINATOR``.
+        ``guard``, given for a Produce whose transactional batches were verified, must still be
+        the producer's (:meth:`verification_guard`) for a batch that opens its transaction.
 
         A duplicate of a cached batch wins over everything after it, as in Kafka: the request
         is answered with that batch's offsets and nothing of it is appended.
@@ -253,6 +284,18 @@ class ProducerStateManager:
                 duplicate = current.find_duplicate(epoch, first_seq, h.last_sequence)
                 if duplicate is not None:
                     return AppendCheck(duplicate=duplicate)
+            if (
+                guard is not None
+                and h.is_transactional
+                and pid not in in_txn
+                and pid not in self._ongoing
+                and self._verifying.get(pid, (None, 0))[0] is not guard
+            ):
+                # (Kafka's UnifiedLog: the verification ended before the append)
+                return AppendCheck(
+                    ErrorCode.INVALID_TXN_STATE,
+                    message="Record was not part of an ongoing transaction",
+                )
             known_epoch, last_seq = pending.get(
                 pid,
                 (current.producer_epoch, current.last_seq)
@@ -351,10 +394,12 @@ class ProducerStateManager:
             entry.current_txn_first_offset = NO_OFFSET
             entry.last_timestamp = max(entry.last_timestamp, now_ms)
             self._ongoing.pop(header.producer_id, None)
+            self._verifying.pop(header.producer_id, None)
             return completed
         if header.is_transactional and entry.current_txn_first_offset == NO_OFFSET:
             entry.current_txn_first_offset = base_offset
             self._ongoing[header.producer_id] = base_offset
+            self._verifying.pop(header.producer_id, None)
         entry.add_batch(
             header.producer_epoch,
             BatchMetadata(
@@ -381,6 +426,8 @@ class ProducerStateManager:
         ]
         for pid in expired:
             del self._producers[pid]
+        for pid in [p for p, (_, made) in self._verifying.items() if now_ms - made >= max_age_ms]:
+            del self._verifying[pid]
         return len(expired)
 
     def snapshot(self, offset: int) -> bytes:

@@ -94,6 +94,9 @@ class AppendEntry:
     error: ErrorCode = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     name: str | None = None  # the topic's name as the request gave it, when ``topic`` is None
     message: str | None = None  # with ``error``, for the response
+    # the transaction verification the Produce holds for this partition's batches, if any
+    # (ProducerStateManager.verification_guard)
+    guard: object | None = None
 
     @property
     def key(self) -> tuple[str, int]:
@@ -876,7 +879,7 @@ class ReplicaManager:
             # (min.insync.replicas asks nothing of a partition's one replica: Kafka 3.7+ checks
             # the ISR against min(min.insync.replicas, replicas), and the one replica here, its
             # leader, is always in sync; object storage is what keeps the data durable)
-            return await partition.start_append(entry.records, deadline)
+            return await partition.start_append(entry.records, deadline, guard=entry.guard)
         except Exception as e:
             return self._append_failed(entry, e)
 

@@ -22,6 +22,8 @@ Kafka's brokers answer it.
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +31,7 @@ from automq_py.apis.context import BrokerContext, CloseConnection
 from automq_py.apis.deferred import Deferred
 from automq_py.coordinator import transaction_metadata as tm
 from automq_py.partition import AppendResult, PendingAppend
+from automq_py.producer_state import OPEN_TXN_GUARD
 from automq_py.replica_manager import AppendEntry
 from automq_py.security.acls import AclOperation, ResourceType
 from automq_py.security.quotas import PRODUCE as PRODUCE_QUOTA
@@ -269,9 +272,13 @@ def _throttle(ctx: BrokerContext, request: Request) -> int:
 async def _verify_transactional(
     ctx: BrokerContext, request: Request, transactional_id: str, entries: list[AppendEntry]
 ) -> list[AppendEntry]:
-    """``entries`` with the partitions the coordinator does not vouch for turned into errors."""
+    """``entries`` with the partitions the coordinator does not vouch for turned into errors,
+    and those it does holding their verification's guard (taken before the coordinator is
+    asked: a marker meanwhile ends it, and the append is refused)."""
     assert ctx.transactions is not None
     unverified: dict[tuple[int, int], list[int]] = {}  # (producer id, epoch) -> entry indexes
+    out = list(entries)
+    now_ms = int(time.time() * 1000)
     for i, entry in enumerate(entries):
         if entry.topic is None or entry.records is None:
             continue
@@ -286,11 +293,10 @@ async def _verify_transactional(
         except Exception:
             continue  # the append reports it
         state = partition.log.producer_state
-        if state.ongoing_txn_first_offset(header.producer_id) < 0:
+        guard = state.verification_guard(header.producer_id, now_ms)
+        out[i] = dataclasses.replace(entry, guard=guard)
+        if guard is not OPEN_TXN_GUARD:
             unverified.setdefault((header.producer_id, header.producer_epoch), []).append(i)
-    if not unverified:
-        return entries
-    out = list(entries)
     for (producer_id, epoch), indexes in unverified.items():
         wanted = {}
         for i in indexes:

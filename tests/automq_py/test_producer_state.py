@@ -14,6 +14,7 @@ from automq_py.log.elastic_log import ElasticLog
 from automq_py.producer_state import (
     BATCHES_TO_RETAIN,
     INT32_MAX,
+    OPEN_TXN_GUARD,
     BatchMetadata,
     InvalidProducerSnapshotError,
     ProducerStateManager,
@@ -387,6 +388,45 @@ def test_a_plain_batch_inside_a_transaction_is_invalid_txn_state() -> None:
     fresh = ProducerStateManager()
     assert fresh.check([txn_header(0), header(1)]).error == ErrorCode.INVALID_TXN_STATE
     assert fresh.check([header(0), txn_header(1)]).ok
+
+
+def test_a_verified_batch_is_refused_once_a_marker_ended_its_verification() -> None:
+    """Kafka's verification guard: a Produce takes the producer's guard before asking the
+    coordinator whether the partition is in the transaction. A marker that lands meanwhile
+    (the transaction was aborted, say on its timeout) ends it, and the batch that would open
+    a transaction nobody will close is refused INVALID_TXN_STATE; once the batch opened the
+    transaction, the guard is done."""
+    state = ProducerStateManager()
+    appended(state, header(0))  # (known to the partition)
+    guard = state.verification_guard(PID, T0)
+    assert state.verification_guard(PID, T0) is guard  # concurrent Produces share it
+    assert state.check([txn_header(1)], guard=guard).ok
+    state.update(marker_header(), 1, T0, marker=(False, 0))
+    late = state.check([txn_header(1)], guard=guard)
+    assert (late.error, late.message) == (
+        ErrorCode.INVALID_TXN_STATE,
+        "Record was not part of an ongoing transaction",
+    )
+    # verified again after the marker: a new guard, which the append opening the
+    # transaction ends; while the transaction is open the Produce needs none
+    again = state.verification_guard(PID, T0)
+    assert again is not guard and state.check([txn_header(1)], guard=again).ok
+    state.update(txn_header(1), 2, T0)
+    open_guard = state.verification_guard(PID, T0)
+    assert open_guard is OPEN_TXN_GUARD
+    assert state.check([txn_header(2)], guard=open_guard).ok
+    # the transaction ended before the append: the open transaction's guard matches nothing
+    state.update(marker_header(), 3, T0, marker=(True, 0))
+    assert state.check([txn_header(2)], guard=open_guard).error == ErrorCode.INVALID_TXN_STATE
+    # an unverified check (no guard: a coordinator's, or nothing asked) is as before
+    assert state.check([txn_header(2)]).ok
+
+
+def test_an_unused_verification_is_forgotten_with_idle_producers() -> None:
+    state = ProducerStateManager()
+    guard = state.verification_guard(PID, T0)
+    state.expire(T0 + 10, max_age_ms=10)
+    assert state.check([txn_header(0)], guard=guard).error == ErrorCode.INVALID_TXN_STATE
 
 
 def test_clients_cannot_write_control_batches() -> None:

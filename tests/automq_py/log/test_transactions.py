@@ -3,6 +3,7 @@ stable offset and the aborted-transaction index, across a clean close and a cras
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from automq_py.log.elastic_log import ElasticLog
@@ -106,6 +107,40 @@ async def test_fenced_markers_and_plain_writes_inside_a_transaction_are_refused(
         # a client's own control batch is refused
         forged = control_records.build_marker_batch(True, 1, 3, 0, T0)
         assert (await p.append_records(memoryview(forged))).error == ErrorCode.INVALID_RECORD
+    finally:
+        await storage.close()
+
+
+async def test_a_produce_whose_verification_a_marker_ended_appends_nothing(
+    tmp_path: Path,
+) -> None:
+    """A Produce verified its transactional batch (it holds the producer's guard), then the
+    transaction's ABORT marker landed before its append: the batch, which would open a
+    transaction nothing closes (and hold the stable offset back for good), is refused, on
+    either append path (the partition idle, or another append holding it)."""
+    storage = await start_storage(tmp_path)
+    try:
+        p = new_partition(await open_log(storage))
+        await append(p, batch(1, 0))  # producer 1's transaction opens ...
+        guard = p.log.producer_state.verification_guard(1, T0)  # (open: no guard needed)
+        await mark(p, 1, commit=False)  # ... and is aborted before the late append
+        end = p.log.log_end_offset
+        late = await p.start_append(batch(1, 2), guard=guard)
+        assert isinstance(late, AppendResult) and late.error == ErrorCode.INVALID_TXN_STATE
+        verifying = p.log.producer_state.verification_guard(2, T0)
+        await mark(p, 2, commit=False)  # (a marker for a transaction with nothing here)
+        async with p._append_lock:  # another append holds the partition: the locked path
+            waiting = asyncio.ensure_future(p.start_append(batch(2, 0), guard=verifying))
+            await asyncio.sleep(0)
+        late = await waiting
+        assert isinstance(late, AppendResult) and late.error == ErrorCode.INVALID_TXN_STATE
+        assert p.log.log_end_offset == end + 1  # producer 2's marker only
+        assert p.last_stable_offset == p.high_watermark
+        # verified anew after the marker: taken
+        fresh = p.log.producer_state.verification_guard(2, T0)
+        started = await p.start_append(batch(2, 0), guard=fresh)
+        assert not isinstance(started, AppendResult), started
+        await started.durable
     finally:
         await storage.close()
 
