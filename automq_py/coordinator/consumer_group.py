@@ -427,7 +427,7 @@ class ConsumerGroup:
                     ErrorCode.UNKNOWN_MEMBER_ID,
                     req.member_id,
                     req.member_epoch,
-                    message=f"member {req.member_id} is not in group {self.group_id}",
+                    message=f"Member {req.member_id} is not a member of group {self.group_id}.",
                 )
             return member
         holder_id = self.static_members.get(req.instance_id)
@@ -499,7 +499,12 @@ class ConsumerGroup:
             member.sent = None
             return member, False
         if len(self.members) >= max_size:
-            return HeartbeatResult(ErrorCode.GROUP_MAX_SIZE_REACHED, member_id)
+            return HeartbeatResult(
+                ErrorCode.GROUP_MAX_SIZE_REACHED,
+                member_id,
+                message="The consumer group has reached its maximum capacity of "
+                f"{max_size} members.",
+            )
         member = ConsumerMember(member_id, req.instance_id)
         self.members[member_id] = member
         if req.instance_id is not None:
@@ -514,18 +519,23 @@ class ConsumerGroup:
         if req.member_epoch != member.epoch:
             # Kafka's throwIfConsumerGroupMemberEpochIsInvalid: an epoch ahead of the member's
             # is fenced (a static member that left is at -2); one behind it only when it is
-            # the epoch before and owns no more than the member has (the answer was lost)
+            # the epoch before and the member says what it owns, no more than it has (the
+            # answer was lost)
             lost_response = (
                 req.member_epoch < member.epoch
                 and req.member_epoch == member.previous_epoch
-                and (req.owned is None or _flatten(req.owned) <= _flatten(member.assigned))
+                and req.owned is not None
+                and _flatten(req.owned) <= _flatten(member.assigned)
             )
             if not lost_response:
+                which = "greater" if req.member_epoch > member.epoch else "smaller"
                 return HeartbeatResult(
                     ErrorCode.FENCED_MEMBER_EPOCH,
                     req.member_id,
                     req.member_epoch,
-                    message=f"epoch {req.member_epoch} is not the member's {member.epoch}",
+                    message=f"The consumer group member has a {which} member epoch "
+                    f"({req.member_epoch}) than the one known by the group coordinator "
+                    f"({member.epoch}). The member must abandon all its partitions and rejoin.",
                 )
         return member
 

@@ -164,6 +164,38 @@ def test_any_regex_text_is_judged_without_an_error(regex: str) -> None:
     assert problem is None or isinstance(problem, str)
 
 
+def test_a_member_one_epoch_behind_is_taken_back_only_saying_what_it_owns() -> None:
+    """Kafka's throwIfConsumerGroupMemberEpochIsInvalid, in its words: an epoch ahead is
+    fenced; the epoch before is taken (the answer that moved the member on was lost) only
+    when the heartbeat lists owned partitions the member has, not when it lists none."""
+    group = ConsumerGroup("g")
+    beat(group, "a", 0, topics=["t"])
+    a = group.members["a"]
+    beat(group, "a", a.epoch, owned=dict(a.assigned))
+    beat(group, "b", 0, topics=["t"])  # a new epoch: a gives half up, then moves to it
+    for _ in range(3):
+        for m in list(group.members.values()):
+            beat(group, m.member_id, m.epoch, owned=dict(m.assigned))
+    a = group.members["a"]
+    assert a.epoch == a.previous_epoch + 1
+    behind = a.previous_epoch
+    assert beat(group, "a", behind, owned=dict(a.assigned)).error == ErrorCode.NONE
+    fenced = beat(group, "a", behind)  # (owned: unchanged, so not listed)
+    assert (fenced.error, fenced.message) == (
+        ErrorCode.FENCED_MEMBER_EPOCH,
+        f"The consumer group member has a smaller member epoch ({behind}) than the one known "
+        f"by the group coordinator ({a.epoch}). The member must abandon all its partitions and "
+        "rejoin.",
+    )
+    ahead = beat(group, "b", group.members["b"].epoch + 1)
+    assert ahead.error == ErrorCode.FENCED_MEMBER_EPOCH
+    assert ahead.message is not None and ahead.message.startswith(
+        "The consumer group member has a greater member epoch"
+    )
+    unknown = beat(group, "nobody", 1)
+    assert unknown.message == "Member nobody is not a member of group g."
+
+
 def test_fencing_and_unknown_members() -> None:
     group = ConsumerGroup("g")
     beat(group, "a", 0, topics=["t"])
