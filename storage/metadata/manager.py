@@ -96,6 +96,9 @@ class MetadataManager:
         # a log entry this version cannot read: the image can never pass it
         self._failed: UnreadableEntryError | None = None
         self._failure_listeners: list[Callable[[BaseException], object]] = []
+        # record lists applied since this process opened the store (DescribeQuorum's high
+        # watermark: the store keeps no offset of its own)
+        self.changes_applied = 0
 
     @classmethod
     async def open(cls, url: str, clock: Clock | None = None) -> MetadataManager:
@@ -288,6 +291,7 @@ class MetadataManager:
 
     def _tell(self, records: Sequence[Record]) -> None:
         """Announce a change of the image and hand its records to every listener."""
+        self.changes_applied += 1
         self._announce_change()
         for listener in self._listeners:
             try:

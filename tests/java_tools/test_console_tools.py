@@ -700,6 +700,24 @@ def test_features_cluster_id_and_api_versions(tool: KafkaTools) -> None:
     assert "DescribeTopicPartitions(75): 0 [usable: 0]" in versions
 
 
+def test_metadata_quorum(tool: KafkaTools) -> None:
+    """kafka-metadata-quorum describes the metadata quorum (DescribeQuorum): led by the
+    controller, this broker, its one voter, every replica caught up."""
+    status = dict(
+        line.split(":", 1) for line in tool("kafka-metadata-quorum", "describe", "--status").lines()
+    )
+    status = {k.strip(): v.strip() for k, v in status.items()}
+    assert status["ClusterId"] == tool.broker.overrides["cluster.id"]
+    assert status["LeaderId"] == "0"
+    assert int(status["LeaderEpoch"]) >= 1 and int(status["HighWatermark"]) >= 1
+    assert (status["MaxFollowerLag"], status["CurrentObservers"]) == ("0", "[]")
+    assert '"id": 0' in status["CurrentVoters"], status
+    assert f"//{tool.broker.bootstrap}" in status["CurrentVoters"], status
+    rows = tool("kafka-metadata-quorum", "describe", "--replication").lines()
+    assert rows[0].split()[:3] == ["NodeId", "DirectoryId", "LogEndOffset"], rows
+    assert len(rows) == 2 and rows[1].split()[0] == "0" and rows[1].split()[-1] == "Leader"
+
+
 def test_a_console_consumer_in_a_kip_848_group(
     tool: KafkaTools, console_consumer: Callable[..., JavaProgram]
 ) -> None:

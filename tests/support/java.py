@@ -48,6 +48,7 @@ TOOLS = {
     "kafka-log-dirs": "org.apache.kafka.tools.LogDirsCommand",
     "kafka-features": "org.apache.kafka.tools.FeatureCommand",
     "kafka-cluster": "org.apache.kafka.tools.ClusterTool",
+    "kafka-metadata-quorum": "org.apache.kafka.tools.MetadataQuorumCommand",
     "kafka-groups": "org.apache.kafka.tools.GroupsCommand",
     "kafka-storage": "kafka.tools.StorageTool",
     "kafka-acls": "org.apache.kafka.tools.AclCommand",

@@ -25,7 +25,12 @@ from confluent_kafka.admin import (
 )
 from kafka.admin import KafkaAdminClient
 from kafka.errors import InvalidUpdateVersionError
-from kafka.protocol.admin import UpdateFeaturesRequest, UpdateFeaturesResponse
+from kafka.protocol.admin import (
+    DescribeClusterRequest,
+    DescribeClusterResponse,
+    UpdateFeaturesRequest,
+    UpdateFeaturesResponse,
+)
 
 from protocol.errors import ErrorCode
 from tests.automq_py.conftest import module_broker
@@ -243,6 +248,33 @@ def test_describe_cluster(broker: BrokerProcess) -> None:
     assert [(n.id, n.host, n.port) for n in cluster.nodes] == [(0, "127.0.0.1", broker.port)]
 
 
+def test_describe_cluster_of_another_endpoint_type_is_refused_in_kafka_s_words(
+    broker: BrokerProcess,
+) -> None:
+    """AuthHelper.computeDescribeClusterResponse: a broker asked for controller endpoints (a
+    client's bootstrap.controllers pointed at it) answers MISMATCHED_ENDPOINT_TYPE, a type it
+    does not know UNSUPPORTED_ENDPOINT_TYPE; the error alone, nothing else described."""
+    with RawConnection(broker.bootstrap) as conn:
+        controllers = conn.call(
+            DescribeClusterRequest[1](include_cluster_authorized_operations=False, endpoint_type=2),
+            DescribeClusterResponse,
+        )
+        unknown = conn.call(
+            DescribeClusterRequest[1](include_cluster_authorized_operations=False, endpoint_type=9),
+            DescribeClusterResponse,
+        )
+    assert (controllers.error_code, controllers.error_message) == (
+        ErrorCode.MISMATCHED_ENDPOINT_TYPE,
+        "The request was sent to an endpoint of type BROKER, but we wanted an endpoint of type "
+        "CONTROLLER",
+    )
+    assert (controllers.cluster_id, controllers.controller_id, controllers.brokers) == ("", -1, [])
+    assert (unknown.error_code, unknown.error_message) == (
+        ErrorCode.UNSUPPORTED_ENDPOINT_TYPE,
+        "Unsupported endpoint type 9",
+    )
+
+
 def test_delete_records_moves_the_log_start(broker: BrokerProcess) -> None:
     admin = admin_for(broker)
     create_topics(admin, NewTopic("trimmed", 2, 1))
@@ -458,14 +490,21 @@ def test_update_features_changes_nothing_and_refuses_what_kafka_refuses(
     )
     above = update(("metadata.version", 22, 1))
     assert above.error_code == ErrorCode.INVALID_UPDATE_VERSION
-    assert "only supports versions [7-21]" in above.error_message
+    assert above.error_message.endswith(
+        "Invalid update version 22 for feature metadata.version. Local controller 0 only "
+        "supports versions 7-21"
+    )
     downgrade_as_upgrade = update(("group.version", 0, 1))
     assert "without setting the upgrade type" in downgrade_as_upgrade.error_message
     downgrade = update(("group.version", 0, 2))
     assert downgrade.error_code == ErrorCode.INVALID_UPDATE_VERSION
     assert "group.version at level 1 only" in downgrade.error_message
     metadata = update(("metadata.version", 20, 2))
-    assert "Refusing to perform the requested downgrade" in metadata.error_message
+    assert metadata.error_message == (
+        "The update failed for all features since the following feature had an error: Invalid "
+        "metadata.version 20. Refusing to perform the requested downgrade because it might "
+        "delete metadata information."
+    )
     # kafka-python's admin client: the same, and the levels in force unchanged
     admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
     try:

@@ -63,6 +63,8 @@ from kafka.protocol.admin import (
     DescribeLogDirsResponse,
     DescribeProducersRequest,
     DescribeProducersResponse,
+    DescribeQuorumRequest,
+    DescribeQuorumResponse,
     DescribeTopicPartitionsRequest,
     DescribeTopicPartitionsResponse,
     DescribeTransactionsRequest,
@@ -548,6 +550,37 @@ def test_writing_txn_markers_takes_the_clusters_alter_too(acl_broker: AclBroker)
     assert written() == KafkaError.CLUSTER_AUTHORIZATION_FAILED
     grant(acl_broker, ResourceType.BROKER, "kafka-cluster", AclOperation.ALTER)
     assert written() != KafkaError.CLUSTER_AUTHORIZATION_FAILED
+
+
+def test_the_metadata_quorum_takes_the_clusters_describe(acl_broker: AclBroker) -> None:
+    """DescribeQuorum (kafka-metadata-quorum) needs DESCRIBE on the cluster, as Kafka's
+    KafkaApis authorizes it; refused, the answer is the error alone."""
+    t = DescribeQuorumRequest.TopicData
+
+    def asking(index: int) -> Any:
+        partitions = [t.PartitionData(partition_index=index)]
+        return DescribeQuorumRequest[2](
+            topics=[t(topic_name="__cluster_metadata", partitions=partitions)]
+        )
+
+    request = asking(0)
+
+    def described() -> Any:
+        with raw_session(acl_broker, "alice") as conn:
+            return conn.call(request, DescribeQuorumResponse)
+
+    refused = described()
+    assert (refused.error_code, refused.topics) == (KafkaError.CLUSTER_AUTHORIZATION_FAILED, [])
+    grant(acl_broker, ResourceType.BROKER, "kafka-cluster", AclOperation.DESCRIBE)
+    answer = described()
+    assert answer.error_code == 0
+    (partition,) = answer.topics[0].partitions
+    assert (partition.error_code, partition.leader_id) == (0, 0)
+    assert [v.replica_id for v in partition.current_voters] == [0]
+    # the metadata log has one partition
+    with raw_session(acl_broker, "alice") as conn:
+        other = conn.call(asking(1), DescribeQuorumResponse)
+    assert other.topics[0].partitions[0].error_code == KafkaError.UNKNOWN_TOPIC_OR_PART
 
 
 def test_broker_log_levels_need_the_clusters_configs_acls(acl_broker: AclBroker) -> None:
