@@ -54,6 +54,9 @@ def _endpoint(security: ListenerSecurity, host: str, port: int, scram: ScramLook
     ssl_principal = None
     if security.ssl is not None:
         ssl_context = server_context(security.ssl, security.name)
+    if security.ssl is not None and security.sasl is None:
+        # the certificate names the principal on SSL listeners only; on SASL_SSL ones SASL
+        # does (Kafka's DefaultKafkaPrincipalBuilder maps certificates for SSL alone)
         mapper = SslPrincipalMapper.from_rules(security.ssl.principal_mapping_rules)
 
         def ssl_principal(cert: Mapping[str, object], mapper: SslPrincipalMapper = mapper) -> str:

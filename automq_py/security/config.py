@@ -322,7 +322,14 @@ def _listener_security(name: str, protocol: str, props: Mapping[str, str]) -> Li
     ssl = None
     sasl = None
     if protocol in ("SSL", "SASL_SSL"):
-        ssl = SslSettings(**parse_declared(SslSettings, mine))
+        settings = dict(mine)
+        if protocol == "SASL_SSL":
+            # as Kafka's ChannelBuilders: a SASL_SSL listener asks clients for certificates
+            # only where its own listener.name.<listener>.ssl.client.auth says so (SASL
+            # authenticates them), never for the unprefixed ssl.client.auth of SSL listeners
+            own = props.get(f"{LISTENER_PREFIX}{name.lower()}.ssl.client.auth")
+            settings["ssl.client.auth"] = own if own is not None else "none"
+        ssl = SslSettings(**parse_declared(SslSettings, settings))
         if not ssl.keystore_location and not ssl.keystore_certificate_chain:
             raise ConfigError(
                 f"ssl.keystore.location: listener {name} uses {protocol} and needs the server's "

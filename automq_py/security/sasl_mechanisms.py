@@ -141,11 +141,18 @@ class PlainServer:
         if self._state is not _State.FIRST:
             raise _out_of_turn(self.mechanism, self._state)
         self._state = _State.FAILED
-        parts = response.split(b"\0")
-        # RFC 4616 has exactly two NULs (Kafka ignores a third and what follows)
-        if len(parts) != 3 or not parts[1] or not parts[2]:
-            raise authentication_failed(self.mechanism)
+        # RFC 4616 has exactly two NULs; Kafka's extractTokens counts up to four tokens, and
+        # says what is wrong: none of it tells whether a user exists
+        parts = response.split(b"\0", 3)
+        if len(parts) != 3:
+            raise SaslAuthenticationError(
+                f"Invalid SASL/PLAIN response: expected 3 tokens, got {len(parts)}"
+            )
         authzid_raw, user_raw, password = parts
+        if not user_raw:
+            raise SaslAuthenticationError("Authentication failed: username not specified")
+        if not password:
+            raise SaslAuthenticationError("Authentication failed: password not specified")
         try:
             user = user_raw.decode()
             authzid = authzid_raw.decode()

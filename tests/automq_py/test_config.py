@@ -660,3 +660,33 @@ def test_socket_buffer_sizes_take_kafkas_names_and_minus_one_for_the_os_default(
         for bad in ("0", "-2"):
             with pytest.raises(ConfigError, match=rf"^{name}: must be -1 \(the OS default\)"):
                 BrokerConfig.from_properties({name: bad})
+
+
+def test_a_sasl_ssl_listener_asks_for_certificates_only_by_its_own_setting() -> None:
+    """Kafka's ChannelBuilders: the unprefixed ssl.client.auth is the SSL listeners'; a
+    SASL_SSL listener asks clients for certificates only by listener.name.<l>.ssl.client.auth
+    (its clients authenticate with SASL, and most have no certificate)."""
+    props = {
+        "listeners": "SSL://127.0.0.1:9093,SASL_SSL://127.0.0.1:9094",
+        "ssl.keystore.type": "PEM",
+        "ssl.keystore.location": "/certs/server.pem",
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": "/certs/ca.pem",
+        "ssl.client.auth": "required",
+        "sasl.enabled.mechanisms": "PLAIN",
+        "listener.name.sasl_ssl.plain.sasl.jaas.config": (
+            'org.apache.kafka.common.security.plain.PlainLoginModule required user_a="b";'
+        ),
+    }
+
+    def client_auth(config: BrokerConfig, listener: str) -> str:
+        ssl = config.security.listener(listener).ssl
+        assert ssl is not None
+        return ssl.client_auth
+
+    config = BrokerConfig.from_properties(props)
+    assert (client_auth(config, "SSL"), client_auth(config, "SASL_SSL")) == ("required", "none")
+    own = BrokerConfig.from_properties(
+        {**props, "listener.name.sasl_ssl.ssl.client.auth": "requested"}
+    )
+    assert client_auth(own, "SASL_SSL") == "requested"
