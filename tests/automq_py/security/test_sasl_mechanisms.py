@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
+import hmac
 import http.server
 import json
 import re
@@ -224,9 +226,7 @@ async def test_scram_lookup_failure() -> None:
 @pytest.mark.parametrize(
     "first",
     [
-        b"n,,n=alice,r=abcdef,tokenauth=true",  # Kafka's delegation token extension
-        b"n,,n=alice,r=abcdef,ext=1",
-        b"n,a=alice,n=alice,r=abcdef",  # scramp takes no authzid, even the user's own
+        b"n,,n=alice,r=abcdef,tokenauth=true",  # a delegation token: this broker has none
         b"p=tls-unique,,n=alice,r=abcdef",  # no channel binding
         b"y,,n=alice,r=abcdef",
         b"n,,n=al=ice,r=abcdef",
@@ -247,6 +247,42 @@ async def test_scram_authzid_of_another_user() -> None:
     server = ScramServer("SCRAM-SHA-256", lookup_of("SCRAM-SHA-256", USERS))
     with pytest.raises(SaslAuthenticationError, match="authorization id that is different"):
         await server.evaluate(b"n,a=bob,n=alice,r=abcdef")
+    # an unknown user's exchange fails as any other (Kafka looks the user up first)
+    stranger = ScramServer("SCRAM-SHA-256", lookup_of("SCRAM-SHA-256", USERS))
+    with pytest.raises(SaslAuthenticationError, match=f"^{failed('SCRAM-SHA-256')}$"):
+        await stranger.evaluate(b"n,a=bob,n=mallory,r=abcdef")
+
+
+@pytest.mark.parametrize(
+    ("gs2", "extensions"),
+    [("n,a=alice,", ""), ("n,,", ",ext=1,traceId=t-1"), ("n,a=alice,", ",ext=1")],
+)
+async def test_scram_with_the_user_s_own_authzid_or_unknown_extensions(
+    gs2: str, extensions: str
+) -> None:
+    """Kafka's ScramSaslServer takes an authorization id equal to the user name (Sarama's
+    SCRAMAuthzID, franz-go's Zid) and ignores extensions it does not know; the proofs are
+    over the messages as sent."""
+    mechanism, digest = "SCRAM-SHA-256", "sha256"
+    server = ScramServer(mechanism, lookup_of(mechanism, USERS))
+    bare = f"n=alice,r=fyko+d2lbbFgONRv9qkxdawL{extensions}"
+    first = dict(
+        item.split("=", 1)
+        for item in (await server.evaluate((gs2 + bare).encode())).decode().split(",")
+    )
+    salted = hashlib.pbkdf2_hmac(
+        digest, b"alice-secret", base64.b64decode(first["s"]), int(first["i"])
+    )
+    client_key = hmac.digest(salted, b"Client Key", digest)
+    without_proof = f"c={base64.b64encode(gs2.encode()).decode()},r={first['r']}"
+    server_first = f"r={first['r']},s={first['s']},i={first['i']}"
+    auth_message = f"{bare},{server_first},{without_proof}".encode()
+    signature = hmac.digest(hashlib.sha256(client_key).digest(), auth_message, digest)
+    proof = bytes(a ^ b for a, b in zip(client_key, signature, strict=True))
+    final = await server.evaluate(f"{without_proof},p={base64.b64encode(proof).decode()}".encode())
+    server_key = hmac.digest(salted, b"Server Key", digest)
+    assert final == b"v=" + base64.b64encode(hmac.digest(server_key, auth_message, digest))
+    assert server.complete and server.principal == KafkaPrincipal("User", "alice")
 
 
 async def test_scram_client_final_refused() -> None:
