@@ -53,6 +53,7 @@ from automq_py.security.quotas import REQUEST as REQUEST_QUOTA
 from automq_py.security.session import SESSION, THROTTLE_MS
 from protocol import api_versions, build, wire
 from protocol.api_keys import ApiKey
+from protocol.errors import ErrorCode
 from protocol.messages import Request, encode_response, request_schema, response_schema
 
 log = logging.getLogger("automq.apis")
@@ -235,13 +236,26 @@ class KafkaApis:
             code.name,
             exc_info=error,
         )
+        answer = self._error_answer(request, code, describe(error))
+        if answer is None:
+            raise error
+        return answer
+
+    def refusal(self, request: Request, code: ErrorCode, message: str) -> list[wire.Buffer] | None:
+        """``request``'s error response saying ``code`` and ``message`` (Kafka's
+        ``getErrorResponse``), for a request the broker refuses without handling it; None
+        where no response can say it (the connection then closes without one)."""
+        return self._error_answer(request, code, message)
+
+    @staticmethod
+    def _error_answer(request: Request, code: ErrorCode, message: str) -> list[wire.Buffer] | None:
         body = request.body
         if request.api_key == ApiKey.PRODUCE and body.acks != 0:
             topics = [
                 {
                     "name": t.name,
                     "partition_responses": [
-                        {"index": p.index, "error_code": code, "error_message": describe(error)}
+                        {"index": p.index, "error_code": code, "error_message": message}
                         for p in t.partitions
                     ],
                 }
@@ -253,10 +267,10 @@ class KafkaApis:
         else:
             schema = response_schema(request.api_key, request.api_version)
             if "error_code" not in {f.name for f in dataclasses.fields(schema)}:
-                raise error
+                return None
             data = {"error_code": code}
             if "error_message" in build.field_names(schema):
-                data["error_message"] = describe(error)
+                data["error_message"] = message
         schema = response_schema(request.api_key, request.api_version)
         return encode_response(request.response_info, build.build(schema, data))
 

@@ -11,7 +11,9 @@ after ``connection.failed.authentication.delay.ms``.
 Once authenticated, the session lasts ``connections.max.reauth.ms`` (KIP-368; or less, if the
 credential expires first: an OAUTHBEARER token), as the last SaslAuthenticate response tells
 the client. The client re-authenticates on the same connection with a new SaslHandshake
-before then; the principal may not change. A request on an expired session closes it. As in
+before then; neither the mechanism nor the principal may change. A request other than
+SaslAuthenticate while one is under way is answered ILLEGAL_SASL_STATE, after the failure's
+delay, and the connection closes. A request on an expired session closes it. As in
 Kafka's KafkaChannel, a SaslHandshake on a session that does not expire, or within a second of
 the last re-authentication's start, is no re-authentication: the broker answers it (and any
 SaslAuthenticate after it) ILLEGAL_SASL_STATE, keeping the connection.
@@ -52,17 +54,21 @@ class State(enum.Enum):
     RAW_TOKENS = 4  # after a v0 handshake: bare tokens
     AUTHENTICATED = 5
     FAILED = 6
+    # a re-authentication's handshake named another mechanism: the next request fails it
+    REAUTH_BAD_MECHANISM = 7
 
 
 @dataclass(slots=True)
 class Outcome:
-    """What answering one SASL message came to: the response (a kio entity, or bare token
-    bytes after a v0 handshake), whether the connection closes after it, and how long the
-    answer waits first (a refused exchange)."""
+    """What answering one SASL message came to: the response (a kio entity, bare token
+    bytes after a v0 handshake, or None: no answer), whether the connection closes after it,
+    and how long the answer waits first (a refused exchange). ``refusal``: instead of a
+    response, the request's own error response, with this error and message."""
 
     response: Any
     close: bool = False
     delay_s: float = 0.0
+    refusal: tuple[ErrorCode, str] | None = None
 
 
 class SaslAuthenticator:
@@ -88,6 +94,7 @@ class SaslAuthenticator:
         self._credential_lifetime_ms: int | None = None  # when the credential expires (epoch ms)
         self._reauthenticating = False
         self._reauth_started: float | None = None  # the clock at the last one's start
+        self._bad_mechanism = ""  # why a re-authentication's handshake failed it
 
     @property
     def authenticated(self) -> bool:
@@ -133,7 +140,24 @@ class SaslAuthenticator:
             return self._handshake(request)
         if request.api_key == ApiKey.SASL_AUTHENTICATE and self.state is State.AUTHENTICATE:
             return await self._authenticate(request)
-        self.state = State.FAILED
+        state, self.state = self.state, State.FAILED
+        if state is State.REAUTH_BAD_MECHANISM:
+            # (Kafka's REAUTH_BAD_MECHANISM: closed, after the delay, with no answer)
+            log.info("re-authentication refused: %s", self._bad_mechanism)
+            return Outcome(None, close=True, delay_s=self._failed_delay_s)
+        if state is State.AUTHENTICATE:
+            # Kafka's handleSaslToken: the request's own error response, then the close
+            message = (
+                f"Unexpected Kafka request of type {_name(request.api_key)} during SASL "
+                "authentication."
+            )
+            log.info("closing a connection: %s", message)
+            return Outcome(
+                None,
+                close=True,
+                delay_s=self._failed_delay_s,
+                refusal=(ErrorCode.ILLEGAL_SASL_STATE, message),
+            )
         raise IllegalSaslStateError(
             f"unexpected request {_name(request.api_key)} during SASL authentication"
         )
@@ -156,7 +180,7 @@ class SaslAuthenticator:
         if reauth and request.api_version == 0:
             self.state = State.FAILED
             raise IllegalSaslStateError("re-authentication needs SaslHandshake v1")
-        if mechanism not in self.mechanisms or (reauth and mechanism != self._mechanism):
+        if mechanism not in self.mechanisms:
             self.state = State.FAILED
             log.info("SASL mechanism %r refused (enabled: %s)", mechanism, self.mechanisms)
             return Outcome(
@@ -168,6 +192,20 @@ class SaslAuthenticator:
                     },
                 ),
                 close=True,
+                delay_s=self._failed_delay_s,
+            )
+        if reauth and mechanism != self._mechanism:
+            # Kafka's ReauthInfo.saslMechanismUnchanged: the handshake is answered, the
+            # exchange it starts fails
+            self._bad_mechanism = (
+                f"SASL mechanism '{mechanism}' requested by client is not supported for "
+                f"re-authentication of mechanism '{self._mechanism}'"
+            )
+            self.state = State.REAUTH_BAD_MECHANISM
+            return Outcome(
+                respond(
+                    request, {"error_code": ErrorCode.NONE, "mechanisms": list(self.mechanisms)}
+                )
             )
         self._mechanism = mechanism
         self._server = self._new_server(mechanism)
@@ -217,15 +255,23 @@ class SaslAuthenticator:
         except (SaslAuthenticationError, IllegalSaslStateError, UnsupportedSaslMechanismError) as e:
             self.state = State.FAILED
             log.info("SASL %s authentication failed: %s", self._mechanism, e)
-            raise SaslAuthenticationError(str(e)) from None
+            message = str(e)
+            if self._reauthenticating:
+                # (Kafka's authenticationOrReauthenticationText)
+                message = message.replace(
+                    "failed during authentication", "failed during re-authentication", 1
+                )
+            raise SaslAuthenticationError(message) from None
         if server.complete:
             assert server.principal is not None
             principal = str(server.principal)
             if self._reauthenticating and principal != self.principal:
                 self.state = State.FAILED
+                # Kafka's ReauthInfo.ensurePrincipalUnchanged: type.name
+                before = (self.principal or "").replace(":", ".", 1)
                 raise SaslAuthenticationError(
                     "Cannot change principals during re-authentication from "
-                    f"{self.principal}: {principal}"
+                    f"{before}: {principal.replace(':', '.', 1)}"
                 )
             if self._reauthenticating:
                 log.debug("%s re-authenticated with %s", principal, self._mechanism)

@@ -43,7 +43,7 @@ from automq_py.security.errors import IllegalSaslStateError
 from automq_py.security.session import ANONYMOUS, SESSION, THROTTLE_MS, Session
 from protocol import wire
 from protocol.api_keys import ApiKey
-from protocol.errors import ProtocolError, UnsupportedVersionError
+from protocol.errors import FrameTooLargeError, ProtocolError, UnsupportedVersionError
 from protocol.framing import SIZE
 from protocol.messages import Request, decode_request, encode_response
 
@@ -356,7 +356,14 @@ class SocketServer:
                 if held is not None:
                     (request, arrived), held = held, None
                 else:
-                    frame = await self._next_frame(conn, responses)
+                    try:
+                        frame = await self._next_frame(conn, responses)
+                    except FrameTooLargeError:
+                        if not auth.authenticated:
+                            # over sasl.server.max.receive.size: a failed authentication,
+                            # closed after its delay (Kafka's "invalid receive size")
+                            await asyncio.sleep(settings.failed_delay_ms / 1000)
+                        raise
                     if frame is None:
                         return
                     if auth.raw_tokens:
@@ -381,10 +388,13 @@ class SocketServer:
                     if outcome.delay_s:
                         await asyncio.sleep(outcome.delay_s)
                     now = time.perf_counter()
-                    await responses.put(
-                        encode_response(request.response_info, outcome.response),
-                        (request.api_key, request.api_version, arrived, now, now),
-                    )
+                    times = (request.api_key, request.api_version, arrived, now, now)
+                    if outcome.refusal is not None:
+                        code, message = outcome.refusal
+                        await responses.put(self.apis.refusal(request, code, message), times)
+                    elif outcome.response is not None:
+                        encoded = encode_response(request.response_info, outcome.response)
+                        await responses.put(encoded, times)
                     if outcome.close:
                         await responses.flush()
                         return

@@ -25,6 +25,8 @@ from confluent_kafka.admin import (
     UserScramCredentialUpsertion,
 )
 from kafka.protocol.admin import (
+    DescribeClusterRequest,
+    DescribeClusterResponse,
     DescribeUserScramCredentialsRequest,
     DescribeUserScramCredentialsResponse,
 )
@@ -215,6 +217,26 @@ def test_a_request_before_authentication_closes_the_connection(
         assert conn.sock.recv(1) == b""
     finally:
         conn.close()
+
+
+def test_a_stray_request_during_the_exchange_gets_illegal_sasl_state_and_a_close(
+    secure_broker: SecureBroker,
+) -> None:
+    """Kafka's SaslServerAuthenticator: once the mechanism is chosen, a request other than
+    SaslAuthenticate is answered with its own error response, ILLEGAL_SASL_STATE, and the
+    connection closes."""
+    with RawConnection(secure_broker.address("SASL_PLAINTEXT")) as conn:
+        chosen = conn.call(SaslHandshakeRequest[1](mechanism="PLAIN"), SaslHandshakeResponse)
+        assert chosen.error_code == 0
+        stray = conn.call(
+            DescribeClusterRequest[1](include_cluster_authorized_operations=False),
+            DescribeClusterResponse,
+        )
+        assert (stray.error_code, stray.error_message) == (
+            ILLEGAL_SASL_STATE,
+            "Unexpected Kafka request of type DESCRIBE_CLUSTER during SASL authentication.",
+        )
+        assert conn.sock.recv(1) == b""
 
 
 def test_an_untrusted_client_certificate_is_refused(secure_broker: SecureBroker) -> None:
