@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,11 +79,16 @@ class SaslAuthenticator:
         *,
         max_reauth_ms: int,
         failed_delay_ms: int,
+        max_reauth_ms_by_mechanism: Mapping[str, int] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``max_reauth_ms``: the broker's connections.max.reauth.ms; a mechanism's own, where
+        the listener sets one (Kafka's createConnectionsMaxReauthMsMap), in
+        ``max_reauth_ms_by_mechanism``."""
         self.mechanisms = mechanisms
         self._new_server = new_server
-        self._max_reauth_ms = max_reauth_ms
+        self._default_max_reauth_ms = max_reauth_ms
+        self._max_reauth_ms_by = dict(max_reauth_ms_by_mechanism or {})
         self._failed_delay_s = failed_delay_ms / 1000
         self._clock = clock
         self.state = State.HANDSHAKE_OR_VERSIONS
@@ -286,16 +291,19 @@ class SaslAuthenticator:
         shorter of ``connections.max.reauth.ms`` and what is left of the credential (an
         OAUTHBEARER token's expiry), either alone when the other is not set."""
         expiry = self._credential_lifetime_ms
-        if self._max_reauth_ms <= 0 and expiry is None:
+        max_reauth_ms = self._max_reauth_ms_by.get(
+            self._mechanism or "", self._default_max_reauth_ms
+        )
+        if max_reauth_ms <= 0 and expiry is None:
             self._expires_at = None
             return 0
         left = None if expiry is None else expiry - int(time.time() * 1000)
         if left is None:
-            lifetime = self._max_reauth_ms
-        elif self._max_reauth_ms <= 0:
+            lifetime = max_reauth_ms
+        elif max_reauth_ms <= 0:
             lifetime = left
         else:
-            lifetime = min(left, self._max_reauth_ms)
+            lifetime = min(left, max_reauth_ms)
         lifetime = max(0, lifetime)
         self._expires_at = self._clock() + lifetime / 1000
         return lifetime

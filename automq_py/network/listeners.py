@@ -73,6 +73,7 @@ def _endpoint(security: ListenerSecurity, host: str, port: int, scram: ScramLook
         sasl_mechanisms=security.sasl.enabled_mechanisms,
         new_mechanism=factory,
         ssl_principal=ssl_principal,
+        max_reauth_ms=security.sasl.max_reauth_ms,
     )
 
 

@@ -30,8 +30,8 @@ import logging
 import socket
 import ssl
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from automq_py.apis import KafkaApis
 from automq_py.apis.context import CLIENT_HOST, CloseConnection
@@ -76,6 +76,8 @@ class Endpoint:
     new_mechanism: MechanismFactory | None = None
     # the principal of a TLS client from its certificate's subject (None: ANONYMOUS)
     ssl_principal: Callable[[dict[str, object]], str] | None = None
+    # mechanism -> connections.max.reauth.ms, where the listener sets its own
+    max_reauth_ms: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True, frozen=True)
@@ -340,6 +342,7 @@ class SocketServer:
             endpoint.new_mechanism,
             max_reauth_ms=settings.max_reauth_ms,
             failed_delay_ms=settings.failed_delay_ms,
+            max_reauth_ms_by_mechanism=endpoint.max_reauth_ms,
         )
         session = SESSION.get()
         responses = _ResponseQueue(conn, MAX_QUEUED_RESPONSES, self.metrics)

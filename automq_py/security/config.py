@@ -139,6 +139,10 @@ class SaslSettings:
     )
     # mechanism -> the JAAS config text its login module is configured with
     jaas: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # mechanism -> its connections.max.reauth.ms where the listener or the mechanism sets one
+    # (listener.name.<l>.<mechanism>.connections.max.reauth.ms, then
+    # listener.name.<l>.connections.max.reauth.ms); the others take the broker's
+    max_reauth_ms: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(slots=True, frozen=True)
@@ -317,6 +321,18 @@ def listener_properties(props: Mapping[str, str], listener: str) -> dict[str, st
     return out
 
 
+def _reauth_ms(key: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ConfigError(
+            f"{key}: {raw!r} is not a number of milliseconds (0: sessions never re-authenticate)"
+        )
+    return value
+
+
 def _listener_security(name: str, protocol: str, props: Mapping[str, str]) -> ListenerSecurity:
     mine = listener_properties(props, name)
     ssl = None
@@ -358,5 +374,19 @@ def _listener_security(name: str, protocol: str, props: Mapping[str, str]) -> Li
                     "enables PLAIN and needs its users (PlainLoginModule with user_<name>="
                     '"<password>" options)'
                 )
-        sasl = SaslSettings(jaas=MappingProxyType(jaas), **values)
+        reauth: dict[str, int] = {}
+        prefix = f"{LISTENER_PREFIX}{name.lower()}."
+        for mechanism in mechanisms:
+            own = f"{mechanism.lower()}.connections.max.reauth.ms"
+            # the mechanism's (listener-prefixed or not), then the listener's: the broker's
+            # own connections.max.reauth.ms, which may change dynamically, is not copied here
+            for key in (prefix + own, own, prefix + "connections.max.reauth.ms"):
+                raw = props.get(key)
+                if raw is None:
+                    continue
+                reauth[mechanism] = _reauth_ms(key, raw)
+                break
+        sasl = SaslSettings(
+            jaas=MappingProxyType(jaas), max_reauth_ms=MappingProxyType(reauth), **values
+        )
     return ListenerSecurity(name, protocol, ssl, sasl)

@@ -690,3 +690,31 @@ def test_a_sasl_ssl_listener_asks_for_certificates_only_by_its_own_setting() -> 
         {**props, "listener.name.sasl_ssl.ssl.client.auth": "requested"}
     )
     assert client_auth(own, "SASL_SSL") == "requested"
+
+
+def test_connections_max_reauth_ms_per_listener_and_mechanism() -> None:
+    """Kafka's SaslChannelBuilder.createConnectionsMaxReauthMsMap: a mechanism's own
+    connections.max.reauth.ms, then the listener's; the others take the broker's."""
+    jaas = 'org.apache.kafka.common.security.plain.PlainLoginModule required user_a="b";'
+    props = {
+        "listeners": "SASL_PLAINTEXT://127.0.0.1:9094",
+        "sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-256,OAUTHBEARER",
+        "listener.name.sasl_plaintext.plain.sasl.jaas.config": jaas,
+        "connections.max.reauth.ms": "600000",
+        "listener.name.sasl_plaintext.plain.connections.max.reauth.ms": "30000",
+    }
+    sasl = BrokerConfig.from_properties(props).security.listener("SASL_PLAINTEXT").sasl
+    assert sasl is not None and dict(sasl.max_reauth_ms) == {"PLAIN": 30000}
+    listener_wide = {**props, "listener.name.sasl_plaintext.connections.max.reauth.ms": "60000"}
+    sasl = BrokerConfig.from_properties(listener_wide).security.listener("SASL_PLAINTEXT").sasl
+    assert sasl is not None
+    assert dict(sasl.max_reauth_ms) == {
+        "PLAIN": 30000,
+        "SCRAM-SHA-256": 60000,
+        "OAUTHBEARER": 60000,
+    }
+    bad = {**props, "listener.name.sasl_plaintext.plain.connections.max.reauth.ms": "soon"}
+    with pytest.raises(
+        ConfigError, match=r"listener\.name\.sasl_plaintext\.plain\.connections\.max\.reauth\.ms"
+    ):
+        BrokerConfig.from_properties(bad)

@@ -3,6 +3,7 @@ authenticator with the real PLAIN mechanism, requests decoded as the server deco
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import scramp
@@ -115,3 +116,23 @@ async def test_re_authentication_keeps_its_mechanism_and_principal_in_kafka_s_wo
         refused = await scram(auth, user, password)
         assert refused.error_code == ErrorCode.SASL_AUTHENTICATION_FAILED
         assert refused.error_message == message
+
+
+async def test_a_mechanism_s_own_reauthentication_interval_is_the_session_s() -> None:
+    """listener.name.<l>.<mechanism>.connections.max.reauth.ms: the session of a client of
+    that mechanism lasts so long, the others the broker's."""
+    for mechanism, lifetime in (("PLAIN", 5_000), ("SCRAM-SHA-256", 60_000)):
+        auth = SaslAuthenticator(
+            ("PLAIN", "SCRAM-SHA-256"),
+            lambda m: PlainServer(USERS) if m == "PLAIN" else ScramServer(m, lookup_of(m, USERS)),
+            max_reauth_ms=60_000,
+            failed_delay_ms=DELAY_MS,
+            max_reauth_ms_by_mechanism={"PLAIN": 5_000},
+        )
+        await auth.handle(handshake(mechanism))
+        if mechanism == "PLAIN":
+            done = (await auth.handle(plain("alice", "alice-secret"))).response
+        else:
+            done = await scram(auth, "alice", "alice-secret")
+        assert done.error_code == ErrorCode.NONE
+        assert done.session_lifetime == timedelta(milliseconds=lifetime)
