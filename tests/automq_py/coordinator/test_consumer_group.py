@@ -361,6 +361,18 @@ def test_a_heartbeat_writes_only_what_changed_and_a_replay_rebuilds_the_group() 
     assert loaded.changed_records() == []
 
 
+def loaded_from(group: ConsumerGroup, log: list[tuple[records.Key, bytes | None]]) -> ConsumerGroup:
+    """The group a coordinator loads from ``group``'s records ``log``, at its epoch."""
+    loaded = ConsumerGroup("g")
+    loaded.group_epoch = group.group_epoch  # from the group's epoch record
+    for key, value in log:
+        assert isinstance(
+            key, (records.ConsumerMemberKey, records.TargetEpochKey, records.RegexKey)
+        )
+        loaded.replay(key, value, records.decode_value(key, value), 0.0, SESSION_MS)
+    return loaded
+
+
 def test_partitions_added_while_the_group_was_elsewhere_are_assigned_once_loaded() -> None:
     """The log keeps the target, not the topics' partition counts: a group loaded by a new
     coordinator after its topic grew checks its target against the topics as they are now
@@ -374,23 +386,13 @@ def test_partitions_added_while_the_group_was_elsewhere_are_assigned_once_loaded
     log = group.changed_records()
     group.stored(log)
 
-    def load() -> ConsumerGroup:
-        loaded = ConsumerGroup("g")
-        loaded.group_epoch = group.group_epoch  # from the group's epoch record
-        for key, value in log:
-            assert isinstance(
-                key, (records.ConsumerMemberKey, records.TargetEpochKey, records.RegexKey)
-            )
-            loaded.replay(key, value, records.decode_value(key, value), 0.0, SESSION_MS)
-        return loaded
-
-    unchanged = load()
+    unchanged = loaded_from(group, log)
     epoch = unchanged.group_epoch
     a = unchanged.members["a"]
     beat(unchanged, "a", a.epoch, owned=dict(a.assigned))
     assert unchanged.group_epoch == epoch
 
-    grown = load()
+    grown = loaded_from(group, log)
     a = grown.members["a"]
     result = grown.heartbeat(
         HeartbeatRequest("g", "a", a.epoch, None, None, -1, None, None, None, dict(a.assigned)),
@@ -422,13 +424,7 @@ def test_what_a_regex_matched_is_kept_so_a_loaded_group_does_not_rebalance() -> 
         ("t", "u"), 0, 0
     )
 
-    loaded = ConsumerGroup("g")
-    loaded.group_epoch = group.group_epoch  # from the group's epoch record
-    for key, value in log:
-        assert isinstance(
-            key, (records.ConsumerMemberKey, records.TargetEpochKey, records.RegexKey)
-        )
-        loaded.replay(key, value, records.decode_value(key, value), 0.0, SESSION_MS)
+    loaded = loaded_from(group, log)
     assert loaded.members["a"].regex_topics == frozenset({"t", "u"})
     epoch = loaded.group_epoch
     a = loaded.members["a"]
