@@ -41,6 +41,33 @@ async def handle_describe_cluster(ctx: BrokerContext, request: Request) -> Any:
     operations = AUTHORIZED_OPERATIONS_OMITTED
     if request.body.include_cluster_authorized_operations:
         operations = ctx.cluster_authorized_operations()
+    brokers = [
+        {
+            "broker_id": b["node_id"],
+            "host": b["host"],
+            "port": b["port"],
+            "rack": b["rack"],
+            "is_fenced": False,
+        }
+        for b in ctx.broker_entries()
+    ]
+    cluster = ctx.cluster
+    if getattr(request.body, "include_fenced_brokers", False) and cluster is not None:
+        # v2 (KIP-1073): the registered brokers fenced too, said so, on the client's listener
+        listener = SESSION.get().listener
+        for registration in cluster.brokers().values():
+            endpoint = registration.endpoint(listener) if registration.fenced else None
+            if endpoint is not None:
+                brokers.append(
+                    {
+                        "broker_id": registration.node_id,
+                        "host": endpoint[0],
+                        "port": endpoint[1],
+                        "rack": registration.rack,
+                        "is_fenced": True,
+                    }
+                )
+        brokers.sort(key=lambda b: cast(int, b["broker_id"]))
     data: dict[str, Any] = {
         "throttle_time": 0,
         "error_code": ErrorCode.NONE,
@@ -48,10 +75,7 @@ async def handle_describe_cluster(ctx: BrokerContext, request: Request) -> Any:
         "endpoint_type": endpoint_type,
         "cluster_id": ctx.cluster_id,
         "controller_id": ctx.controller_id,
-        "brokers": [
-            {"broker_id": b["node_id"], "host": b["host"], "port": b["port"], "rack": b["rack"]}
-            for b in ctx.broker_entries()
-        ],
+        "brokers": brokers,
         "cluster_authorized_operations": operations,
     }
     if endpoint_type != BROKER_ENDPOINT:
@@ -285,6 +309,7 @@ _MESSAGES = {
 
 HANDLERS: dict[int, tuple[Any, int, int]] = {
     ApiKey.DESCRIBE_QUORUM: (handle_describe_quorum, 0, 2),
-    ApiKey.DESCRIBE_CLUSTER: (handle_describe_cluster, 0, 1),
+    # v2: Kafka 4.0's (KIP-1073, fenced brokers), which Kafka 4's admin client needs to list them
+    ApiKey.DESCRIBE_CLUSTER: (handle_describe_cluster, 0, 2),
     ApiKey.UPDATE_FEATURES: (handle_update_features, 0, 1),
 }

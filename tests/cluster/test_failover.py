@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import NewTopic
+from kafka.protocol.admin import DescribeClusterRequest, DescribeClusterResponse
 
 from protocol.errors import ErrorCode
 from tests.automq_py.test_idempotence import init_producer_id, produce
@@ -325,6 +326,19 @@ def test_a_frozen_broker_is_fenced_and_loses_nothing(cluster_factory: ClusterFac
     assert "was fenced by the controller" in log
 
 
+def _described_brokers(cluster: Cluster, *, include_fenced: bool) -> list[tuple[int, bool]]:
+    with RawConnection(cluster.brokers[0].bootstrap) as conn:
+        answer = conn.call(
+            DescribeClusterRequest[2](
+                include_cluster_authorized_operations=False,
+                endpoint_type=1,
+                include_fenced_brokers=include_fenced,
+            ),
+            DescribeClusterResponse,
+        )
+    return [(b.broker_id, b.is_fenced) for b in answer.brokers]
+
+
 def test_a_killed_broker_on_the_file_wal_loses_nothing(cluster_factory: ClusterFactory) -> None:
     """kill -9: its unuploaded records are in its WAL file only, so its partitions are not
     served elsewhere until it returns (others wait for it to hand them over); the other
@@ -337,6 +351,9 @@ def test_a_killed_broker_on_the_file_wal_loses_nothing(cluster_factory: ClusterF
     victim = cluster.brokers[2]
     victim.kill()
     time.sleep(SESSION_MS / 1000 + 1)  # fenced, its partitions given to others
+    # DescribeCluster v2 (KIP-1073) lists it, fenced, when asked to; else only the live ones
+    assert _described_brokers(cluster, include_fenced=True) == [(0, False), (1, False), (2, True)]
+    assert _described_brokers(cluster, include_fenced=False) == [(0, False), (1, False)]
     acked = len(load.acked)
     time.sleep(3)
     assert len(load.acked) > acked  # the survivors' partitions take writes meanwhile

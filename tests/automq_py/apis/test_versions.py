@@ -152,6 +152,9 @@ MAX_EXCEPTIONS: dict[int, int] = {
     # KIP-1099 (Kafka 4.0): each member's type, classic or consumer, in a group moving between
     # the protocols
     ApiKey.CONSUMER_GROUP_DESCRIBE: 1,
+    # KIP-1073 (Kafka 4.0): fenced brokers too, for Admin.describeCluster and kafka-cluster's
+    # list-endpoints --include-fenced-brokers
+    ApiKey.DESCRIBE_CLUSTER: 2,
 }
 
 
