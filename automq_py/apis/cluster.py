@@ -67,7 +67,7 @@ async def handle_describe_cluster(ctx: BrokerContext, request: Request) -> Any:
                         "is_fenced": True,
                     }
                 )
-        brokers.sort(key=lambda b: cast(int, b["broker_id"]))
+    brokers.sort(key=lambda b: cast(int, b["broker_id"]))  # (by id, whichever are listed)
     data: dict[str, Any] = {
         "throttle_time": 0,
         "error_code": ErrorCode.NONE,
